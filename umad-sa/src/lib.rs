@@ -1,0 +1,3 @@
+//! SA client over libibumad: InformInfo subscriptions, Reports, PathRecords.
+//!
+//! Filled in by its own issue; nothing here pretends to work yet.

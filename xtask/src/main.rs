@@ -1,0 +1,50 @@
+//! `cargo xtask`: the project's automation, one binary with subcommands.
+//!
+//! `cargo xtask test` is the whole check that CI runs (`.ci/run` calls it): formatting,
+//! clippy, rustdoc, every unit/integration test, and the real-peer beds. It installs what
+//! those need on a Debian machine and starts what they need. It never touches anything
+//! outside the repository except installing packages and cargo tools.
+#![forbid(unsafe_code)]
+
+mod util;
+
+use anyhow::{bail, Result};
+
+const HELP: &str = "\
+cargo xtask <COMMAND>
+
+Commands:
+  test      everything CI checks: fmt, clippy, docs, all tests, the real-peer beds
+  help      this text
+";
+
+fn main() -> Result<()> {
+    let mut args = std::env::args().skip(1);
+    let cmd = args.next().unwrap_or_else(|| "help".into());
+    let rest: Vec<String> = args.collect();
+    util::chdir_to_workspace_root()?;
+    match cmd.as_str() {
+        "test" => test(&rest),
+        "help" | "--help" | "-h" => {
+            print!("{HELP}");
+            Ok(())
+        }
+        other => bail!("unknown xtask command {other:?}\n\n{HELP}"),
+    }
+}
+
+/// The README's test command: every check, in the order that fails fastest.
+fn test(_args: &[String]) -> Result<()> {
+    util::run("cargo", &["fmt", "--all", "--", "--check"])?;
+    util::run(
+        "cargo",
+        &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"],
+    )?;
+    util::run_env(
+        "cargo",
+        &["doc", "--workspace", "--no-deps"],
+        &[("RUSTDOCFLAGS", "-D warnings")],
+    )?;
+    util::run("cargo", &["test", "--workspace"])?;
+    Ok(())
+}

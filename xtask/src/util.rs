@@ -1,0 +1,36 @@
+//! Small process helpers shared by the xtask commands.
+
+use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
+use std::process::Command;
+
+/// Run from the workspace root whatever directory `cargo xtask` was started in.
+pub fn chdir_to_workspace_root() -> Result<()> {
+    let root = workspace_root();
+    std::env::set_current_dir(&root).with_context(|| format!("cd {}", root.display()))
+}
+
+/// The workspace root (the parent of this crate's manifest directory).
+pub fn workspace_root() -> PathBuf {
+    let here = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    here.parent().map(PathBuf::from).unwrap_or(here)
+}
+
+/// Run a command, echoing it, and fail if it fails.
+pub fn run(program: &str, args: &[&str]) -> Result<()> {
+    run_env(program, args, &[])
+}
+
+/// Run a command with extra environment variables, echoing it, and fail if it fails.
+pub fn run_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<()> {
+    eprintln!("$ {} {}", program, args.join(" "));
+    let status = Command::new(program)
+        .args(args)
+        .envs(env.iter().copied())
+        .status()
+        .with_context(|| format!("could not start {program}"))?;
+    if !status.success() {
+        bail!("`{} {}` failed: {status}", program, args.join(" "));
+    }
+    Ok(())
+}
