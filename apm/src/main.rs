@@ -1,7 +1,48 @@
-//! The `apm` command line.
+//! The `apm` command line: one binary, one subcommand per face of the toolkit.
+//!
+//! Subcommand modules own their arguments (`clap::Args`) and their output; this file only
+//! dispatches and sets up logging. Errors reach the user through `anyhow` with context,
+//! and every subcommand exits non-zero on failure.
 #![forbid(unsafe_code)]
 
+mod mad;
+mod simulate;
+
+use clap::{Parser, Subcommand};
+
+/// Keeps InfiniBand and RoCE RC connections alive when a path fails.
+#[derive(Debug, Parser)]
+#[command(name = "apm", version, about, long_about = None)]
+struct Cli {
+    /// Log filter (tracing `EnvFilter` syntax), e.g. `apm_core=debug`. Logs go to stderr.
+    #[arg(long, global = true, env = "APM_LOG", default_value = "warn")]
+    log: String,
+
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a fault scenario on the built-in simulated fabric, apm against baselines.
+    Simulate(simulate::Args),
+    /// Decode or encode management datagrams (SA, CM LAP/APR/MRA, vendor class).
+    #[command(subcommand)]
+    Mad(mad::MadCommand),
+}
+
 fn main() {
-    eprintln!("apm: no subcommands yet");
-    std::process::exit(2);
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
+        .with_writer(std::io::stderr)
+        .init();
+    let result = match cli.command {
+        Command::Simulate(args) => simulate::run(args),
+        Command::Mad(cmd) => mad::run(cmd),
+    };
+    if let Err(err) = result {
+        eprintln!("apm: {err:#}");
+        std::process::exit(1);
+    }
 }
