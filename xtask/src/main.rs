@@ -6,7 +6,9 @@
 //! outside the repository except installing packages and cargo tools.
 #![forbid(unsafe_code)]
 
+mod hwtest;
 mod util;
+mod vm;
 
 use anyhow::{bail, Result};
 
@@ -15,6 +17,7 @@ cargo xtask <COMMAND>
 
 Commands:
   test      everything CI checks: fmt, clippy, docs, all tests, the real-peer beds
+  hwtest    the hardware suite on this machine's RDMA devices, or in a VM with --vm
   help      this text
 ";
 
@@ -25,6 +28,7 @@ fn main() -> Result<()> {
     util::chdir_to_workspace_root()?;
     match cmd.as_str() {
         "test" => test(&rest),
+        "hwtest" => hwtest::main(&rest),
         "help" | "--help" | "-h" => {
             print!("{HELP}");
             Ok(())

@@ -1,0 +1,219 @@
+//! `cargo xtask hwtest`: the hardware suite (`provider-verbs/tests/hw.rs`) on real RDMA
+//! devices — the ones of this machine, or a soft-RoCE pair in a qemu VM with `--vm`.
+//!
+//! The suite is a test binary built on the host; its tests are `#[ignore]`d so that a plain
+//! `cargo test` never touches devices, and this command runs them with `--ignored`.
+//! Natively it never changes the machine's links (toggling a real port could cut a user
+//! off); inside the VM it may, because the devices there are its own.
+
+// A driver, not the engine: it times a real VM and enforces a wall-clock timeout.
+#![allow(clippy::disallowed_methods)]
+
+use crate::vm;
+use anyhow::{bail, Context, Result};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+const HELP: &str = "\
+cargo xtask hwtest [--vm] [--timeout SECS] [--run PROGRAM [ARGS...]]
+
+Runs provider-verbs' hardware suite (tests/hw.rs) on the RDMA devices of this machine,
+skipping with a message when there are none.
+
+  --vm              boot a stock Debian kernel under qemu (TCG) with two soft-RoCE devices
+                    (rxe0 on veth vA, rxe1 on its peer vB) and run the suite inside
+  --timeout SECS    wall-clock limit for the VM, boot to power-off (default 300)
+  --run PROGRAM ... with --vm: run this host program in the VM instead of the suite
+";
+
+/// Guest set-up for the suite: a veth pair with an rxe device on each end. DAD is off so
+/// the IPv6 link-local addresses (the GIDs the suite uses) exist as soon as links are up.
+const VM_SETUP: &str = "\
+echo 0 > /proc/sys/net/ipv6/conf/all/accept_dad
+echo 0 > /proc/sys/net/ipv6/conf/default/accept_dad
+/usr/bin/ip link set lo up
+/usr/bin/ip link add vA type veth peer name vB
+/usr/bin/ip link set vA up
+/usr/bin/ip link set vB up
+/usr/bin/rdma link add rxe0 type rxe netdev vA
+/usr/bin/rdma link add rxe1 type rxe netdev vB
+";
+
+pub fn main(args: &[String]) -> Result<()> {
+    let mut use_vm = false;
+    let mut timeout = Duration::from_secs(300);
+    let mut program: Option<Vec<String>> = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--vm" => use_vm = true,
+            "--timeout" => {
+                let v = it.next().context("--timeout needs a number of seconds")?;
+                timeout = Duration::from_secs(v.parse().context("--timeout SECS")?);
+            }
+            "--run" => {
+                program = Some(it.by_ref().cloned().collect());
+            }
+            "-h" | "--help" => {
+                print!("{HELP}");
+                return Ok(());
+            }
+            other => bail!("unknown hwtest argument {other:?}\n\n{HELP}"),
+        }
+    }
+    if use_vm {
+        in_vm(program, timeout)
+    } else {
+        if program.is_some() {
+            bail!("--run only makes sense with --vm");
+        }
+        native()
+    }
+}
+
+/// The suite on this machine's own devices.
+fn native() -> Result<()> {
+    let devices = local_devices();
+    if devices.is_empty() {
+        println!(
+            "hwtest: SKIPPED: this machine has no RDMA devices (/sys/class/infiniband is \
+             empty or absent). Run `cargo xtask hwtest --vm` for soft-RoCE in a VM."
+        );
+        return Ok(());
+    }
+    println!("hwtest: devices: {}", devices.join(" "));
+    let bin = build_suite()?;
+    let status = Command::new(&bin)
+        .args(["--ignored", "--test-threads=1", "--nocapture"])
+        .env("APM_HWTEST", "1")
+        .status()
+        .with_context(|| format!("could not run {}", bin.display()))?;
+    if !status.success() {
+        bail!("hwtest failed: {status}");
+    }
+    Ok(())
+}
+
+fn local_devices() -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir("/sys/class/infiniband")
+        .map(|d| {
+            d.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// The suite inside a fresh VM.
+fn in_vm(program: Option<Vec<String>>, timeout: Duration) -> Result<()> {
+    let t0 = Instant::now();
+    vm::ensure_host_packages()?;
+    let (binary, args, env) = match program {
+        Some(p) => {
+            let Some((first, rest)) = p.split_first() else {
+                bail!("--run needs a program");
+            };
+            (which(first)?, rest.to_vec(), Vec::new())
+        }
+        None => (
+            build_suite()?,
+            ["--ignored", "--test-threads=1", "--nocapture"]
+                .map(String::from)
+                .to_vec(),
+            vec![
+                ("APM_HWTEST".to_owned(), "1".to_owned()),
+                // The devices in the VM are the suite's own: it may take links down.
+                ("APM_HWTEST_LINK_TOGGLE".to_owned(), "1".to_owned()),
+            ],
+        ),
+    };
+    let prepare_start = Instant::now();
+    // Absolute: the initramfs is packed from inside its staging directory.
+    let vm_dir = std::env::current_dir()?.join("target").join("vm");
+    let image = vm::prepare_image(&vm_dir)?;
+    let prepare = prepare_start.elapsed();
+    let spec = vm::RunSpec {
+        binary,
+        args,
+        env,
+        setup: VM_SETUP.to_owned(),
+        timeout,
+    };
+    let work = vm_dir.join(format!("run-{}", std::process::id()));
+    let out = vm::run(&image, &spec, &work)?;
+    print!("{}", out.output);
+    let ok = out.exit_code == Some(0) && !out.timed_out;
+    if !ok {
+        eprintln!("---- guest console ----\n{}----", out.console);
+    }
+    let fmt =
+        |d: Option<Duration>| d.map_or("-".to_owned(), |d| format!("{:.1}s", d.as_secs_f64()));
+    println!(
+        "hwtest --vm: kernel {}; image {:.1}s, boot {}, run {}, VM total {:.1}s, all {:.1}s",
+        image.kernel_version,
+        prepare.as_secs_f64(),
+        fmt(out.boot),
+        fmt(out.run),
+        out.total.as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
+    if out.timed_out {
+        bail!("hwtest --vm: the VM did not finish within {timeout:?} and was killed");
+    }
+    match out.exit_code {
+        Some(0) => Ok(()),
+        Some(c) => bail!("hwtest --vm: the run in the VM failed with exit code {c}"),
+        None => bail!("hwtest --vm: the VM powered off without reporting an exit code"),
+    }
+}
+
+/// Build the suite's test binary and return its path.
+fn build_suite() -> Result<PathBuf> {
+    eprintln!("$ cargo test -p provider-verbs --test hw --no-run");
+    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args([
+            "test",
+            "-p",
+            "provider-verbs",
+            "--test",
+            "hw",
+            "--no-run",
+            "--message-format=json-render-diagnostics",
+        ])
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .context("could not run cargo")?;
+    if !out.status.success() {
+        bail!("building the hardware suite failed");
+    }
+    // One JSON object per line; the test artifact names its executable. A string search
+    // keeps xtask free of a JSON dependency.
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        if !line.contains(r#""reason":"compiler-artifact""#) || !line.contains(r#""name":"hw""#) {
+            continue;
+        }
+        if let Some(rest) = line.split(r#""executable":""#).nth(1) {
+            if let Some(path) = rest.split('"').next() {
+                return Ok(PathBuf::from(path));
+            }
+        }
+    }
+    bail!("cargo did not report the hw test executable")
+}
+
+fn which(program: &str) -> Result<PathBuf> {
+    if program.contains('/') {
+        return Ok(PathBuf::from(program));
+    }
+    let path = std::env::var_os("PATH").unwrap_or_default();
+    for dir in std::env::split_paths(&path) {
+        let p = dir.join(program);
+        if p.is_file() {
+            return Ok(p);
+        }
+    }
+    bail!("{program} not found in PATH")
+}

@@ -1,0 +1,764 @@
+//! A throw-away qemu VM with a real soft-RoCE (rxe) device, for `cargo xtask hwtest --vm`.
+//!
+//! The build machines' kernel has no RDMA and cannot load modules, so this boots a stock
+//! Debian kernel (the package `linux-image-amd64` depends on, only downloaded and
+//! unpacked) under qemu with TCG, from an initramfs holding busybox, the kernel modules
+//! rxe needs, the host's iproute2/rdma-core tools and libibverbs with its rxe provider.
+//! The binary under test is a host binary handed over a 9p share (so the guest runs the
+//! very libibverbs it was built against); its output and exit code come back the same way.
+//!
+//! What it must never do: leave a qemu running (a wall-clock timeout kills it by PID, and
+//! a guard kills it on every early return), touch anything outside `target/vm/` except
+//! installing Debian packages, or boot with a NIC (the guest has no network but its own
+//! veth pairs).
+
+// A driver, not the engine: it times a real VM and enforces a wall-clock timeout.
+#![allow(clippy::disallowed_methods)]
+
+use anyhow::{bail, Context, Result};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Debian packages the runner needs on the host (qemu, the initramfs tools, and the
+/// userspace that is copied into the guest).
+const HOST_PACKAGES: &[&str] = &[
+    "qemu-system-x86",
+    "busybox-static",
+    "cpio",
+    "kmod",
+    "iproute2",
+    "libibverbs1",
+    "ibverbs-providers",
+    "ibverbs-utils",
+    "rdma-core",
+    "libibverbs-dev",
+];
+
+/// Kernel modules to load in the guest, by name; their dependencies are added from
+/// `modules.dep`. `crc32_generic` is not a declared dependency of `rdma_rxe` but rxe
+/// requests the crc32 crypto algorithm at run time: without it `rdma link add` fails.
+const MODULE_ROOTS: &[&str] = &[
+    "crc32_generic",
+    "rdma_rxe",
+    "veth",
+    "dummy",
+    "8021q",
+    "sch_netem",
+    "virtio_pci",
+    "9pnet_virtio",
+    "9p",
+];
+
+/// Host programs copied into the guest (with their shared-library closure).
+const GUEST_PROGRAMS: &[&str] = &[
+    "/usr/bin/ip",
+    "/usr/bin/rdma",
+    "/usr/sbin/tc",
+    "/usr/bin/ibv_devinfo",
+    "/usr/bin/ibv_rc_pingpong",
+];
+
+/// Shared objects that are loaded with `dlopen` and so do not show in `ldd`: libibverbs
+/// itself (apm loads it at run time) and the rxe provider it loads.
+const GUEST_DLOPENED: &[&str] = &[
+    "/usr/lib/x86_64-linux-gnu/libibverbs.so.1",
+    "/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so",
+];
+
+/// Plain files copied as they are (libibverbs finds its providers through these).
+const GUEST_FILES: &[&str] = &["/etc/libibverbs.d/rxe.driver"];
+
+/// Bumped whenever the layout of the initramfs changes in a way the content hash of its
+/// inputs would not see.
+const IMAGE_FORMAT: &str = "apm-vm-image-1";
+
+/// Console markers printed by the guest's init, used for the timings.
+const MARK_BOOTED: &str = "APM-VM: booted";
+const MARK_DONE: &str = "APM-VM: done";
+
+/// The guest's `/init`. Everything the test needs is in place before the marker; the run
+/// script comes from the share; the VM always powers off, whatever happened.
+const INIT_SCRIPT: &str = r#"#!/bin/busybox sh
+/bin/busybox mkdir -p /proc /sys /dev /tmp /run /mnt
+/bin/busybox --install -s /bin
+export PATH=/bin:/usr/bin:/usr/sbin
+mount -t proc proc /proc
+mount -t sysfs sysfs /sys
+mount -t devtmpfs devtmpfs /dev
+mount -t tmpfs tmpfs /tmp
+mount -t tmpfs tmpfs /run
+for m in $(cat /modules/order); do
+    insmod "/modules/$m" || echo "APM-VM: insmod $m failed"
+done
+if ! mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 share /mnt; then
+    echo "APM-VM: cannot mount the 9p share"
+    poweroff -f
+fi
+echo "APM-VM: booted"
+sh /mnt/run.sh > /mnt/output.txt 2>&1
+echo $? > /mnt/exit-code
+sync
+echo "APM-VM: done"
+umount /mnt
+poweroff -f
+"#;
+
+/// A bootable kernel and initramfs, cached under `target/vm/images/<key>/`.
+#[derive(Debug, Clone)]
+pub struct Image {
+    pub kernel: PathBuf,
+    pub initramfs: PathBuf,
+    pub kernel_version: String,
+}
+
+/// One program to run inside a fresh VM.
+#[derive(Debug, Clone)]
+pub struct RunSpec {
+    /// Host binary to run in the guest (copied to the share).
+    pub binary: PathBuf,
+    pub args: Vec<String>,
+    pub env: Vec<(String, String)>,
+    /// Shell commands run in the guest before the binary (device set-up); a failure
+    /// fails the run.
+    pub setup: String,
+    /// Wall-clock limit for the whole VM, boot to power-off.
+    pub timeout: Duration,
+}
+
+/// What came back from the VM.
+#[derive(Debug)]
+pub struct Outcome {
+    /// Exit code of the run script (set-up and binary); `None` if none came back.
+    pub exit_code: Option<i32>,
+    /// Combined stdout and stderr of the run script.
+    pub output: String,
+    /// The serial console (kernel and init messages).
+    pub console: String,
+    pub timed_out: bool,
+    /// qemu start to the guest's "booted" marker.
+    pub boot: Option<Duration>,
+    /// "booted" marker to "done" marker.
+    pub run: Option<Duration>,
+    /// qemu start to qemu exit.
+    pub total: Duration,
+}
+
+/// Install the host packages the runner needs, when any is missing (Debian only).
+pub fn ensure_host_packages() -> Result<()> {
+    let missing: Vec<&str> = HOST_PACKAGES
+        .iter()
+        .copied()
+        .filter(|p| !package_installed(p))
+        .collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    eprintln!("hwtest --vm: installing {}", missing.join(" "));
+    if Command::new("apt-get").arg("--version").output().is_err() {
+        bail!(
+            "the VM runner needs these Debian packages and apt-get is not available: {}",
+            missing.join(" ")
+        );
+    }
+    crate::util::run("apt-get", &["update", "-qq"])?;
+    let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
+    args.extend(missing.iter().copied());
+    crate::util::run_env("apt-get", &args, &[("DEBIAN_FRONTEND", "noninteractive")])
+}
+
+fn package_installed(name: &str) -> bool {
+    Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}", name])
+        .output()
+        .map(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("ok installed"))
+        .unwrap_or(false)
+}
+
+/// Build (or reuse from the cache) the guest kernel and initramfs.
+pub fn prepare_image(vm_dir: &Path) -> Result<Image> {
+    std::fs::create_dir_all(vm_dir).with_context(|| format!("mkdir {}", vm_dir.display()))?;
+    let deb = kernel_deb(vm_dir)?;
+    let (kroot, version) = unpack_kernel(vm_dir, &deb)?;
+    let moddir = kroot.join("lib/modules").join(&version);
+    let modules = module_load_order(&moddir)?;
+
+    // Every host file that goes into the image, keyed by its path in the guest.
+    let mut files: BTreeMap<PathBuf, PathBuf> = BTreeMap::new();
+    let busybox = PathBuf::from("/bin/busybox");
+    files.insert(PathBuf::from("bin/busybox"), busybox);
+    let mut objects: Vec<PathBuf> = GUEST_PROGRAMS.iter().map(PathBuf::from).collect();
+    objects.extend(GUEST_DLOPENED.iter().map(PathBuf::from));
+    let mut symlinks: BTreeMap<PathBuf, PathBuf> = BTreeMap::new();
+    for obj in &objects {
+        add_with_closure(obj, &mut files, &mut symlinks)?;
+    }
+    for f in GUEST_FILES {
+        files.insert(strip_root(Path::new(f)), PathBuf::from(f));
+    }
+    for (i, m) in modules.iter().enumerate() {
+        let name = format!("{i:02}-{}", file_name(m));
+        files.insert(PathBuf::from("modules").join(name), moddir.join(m));
+    }
+    let order: String = modules
+        .iter()
+        .enumerate()
+        .map(|(i, m)| format!("{i:02}-{}\n", file_name(m)))
+        .collect();
+
+    // The cache key: everything that decides the image's content.
+    let mut h = Fnv::new();
+    h.write(IMAGE_FORMAT.as_bytes());
+    h.write(INIT_SCRIPT.as_bytes());
+    h.write(order.as_bytes());
+    h.write(file_name(&deb).as_bytes());
+    for (guest, host) in &files {
+        h.write(guest.as_os_str().as_encoded_bytes());
+        let data = std::fs::read(host).with_context(|| format!("read {}", host.display()))?;
+        h.write(&data);
+    }
+    for (link, target) in &symlinks {
+        h.write(link.as_os_str().as_encoded_bytes());
+        h.write(target.as_os_str().as_encoded_bytes());
+    }
+    let key = format!("{:016x}", h.finish());
+    let images = vm_dir.join("images");
+    let dir = images.join(&key);
+    let image = Image {
+        kernel: dir.join("vmlinuz"),
+        initramfs: dir.join("initramfs.cpio.gz"),
+        kernel_version: version.clone(),
+    };
+    if image.kernel.is_file() && image.initramfs.is_file() {
+        eprintln!("hwtest --vm: cached image {key} (kernel {version})");
+        return Ok(image);
+    }
+
+    eprintln!(
+        "hwtest --vm: building image {key} (kernel {version}, {} modules)",
+        modules.len()
+    );
+    // Older images are stale by construction: keep the cache to the current one.
+    if images.is_dir() {
+        for entry in std::fs::read_dir(&images)? {
+            let p = entry?.path();
+            if p != dir {
+                let _ = std::fs::remove_dir_all(&p);
+            }
+        }
+    }
+    let staging = vm_dir.join(format!("staging-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&staging);
+    let result = build_initramfs(&staging, &files, &symlinks, &order, &dir);
+    let _ = std::fs::remove_dir_all(&staging);
+    result?;
+    copy(
+        &kroot.join(format!("boot/vmlinuz-{version}")),
+        &image.kernel,
+    )?;
+    Ok(image)
+}
+
+fn build_initramfs(
+    staging: &Path,
+    files: &BTreeMap<PathBuf, PathBuf>,
+    symlinks: &BTreeMap<PathBuf, PathBuf>,
+    order: &str,
+    out_dir: &Path,
+) -> Result<()> {
+    for d in [
+        "bin",
+        "usr/bin",
+        "usr/sbin",
+        "usr/lib",
+        "usr/lib64",
+        "etc",
+        "modules",
+    ] {
+        std::fs::create_dir_all(staging.join(d))?;
+    }
+    // Merged /usr, as on the host, so the paths ldd reports resolve in the guest too.
+    std::os::unix::fs::symlink("usr/lib", staging.join("lib"))?;
+    std::os::unix::fs::symlink("usr/lib64", staging.join("lib64"))?;
+    for (guest, host) in files {
+        copy(host, &staging.join(guest))?;
+    }
+    for (link, target) in symlinks {
+        let at = staging.join(link);
+        if std::fs::symlink_metadata(&at).is_err() {
+            if let Some(parent) = at.parent() {
+                std::fs::create_dir_all(parent)?;
+            }
+            std::os::unix::fs::symlink(target, &at)?;
+        }
+    }
+    std::fs::write(staging.join("modules/order"), order)?;
+    let init = staging.join("init");
+    std::fs::write(&init, INIT_SCRIPT)?;
+    set_mode(&init, 0o755)?;
+
+    std::fs::create_dir_all(out_dir)?;
+    let tmp = out_dir.join("initramfs.cpio.gz.tmp");
+    let status = Command::new("sh")
+        .arg("-c")
+        .arg("find . | LC_ALL=C sort | cpio -o -H newc --quiet | gzip -1 > \"$1\"")
+        .arg("sh")
+        .arg(&tmp)
+        .current_dir(staging)
+        .status()
+        .context("could not run cpio")?;
+    if !status.success() {
+        bail!("building the initramfs failed: {status}");
+    }
+    std::fs::rename(&tmp, out_dir.join("initramfs.cpio.gz"))?;
+    Ok(())
+}
+
+/// The kernel image package `linux-image-amd64` depends on, downloaded once.
+fn kernel_deb(vm_dir: &Path) -> Result<PathBuf> {
+    let out = Command::new("apt-cache")
+        .args(["depends", "linux-image-amd64"])
+        .output()
+        .context("could not run apt-cache")?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    let pkg = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("Depends:"))
+        .map(str::trim)
+        .find(|p| p.starts_with("linux-image-"))
+        .map(str::to_owned);
+    let Some(pkg) = pkg else {
+        bail!(
+            "cannot find the kernel package linux-image-amd64 depends on \
+             (is this Debian, and has `apt-get update` run?)"
+        );
+    };
+    let dir = vm_dir.join("deb");
+    std::fs::create_dir_all(&dir)?;
+    let find = |dir: &Path| -> Result<Option<PathBuf>> {
+        for e in std::fs::read_dir(dir)? {
+            let p = e?.path();
+            let n = file_name(&p);
+            if n.starts_with(&format!("{pkg}_")) && n.ends_with(".deb") {
+                return Ok(Some(p));
+            }
+        }
+        Ok(None)
+    };
+    if let Some(p) = find(&dir)? {
+        return Ok(p);
+    }
+    eprintln!("hwtest --vm: downloading {pkg}");
+    let status = Command::new("apt-get")
+        .args(["download", "-qq", &pkg])
+        .current_dir(&dir)
+        .status()
+        .context("could not run apt-get download")?;
+    if !status.success() {
+        bail!("`apt-get download {pkg}` failed: {status}");
+    }
+    find(&dir)?.with_context(|| format!("apt-get download {pkg} left no .deb"))
+}
+
+/// Unpack the kernel package once and generate `modules.dep` (not shipped in the .deb).
+fn unpack_kernel(vm_dir: &Path, deb: &Path) -> Result<(PathBuf, String)> {
+    let stem = file_name(deb).trim_end_matches(".deb").to_owned();
+    let root = vm_dir.join("kernel").join(&stem);
+    let done = root.join(".apm-unpacked");
+    if !done.exists() {
+        let _ = std::fs::remove_dir_all(&root);
+        std::fs::create_dir_all(&root)?;
+        crate::util::run(
+            "dpkg-deb",
+            &["-x", &deb.to_string_lossy(), &root.to_string_lossy()],
+        )?;
+    }
+    let mods = root.join("lib/modules");
+    let mut versions = Vec::new();
+    for e in std::fs::read_dir(&mods).with_context(|| format!("read {}", mods.display()))? {
+        versions.push(file_name(e?.path()));
+    }
+    versions.sort();
+    let Some(version) = versions.pop() else {
+        bail!("{} holds no kernel modules", deb.display());
+    };
+    if !done.exists() {
+        crate::util::run("depmod", &["-b", &root.to_string_lossy(), &version])?;
+        std::fs::write(&done, "")?;
+    }
+    Ok((root, version))
+}
+
+/// The modules to insmod, dependencies first, as paths relative to the modules dir.
+fn module_load_order(moddir: &Path) -> Result<Vec<String>> {
+    let dep_file = moddir.join("modules.dep");
+    let text = std::fs::read_to_string(&dep_file)
+        .with_context(|| format!("read {}", dep_file.display()))?;
+    let mut deps: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    let mut by_name: BTreeMap<String, String> = BTreeMap::new();
+    for line in text.lines() {
+        let Some((module, rest)) = line.split_once(':') else {
+            continue;
+        };
+        let name = module_name(module);
+        by_name.insert(name, module.to_owned());
+        deps.insert(
+            module.to_owned(),
+            rest.split_whitespace().map(str::to_owned).collect(),
+        );
+    }
+    let mut order = Vec::new();
+    let mut seen = BTreeSet::new();
+    for root in MODULE_ROOTS {
+        let Some(path) = by_name.get(*root) else {
+            // Built into this kernel: nothing to load.
+            continue;
+        };
+        visit(path, &deps, &mut seen, &mut order);
+    }
+    Ok(order)
+}
+
+fn visit(
+    m: &str,
+    deps: &BTreeMap<String, Vec<String>>,
+    seen: &mut BTreeSet<String>,
+    order: &mut Vec<String>,
+) {
+    if !seen.insert(m.to_owned()) {
+        return;
+    }
+    // modules.dep lists a module's dependencies so that the last is loaded first.
+    if let Some(ds) = deps.get(m) {
+        for d in ds.iter().rev() {
+            visit(d, deps, seen, order);
+        }
+    }
+    order.push(m.to_owned());
+}
+
+fn module_name(path: &str) -> String {
+    let base = path.rsplit('/').next().unwrap_or(path);
+    base.trim_end_matches(".ko")
+        .trim_end_matches(".ko.xz")
+        .replace('-', "_")
+}
+
+/// Add an ELF object and its `ldd` closure, each file at its canonical path, with a
+/// symlink for the name it was asked for when that differs.
+fn add_with_closure(
+    obj: &Path,
+    files: &mut BTreeMap<PathBuf, PathBuf>,
+    symlinks: &mut BTreeMap<PathBuf, PathBuf>,
+) -> Result<()> {
+    let mut all = vec![obj.to_path_buf()];
+    all.extend(ldd(obj)?);
+    for f in all {
+        let real = std::fs::canonicalize(&f).with_context(|| format!("resolve {}", f.display()))?;
+        files.insert(strip_root(&real), real.clone());
+        if real != f {
+            symlinks.insert(strip_root(&f), real);
+        }
+    }
+    Ok(())
+}
+
+/// The shared libraries an ELF object needs, as `ldd` reports them.
+pub fn ldd(obj: &Path) -> Result<Vec<PathBuf>> {
+    let out = Command::new("ldd")
+        .arg(obj)
+        .output()
+        .with_context(|| format!("ldd {}", obj.display()))?;
+    if !out.status.success() {
+        // Static binaries make ldd fail: they need nothing.
+        return Ok(Vec::new());
+    }
+    let mut libs = Vec::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let line = line.trim();
+        let path = match line.split_once("=>") {
+            Some((_, rest)) => rest.split_whitespace().next(),
+            None => line.split_whitespace().next(),
+        };
+        if let Some(p) = path.filter(|p| p.starts_with('/')) {
+            libs.push(PathBuf::from(p));
+        }
+    }
+    Ok(libs)
+}
+
+/// Boot a VM from `image`, run `spec` inside, and power off.
+pub fn run(image: &Image, spec: &RunSpec, work: &Path) -> Result<Outcome> {
+    let share = work.join("share");
+    let _ = std::fs::remove_dir_all(work);
+    std::fs::create_dir_all(share.join("lib"))?;
+    let result = run_in(image, spec, work, &share);
+    // The share holds a copy of the binary: never leave it behind.
+    let _ = std::fs::remove_dir_all(work);
+    result
+}
+
+fn run_in(image: &Image, spec: &RunSpec, work: &Path, share: &Path) -> Result<Outcome> {
+    let bin_name = file_name(&spec.binary);
+    copy(&spec.binary, &share.join(&bin_name))?;
+    // The binary's libraries go to the share (the image only has what its own tools
+    // need, e.g. no libgcc_s); the dynamic loader is in the image already.
+    for lib in ldd(&spec.binary)? {
+        let name = file_name(&lib);
+        if !name.starts_with("ld-linux") {
+            copy(&lib, &share.join("lib").join(name))?;
+        }
+    }
+    let mut script = String::from(
+        "set -e\n\
+         export PATH=/bin:/usr/bin:/usr/sbin\n\
+         export LD_LIBRARY_PATH=/mnt/lib:/usr/lib/x86_64-linux-gnu\n\
+         export HOME=/tmp RUST_BACKTRACE=1\n\
+         cd /tmp\n",
+    );
+    script.push_str(&spec.setup);
+    script.push('\n');
+    for (k, v) in &spec.env {
+        let _ = writeln!(script, "export {k}={}", shell_quote(v));
+    }
+    let _ = write!(script, "exec /mnt/{}", shell_quote(&bin_name));
+    for a in &spec.args {
+        let _ = write!(script, " {}", shell_quote(a));
+    }
+    script.push('\n');
+    std::fs::write(share.join("run.sh"), script)?;
+
+    let mut cmd = Command::new("qemu-system-x86_64");
+    cmd.args([
+        "-accel",
+        "tcg,thread=multi",
+        "-cpu",
+        "max",
+        "-smp",
+        "2",
+        "-m",
+        "1024",
+    ])
+    .args(["-nographic", "-no-reboot", "-nic", "none"])
+    .arg("-kernel")
+    .arg(&image.kernel)
+    .arg("-initrd")
+    .arg(&image.initramfs)
+    .args(["-append", "console=ttyS0 panic=-1 quiet"])
+    .arg("-virtfs")
+    .arg(format!(
+        "local,path={},mount_tag=share,security_model=none,id=share",
+        share.display()
+    ))
+    .stdin(Stdio::null())
+    .stdout(Stdio::piped())
+    .stderr(Stdio::piped());
+    let start = Instant::now();
+    let child = cmd.spawn().context("could not start qemu-system-x86_64")?;
+    let mut guard = QemuGuard(child);
+    let pid = guard.0.id();
+
+    let (tx, rx) = mpsc::channel::<(Instant, String)>();
+    let stdout = guard.0.stdout.take();
+    let reader = std::thread::spawn(move || {
+        if let Some(out) = stdout {
+            for line in BufReader::new(out).split(b'\n') {
+                let Ok(line) = line else { break };
+                let text = String::from_utf8_lossy(&line).trim_end().to_owned();
+                if tx.send((Instant::now(), text)).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    let stderr = guard.0.stderr.take();
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(mut e) = stderr {
+            let _ = std::io::Read::read_to_string(&mut e, &mut s);
+        }
+        s
+    });
+
+    let deadline = start + spec.timeout;
+    let mut console = String::new();
+    let (mut booted, mut done) = (None, None);
+    let mut timed_out = false;
+    let mut exited = false;
+    loop {
+        let now = Instant::now();
+        if now >= deadline {
+            timed_out = true;
+            break;
+        }
+        match rx.recv_timeout((deadline - now).min(Duration::from_millis(200))) {
+            Ok((at, line)) => {
+                if line.contains(MARK_BOOTED) && booted.is_none() {
+                    booted = Some(at);
+                }
+                if line.contains(MARK_DONE) && done.is_none() {
+                    done = Some(at);
+                }
+                console.push_str(&line);
+                console.push('\n');
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                exited = true;
+                break;
+            }
+        }
+    }
+    if timed_out {
+        eprintln!(
+            "hwtest --vm: timeout after {:?}: killing qemu (pid {pid})",
+            spec.timeout
+        );
+    }
+    let status = if exited {
+        // stdout closed: qemu is exiting; give it a moment, then make sure.
+        wait_timeout(&mut guard.0, Duration::from_secs(10))?
+    } else {
+        None
+    };
+    if status.is_none() {
+        let _ = guard.0.kill();
+        let _ = guard.0.wait();
+    }
+    let total = start.elapsed();
+    let _ = reader.join();
+    while let Ok((_, line)) = rx.try_recv() {
+        console.push_str(&line);
+        console.push('\n');
+    }
+    let qemu_err = err_reader.join().unwrap_or_default();
+    if !qemu_err.trim().is_empty() {
+        let _ = writeln!(console, "[qemu stderr] {}", qemu_err.trim());
+    }
+    let output = std::fs::read_to_string(share.join("output.txt")).unwrap_or_default();
+    let exit_code = std::fs::read_to_string(share.join("exit-code"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    let _ = std::fs::write(work.with_extension("console.log"), &console);
+    Ok(Outcome {
+        exit_code,
+        output,
+        console,
+        timed_out,
+        boot: booted.map(|b| b - start),
+        run: booted
+            .zip(done)
+            .map(|(b, d)| d.saturating_duration_since(b)),
+        total,
+    })
+}
+
+/// Kills qemu if it is still running when the runner returns early.
+struct QemuGuard(Child);
+
+impl Drop for QemuGuard {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+fn wait_timeout(child: &mut Child, limit: Duration) -> Result<Option<std::process::ExitStatus>> {
+    let until = Instant::now() + limit;
+    loop {
+        if let Some(s) = child.try_wait()? {
+            return Ok(Some(s));
+        }
+        if Instant::now() >= until {
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
+fn strip_root(p: &Path) -> PathBuf {
+    p.strip_prefix("/").unwrap_or(p).to_path_buf()
+}
+
+fn file_name(p: impl AsRef<Path>) -> String {
+    p.as_ref()
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default()
+}
+
+fn copy(from: &Path, to: &Path) -> Result<()> {
+    if let Some(parent) = to.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    std::fs::copy(from, to)
+        .with_context(|| format!("copy {} to {}", from.display(), to.display()))?;
+    Ok(())
+}
+
+fn set_mode(p: &Path, mode: u32) -> Result<()> {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))?;
+    Ok(())
+}
+
+/// FNV-1a, 64 bit: a content hash for the cache key (no crypto needed, no dependency).
+struct Fnv(u64);
+
+impl Fnv {
+    fn new() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+    fn write(&mut self, data: &[u8]) {
+        for b in data {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        // Separate fields so that ("ab","c") and ("a","bc") differ.
+        self.0 ^= 0xff;
+        self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    fn finish(&self) -> u64 {
+        self.0
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn module_names_are_normalised() {
+        assert_eq!(module_name("kernel/net/9p/9pnet_virtio.ko"), "9pnet_virtio");
+        assert_eq!(module_name("kernel/x/snd-seq.ko"), "snd_seq");
+    }
+
+    #[test]
+    fn dependencies_load_first() {
+        let mut deps = BTreeMap::new();
+        deps.insert(
+            "a.ko".to_owned(),
+            vec!["b.ko".to_owned(), "c.ko".to_owned()],
+        );
+        deps.insert("b.ko".to_owned(), vec!["c.ko".to_owned()]);
+        deps.insert("c.ko".to_owned(), vec![]);
+        let (mut seen, mut order) = (BTreeSet::new(), Vec::new());
+        visit("a.ko", &deps, &mut seen, &mut order);
+        assert_eq!(order, ["c.ko", "b.ko", "a.ko"]);
+    }
+
+    #[test]
+    fn quoting_survives_single_quotes() {
+        assert_eq!(shell_quote("it's"), r"'it'\''s'");
+    }
+}
