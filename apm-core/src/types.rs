@@ -12,7 +12,9 @@ use std::fmt;
 ///
 /// The engine never reads a clock: every input carries its `Time`, and time never goes
 /// backwards (an input older than the last one is treated as happening at the last one).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize,
+)]
 pub struct Time(pub u64);
 
 impl Time {

@@ -1,0 +1,233 @@
+//! Per-connection state: the paths as the engine believes the QP holds them, and the
+//! phase of whatever the engine is doing for the connection.
+
+use crate::io::{CommandId, Lap, PeerMsg};
+use crate::types::*;
+
+/// Who a phase is answering, when the engine acts on a peer's request (LAP or Migrate).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Responder {
+    pub(crate) to: PeerAddr,
+    pub(crate) port: PortKey,
+    /// Digest of the request, for duplicate detection.
+    pub(crate) digest: u64,
+}
+
+/// What the engine is doing for a connection. Only one thing at a time: a second reason
+/// to act is remembered in `Conn::want_rearm` / `Conn::deferred_lap` and handled when the
+/// phase returns to `Idle`.
+#[derive(Clone, Debug)]
+pub(crate) enum Phase {
+    /// Nothing in flight.
+    Idle,
+    /// Passive side waiting for the active side's LAP before initiating (deadline).
+    WaitPassive,
+    /// Waiting for a re-arm slot (`Engine::rearm_queue`).
+    Queued,
+    /// Waiting for path records.
+    Resolving,
+    /// A message (LAP or Migrate) is out; waiting for the answer (deadline: retransmit).
+    AwaitPeer {
+        msg: PeerMsg,
+        port: PortKey,
+        to: PeerAddr,
+        tries: u32,
+    },
+    /// `LoadAlternate` outstanding.
+    Loading {
+        cmd: CommandId,
+        path: Path,
+        responder: Option<Responder>,
+    },
+    /// `SetRearm` outstanding.
+    Arming {
+        cmd: CommandId,
+        path: Path,
+        responder: Option<Responder>,
+    },
+    /// `ForceMigrate` outstanding.
+    Migrating { cmd: CommandId },
+    /// `SoftwareMigrate` outstanding.
+    SwMigrating {
+        cmd: CommandId,
+        path: Path,
+        responder: Option<Responder>,
+    },
+    /// `QueryQp` outstanding.
+    Querying { cmd: CommandId },
+    /// Gave up for now; try again at the deadline.
+    Backoff,
+}
+
+impl Phase {
+    /// The command this phase waits for, if any.
+    pub(crate) fn awaited(&self) -> Option<CommandId> {
+        match self {
+            Phase::Loading { cmd, .. }
+            | Phase::Arming { cmd, .. }
+            | Phase::Migrating { cmd }
+            | Phase::SwMigrating { cmd, .. }
+            | Phase::Querying { cmd } => Some(*cmd),
+            _ => None,
+        }
+    }
+
+    /// True while a command or a peer exchange is in flight (new work must wait).
+    pub(crate) fn busy(&self) -> bool {
+        self.awaited().is_some() || matches!(self, Phase::AwaitPeer { .. })
+    }
+
+    /// The path this phase is moving towards, if any (for dead-path checks).
+    pub(crate) fn target(&self) -> Option<Path> {
+        match self {
+            Phase::AwaitPeer {
+                msg: PeerMsg::Lap(lap),
+                ..
+            } => Some(lap.alt),
+            Phase::Loading { path, .. }
+            | Phase::Arming { path, .. }
+            | Phase::SwMigrating { path, .. } => Some(*path),
+            _ => None,
+        }
+    }
+}
+
+/// One protected connection.
+#[derive(Clone, Debug)]
+pub(crate) struct Conn {
+    pub(crate) role: Role,
+    pub(crate) mode: MigrationMode,
+    pub(crate) local_qpn: Qpn,
+    pub(crate) remote_qpn: Qpn,
+    pub(crate) local_comm_id: u32,
+    pub(crate) remote_comm_id: u32,
+    /// The path the QP runs on.
+    pub(crate) primary: Path,
+    /// The alternate loaded in the QP (hardware) or agreed with the peer (software).
+    pub(crate) alternate: Option<Path>,
+    /// REARM was set on `alternate` (hardware) / the peer accepted it (software).
+    pub(crate) armed: bool,
+    /// Migration state as last known.
+    pub(crate) mig: MigState,
+    /// Every path to the peer the engine may use, including the original primary.
+    pub(crate) candidates: Vec<Path>,
+    /// Paths that failed as alternates, with the time they may be tried again.
+    pub(crate) bad: Vec<(Path, Time)>,
+    pub(crate) phase: Phase,
+    /// The phase's deadline (timer entries that do not match it are stale).
+    pub(crate) deadline: Option<Time>,
+    /// Holds one of the `max_concurrent_rearms` slots.
+    pub(crate) slot: bool,
+    /// Another re-arm is wanted once the current phase ends.
+    pub(crate) want_rearm: bool,
+    /// A LAP that arrived while busy, handled when the phase ends (or at its deadline).
+    pub(crate) deferred_lap: Option<(PeerAddr, PortKey, Lap)>,
+    /// Digest of the last LAP answered and the APStatus sent, for duplicates.
+    pub(crate) last_lap: Option<(u64, crate::io::ApStatus)>,
+    /// Consecutive failed re-arm attempts (backoff exponent).
+    pub(crate) failed_rearms: u32,
+    /// When the engine last forced a migration (its own PATH_MIG is not a new one).
+    pub(crate) forced_at: Option<Time>,
+    /// What the application was last told: protected or not.
+    pub(crate) notified_protected: bool,
+    pub(crate) ever_protected: bool,
+    pub(crate) lost: bool,
+}
+
+impl Conn {
+    pub(crate) fn new(spec: &ConnSpec) -> Conn {
+        let mut candidates: Vec<Path> = Vec::with_capacity(spec.candidates.len() + 2);
+        let all = std::iter::once(&spec.primary)
+            .chain(spec.agreed_alternate.iter())
+            .chain(spec.candidates.iter());
+        for p in all {
+            if !candidates.iter().any(|c| c.same_route(p)) {
+                candidates.push(*p);
+            }
+        }
+        Conn {
+            role: spec.role,
+            mode: spec.mode,
+            local_qpn: spec.local_qpn,
+            remote_qpn: spec.remote_qpn,
+            local_comm_id: spec.local_comm_id,
+            remote_comm_id: spec.remote_comm_id,
+            primary: spec.primary,
+            alternate: None,
+            armed: false,
+            mig: MigState::Migrated,
+            candidates,
+            bad: Vec::new(),
+            phase: Phase::Idle,
+            deadline: None,
+            slot: false,
+            want_rearm: false,
+            deferred_lap: None,
+            last_lap: None,
+            failed_rearms: 0,
+            forced_at: None,
+            notified_protected: false,
+            ever_protected: false,
+            lost: false,
+        }
+    }
+
+    /// True when `gid` is one of the peer's port GIDs as far as this connection knows.
+    pub(crate) fn is_peer_gid(&self, gid: &Gid) -> bool {
+        self.primary.dgid == *gid
+            || self.alternate.is_some_and(|a| a.dgid == *gid)
+            || self.candidates.iter().any(|c| c.dgid == *gid)
+    }
+
+    /// The distinct peer GIDs (for path resolution).
+    pub(crate) fn peer_gids(&self) -> Vec<Gid> {
+        let mut gids: Vec<Gid> = Vec::new();
+        for g in std::iter::once(self.primary.dgid).chain(self.candidates.iter().map(|c| c.dgid)) {
+            if !gids.contains(&g) {
+                gids.push(g);
+            }
+        }
+        gids
+    }
+
+    /// True when `path` failed as an alternate recently.
+    pub(crate) fn is_bad(&self, path: &Path, now: Time) -> bool {
+        self.bad
+            .iter()
+            .any(|(p, until)| p.same_route(path) && now < *until)
+    }
+
+    pub(crate) fn mark_bad(&mut self, path: Path, until: Time, now: Time) {
+        self.bad.retain(|(p, u)| now < *u && !p.same_route(&path));
+        self.bad.push((path, until));
+    }
+
+    /// Remember a path learnt later (from a LAP or the SA) as a candidate.
+    pub(crate) fn learn(&mut self, path: Path) {
+        if !self.candidates.iter().any(|c| c.same_route(&path)) {
+            self.candidates.push(path);
+        }
+    }
+}
+
+/// A stable 64-bit digest (FNV-1a) of a LAP, for duplicate detection.
+pub(crate) fn lap_digest(lap: &Lap) -> u64 {
+    let a = &lap.alt;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut eat = |bytes: &[u8]| {
+        for b in bytes {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    eat(&lap.sender_comm_id.to_be_bytes());
+    eat(&lap.receiver_comm_id.to_be_bytes());
+    eat(&lap.receiver_qpn.get().to_be_bytes());
+    eat(&a.slid.get().to_be_bytes());
+    eat(&a.dlid.get().to_be_bytes());
+    eat(&a.sgid.0);
+    eat(&a.dgid.0);
+    eat(&a.flow_label.to_be_bytes());
+    eat(&[a.traffic_class, a.hop_limit, a.rate, a.sl, a.ack_timeout]);
+    h
+}

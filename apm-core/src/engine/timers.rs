@@ -1,0 +1,54 @@
+//! The engine's timer queue: deadlines ordered by time, deleted lazily.
+//!
+//! Setting a new deadline for a key does not remove the old entry; when an entry comes
+//! due, the owner checks whether it is still the key's current deadline. That keeps
+//! re-scheduling O(log n) and `next()` O(log n) with 100k connections.
+
+use crate::types::{ConnId, Gid, PortKey, Time};
+use std::collections::BTreeSet;
+
+/// What a deadline is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum TimerKey {
+    /// A connection's phase deadline (LAP retransmit, backoff, passive wait, deferral).
+    Conn(ConnId),
+    /// A local port's hold-down ends.
+    PortHold(PortKey),
+    /// A remote GID's hold-down ends.
+    RemoteHold(Gid),
+    /// Retry a subscription through a port.
+    Subscribe(PortKey),
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Timers {
+    queue: BTreeSet<(Time, TimerKey)>,
+}
+
+impl Timers {
+    pub(crate) fn schedule(&mut self, at: Time, key: TimerKey) {
+        self.queue.insert((at, key));
+    }
+
+    /// The earliest deadline, stale or not (a stale one only costs a no-op wake-up).
+    pub(crate) fn next(&self) -> Option<Time> {
+        self.queue.first().map(|(t, _)| *t)
+    }
+
+    /// Remove and return the earliest entry due at or before `now`.
+    pub(crate) fn pop_due(&mut self, now: Time) -> Option<(Time, TimerKey)> {
+        match self.queue.first() {
+            Some(&(t, _)) if t <= now => self.queue.pop_first(),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn len(&self) -> usize {
+        self.queue.len()
+    }
+
+    /// Drop entries no owner wants any more, when stale ones pile up.
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(Time, TimerKey) -> bool) {
+        self.queue.retain(|&(t, k)| keep(t, k));
+    }
+}

@@ -1,0 +1,494 @@
+//! What goes into the engine (`Input`) and what comes out (`Command`, `Notification`).
+//!
+//! These enums are the whole contract between the engine and the world: providers turn
+//! device events, SA Reports and peer MADs into `Input`s, carry out `Command`s, and hand
+//! each command's result back as [`Input::CommandDone`]. Nothing here does IO.
+
+use crate::types::*;
+use serde::{Deserialize, Serialize};
+
+/// An event or request for the engine. Each comes with the time it happened
+/// (see [`crate::Engine::handle_input`]).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum Input {
+    /// Put a connection under protection (API call).
+    Protect(ConnSpec),
+    /// Stop protecting a connection. The QP is left as it is.
+    Unprotect(ConnId),
+    /// A local port appeared or its attributes changed (enumeration, after LID change).
+    PortInfo(PortInfo),
+    /// An unaffiliated async event on a local port.
+    PortEvent {
+        /// The port.
+        port: PortKey,
+        /// What happened.
+        event: PortEvent,
+    },
+    /// A device-wide fatal error: every connection on the device is lost.
+    DeviceFatal {
+        /// Provider device index.
+        device: u16,
+    },
+    /// A QP-affiliated async event, already mapped to the connection by the provider.
+    QpEvent {
+        /// The connection whose QP raised it.
+        conn: ConnId,
+        /// What happened.
+        event: QpEvent,
+    },
+    /// An SA notice (trap 64 / 65 delivered in a Report) about a remote port GID.
+    RemoteGid {
+        /// The port GID the notice is about.
+        gid: Gid,
+        /// True for trap 64 (in service), false for trap 65 (out of service).
+        in_service: bool,
+    },
+    /// A LAP/APR/MRA (or software-migration message) from a peer.
+    PeerMessage {
+        /// Where the transport says it came from.
+        from: PeerAddr,
+        /// The local port it arrived on.
+        port: PortKey,
+        /// The message.
+        msg: PeerMsg,
+    },
+    /// The result of a command the engine issued earlier.
+    CommandDone {
+        /// The command's id.
+        id: CommandId,
+        /// What happened.
+        result: Result<CommandOutcome, ProviderError>,
+    },
+}
+
+/// Unaffiliated async events of a port (`ibv_event_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PortEvent {
+    /// `IBV_EVENT_PORT_ACTIVE`.
+    Active,
+    /// `IBV_EVENT_PORT_ERR`.
+    Down,
+    /// `IBV_EVENT_LID_CHANGE` (a `PortInfo` with the new LID should follow).
+    LidChange,
+    /// `IBV_EVENT_SM_CHANGE`.
+    SmChange,
+    /// `IBV_EVENT_CLIENT_REREGISTER`: the SA forgot our subscriptions.
+    ClientReregister,
+    /// `IBV_EVENT_PKEY_CHANGE`.
+    PkeyChange,
+    /// `IBV_EVENT_GID_CHANGE`.
+    GidChange,
+}
+
+/// QP-affiliated async events (`ibv_event_type`), plus the software path monitor's verdict.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QpEvent {
+    /// `IBV_EVENT_PATH_MIG`: the QP now runs on what was its alternate path.
+    PathMigrated,
+    /// `IBV_EVENT_PATH_MIG_ERR`: migration to the alternate failed.
+    PathMigrationError,
+    /// `IBV_EVENT_COMM_EST`: traffic arrived on the (possibly new) primary.
+    CommEstablished,
+    /// `IBV_EVENT_QP_FATAL` (or an error completion that put the QP in ERR).
+    Fatal,
+    /// `IBV_EVENT_SQ_DRAINED`.
+    SqDrained,
+    /// The provider's progress monitor saw no progress on the primary path for too long
+    /// (software migration, where a dead path never errors).
+    PrimaryStalled,
+}
+
+/// Id of a command; echoed in [`Input::CommandDone`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct CommandId(pub u64);
+
+/// A command for the provider, with the id its result must carry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Command {
+    /// Echo this in [`Input::CommandDone`].
+    pub id: CommandId,
+    /// What to do.
+    pub op: CommandOp,
+}
+
+/// What the provider must do.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum CommandOp {
+    /// Load `path` as the QP's alternate (RTS->RTS with `IBV_QP_ALT_PATH`).
+    LoadAlternate {
+        /// The connection.
+        conn: ConnId,
+        /// The new alternate path.
+        path: Path,
+    },
+    /// Arm the loaded alternate (RTS->RTS, `path_mig_state = REARM`).
+    SetRearm {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// Force a migration to the alternate (RTS->RTS, `path_mig_state = MIGRATED`).
+    ForceMigrate {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// Move the QP's primary address vector to `path` in software (RoCE).
+    SoftwareMigrate {
+        /// The connection.
+        conn: ConnId,
+        /// The path to move to.
+        path: Path,
+    },
+    /// Read back the QP's state, migration state and primary path.
+    QueryQp {
+        /// The connection.
+        conn: ConnId,
+    },
+    /// Send a message to a peer.
+    SendPeer {
+        /// The local port to send from.
+        port: PortKey,
+        /// The destination.
+        to: PeerAddr,
+        /// The message.
+        msg: PeerMsg,
+    },
+    /// Find every path from a local port to a remote port GID (SA PathRecord query).
+    ResolvePaths {
+        /// The local port.
+        port: PortKey,
+        /// The remote port GID.
+        dgid: Gid,
+    },
+    /// Subscribe for GID in/out of service notices (traps 64/65) through a port.
+    Subscribe {
+        /// The local port whose SA to ask.
+        port: PortKey,
+    },
+}
+
+impl CommandOp {
+    /// The connection the command acts on, if any.
+    pub fn conn(&self) -> Option<ConnId> {
+        match self {
+            CommandOp::LoadAlternate { conn, .. }
+            | CommandOp::SetRearm { conn }
+            | CommandOp::ForceMigrate { conn }
+            | CommandOp::SoftwareMigrate { conn, .. }
+            | CommandOp::QueryQp { conn } => Some(*conn),
+            _ => None,
+        }
+    }
+
+    /// A short name for logs and statistics.
+    pub fn name(&self) -> &'static str {
+        match self {
+            CommandOp::LoadAlternate { .. } => "load_alternate",
+            CommandOp::SetRearm { .. } => "set_rearm",
+            CommandOp::ForceMigrate { .. } => "force_migrate",
+            CommandOp::SoftwareMigrate { .. } => "software_migrate",
+            CommandOp::QueryQp { .. } => "query_qp",
+            CommandOp::SendPeer { .. } => "send_peer",
+            CommandOp::ResolvePaths { .. } => "resolve_paths",
+            CommandOp::Subscribe { .. } => "subscribe",
+        }
+    }
+}
+
+/// A successful command's result.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum CommandOutcome {
+    /// Done, nothing to report.
+    Done,
+    /// `SetRearm` done; the migration state read back afterwards.
+    MigState(MigState),
+    /// `QueryQp` answer.
+    Qp(QpSnapshot),
+    /// `ResolvePaths` answer: every path found (may be empty).
+    Paths(Vec<Path>),
+}
+
+/// A QP as read back from the device.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QpSnapshot {
+    /// False when the QP is in ERR (or RESET).
+    pub operational: bool,
+    /// Migration state.
+    pub mig_state: MigState,
+    /// The local port of the primary path.
+    pub primary_port: PortKey,
+    /// The DLID of the primary path.
+    pub primary_dlid: Lid,
+    /// The DGID of the primary path.
+    pub primary_dgid: Gid,
+}
+
+/// Why a provider could not carry out a command.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum ProviderError {
+    /// The provider does not implement this operation (yet, or ever, for its device).
+    #[error("{provider} does not support {operation}")]
+    Unsupported {
+        /// The provider's name.
+        provider: String,
+        /// What was asked.
+        operation: String,
+    },
+    /// The device refused the operation (e.g. `ibv_modify_qp` returned an errno).
+    #[error("{operation} refused: {detail}")]
+    Refused {
+        /// What was asked.
+        operation: String,
+        /// The device's answer (errno text).
+        detail: String,
+    },
+    /// The QP is in ERR: the connection is gone.
+    #[error("the QP is in the error state")]
+    QpInError,
+    /// The connection or QP is not known to the provider.
+    #[error("unknown connection {0}")]
+    UnknownConnection(ConnId),
+    /// No answer in time (SA query, send completion).
+    #[error("{0} timed out")]
+    Timeout(String),
+    /// A library or device the provider needs is missing.
+    #[error("{0}")]
+    Unavailable(String),
+    /// Any other IO failure.
+    #[error("{0}")]
+    Io(String),
+}
+
+/// Peer messages at the engine's level. The cm-lap crate maps them to CM MADs
+/// (LAP/APR/MRA), vendor MADs or UDP datagrams.
+///
+/// Comm ids are written from the sender's point of view: `sender_comm_id` is the
+/// sender's own local comm id, `receiver_comm_id` the receiver's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
+pub enum PeerMsg {
+    /// Load Alternate Path: "use this path as the alternate".
+    Lap(Lap),
+    /// Alternate Path Response.
+    Apr(Apr),
+    /// Message Receipt Acknowledgement: "I got your LAP, answer takes up to `timeout`".
+    Mra(Mra),
+    /// Software migration: "I moved the connection to the agreed alternate; move too".
+    Migrate(Migrate),
+    /// Answer to [`PeerMsg::Migrate`].
+    MigrateAck(MigrateAck),
+}
+
+/// LAP contents. `alt` is written from the sender's point of view (its `slid`/`sgid` are
+/// the sender's port, `dlid`/`dgid` the receiver's); its `port` and `sgid_index` are
+/// meaningless to the receiver.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lap {
+    /// The sender's comm id.
+    pub sender_comm_id: u32,
+    /// The receiver's comm id.
+    pub receiver_comm_id: u32,
+    /// The receiver's QPN.
+    pub receiver_qpn: Qpn,
+    /// The proposed alternate path.
+    pub alt: Path,
+}
+
+/// APR contents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Apr {
+    /// The sender's comm id (0 when the LAP named an unknown comm id).
+    pub sender_comm_id: u32,
+    /// The receiver's comm id (the LAP's sender).
+    pub receiver_comm_id: u32,
+    /// The verdict.
+    pub status: ApStatus,
+}
+
+/// MRA contents.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Mra {
+    /// The sender's comm id.
+    pub sender_comm_id: u32,
+    /// The receiver's comm id.
+    pub receiver_comm_id: u32,
+    /// Service timeout (5 bits: 4.096 us * 2^t) the receiver should wait before resending.
+    pub service_timeout: u8,
+}
+
+/// Software migration request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Migrate {
+    /// The sender's comm id.
+    pub sender_comm_id: u32,
+    /// The receiver's comm id.
+    pub receiver_comm_id: u32,
+    /// The path the sender moved to, from the sender's point of view.
+    pub path: Path,
+}
+
+/// Software migration answer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct MigrateAck {
+    /// The sender's comm id.
+    pub sender_comm_id: u32,
+    /// The receiver's comm id.
+    pub receiver_comm_id: u32,
+    /// True when the sender moved (or had already moved) to the path.
+    pub ok: bool,
+}
+
+/// APStatus values of an APR (IBA Vol 1 12.8.2).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[repr(u8)]
+pub enum ApStatus {
+    /// 0: the alternate path was loaded.
+    Success = 0,
+    /// 1: the LAP named a comm id the receiver does not know.
+    InvalidCommId = 1,
+    /// 2: the receiver does not support path migration.
+    Unsupported = 2,
+    /// 3: rejected (wrong peer, known-dead path, load failed, collision lost).
+    Rejected = 3,
+    /// 4: redirect.
+    Redirect = 4,
+    /// 5: the proposed path is the receiver's current primary.
+    IsCurrent = 5,
+    /// 6: the QPN in the LAP is not the receiver's.
+    InvalidQpn = 6,
+    /// 7: the LID is not valid for the receiver.
+    InvalidLid = 7,
+    /// 8: the GID is not valid for the receiver.
+    InvalidGid = 8,
+    /// 9: invalid flow label.
+    InvalidFlowLabel = 9,
+    /// 10: invalid traffic class.
+    InvalidTrafficClass = 10,
+    /// 11: invalid hop limit.
+    InvalidHopLimit = 11,
+    /// 12: invalid packet rate.
+    InvalidPacketRate = 12,
+    /// 13: invalid SL.
+    InvalidSl = 13,
+}
+
+impl ApStatus {
+    /// The status for a wire value, `None` for reserved values.
+    pub fn from_u8(v: u8) -> Option<ApStatus> {
+        use ApStatus::*;
+        Some(match v {
+            0 => Success,
+            1 => InvalidCommId,
+            2 => Unsupported,
+            3 => Rejected,
+            4 => Redirect,
+            5 => IsCurrent,
+            6 => InvalidQpn,
+            7 => InvalidLid,
+            8 => InvalidGid,
+            9 => InvalidFlowLabel,
+            10 => InvalidTrafficClass,
+            11 => InvalidHopLimit,
+            12 => InvalidPacketRate,
+            13 => InvalidSl,
+            _ => return None,
+        })
+    }
+}
+
+/// Something the application should know about a protected connection.
+///
+/// A consumer can track protection from the stream alone: after `Protected` or `Rearmed`
+/// the connection has an armed alternate; after `Migrated`, `Unprotected` or `Lost` it
+/// does not.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Notification {
+    /// When the engine decided it.
+    pub time: Time,
+    /// The connection.
+    pub conn: ConnId,
+    /// What happened.
+    pub kind: NotificationKind,
+}
+
+/// Kinds of [`Notification`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+#[non_exhaustive]
+pub enum NotificationKind {
+    /// First armed alternate since `protect`.
+    Protected {
+        /// The armed alternate.
+        alternate: Path,
+    },
+    /// Armed again after a migration or a loss of protection.
+    Rearmed {
+        /// The armed alternate.
+        alternate: Path,
+    },
+    /// The connection moved to its alternate path.
+    Migrated {
+        /// The new primary.
+        primary: Path,
+        /// True when the engine forced it (hardware migrations report false).
+        forced: bool,
+    },
+    /// No armed healthy alternate any more.
+    Unprotected {
+        /// Why.
+        reason: UnprotectedReason,
+    },
+    /// The QP is in ERR: the connection is gone.
+    Lost {
+        /// Why.
+        reason: LostReason,
+    },
+}
+
+/// Why a connection is unprotected.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum UnprotectedReason {
+    /// No healthy candidate path exists (both rails down, no LMC variant, ...).
+    NoCandidate,
+    /// The armed alternate's port or remote GID went down.
+    AlternateDown,
+    /// The HCA reported `PATH_MIG_ERR`: the alternate did not work.
+    AlternateFailed,
+    /// The peer never answered our LAPs.
+    PeerUnresponsive,
+    /// The peer answered the LAP with an error status.
+    PeerRejected(ApStatus),
+    /// The device refused to load or arm the alternate.
+    ModifyFailed,
+    /// The primary failed and there was no armed alternate to move to.
+    PrimaryDownUnarmed,
+}
+
+/// Why a connection was lost.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum LostReason {
+    /// `QP_FATAL` or the QP found in ERR.
+    QpFatal,
+    /// `DEVICE_FATAL` on the QP's device.
+    DeviceFatal,
+}
+
+/// One unit of engine output.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub enum Output {
+    /// Something for the provider to do.
+    Command(Command),
+    /// Something for the application to know.
+    Notify(Notification),
+}

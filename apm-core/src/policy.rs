@@ -1,0 +1,155 @@
+//! The engine's policy knobs, each with its default and the reason for it.
+//!
+//! `Policy` deserialises from TOML (durations in milliseconds, `*_ms` keys); missing keys
+//! take the defaults below, unknown keys are an error so a typo never goes unnoticed.
+
+use serde::{Deserialize, Serialize};
+use std::time::Duration;
+
+/// What a LAP from a source that is not the connection's peer gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum UnexpectedLap {
+    /// Answer APR "rejected" (the default: the sender learns it is wrong; the QP is untouched).
+    Reject,
+    /// Drop it silently (for fabrics where answering strangers is undesirable).
+    Ignore,
+}
+
+/// Tunable behaviour of the engine. See each field for its default.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Policy {
+    /// First LAP retransmission timeout. Default 100 ms: well above a fabric round trip
+    /// (sub-millisecond) plus the peer's modify_qp, short enough to re-arm quickly.
+    pub lap_timeout_ms: u64,
+    /// LAP attempts before giving up (first send included). Default 4 (with doubling:
+    /// 100+200+400+800 ms = 1.5 s before the connection is reported unprotected).
+    pub lap_max_tries: u32,
+    /// After giving up (or when no candidate exists), try to re-arm again after this.
+    /// Default 1000 ms, doubled on each consecutive failure up to `rearm_retry_max_ms`.
+    pub rearm_retry_ms: u64,
+    /// Cap of the re-arm retry backoff. Default 30000 ms.
+    pub rearm_retry_max_ms: u64,
+    /// How long the passive side waits for the active side's LAP before sending its own.
+    /// Default 50 ms: the active side normally initiates; the passive side only steps in
+    /// when it alone knows the reason to re-arm (e.g. its own port came back).
+    pub passive_initiate_delay_ms: u64,
+    /// A LAP that names our current primary while we are armed may mean the HCA migrated
+    /// and we have not seen `PATH_MIG` yet (seed 001's race): wait this long for the event
+    /// before answering "is current". Default 20 ms.
+    pub lap_defer_ms: u64,
+    /// Hold-down of a port or remote GID that failed again within `flap_window_ms`:
+    /// `hold_down_base_ms * 2^(failures-2)`, capped at `hold_down_max_ms`. A first failure
+    /// is not held. Default 500 ms.
+    pub hold_down_base_ms: u64,
+    /// Cap of the hold-down. Default 30000 ms.
+    pub hold_down_max_ms: u64,
+    /// Failures further apart than this do not count as flapping. Default 10000 ms.
+    pub flap_window_ms: u64,
+    /// A path that failed as an alternate (`PATH_MIG_ERR`, APR rejection) is not proposed
+    /// again for this connection for this long. Default 5000 ms.
+    pub bad_path_hold_ms: u64,
+    /// At most this many connections negotiate a new alternate at once; the others queue
+    /// in order. Paces rearm storms after a rail returns. Default 256.
+    pub max_concurrent_rearms: usize,
+    /// Ask the fabric (SA PathRecord) for more paths when a connection has no usable
+    /// candidate. Default true.
+    pub resolve_paths: bool,
+    /// Subscribe for traps 64/65 on every InfiniBand port. Default true.
+    pub subscribe: bool,
+    /// Retry a failed subscription after this. Default 1000 ms.
+    pub subscribe_retry_ms: u64,
+    /// A `PATH_MIG` within this long after a forced migration is that migration's own
+    /// event, not a new one. Default 100 ms.
+    pub forced_event_grace_ms: u64,
+    /// What a LAP from a source that is not the connection's peer gets. Default reject.
+    pub unexpected_lap: UnexpectedLap,
+}
+
+impl Default for Policy {
+    fn default() -> Policy {
+        Policy {
+            lap_timeout_ms: 100,
+            lap_max_tries: 4,
+            rearm_retry_ms: 1000,
+            rearm_retry_max_ms: 30_000,
+            passive_initiate_delay_ms: 50,
+            lap_defer_ms: 20,
+            hold_down_base_ms: 500,
+            hold_down_max_ms: 30_000,
+            flap_window_ms: 10_000,
+            bad_path_hold_ms: 5000,
+            max_concurrent_rearms: 256,
+            resolve_paths: true,
+            subscribe: true,
+            subscribe_retry_ms: 1000,
+            forced_event_grace_ms: 100,
+            unexpected_lap: UnexpectedLap::Reject,
+        }
+    }
+}
+
+/// Why a policy is unusable.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PolicyError {
+    /// A setting is out of its range.
+    #[error("policy setting `{field}` = {value}: {why}")]
+    OutOfRange {
+        /// The setting.
+        field: &'static str,
+        /// Its value.
+        value: u64,
+        /// What is wrong.
+        why: &'static str,
+    },
+}
+
+impl Policy {
+    /// Check the settings against their ranges.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        let nonzero: [(&'static str, u64); 5] = [
+            ("lap_timeout_ms", self.lap_timeout_ms),
+            ("lap_max_tries", u64::from(self.lap_max_tries)),
+            ("rearm_retry_ms", self.rearm_retry_ms),
+            ("subscribe_retry_ms", self.subscribe_retry_ms),
+            ("max_concurrent_rearms", self.max_concurrent_rearms as u64),
+        ];
+        for (field, value) in nonzero {
+            if value == 0 {
+                return Err(PolicyError::OutOfRange {
+                    field,
+                    value,
+                    why: "must be at least 1",
+                });
+            }
+        }
+        if self.rearm_retry_max_ms < self.rearm_retry_ms {
+            return Err(PolicyError::OutOfRange {
+                field: "rearm_retry_max_ms",
+                value: self.rearm_retry_max_ms,
+                why: "must be at least rearm_retry_ms",
+            });
+        }
+        if self.hold_down_max_ms < self.hold_down_base_ms {
+            return Err(PolicyError::OutOfRange {
+                field: "hold_down_max_ms",
+                value: self.hold_down_max_ms,
+                why: "must be at least hold_down_base_ms",
+            });
+        }
+        if self.lap_max_tries > 32 {
+            return Err(PolicyError::OutOfRange {
+                field: "lap_max_tries",
+                value: u64::from(self.lap_max_tries),
+                why: "more than 32 tries would back off for years",
+            });
+        }
+        Ok(())
+    }
+
+    pub(crate) fn ms(v: u64) -> Duration {
+        Duration::from_millis(v)
+    }
+}

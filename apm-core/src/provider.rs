@@ -1,0 +1,178 @@
+//! The `Provider` trait: how the driver carries out commands and receives inputs, and the
+//! facets a deployment composes it from.
+//!
+//! A deployment mixes crates: on InfiniBand, QP control and local events from
+//! provider-verbs, notices and paths from umad-sa, peer messages from cm-lap; on RoCE,
+//! provider-rxe plus cm-lap over UDP and static paths; in the simulator, provider-sim for
+//! everything; in unit tests, mocks. [`Stack`] glues three facets into one `Provider`.
+//!
+//! Providers never read the engine's clock: they push bare [`Input`]s into the
+//! [`InputSink`] and the driver stamps them with the time it receives them.
+
+use crate::io::*;
+use crate::types::*;
+use async_trait::async_trait;
+
+/// Where providers push inputs (events, notices, peer messages) for the driver.
+pub type InputSink = tokio::sync::mpsc::UnboundedSender<Input>;
+
+/// Everything the driver needs from the world.
+#[cfg_attr(any(test, feature = "mock"), mockall::automock)]
+#[async_trait]
+pub trait Provider: Send + Sync + 'static {
+    /// A short name for logs.
+    fn name(&self) -> String;
+    /// Begin delivering inputs into `sink`: first a [`Input::PortInfo`] for every local
+    /// port, then events as they happen.
+    async fn start(&self, sink: InputSink) -> Result<(), ProviderError>;
+    /// Carry out one command. Commands for the same connection are issued one at a time.
+    async fn execute(&self, op: CommandOp) -> Result<CommandOutcome, ProviderError>;
+}
+
+/// QP operations and local (affiliated and unaffiliated) async events.
+#[cfg_attr(any(test, feature = "mock"), mockall::automock)]
+#[async_trait]
+pub trait QpControl: Send + Sync + 'static {
+    /// Begin delivering local port info and async events.
+    async fn start(&self, sink: InputSink) -> Result<(), ProviderError>;
+    /// Load `path` as the alternate path.
+    async fn load_alternate(&self, conn: ConnId, path: Path) -> Result<(), ProviderError>;
+    /// Set REARM; returns the migration state read back.
+    async fn set_rearm(&self, conn: ConnId) -> Result<MigState, ProviderError>;
+    /// Force MIGRATED.
+    async fn force_migrate(&self, conn: ConnId) -> Result<(), ProviderError>;
+    /// Move the primary address vector to `path` (software migration).
+    async fn software_migrate(&self, conn: ConnId, path: Path) -> Result<(), ProviderError>;
+    /// Read the QP back.
+    async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError>;
+}
+
+/// The channel to peers for LAP/APR/MRA and software-migration messages.
+#[cfg_attr(any(test, feature = "mock"), mockall::automock)]
+#[async_trait]
+pub trait PeerChannel: Send + Sync + 'static {
+    /// Begin delivering received peer messages as [`Input::PeerMessage`].
+    async fn start(&self, sink: InputSink) -> Result<(), ProviderError>;
+    /// Send one message.
+    async fn send(&self, port: PortKey, to: PeerAddr, msg: PeerMsg) -> Result<(), ProviderError>;
+}
+
+/// The subnet administrator: notices about remote ports, path records.
+#[cfg_attr(any(test, feature = "mock"), mockall::automock)]
+#[async_trait]
+pub trait FabricService: Send + Sync + 'static {
+    /// Begin delivering notices as [`Input::RemoteGid`].
+    async fn start(&self, sink: InputSink) -> Result<(), ProviderError>;
+    /// Every path from `port` to `dgid`.
+    async fn resolve_paths(&self, port: PortKey, dgid: Gid) -> Result<Vec<Path>, ProviderError>;
+    /// Subscribe for traps 64/65 through `port`.
+    async fn subscribe(&self, port: PortKey) -> Result<(), ProviderError>;
+}
+
+/// A `Provider` made of three facets.
+#[derive(Debug)]
+pub struct Stack<Q, C, F> {
+    /// QP control and local events.
+    pub qp: Q,
+    /// Peer messages.
+    pub peer: C,
+    /// SA notices and paths.
+    pub fabric: F,
+}
+
+impl<Q, C, F> Stack<Q, C, F> {
+    /// Compose a provider.
+    pub fn new(qp: Q, peer: C, fabric: F) -> Self {
+        Stack { qp, peer, fabric }
+    }
+}
+
+#[async_trait]
+impl<Q: QpControl, C: PeerChannel, F: FabricService> Provider for Stack<Q, C, F> {
+    fn name(&self) -> String {
+        "stack".into()
+    }
+
+    async fn start(&self, sink: InputSink) -> Result<(), ProviderError> {
+        self.qp.start(sink.clone()).await?;
+        self.peer.start(sink.clone()).await?;
+        self.fabric.start(sink).await
+    }
+
+    async fn execute(&self, op: CommandOp) -> Result<CommandOutcome, ProviderError> {
+        match op {
+            CommandOp::LoadAlternate { conn, path } => self
+                .qp
+                .load_alternate(conn, path)
+                .await
+                .map(|()| CommandOutcome::Done),
+            CommandOp::SetRearm { conn } => {
+                self.qp.set_rearm(conn).await.map(CommandOutcome::MigState)
+            }
+            CommandOp::ForceMigrate { conn } => self
+                .qp
+                .force_migrate(conn)
+                .await
+                .map(|()| CommandOutcome::Done),
+            CommandOp::SoftwareMigrate { conn, path } => self
+                .qp
+                .software_migrate(conn, path)
+                .await
+                .map(|()| CommandOutcome::Done),
+            CommandOp::QueryQp { conn } => self.qp.query_qp(conn).await.map(CommandOutcome::Qp),
+            CommandOp::SendPeer { port, to, msg } => self
+                .peer
+                .send(port, to, msg)
+                .await
+                .map(|()| CommandOutcome::Done),
+            CommandOp::ResolvePaths { port, dgid } => self
+                .fabric
+                .resolve_paths(port, dgid)
+                .await
+                .map(CommandOutcome::Paths),
+            CommandOp::Subscribe { port } => self
+                .fabric
+                .subscribe(port)
+                .await
+                .map(|()| CommandOutcome::Done),
+        }
+    }
+}
+
+/// A fabric facet for deployments without an SA (RoCE, static paths): resolves the
+/// paths it was given and reports subscriptions as unsupported (the engine then stops
+/// asking).
+#[derive(Debug, Default, Clone)]
+pub struct StaticPaths {
+    paths: Vec<Path>,
+}
+
+impl StaticPaths {
+    /// A fabric that knows exactly `paths`.
+    pub fn new(paths: Vec<Path>) -> Self {
+        StaticPaths { paths }
+    }
+}
+
+#[async_trait]
+impl FabricService for StaticPaths {
+    async fn start(&self, _sink: InputSink) -> Result<(), ProviderError> {
+        Ok(())
+    }
+
+    async fn resolve_paths(&self, port: PortKey, dgid: Gid) -> Result<Vec<Path>, ProviderError> {
+        Ok(self
+            .paths
+            .iter()
+            .filter(|p| p.port == port && p.dgid == dgid)
+            .copied()
+            .collect())
+    }
+
+    async fn subscribe(&self, _port: PortKey) -> Result<(), ProviderError> {
+        Err(ProviderError::Unsupported {
+            provider: "static paths".into(),
+            operation: "SA subscription".into(),
+        })
+    }
+}
