@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 mod hwtest;
+mod ibsim;
 mod util;
 mod vm;
 
@@ -18,6 +19,7 @@ cargo xtask <COMMAND>
 Commands:
   test      everything CI checks: fmt, clippy, docs, all tests, the real-peer beds
   hwtest    the hardware suite on this machine's RDMA devices, or in a VM with --vm
+  ibsim     the OpenSM-over-ibsim bed: [--shell] [TEST-NAME-FILTER]
   help      this text
 ";
 
@@ -29,6 +31,7 @@ fn main() -> Result<()> {
     match cmd.as_str() {
         "test" => test(&rest),
         "hwtest" => hwtest::main(&rest),
+        "ibsim" => ibsim::ibsim(&rest),
         "help" | "--help" | "-h" => {
             print!("{HELP}");
             Ok(())

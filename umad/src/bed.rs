@@ -1,0 +1,225 @@
+//! Test support: find the ibsim bed that `cargo xtask ibsim` started, drive its console,
+//! read OpenSM's log, and run node processes under umad2sim.
+//!
+//! The bed is described by `APM_IBSIM_*` environment variables. A test that needs it calls
+//! [`Bed::or_skip`], which prints why it skips when they are absent (plain `cargo test`
+//! on a machine without the bed passes); `cargo xtask ibsim` always sets them, so there
+//! the tests run or fail. Node processes are the test binary itself, re-executed with
+//! `LD_PRELOAD` and `SIM_HOST`: the parent test never loads umad2sim.
+//!
+//! Node processes report to their parent with stdout lines starting with [`REPORT`].
+#![allow(clippy::disallowed_methods)] // a test driver: it measures wall-clock latencies
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+/// Prefix of the stdout lines a node process reports with.
+pub const REPORT: &str = "@@ ";
+
+/// The bed, as its environment describes it.
+#[derive(Debug, Clone)]
+pub struct Bed {
+    /// ibsim's socket name (`IBSIM_SOCKNAME`).
+    pub sockname: String,
+    /// The ibsim console FIFO.
+    pub console: PathBuf,
+    /// OpenSM's log file.
+    pub opensm_log: PathBuf,
+    /// A writable directory for this bed's node processes.
+    pub scratch: PathBuf,
+    /// libumad2sim.so.
+    pub umad2sim: PathBuf,
+    /// The node OpenSM runs on.
+    pub sm_node: String,
+    /// Nodes free for test processes.
+    pub nodes: Vec<String>,
+    /// OpenSM's LMC.
+    pub lmc: u8,
+}
+
+impl Bed {
+    /// The bed from the environment, if this process runs inside one.
+    pub fn from_env() -> Option<Bed> {
+        let v = |k: &str| std::env::var(k).ok();
+        Some(Bed {
+            sockname: v("APM_IBSIM_SOCKNAME")?,
+            console: v("APM_IBSIM_CONSOLE")?.into(),
+            opensm_log: v("APM_IBSIM_OPENSM_LOG")?.into(),
+            scratch: v("APM_IBSIM_SCRATCH")?.into(),
+            umad2sim: v("APM_IBSIM_UMAD2SIM")?.into(),
+            sm_node: v("APM_IBSIM_SM_NODE")?,
+            nodes: v("APM_IBSIM_NODES")?
+                .split(',')
+                .filter(|s| !s.is_empty())
+                .map(String::from)
+                .collect(),
+            lmc: v("APM_IBSIM_LMC")?.parse().ok()?,
+        })
+    }
+
+    /// The bed, or `None` after printing why `test` skips.
+    pub fn or_skip(test: &str) -> Option<Bed> {
+        let bed = Bed::from_env();
+        if bed.is_none() {
+            println!("skipping {test}: no ibsim bed here (run it with `cargo xtask ibsim`)");
+        }
+        bed
+    }
+
+    /// Send one command line to the ibsim console (`Unlink "H3"[2]`).
+    pub fn console(&self, line: &str) -> std::io::Result<()> {
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&self.console)?;
+        writeln!(f, "{line}")
+    }
+
+    /// OpenSM's log so far (lossy UTF-8; empty if unreadable).
+    pub fn opensm_log(&self) -> String {
+        std::fs::read(&self.opensm_log)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Wait until OpenSM's log has a line containing `needle`; returns it.
+    pub fn wait_log(&self, needle: &str, timeout: Duration) -> Option<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(l) = self.opensm_log().lines().find(|l| l.contains(needle)) {
+                return Some(l.to_owned());
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+
+    /// Start the current test binary as a node process on `node`, running the test
+    /// `entry` (an `#[ignore]`d test that does the node's work) with `role` in
+    /// `APM_IBSIM_ROLE`. Its working directory is a fresh writable directory (umad2sim
+    /// writes `./sys-<pid>` there).
+    pub fn spawn_node(&self, node: &str, entry: &str, role: &str) -> std::io::Result<NodeProc> {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
+        let dir = self.scratch.join(format!(
+            "node-{node}-{}",
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        std::fs::create_dir_all(&dir)?;
+        let exe = std::env::current_exe()?;
+        let mut child = Command::new(exe)
+            .args([
+                "--ignored",
+                "--exact",
+                entry,
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .current_dir(&dir)
+            .env("LD_PRELOAD", &self.umad2sim)
+            .env("SIM_HOST", node)
+            .env("IBSIM_SOCKNAME", &self.sockname)
+            .env("APM_IBSIM_ROLE", role)
+            .env("APM_IBSIM_NODE", node)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let (tx, rx) = mpsc::channel();
+        if let Some(out) = child.stdout.take() {
+            let name = node.to_owned();
+            std::thread::spawn(move || {
+                for line in BufReader::new(out).lines().map_while(Result::ok) {
+                    let t = Instant::now();
+                    println!("[{name}] {line}");
+                    // libtest prints "test bed_node ... " without a newline first.
+                    if let Some(i) = line.find(REPORT) {
+                        let r = &line[i + REPORT.len()..];
+                        if tx.send((t, r.to_owned())).is_err() {
+                            break;
+                        }
+                    }
+                }
+            });
+        }
+        Ok(NodeProc {
+            node: node.to_owned(),
+            child,
+            reports: rx,
+        })
+    }
+}
+
+/// The role this process plays when it was started by [`Bed::spawn_node`], if any.
+pub fn node_role() -> Option<String> {
+    std::env::var("APM_IBSIM_ROLE").ok()
+}
+
+/// Report one line to the parent test (see [`REPORT`]).
+pub fn report(line: &str) {
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "{REPORT}{line}");
+    let _ = out.flush();
+}
+
+/// A node process started by [`Bed::spawn_node`]; killed (by its PID) when dropped.
+#[derive(Debug)]
+pub struct NodeProc {
+    /// The node it runs as.
+    pub node: String,
+    child: Child,
+    reports: mpsc::Receiver<(Instant, String)>,
+}
+
+impl NodeProc {
+    /// The next report starting with `prefix` within `timeout` (other reports are
+    /// skipped), with the time it was read.
+    pub fn expect(&mut self, prefix: &str, timeout: Duration) -> Result<(Instant, String), String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.reports.recv_timeout(left) {
+                Ok((t, l)) if l.starts_with(prefix) => return Ok((t, l)),
+                Ok((_, l)) if l.starts_with("FAIL") => {
+                    return Err(format!("{}: node failed: {l}", self.node))
+                }
+                Ok(_) => continue,
+                Err(_) => {
+                    return Err(format!(
+                        "{}: no report {prefix:?} within {timeout:?}",
+                        self.node
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Wait for the process to exit by itself; its success.
+    pub fn wait(mut self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        while Instant::now() < deadline {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st.success();
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        false
+    }
+
+    /// The node's working directory name is not needed by callers; its PID is.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+}
+
+impl Drop for NodeProc {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}

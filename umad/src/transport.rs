@@ -1,0 +1,554 @@
+//! One opened local port: agents per class, a blocking receive thread, request/response
+//! matching on the low 32 bits of the TID, timeouts and retries.
+//!
+//! umad fds cannot be polled by tokio (under umad2sim they are not even real fds), so a
+//! plain thread blocks in `umad_recv` with a short timeout (to notice shutdown) and hands
+//! MADs to async code through tokio channels. This module never interprets a MAD beyond
+//! the common header's class, method and TID.
+
+use crate::ffi::{raw_close, Lib, PortInfo, RecvAddr, RecvOutcome};
+use crate::testbed::{self, TestBedMode};
+use crate::Error;
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tracing::{debug, trace, warn};
+
+/// The well-known Q_Key of QP1 (GSI).
+pub const QP1_QKEY: u32 = 0x8001_0000;
+
+/// Which local port to open.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PortSelector {
+    /// The first ACTIVE port of the first CA that has one (else port 1 of the first CA).
+    First,
+    /// A CA by name and a port number.
+    CaPort {
+        /// CA name (`mlx5_0`, `ibsim0`).
+        ca: String,
+        /// Port number (1-based).
+        port: u8,
+    },
+    /// The local port whose GID 0 is this (network byte order).
+    Gid([u8; 16]),
+}
+
+/// A management class to register an agent for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AgentSpec {
+    /// Management class (0x03 SA, 0x07 CM, 0x30-0x4F vendor with OUI...).
+    pub class: u8,
+    /// Class version (2 for SA and CM).
+    pub version: u8,
+    /// OUI for vendor classes 0x30-0x4F (registered with `umad_register_oui`).
+    pub oui: Option<[u8; 3]>,
+}
+
+impl AgentSpec {
+    /// A plain class agent.
+    pub const fn class(class: u8, version: u8) -> AgentSpec {
+        AgentSpec {
+            class,
+            version,
+            oui: None,
+        }
+    }
+}
+
+/// How to open a port.
+#[derive(Debug, Clone)]
+pub struct PortOptions {
+    /// Agents to register, in order (one per class).
+    pub agents: Vec<AgentSpec>,
+    /// The ibsim-only IsSM shim; [`TestBedMode::Off`] everywhere but the bed.
+    pub testbed: TestBedMode,
+    /// How long one `umad_recv` blocks before the thread checks for shutdown.
+    pub recv_poll: Duration,
+}
+
+impl Default for PortOptions {
+    fn default() -> Self {
+        PortOptions {
+            agents: Vec::new(),
+            testbed: TestBedMode::Off,
+            recv_poll: Duration::from_millis(100),
+        }
+    }
+}
+
+/// Where to send a MAD.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Dest {
+    /// Destination LID (0xFFFF for directed-route SMPs).
+    pub lid: u16,
+    /// Destination QP (0 SMI, 1 GSI).
+    pub qpn: u32,
+    /// Q_Key (QP1: [`QP1_QKEY`]; QP0: 0).
+    pub qkey: u32,
+    /// Service level.
+    pub sl: u8,
+}
+
+impl Dest {
+    /// QP1 of `lid` on SL `sl`.
+    pub const fn gsi(lid: u16, sl: u8) -> Dest {
+        Dest {
+            lid,
+            qpn: 1,
+            qkey: QP1_QKEY,
+            sl,
+        }
+    }
+
+    /// Reply to the sender of a received MAD (same QP, LID and SL).
+    pub fn reply_to(src: &RecvAddr) -> Dest {
+        Dest {
+            lid: src.lid,
+            qpn: src.qpn,
+            qkey: if src.qpn == 0 { 0 } else { QP1_QKEY },
+            sl: src.sl,
+        }
+    }
+}
+
+/// Per-request timeout and retries.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RequestOptions {
+    /// How long to wait for the response to one attempt. Default 200 ms.
+    pub timeout: Duration,
+    /// Resends after the first attempt. Default 3.
+    pub retries: u32,
+}
+
+impl Default for RequestOptions {
+    fn default() -> Self {
+        RequestOptions {
+            timeout: Duration::from_millis(200),
+            retries: 3,
+        }
+    }
+}
+
+/// A MAD received on the port.
+#[derive(Debug, Clone)]
+pub struct Received {
+    /// The MAD (256 bytes).
+    pub mad: Vec<u8>,
+    /// Who sent it.
+    pub src: RecvAddr,
+}
+
+impl Received {
+    /// Management class (header byte 1).
+    pub fn class(&self) -> u8 {
+        self.mad.get(1).copied().unwrap_or(0)
+    }
+    /// Method (header byte 3).
+    pub fn method(&self) -> u8 {
+        self.mad.get(3).copied().unwrap_or(0)
+    }
+    /// The full 64-bit TID as received.
+    pub fn tid(&self) -> u64 {
+        tid_of(&self.mad)
+    }
+}
+
+/// Unsolicited MADs (requests, Reports, CM sends) that no pending request claimed.
+pub type Unsolicited = mpsc::UnboundedReceiver<Received>;
+
+/// The TID of a MAD (header bytes 8..16), 0 if too short.
+fn tid_of(mad: &[u8]) -> u64 {
+    mad.get(8..16)
+        .and_then(|b| <[u8; 8]>::try_from(b).ok())
+        .map(u64::from_be_bytes)
+        .unwrap_or(0)
+}
+
+/// A registered agent (its class and libibumad id).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Agent {
+    /// What was registered.
+    pub spec: AgentSpec,
+    /// libibumad's agent id.
+    pub id: i32,
+}
+
+/// State shared with the receive thread.
+#[derive(Debug)]
+struct Inner {
+    lib: Lib,
+    portid: i32,
+    info: PortInfo,
+    agents: BTreeMap<u8, Agent>,
+    /// Pending requests by TID low 32 bits; a sender per request (RMPP responses come as
+    /// several MADs with one TID).
+    pending: Mutex<BTreeMap<u32, (u64, mpsc::UnboundedSender<Received>)>>,
+    unsolicited: mpsc::UnboundedSender<Received>,
+    stop: AtomicBool,
+    next_tid: AtomicU32,
+    next_serial: AtomicU64,
+    testbed: TestBedMode,
+}
+
+impl Inner {
+    fn pending(&self) -> MutexGuard<'_, BTreeMap<u32, (u64, mpsc::UnboundedSender<Received>)>> {
+        // A poisoned map is still a valid map: a panic elsewhere must not stop routing.
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// One opened local port with its agents and receive thread. Dropping it stops the
+/// thread, unregisters the agents and closes the port (and the IsSM fd in bed mode).
+#[derive(Debug)]
+pub struct Port {
+    inner: Arc<Inner>,
+    thread: Option<JoinHandle<()>>,
+    issm_fd: Option<i32>,
+}
+
+impl Port {
+    /// Load libibumad, open the selected port, register `opts.agents` (plus the SMI
+    /// agents in test-bed mode, then become IsSM) and start the receive thread.
+    pub fn open(sel: &PortSelector, opts: PortOptions) -> Result<(Port, Unsolicited), Error> {
+        if opts.testbed != TestBedMode::Off {
+            testbed::check_allowed(opts.testbed)?;
+        }
+        let lib = Lib::load()?;
+        let info = resolve(&lib, sel)?;
+        let portid = lib.open_port(&info.ca, info.port)?;
+        let mut specs = Vec::new();
+        if opts.testbed == TestBedMode::IbsimOnly {
+            // SMI agents first: OpenSM's SMInfo can arrive the moment we are IsSM.
+            specs.push(AgentSpec::class(testbed::CLASS_SMI_LID, 1));
+            specs.push(AgentSpec::class(testbed::CLASS_SMI_DR, 1));
+        }
+        specs.extend(opts.agents.iter().copied());
+        let mut agents = BTreeMap::new();
+        for spec in specs {
+            if agents.contains_key(&spec.class) {
+                continue; // one agent per class (umad2sim allows no more)
+            }
+            match lib.register(portid, spec.class, spec.version, 0, spec.oui) {
+                Ok(id) => {
+                    debug!(class = spec.class, id, "agent registered");
+                    agents.insert(spec.class, Agent { spec, id });
+                }
+                Err(e) => {
+                    for a in agents.values() {
+                        lib.unregister(portid, a.id);
+                    }
+                    lib.close_port(portid);
+                    return Err(e);
+                }
+            }
+        }
+        let (tx, rx) = mpsc::unbounded_channel();
+        // Random-ish high TID bits per process keep our TIDs apart from other agents'
+        // on a real fabric; matching never relies on them.
+        let tid_seed = std::process::id().wrapping_mul(0x9E37_79B9);
+        let inner = Arc::new(Inner {
+            lib,
+            portid,
+            info,
+            agents,
+            pending: Mutex::new(BTreeMap::new()),
+            unsolicited: tx,
+            stop: AtomicBool::new(false),
+            next_tid: AtomicU32::new(tid_seed | 1),
+            next_serial: AtomicU64::new(0),
+            testbed: opts.testbed,
+        });
+        let mut issm_fd = None;
+        if opts.testbed == TestBedMode::IbsimOnly {
+            // Only now, with every agent in place, become IsSM (umad2sim turns the open
+            // of the issm device into the flag that makes ibsim deliver unsolicited MADs).
+            let path = inner
+                .lib
+                .issm_path(&inner.info.ca, inner.info.port)
+                .unwrap_or_else(|| "/dev/infiniband/issm0".to_owned());
+            match crate::ffi::raw_open_rdwr(&path) {
+                Ok(fd) => issm_fd = Some(fd),
+                Err(e) => {
+                    close_inner(&inner);
+                    return Err(e);
+                }
+            }
+        }
+        let t_inner = Arc::clone(&inner);
+        let poll_ms = i32::try_from(opts.recv_poll.as_millis())
+            .unwrap_or(100)
+            .max(1);
+        let thread = std::thread::Builder::new()
+            .name(format!("umad-recv-{}", inner.info.ca))
+            .spawn(move || recv_loop(&t_inner, poll_ms))
+            .map_err(|_| Error::Closed)?;
+        Ok((
+            Port {
+                inner,
+                thread: Some(thread),
+                issm_fd,
+            },
+            rx,
+        ))
+    }
+
+    /// Facts about the port (LID, LMC, SM LID, GID) as read when it was opened.
+    pub fn info(&self) -> &PortInfo {
+        &self.inner.info
+    }
+
+    /// Re-read the port's facts (LID, SM LID change after a sweep).
+    pub fn refresh_info(&self) -> Result<PortInfo, Error> {
+        self.inner
+            .lib
+            .port_info(&self.inner.info.ca, self.inner.info.port)
+    }
+
+    /// The agents registered on this port.
+    pub fn agents(&self) -> impl Iterator<Item = &Agent> {
+        self.inner.agents.values()
+    }
+
+    /// How many TIDs are awaiting responses (for leak checks).
+    pub fn pending_requests(&self) -> usize {
+        self.inner.pending().len()
+    }
+
+    /// A fresh TID: the low 32 bits are unique in this process (they are what responses
+    /// are matched on); the high bits are left 0 (the kernel and ibsim rewrite them).
+    pub fn next_tid(&self) -> u64 {
+        u64::from(self.inner.next_tid.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Send one MAD as is (responses, RMPP ACKs). `mad[1]` selects the agent.
+    pub fn send(&self, mad: &[u8], dest: Dest) -> Result<(), Error> {
+        send_raw(&self.inner, mad, dest, 0)
+    }
+
+    /// Register interest in responses with `tid`'s low 32 bits; they arrive on the
+    /// returned [`Pending`] until it is dropped.
+    pub fn expect(&self, tid: u64) -> Pending {
+        let (tx, rx) = mpsc::unbounded_channel();
+        // Matching is on the low 32 bits only: the high ones are rewritten on the way.
+        let key = tid as u32;
+        let serial = self.inner.next_serial.fetch_add(1, Ordering::Relaxed);
+        self.inner.pending().insert(key, (serial, tx));
+        Pending {
+            inner: Arc::clone(&self.inner),
+            key,
+            serial,
+            rx,
+        }
+    }
+
+    /// Send a request and wait for its first response, with a timeout per attempt and
+    /// retries (same TID, so a late response to an earlier attempt also counts). The TID
+    /// in `mad` is replaced by a fresh one.
+    pub async fn request(
+        &self,
+        mad: &[u8],
+        dest: Dest,
+        opts: RequestOptions,
+    ) -> Result<Received, Error> {
+        let (mut pending, mad) = self.start_request(mad)?;
+        let mut attempts = 0;
+        loop {
+            attempts += 1;
+            send_raw(&self.inner, &mad, dest, timeout_ms(opts.timeout))?;
+            if let Some(r) = pending.recv_timeout(opts.timeout).await? {
+                return Ok(r);
+            }
+            if attempts > opts.retries {
+                return Err(Error::Timeout {
+                    tid: pending.key,
+                    attempts,
+                });
+            }
+            debug!(tid = pending.key, attempts, "request timed out; resending");
+        }
+    }
+
+    /// Give `mad` a fresh TID and expect responses to it. The caller sends it (with
+    /// [`Port::send_request`]) as often as it likes; for multi-MAD responses (RMPP).
+    pub fn start_request(&self, mad: &[u8]) -> Result<(Pending, Vec<u8>), Error> {
+        if mad.len() < 24 {
+            return Err(Error::BadMad(format!("{} bytes", mad.len())));
+        }
+        let tid = self.next_tid();
+        let mut m = mad.to_vec();
+        m[8..16].copy_from_slice(&tid.to_be_bytes());
+        Ok((self.expect(tid), m))
+    }
+
+    /// Send a request MAD (asks the kernel to route its response back to this agent).
+    pub fn send_request(&self, mad: &[u8], dest: Dest, timeout: Duration) -> Result<(), Error> {
+        send_raw(&self.inner, mad, dest, timeout_ms(timeout))
+    }
+}
+
+fn timeout_ms(d: Duration) -> u32 {
+    u32::try_from(d.as_millis()).unwrap_or(u32::MAX).max(1)
+}
+
+/// Responses expected for one TID. Dropping it forgets the TID (so nothing leaks when a
+/// request is abandoned or its future is cancelled).
+#[derive(Debug)]
+pub struct Pending {
+    inner: Arc<Inner>,
+    key: u32,
+    serial: u64,
+    rx: mpsc::UnboundedReceiver<Received>,
+}
+
+impl Pending {
+    /// The low 32 bits of the TID this waits for.
+    pub fn tid_low(&self) -> u32 {
+        self.key
+    }
+
+    /// The next response, or `None` after `timeout`.
+    pub async fn recv_timeout(&mut self, timeout: Duration) -> Result<Option<Received>, Error> {
+        match tokio::time::timeout(timeout, self.rx.recv()).await {
+            Ok(Some(r)) => Ok(Some(r)),
+            Ok(None) => Err(Error::Closed),
+            Err(_) => Ok(None),
+        }
+    }
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        let mut p = self.inner.pending();
+        // Only remove our own entry (a TID wrap could have reused the key).
+        if p.get(&self.key)
+            .is_some_and(|(serial, _)| *serial == self.serial)
+        {
+            p.remove(&self.key);
+        }
+    }
+}
+
+impl Drop for Port {
+    fn drop(&mut self) {
+        self.inner.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let Some(fd) = self.issm_fd.take() {
+            raw_close(fd);
+        }
+        close_inner(&self.inner);
+    }
+}
+
+fn close_inner(inner: &Inner) {
+    for a in inner.agents.values() {
+        inner.lib.unregister(inner.portid, a.id);
+    }
+    inner.lib.close_port(inner.portid);
+}
+
+fn send_raw(inner: &Inner, mad: &[u8], dest: Dest, timeout_ms: u32) -> Result<(), Error> {
+    let class = *mad.get(1).ok_or_else(|| Error::BadMad("empty".into()))?;
+    let agent = inner.agents.get(&class).ok_or(Error::NoAgent(class))?;
+    trace!(
+        class,
+        method = mad.get(3).copied().unwrap_or(0),
+        tid = tid_of(mad),
+        dlid = dest.lid,
+        "send"
+    );
+    inner.lib.send(
+        inner.portid,
+        agent.id,
+        mad,
+        dest.lid,
+        dest.qpn,
+        dest.sl,
+        dest.qkey,
+        timeout_ms,
+    )
+}
+
+/// Find the port a selector means.
+fn resolve(lib: &Lib, sel: &PortSelector) -> Result<PortInfo, Error> {
+    match sel {
+        PortSelector::CaPort { ca, port } => lib.port_info(ca, *port),
+        PortSelector::First | PortSelector::Gid(_) => {
+            let mut first = None;
+            for ca in lib.ca_names()? {
+                // UMAD_CA_MAX_PORTS is 10 (0-9); port 0 is a switch's management port.
+                for p in 1..10u8 {
+                    let Ok(info) = lib.port_info(&ca, p) else {
+                        break;
+                    };
+                    match sel {
+                        PortSelector::Gid(g) if info.gid == *g => return Ok(info),
+                        PortSelector::First if info.state == 4 => return Ok(info),
+                        _ => {}
+                    }
+                    if first.is_none() {
+                        first = Some(info);
+                    }
+                }
+            }
+            match (sel, first) {
+                (PortSelector::First, Some(info)) => Ok(info),
+                _ => Err(Error::NoSuchPort(format!("{sel:?}"))),
+            }
+        }
+    }
+}
+
+/// The receive thread: route every MAD until the port is dropped.
+fn recv_loop(inner: &Inner, poll_ms: i32) {
+    let guid: [u8; 8] = inner.info.gid[8..].try_into().unwrap_or([0; 8]);
+    while !inner.stop.load(Ordering::Relaxed) {
+        let (status, addr, mad) = match inner.lib.recv(inner.portid, poll_ms) {
+            Ok(RecvOutcome::Timeout) => continue,
+            Ok(RecvOutcome::Mad {
+                status, addr, mad, ..
+            }) => (status, addr, mad),
+            Err(e) => {
+                warn!(error = %e, "umad_recv failed");
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        if status != 0 {
+            // A send the kernel gave up on (its timeout); our own timer handles retries.
+            debug!(status, tid = tid_of(&mad), "send completion with error");
+            continue;
+        }
+        let class = mad.get(1).copied().unwrap_or(0);
+        let method = mad.get(3).copied().unwrap_or(0);
+        if inner.testbed == TestBedMode::IbsimOnly
+            && (class == testbed::CLASS_SMI_LID || class == testbed::CLASS_SMI_DR)
+        {
+            if let Some((resp, dest)) = testbed::answer_smp(&mad, &addr, guid) {
+                if let Err(e) = send_raw(inner, &resp, dest, 0) {
+                    warn!(error = %e, "could not answer SMP");
+                }
+            }
+            continue;
+        }
+        let rx = Received { mad, src: addr };
+        if method & 0x80 != 0 {
+            let key = tid_of(&rx.mad) as u32;
+            let mut p = inner.pending();
+            match p.get(&key) {
+                Some((_, tx)) => {
+                    if tx.send(rx).is_err() {
+                        p.remove(&key);
+                    }
+                }
+                None => trace!(tid = key, class, method, "unmatched response dropped"),
+            }
+        } else if inner.unsolicited.send(rx).is_err() {
+            trace!(class, method, "unsolicited MAD dropped: nobody listens");
+        }
+    }
+}
