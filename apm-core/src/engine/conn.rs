@@ -92,6 +92,13 @@ impl Phase {
     }
 }
 
+/// The last protection state the application was told about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Told {
+    Protected(Path),
+    Unprotected(crate::io::UnprotectedReason),
+}
+
 /// One protected connection.
 #[derive(Clone, Debug)]
 pub(crate) struct Conn {
@@ -128,8 +135,8 @@ pub(crate) struct Conn {
     pub(crate) failed_rearms: u32,
     /// When the engine last forced a migration (its own PATH_MIG is not a new one).
     pub(crate) forced_at: Option<Time>,
-    /// What the application was last told: protected or not.
-    pub(crate) notified_protected: bool,
+    /// What the application was last told.
+    pub(crate) told: Option<Told>,
     pub(crate) ever_protected: bool,
     pub(crate) lost: bool,
 }
@@ -166,7 +173,7 @@ impl Conn {
             last_lap: None,
             failed_rearms: 0,
             forced_at: None,
-            notified_protected: false,
+            told: None,
             ever_protected: false,
             lost: false,
         }

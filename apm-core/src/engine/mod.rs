@@ -22,7 +22,7 @@ mod timers;
 use crate::io::*;
 use crate::policy::{Policy, PolicyError};
 use crate::types::*;
-use conn::{Conn, Phase, Responder};
+use conn::{Conn, Phase, Responder, Told};
 use health::Health;
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
@@ -608,6 +608,10 @@ impl Engine {
             let alt_hit = c.alternate.is_some_and(|a| hit(&a));
             let target_hit = c.phase.target().is_some_and(|t| hit(&t));
             if primary_hit {
+                if target_hit {
+                    // Never keep negotiating a path that just died with the primary.
+                    self.abort_phase(id);
+                }
                 self.primary_failed(id);
             } else if alt_hit || target_hit {
                 self.alternate_failed(id, target_hit);
@@ -721,7 +725,7 @@ impl Engine {
         }
         c.lost = true;
         c.armed = false;
-        c.notified_protected = false;
+        c.told = None;
         c.want_rearm = false;
         c.deferred_lap = None;
         self.stats.lost += 1;
@@ -812,7 +816,8 @@ impl Engine {
         c.learn(old);
         c.armed = false;
         c.mig = MigState::Migrated;
-        c.notified_protected = false;
+        // "Migrated" itself tells the application the connection is unprotected.
+        c.told = Some(Told::Unprotected(UnprotectedReason::PrimaryDownUnarmed));
         if forced {
             c.forced_at = Some(now);
         }
@@ -1330,10 +1335,27 @@ impl Engine {
         let Some(c) = self.conns.get(&id) else {
             return;
         };
-        match c.phase.clone() {
+        let phase = c.phase.clone();
+        if !phase.busy() {
+            let deferred = self.conns.get_mut(&id).and_then(|c| c.deferred_lap.take());
+            if let Some((from, port, lap)) = deferred {
+                // A deferred LAP's wait for PATH_MIG ran out: answer it as things stand.
+                self.lap_received(id, from, port, lap, true);
+                return;
+            }
+        }
+        match phase {
             Phase::WaitPassive | Phase::Backoff => {
                 self.set_phase(id, Phase::Idle);
                 self.initiate(id);
+            }
+            Phase::AwaitPeer { msg, .. }
+                if msg_path(&msg).is_some_and(|p| !self.path_usable(&p)) =>
+            {
+                // The proposed path died since the last send: stop proposing it.
+                self.release_slot(id);
+                self.set_phase(id, Phase::Idle);
+                self.need_rearm(id);
             }
             Phase::AwaitPeer {
                 msg,
@@ -1369,14 +1391,6 @@ impl Engine {
                     .saturating_mul(1u64 << tries.min(20));
                 let at = self.now.plus(Policy::ms(timeout));
                 self.set_deadline(id, Some(at));
-            }
-            Phase::Idle => {
-                // A deferred LAP's wait for PATH_MIG ran out: answer it as it stands.
-                if let Some((from, port, lap)) =
-                    self.conns.get_mut(&id).and_then(|c| c.deferred_lap.take())
-                {
-                    self.lap_received(id, from, port, lap, true);
-                }
             }
             _ => {}
         }
@@ -1475,23 +1489,33 @@ impl Engine {
         let Some(c) = self.conns.get(&id) else {
             return;
         };
-        let now_protected = self.is_protected(c);
-        if now_protected == c.notified_protected || c.lost {
+        if c.lost {
             return;
         }
-        let alternate = c.alternate;
+        let now = match (self.is_protected(c), c.alternate) {
+            (true, Some(alt)) => Told::Protected(alt),
+            _ => Told::Unprotected(reason),
+        };
+        // Tell each change once; an unprotected connection hears again only when the
+        // reason changes (e.g. "alternate down" becomes "primary down, unarmed").
+        let same = match (c.told, now) {
+            (Some(Told::Protected(_)), Told::Protected(_)) => true,
+            (told, now) => told == Some(now),
+        };
+        if same {
+            return;
+        }
         let first = !c.ever_protected;
         if let Some(c) = self.conns.get_mut(&id) {
-            c.notified_protected = now_protected;
-            c.ever_protected |= now_protected;
+            c.told = Some(now);
+            c.ever_protected |= matches!(now, Told::Protected(_));
         }
-        match (now_protected, alternate) {
-            (true, Some(alternate)) if first => {
-                self.notify(id, NotificationKind::Protected { alternate })
-            }
-            (true, Some(alternate)) => self.notify(id, NotificationKind::Rearmed { alternate }),
-            _ => self.notify(id, NotificationKind::Unprotected { reason }),
-        }
+        let kind = match now {
+            Told::Protected(alternate) if first => NotificationKind::Protected { alternate },
+            Told::Protected(alternate) => NotificationKind::Rearmed { alternate },
+            Told::Unprotected(reason) => NotificationKind::Unprotected { reason },
+        };
+        self.notify(id, kind);
     }
 
     // ---------------------------------------------------------------- subscriptions
@@ -1529,6 +1553,14 @@ impl Engine {
                 self.timers.schedule(at, TimerKey::Subscribe(port));
             }
         }
+    }
+}
+
+/// The path a LAP proposes (other messages propose none).
+fn msg_path(msg: &PeerMsg) -> Option<Path> {
+    match msg {
+        PeerMsg::Lap(l) => Some(l.alt),
+        _ => None,
     }
 }
 

@@ -31,7 +31,7 @@ impl Engine {
     }
 
     /// The connection a peer message is addressed to, if it really comes from its peer.
-    fn from_peer(
+    fn peer_conn(
         &self,
         receiver_comm_id: u32,
         sender_comm_id: u32,
@@ -56,7 +56,7 @@ impl Engine {
             );
             return;
         };
-        if self.from_peer(lap.receiver_comm_id, lap.sender_comm_id, &from) != Some(id) {
+        if self.peer_conn(lap.receiver_comm_id, lap.sender_comm_id, &from) != Some(id) {
             self.stats.laps_from_strangers += 1;
             warn!(%id, from = %from.gid, "LAP not from the connection's peer: QP left alone");
             if self.policy.unexpected_lap == crate::policy::UnexpectedLap::Reject {
@@ -127,12 +127,19 @@ impl Engine {
         let Some(c) = self.conns.get(&id) else {
             return;
         };
-        // Rule 5.
-        if path.same_route(&c.primary) {
-            let may_have_migrated = c.armed && c.alternate.is_some_and(|a| a.same_route(&path))
-                || c.alternate.is_some() && c.armed;
-            if may_have_migrated && !deferred && !c.phase.busy() {
-                debug!(%id, "LAP names our primary while armed: waiting for PATH_MIG");
+        // Rule 5: has the peer migrated before our own PATH_MIG reached us? Either its
+        // LAP comes from our alternate's far end, or it proposes our primary (its old
+        // primary, now its candidate alternate). Loading a new alternate now would
+        // replace the one the HCA is about to migrate to.
+        let armed_alt = c
+            .alternate
+            .filter(|_| c.armed && c.mode == MigrationMode::Hardware);
+        let from_alt_end =
+            armed_alt.is_some_and(|a| from.gid == a.dgid && from.gid != c.primary.dgid);
+        let names_primary = path.same_route(&c.primary);
+        if (from_alt_end || names_primary && armed_alt.is_some()) && !c.phase.busy() {
+            if !deferred {
+                debug!(%id, "LAP suggests the peer migrated: waiting for our PATH_MIG");
                 let at = self.now.plus(Policy::ms(self.policy.lap_defer_ms));
                 if let Some(c) = self.conns.get_mut(&id) {
                     c.deferred_lap = Some((from, port, lap));
@@ -140,6 +147,17 @@ impl Engine {
                 self.set_deadline(id, Some(at));
                 return;
             }
+            if from_alt_end && armed_alt.is_some_and(|a| self.path_usable(&a)) {
+                // No PATH_MIG came: the peer moved, so move too, then answer.
+                debug!(%id, "peer migrated without us noticing: forcing migration");
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.deferred_lap = Some((from, port, lap));
+                }
+                self.primary_failed(id);
+                return;
+            }
+        }
+        if names_primary {
             self.answer_lap(id, responder, ApStatus::IsCurrent);
             return;
         }
@@ -333,7 +351,7 @@ impl Engine {
     }
 
     fn mra_arrived(&mut self, from: PeerAddr, mra: Mra) {
-        let Some(id) = self.from_peer(mra.receiver_comm_id, mra.sender_comm_id, &from) else {
+        let Some(id) = self.peer_conn(mra.receiver_comm_id, mra.sender_comm_id, &from) else {
             debug!("MRA not matching any connection's peer: dropped");
             return;
         };
@@ -354,7 +372,7 @@ impl Engine {
     }
 
     fn migrate_arrived(&mut self, from: PeerAddr, port: PortKey, m: Migrate) {
-        let Some(id) = self.from_peer(m.receiver_comm_id, m.sender_comm_id, &from) else {
+        let Some(id) = self.peer_conn(m.receiver_comm_id, m.sender_comm_id, &from) else {
             self.stats.laps_from_strangers += 1;
             warn!(from = %from.gid, "migrate request not from a connection's peer: dropped");
             return;
@@ -385,8 +403,9 @@ impl Engine {
                 return; // Moving there already; the ack follows.
             }
         }
-        if !c.alternate.is_some_and(|a| a.same_route(&path)) {
-            // Only the agreed alternate may be forced on us.
+        if !c.alternate.is_some_and(|a| a.same_route(&path)) || !self.path_usable(&path) {
+            // Only the agreed alternate may be forced on us, and never onto a path we
+            // know is dead (moving there would stall the QP for nothing).
             self.send_migrate_ack(id, r, false);
             return;
         }
@@ -462,7 +481,7 @@ impl Engine {
     }
 
     fn migrate_ack_arrived(&mut self, from: PeerAddr, a: MigrateAck) {
-        let Some(id) = self.from_peer(a.receiver_comm_id, a.sender_comm_id, &from) else {
+        let Some(id) = self.peer_conn(a.receiver_comm_id, a.sender_comm_id, &from) else {
             debug!("migrate ack not matching any connection's peer: dropped");
             return;
         };

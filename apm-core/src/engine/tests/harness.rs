@@ -1,0 +1,328 @@
+//! A two-node test bench: engines A (active) and B (passive) wired back to back.
+//!
+//! Peer messages from one engine are delivered to the other (or dropped by a filter);
+//! QP commands succeed unless a test makes them fail; path queries are answered from a
+//! fixed table. Time advances only to the engines' own deadlines, so a run is exact.
+
+use crate::io::*;
+use crate::policy::Policy;
+use crate::types::*;
+use crate::Engine;
+
+pub const DEV: u16 = 0;
+
+/// Node A has ports 1/2 with GIDs ::a1/::a2 and LIDs 1/2; node B ::b1/::b2, LIDs 3/4.
+pub fn gid(node: char, port: u8) -> Gid {
+    let base: u64 = if node == 'a' { 0xa0 } else { 0xb0 };
+    Gid::from_guid(base + u64::from(port))
+}
+
+pub fn lid(node: char, port: u8) -> Lid {
+    let base = if node == 'a' { 0 } else { 2 };
+    Lid::new(base + u16::from(port)).expect("test LIDs are unicast")
+}
+
+pub fn port_info(node: char, port: u8) -> PortInfo {
+    PortInfo {
+        key: PortKey::new(DEV, port),
+        gids: vec![gid(node, port)],
+        lid: lid(node, port),
+        lmc: 0,
+        active: true,
+        link_layer: LinkLayer::InfiniBand,
+    }
+}
+
+/// The path from `node`'s port `lp` to the other node's port `rp`.
+pub fn path(node: char, lp: u8, rp: u8) -> Path {
+    let other = if node == 'a' { 'b' } else { 'a' };
+    Path {
+        port: PortKey::new(DEV, lp),
+        slid: lid(node, lp),
+        dlid: lid(other, rp),
+        sgid: gid(node, lp),
+        dgid: gid(other, rp),
+        sgid_index: 0,
+        sl: 0,
+        flow_label: 0,
+        traffic_class: 0,
+        hop_limit: 0,
+        rate: 0,
+        mtu: 5,
+        pkey_index: 0,
+        ack_timeout: 14,
+    }
+}
+
+pub fn all_paths(node: char) -> Vec<Path> {
+    vec![
+        path(node, 1, 1),
+        path(node, 2, 2),
+        path(node, 1, 2),
+        path(node, 2, 1),
+    ]
+}
+
+/// Connection `n`: A's comm id 0x100+n, B's 0x200+n; QPNs likewise.
+pub fn spec(node: char, n: u64, mode: MigrationMode) -> ConnSpec {
+    let (role, local, remote) = if node == 'a' {
+        (Role::Active, 0x100, 0x200)
+    } else {
+        (Role::Passive, 0x200, 0x100)
+    };
+    let n32 = u32::try_from(n).expect("small test ids");
+    ConnSpec {
+        id: ConnId(n),
+        role,
+        mode,
+        local_qpn: Qpn::new(local + n32).expect("24-bit"),
+        remote_qpn: Qpn::new(remote + n32).expect("24-bit"),
+        local_comm_id: local + n32,
+        remote_comm_id: remote + n32,
+        primary: path(node, 1, 1),
+        agreed_alternate: None,
+        candidates: all_paths(node),
+    }
+}
+
+/// One engine and everything it emitted.
+pub struct Node {
+    pub name: char,
+    pub engine: Engine,
+    /// Every output, in order.
+    pub log: Vec<Output>,
+    /// Outputs not yet carried out.
+    queue: Vec<Output>,
+    /// QP mig state per connection as a tiny QP model sees it.
+    pub fail_ops: Vec<&'static str>,
+}
+
+impl Node {
+    fn new(name: char, policy: Policy) -> Node {
+        let mut engine = Engine::new(policy).expect("valid test policy");
+        for p in [1, 2] {
+            engine
+                .handle_input(Time::ZERO, Input::PortInfo(port_info(name, p)))
+                .expect("port info is accepted");
+        }
+        let mut n = Node {
+            name,
+            engine,
+            log: Vec::new(),
+            queue: Vec::new(),
+            fail_ops: Vec::new(),
+        };
+        n.drain();
+        n
+    }
+
+    fn drain(&mut self) {
+        while let Some(o) = self.engine.poll_output() {
+            self.log.push(o.clone());
+            self.queue.push(o);
+        }
+    }
+
+    pub fn notifications(&self) -> Vec<NotificationKind> {
+        self.log
+            .iter()
+            .filter_map(|o| match o {
+                Output::Notify(n) => Some(n.kind.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn ops(&self) -> Vec<CommandOp> {
+        self.log
+            .iter()
+            .filter_map(|o| match o {
+                Output::Command(c) => Some(c.op.clone()),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn op_names(&self) -> Vec<&'static str> {
+        self.ops().iter().map(|o| o.name()).collect()
+    }
+
+    pub fn sent(&self) -> Vec<PeerMsg> {
+        self.ops()
+            .into_iter()
+            .filter_map(|o| match o {
+                CommandOp::SendPeer { msg, .. } => Some(msg),
+                _ => None,
+            })
+            .collect()
+    }
+
+    pub fn clear_log(&mut self) {
+        self.log.clear();
+    }
+
+    pub fn status(&self, n: u64) -> crate::ConnStatus {
+        self.engine
+            .connection(ConnId(n))
+            .expect("connection exists")
+    }
+}
+
+/// A message in flight between the nodes.
+struct Flight {
+    to: char,
+    from: PeerAddr,
+    port: PortKey,
+    msg: PeerMsg,
+}
+
+/// The bench.
+pub struct Pair {
+    pub a: Node,
+    pub b: Node,
+    pub now: Time,
+    /// Drops a message when it returns true (direction, message).
+    pub drop: Box<dyn FnMut(char, &PeerMsg) -> bool>,
+    /// Messages in flight.
+    wire: Vec<Flight>,
+}
+
+impl Pair {
+    pub fn new() -> Pair {
+        Pair::with_policy(Policy::default())
+    }
+
+    pub fn with_policy(policy: Policy) -> Pair {
+        Pair {
+            a: Node::new('a', policy.clone()),
+            b: Node::new('b', policy),
+            now: Time::ZERO,
+            drop: Box::new(|_, _| false),
+            wire: Vec::new(),
+        }
+    }
+
+    pub fn node(&mut self, name: char) -> &mut Node {
+        if name == 'a' {
+            &mut self.a
+        } else {
+            &mut self.b
+        }
+    }
+
+    /// Feed an input to one node at the current time.
+    pub fn input(&mut self, name: char, input: Input) {
+        let now = self.now;
+        let n = self.node(name);
+        n.engine.handle_input(now, input).expect("input accepted");
+        n.drain();
+    }
+
+    /// Protect connection `n` on both sides (hardware mode).
+    pub fn protect(&mut self, n: u64) {
+        self.protect_mode(n, MigrationMode::Hardware);
+    }
+
+    pub fn protect_mode(&mut self, n: u64, mode: MigrationMode) {
+        self.input('a', Input::Protect(spec('a', n, mode)));
+        self.input('b', Input::Protect(spec('b', n, mode)));
+    }
+
+    /// Carry out queued outputs, deliver messages, and follow deadlines until nothing
+    /// is left or `limit` of virtual time has passed.
+    pub fn run_for(&mut self, limit_ms: u64) {
+        let end = self.now.plus(std::time::Duration::from_millis(limit_ms));
+        for _ in 0..100_000 {
+            if self.step() {
+                continue;
+            }
+            let next = [self.a.engine.poll_timeout(), self.b.engine.poll_timeout()]
+                .into_iter()
+                .flatten()
+                .min();
+            match next {
+                Some(t) if t <= end => {
+                    self.now = self.now.max(t);
+                    let now = self.now;
+                    for n in [&mut self.a, &mut self.b] {
+                        n.engine.handle_timeout(now);
+                        n.drain();
+                    }
+                }
+                _ => {
+                    self.now = self.now.max(end);
+                    return;
+                }
+            }
+        }
+        panic!("the bench did not settle: livelock?");
+    }
+
+    /// One round of work; false when there was none.
+    fn step(&mut self) -> bool {
+        let mut did = false;
+        for name in ['a', 'b'] {
+            let queue = std::mem::take(&mut self.node(name).queue);
+            for out in queue {
+                did = true;
+                if let Output::Command(cmd) = out {
+                    self.execute(name, cmd);
+                }
+            }
+        }
+        let wire = std::mem::take(&mut self.wire);
+        for f in wire {
+            did = true;
+            if (self.drop)(f.to, &f.msg) {
+                continue;
+            }
+            self.input(
+                f.to,
+                Input::PeerMessage {
+                    from: f.from,
+                    port: f.port,
+                    msg: f.msg,
+                },
+            );
+        }
+        did
+    }
+
+    fn execute(&mut self, name: char, cmd: Command) {
+        let other = if name == 'a' { 'b' } else { 'a' };
+        let fail = self.node(name).fail_ops.contains(&cmd.op.name());
+        let result = if fail {
+            Err(ProviderError::Refused {
+                operation: cmd.op.name().into(),
+                detail: "test says no".into(),
+            })
+        } else {
+            match &cmd.op {
+                CommandOp::SendPeer { port, to, msg } => {
+                    let info = port_info(name, port.port);
+                    // Deliver to the port of the other node that owns `to.gid`.
+                    let dest_port = if to.gid == gid(other, 2) { 2 } else { 1 };
+                    self.wire.push(Flight {
+                        to: other,
+                        from: PeerAddr {
+                            gid: info.gids[0],
+                            lid: info.lid,
+                        },
+                        port: PortKey::new(DEV, dest_port),
+                        msg: *msg,
+                    });
+                    Ok(CommandOutcome::Done)
+                }
+                CommandOp::SetRearm { .. } => Ok(CommandOutcome::MigState(MigState::Armed)),
+                CommandOp::ResolvePaths { port, dgid } => Ok(CommandOutcome::Paths(
+                    all_paths(name)
+                        .into_iter()
+                        .filter(|p| p.port == *port && p.dgid == *dgid)
+                        .collect(),
+                )),
+                _ => Ok(CommandOutcome::Done),
+            }
+        };
+        self.input(name, Input::CommandDone { id: cmd.id, result });
+    }
+}

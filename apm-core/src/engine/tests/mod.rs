@@ -1,0 +1,6 @@
+//! Engine tests: one per behaviour of the engine's contract, on the two-node bench.
+
+mod harness;
+mod properties;
+mod scenarios;
+mod validation;

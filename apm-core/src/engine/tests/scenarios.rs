@@ -1,0 +1,534 @@
+//! The seeds' behaviours, end to end between two engines: protect, fail over on either
+//! side, re-arm through LAP/APR, come back, flap, storms.
+
+use super::harness::*;
+use crate::io::*;
+use crate::policy::Policy;
+use crate::types::*;
+use crate::Protection;
+
+fn port_event(p: &mut Pair, node: char, port: u8, event: PortEvent) {
+    p.input(
+        node,
+        Input::PortEvent {
+            port: PortKey::new(DEV, port),
+            event,
+        },
+    );
+}
+
+fn qp_event(p: &mut Pair, node: char, n: u64, event: QpEvent) {
+    p.input(
+        node,
+        Input::QpEvent {
+            conn: ConnId(n),
+            event,
+        },
+    );
+}
+
+/// Both sides armed on `alt_port` (local port number of A's alternate).
+fn assert_armed(p: &Pair, n: u64, a_alt: Path) {
+    let a = p.a.status(n);
+    let b = p.b.status(n);
+    assert_eq!(a.protection, Protection::Armed, "A: {a:?}");
+    assert_eq!(b.protection, Protection::Armed, "B: {b:?}");
+    assert_eq!(a.alternate, Some(a_alt));
+    let b_alt = b.alternate.expect("B has an alternate");
+    assert_eq!(
+        (b_alt.sgid, b_alt.dgid),
+        (a_alt.dgid, a_alt.sgid),
+        "both ends agree"
+    );
+}
+
+#[test]
+fn protect_picks_port_disjoint_alternate_and_follows_seed_001_order() {
+    let mut p = Pair::new();
+    p.protect(1);
+    p.run_for(1000);
+    assert_armed(&p, 1, path('a', 2, 2));
+    // A (active): LAP first, then load, then REARM.
+    let names: Vec<_> =
+        p.a.op_names()
+            .into_iter()
+            .filter(|n| *n != "subscribe")
+            .collect();
+    assert_eq!(names, ["send_peer", "load_alternate", "set_rearm"]);
+    // B (passive): load, REARM, then APR.
+    let names: Vec<_> =
+        p.b.op_names()
+            .into_iter()
+            .filter(|n| *n != "subscribe")
+            .collect();
+    assert_eq!(names, ["load_alternate", "set_rearm", "send_peer"]);
+    assert!(matches!(
+        p.b.sent()[..],
+        [PeerMsg::Apr(Apr {
+            status: ApStatus::Success,
+            ..
+        })]
+    ));
+    assert!(matches!(
+        p.a.notifications()[..],
+        [NotificationKind::Protected { .. }]
+    ));
+    assert!(matches!(
+        p.b.notifications()[..],
+        [NotificationKind::Protected { .. }]
+    ));
+}
+
+#[test]
+fn agreed_alternate_is_armed_without_a_lap() {
+    let mut p = Pair::new();
+    let mut s = spec('a', 1, MigrationMode::Hardware);
+    s.agreed_alternate = Some(path('a', 2, 2));
+    p.input('a', Input::Protect(s));
+    p.run_for(10);
+    assert!(p.a.sent().is_empty());
+    assert_eq!(p.a.status(1).protection, Protection::Armed);
+}
+
+#[test]
+fn local_port_err_forces_migration_then_rearms_on_surviving_port() {
+    let mut p = Pair::new();
+    p.protect(1);
+    p.run_for(1000);
+    p.a.clear_log();
+    p.b.clear_log();
+    // Seed 000, active side: PORT_ERR on the primary's port.
+    port_event(&mut p, 'a', 1, PortEvent::Down);
+    assert!(p.a.op_names().contains(&"force_migrate"));
+    // The forced migration moves B too when A's MigReq=1 packets reach it.
+    p.run_for(0);
+    qp_event(&mut p, 'b', 1, QpEvent::PathMigrated);
+    p.run_for(1000);
+    let a = p.a.status(1);
+    assert_eq!(a.primary, path('a', 2, 2));
+    // Re-armed on the only healthy candidate: A2 -> B1 (A's port 1 is dead).
+    assert_armed(&p, 1, path('a', 2, 1));
+    let kinds = p.a.notifications();
+    assert!(
+        matches!(kinds[0], NotificationKind::Migrated { forced: true, .. }),
+        "{kinds:?}"
+    );
+    assert!(
+        matches!(kinds.last(), Some(NotificationKind::Rearmed { .. })),
+        "{kinds:?}"
+    );
+    // No command ever named the dead port as a new alternate.
+    for op in p.a.ops() {
+        if let CommandOp::LoadAlternate { path, .. } = op {
+            assert_ne!(path.port.port, 1);
+        }
+    }
+}
+
+#[test]
+fn remote_gid_out_of_service_forces_migration_on_passive_side() {
+    let mut p = Pair::new();
+    p.protect(1);
+    p.run_for(1000);
+    p.b.clear_log();
+    // Seed 000, passive side: it cannot see A's port die; the SA tells it (trap 65).
+    p.input(
+        'b',
+        Input::RemoteGid {
+            gid: gid('a', 1),
+            in_service: false,
+        },
+    );
+    assert!(
+        p.b.op_names().contains(&"force_migrate"),
+        "{:?}",
+        p.b.op_names()
+    );
+    p.run_for(0);
+    assert_eq!(p.b.status(1).primary, path('b', 2, 2));
+    // Trap 65 about a GID of another connection's alternate only: no migration.
+    let mut q = Pair::new();
+    q.protect(1);
+    q.run_for(1000);
+    q.b.clear_log();
+    q.input(
+        'b',
+        Input::RemoteGid {
+            gid: gid('a', 2),
+            in_service: false,
+        },
+    );
+    assert!(!q.b.op_names().contains(&"force_migrate"));
+    assert!(matches!(
+        q.b.notifications()[..],
+        [NotificationKind::Unprotected {
+            reason: UnprotectedReason::AlternateDown
+        }]
+    ));
+}
+
+#[test]
+fn hardware_migration_rearms_and_old_primary_only_when_good_again() {
+    let mut p = Pair::new();
+    p.protect(1);
+    p.run_for(1000);
+    // The primary link A1-B1 dies silently: the HCAs migrate by themselves.
+    p.input(
+        'a',
+        Input::RemoteGid {
+            gid: gid('b', 1),
+            in_service: false,
+        },
+    );
+    p.input(
+        'b',
+        Input::RemoteGid {
+            gid: gid('a', 1),
+            in_service: false,
+        },
+    );
+    p.run_for(0);
+    // Both forced (each saw a notice); now the peers' own PATH_MIG arrive late.
+    qp_event(&mut p, 'a', 1, QpEvent::PathMigrated);
+    qp_event(&mut p, 'b', 1, QpEvent::PathMigrated);
+    p.run_for(2000);
+    // Old primary's ends are out of service: no alternate on them.
+    let a = p.a.status(1);
+    assert_eq!(a.primary, path('a', 2, 2));
+    assert!(a.alternate.is_none_or(|alt| alt.dgid != gid('b', 1)));
+    // Trap 64: the old primary is good again and becomes the alternate.
+    p.input(
+        'a',
+        Input::RemoteGid {
+            gid: gid('b', 1),
+            in_service: true,
+        },
+    );
+    p.input(
+        'b',
+        Input::RemoteGid {
+            gid: gid('a', 1),
+            in_service: true,
+        },
+    );
+    p.run_for(2000);
+    assert_armed(&p, 1, path('a', 1, 1));
+}
+
+#[test]
+fn port_active_rearms_unprotected_connections() {
+    let mut p = Pair::new();
+    // A's port 2 and B's port 2 are down before protection: only LMC-less same-port
+    // paths remain and they are the primary: nothing to arm.
+    port_event(&mut p, 'a', 2, PortEvent::Down);
+    port_event(&mut p, 'b', 2, PortEvent::Down);
+    p.protect(1);
+    p.run_for(500);
+    assert_eq!(p.a.status(1).protection, Protection::Unprotected);
+    assert!(p
+        .a
+        .notifications()
+        .contains(&NotificationKind::Unprotected {
+            reason: UnprotectedReason::NoCandidate
+        }));
+    port_event(&mut p, 'a', 2, PortEvent::Active);
+    port_event(&mut p, 'b', 2, PortEvent::Active);
+    p.run_for(1000);
+    assert_armed(&p, 1, path('a', 2, 2));
+}
+
+#[test]
+fn path_mig_err_marks_alternate_bad_and_tries_next() {
+    let mut p = Pair::new();
+    p.protect(1);
+    p.run_for(1000);
+    p.a.clear_log();
+    qp_event(&mut p, 'a', 1, QpEvent::PathMigrationError);
+    p.run_for(1000);
+    let a = p.a.status(1);
+    assert_eq!(a.protection, Protection::Armed);
+    let alt = a.alternate.expect("re-armed");
+    assert!(
+        !alt.same_route(&path('a', 2, 2)),
+        "the failed alternate is not reused at once"
+    );
+    assert!(p
+        .a
+        .notifications()
+        .contains(&NotificationKind::Unprotected {
+            reason: UnprotectedReason::AlternateFailed
+        }));
+}
+
+#[test]
+fn client_reregister_and_sm_change_resubscribe_lid_change_rebases() {
+    let mut p = Pair::new();
+    let subs = |p: &Pair| p.a.op_names().iter().filter(|n| **n == "subscribe").count();
+    assert_eq!(subs(&p), 2, "one subscription per IB port at start");
+    p.run_for(10);
+    port_event(&mut p, 'a', 1, PortEvent::ClientReregister);
+    port_event(&mut p, 'a', 2, PortEvent::SmChange);
+    assert_eq!(subs(&p), 4);
+    // LID change on port 2 where the alternate lives: resubscribe and re-agree with the peer.
+    p.protect(1);
+    p.run_for(1000);
+    p.a.clear_log();
+    port_event(&mut p, 'a', 2, PortEvent::LidChange);
+    let mut info = port_info('a', 2);
+    info.lid = Lid::new(40).expect("unicast");
+    p.input('a', Input::PortInfo(info));
+    assert!(p.a.op_names().contains(&"subscribe"));
+    p.run_for(1000);
+    let a = p.a.status(1);
+    assert_eq!(a.protection, Protection::Armed);
+    assert_eq!(
+        a.alternate.map(|x| x.slid.get()),
+        Some(40),
+        "alternate rebased on the new LID"
+    );
+    assert!(
+        p.a.sent().iter().any(|m| matches!(m, PeerMsg::Lap(_))),
+        "peer told of the new LID"
+    );
+}
+
+#[test]
+fn lap_lost_is_retransmitted_with_backoff_then_given_up_and_retried_later() {
+    let mut policy = Policy::default();
+    policy.passive_initiate_delay_ms = 10_000; // keep B quiet: this is about A's LAPs
+    let mut p = Pair::with_policy(policy);
+    p.drop = Box::new(|to, _| to == 'b');
+    p.protect(1);
+    p.run_for(1499);
+    let laps = |p: &Pair| {
+        p.a.sent()
+            .iter()
+            .filter(|m| matches!(m, PeerMsg::Lap(_)))
+            .count()
+    };
+    // 100 ms, +200, +400: 4 sends by 700 ms, the 4th times out at 1500 ms.
+    assert_eq!(laps(&p), 4);
+    assert_eq!(p.a.engine.stats().lap_retransmits, 3);
+    assert_eq!(p.a.status(1).protection, Protection::Unprotected);
+    p.run_for(2);
+    assert!(p
+        .a
+        .notifications()
+        .contains(&NotificationKind::Unprotected {
+            reason: UnprotectedReason::PeerUnresponsive
+        }));
+    // Retried after rearm_retry_ms; with the wire healed it arms.
+    p.drop = Box::new(|_, _| false);
+    p.run_for(3000);
+    assert_eq!(p.a.status(1).protection, Protection::Armed);
+}
+
+#[test]
+fn apr_rejection_moves_to_next_candidate() {
+    let mut p = Pair::new();
+    // B refuses to load anything: every APR is "rejected".
+    p.b.fail_ops.push("load_alternate");
+    p.protect(1);
+    p.run_for(300);
+    let statuses: Vec<_> =
+        p.b.sent()
+            .iter()
+            .filter_map(|m| match m {
+                PeerMsg::Apr(a) => Some(a.status),
+                _ => None,
+            })
+            .collect();
+    assert!(
+        statuses.len() >= 2,
+        "A tried more than one candidate: {statuses:?}"
+    );
+    assert!(statuses.iter().all(|s| *s == ApStatus::Rejected));
+    let proposed: Vec<_> =
+        p.a.sent()
+            .iter()
+            .filter_map(|m| match m {
+                PeerMsg::Lap(l) => Some(l.alt),
+                _ => None,
+            })
+            .collect();
+    assert_ne!(proposed[0], proposed[1]);
+    assert_eq!(p.a.status(1).protection, Protection::Unprotected);
+    // B recovers; A's backoff retry arms.
+    p.b.fail_ops.clear();
+    p.run_for(30_000);
+    assert_eq!(p.a.status(1).protection, Protection::Armed);
+}
+
+#[test]
+fn modify_failure_on_sender_reports_unprotected_and_recovers() {
+    let mut p = Pair::new();
+    p.a.fail_ops.push("set_rearm");
+    p.protect(1);
+    p.run_for(100);
+    assert!(
+        p.a.notifications()
+            .contains(&NotificationKind::Unprotected {
+                reason: UnprotectedReason::ModifyFailed
+            })
+            || p.a
+                .notifications()
+                .contains(&NotificationKind::Unprotected {
+                    reason: UnprotectedReason::NoCandidate
+                })
+    );
+    p.a.fail_ops.clear();
+    p.run_for(60_000);
+    assert_eq!(p.a.status(1).protection, Protection::Armed);
+}
+
+#[test]
+fn both_paths_down_is_unprotected_and_lost_on_fatal() {
+    let mut p = Pair::new();
+    p.protect(1);
+    p.run_for(1000);
+    port_event(&mut p, 'a', 2, PortEvent::Down);
+    port_event(&mut p, 'a', 1, PortEvent::Down);
+    p.run_for(100);
+    assert!(
+        !p.a.op_names().contains(&"force_migrate"),
+        "never migrate onto a dead port"
+    );
+    assert!(p
+        .a
+        .notifications()
+        .contains(&NotificationKind::Unprotected {
+            reason: UnprotectedReason::PrimaryDownUnarmed
+        }));
+    qp_event(&mut p, 'a', 1, QpEvent::Fatal);
+    assert_eq!(p.a.status(1).protection, Protection::Lost);
+    assert!(matches!(
+        p.a.notifications().last(),
+        Some(NotificationKind::Lost {
+            reason: LostReason::QpFatal
+        })
+    ));
+}
+
+#[test]
+fn port_back_while_lap_outstanding_is_not_disturbed() {
+    let mut p = Pair::new();
+    let mut held = true;
+    p.drop = Box::new(move |to, m| {
+        // Hold B's first APR back: A's LAP stays outstanding meanwhile.
+        let drop = held && to == 'a' && matches!(m, PeerMsg::Apr(_));
+        if drop {
+            held = false;
+        }
+        drop
+    });
+    p.protect(1);
+    p.run_for(50);
+    port_event(&mut p, 'a', 2, PortEvent::Down);
+    port_event(&mut p, 'a', 2, PortEvent::Active);
+    p.run_for(3000);
+    assert_armed(&p, 1, p.a.status(1).alternate.expect("armed"));
+}
+
+#[test]
+fn flapping_port_is_held_down_with_exponential_backoff() {
+    let mut p = Pair::new();
+    p.protect(1);
+    p.run_for(1000);
+    // Port 2 (the alternate's) flaps three times quickly.
+    for _ in 0..3 {
+        port_event(&mut p, 'a', 2, PortEvent::Down);
+        p.run_for(10);
+        port_event(&mut p, 'a', 2, PortEvent::Active);
+        p.run_for(10);
+    }
+    // Third failure: held 2 * 500 ms. Until then port 2 is not used for an alternate.
+    let a = p.a.status(1);
+    assert!(a.alternate.is_none_or(|x| x.port.port != 2) || a.protection != Protection::Armed);
+    p.run_for(1500);
+    assert_armed(&p, 1, path('a', 2, 2));
+}
+
+#[test]
+fn rearm_storm_is_paced_by_the_concurrency_limit() {
+    let mut policy = Policy::default();
+    policy.max_concurrent_rearms = 3;
+    let mut p = Pair::with_policy(policy);
+    for n in 1..=10 {
+        p.protect(n);
+    }
+    // Before any answer, only three LAPs are out.
+    let laps =
+        p.a.sent()
+            .iter()
+            .filter(|m| matches!(m, PeerMsg::Lap(_)))
+            .count();
+    assert_eq!(laps, 3);
+    p.run_for(2000);
+    for n in 1..=10 {
+        assert_eq!(p.a.status(n).protection, Protection::Armed, "conn {n}");
+    }
+}
+
+#[test]
+fn software_migration_moves_both_sides() {
+    let mut p = Pair::new();
+    p.protect_mode(1, MigrationMode::Software);
+    p.run_for(1000);
+    assert_armed(&p, 1, path('a', 2, 2));
+    assert!(
+        !p.a.op_names().contains(&"load_alternate"),
+        "no hardware alternate on RoCE"
+    );
+    p.a.clear_log();
+    p.b.clear_log();
+    qp_event(&mut p, 'a', 1, QpEvent::PrimaryStalled);
+    p.run_for(1000);
+    assert!(p.a.op_names().contains(&"software_migrate"));
+    assert!(
+        p.b.op_names().contains(&"software_migrate"),
+        "peer followed"
+    );
+    assert_eq!(p.a.status(1).primary, path('a', 2, 2));
+    assert_eq!(p.b.status(1).primary, path('b', 2, 2));
+    assert_eq!(
+        p.a.status(1).protection,
+        Protection::Armed,
+        "re-armed after the move"
+    );
+}
+
+#[test]
+fn notifications_tell_the_protection_story() {
+    let mut p = Pair::new();
+    p.protect(1);
+    p.run_for(1000);
+    port_event(&mut p, 'a', 1, PortEvent::Down);
+    p.run_for(1000);
+    let kinds: Vec<&'static str> =
+        p.a.notifications()
+            .iter()
+            .map(|k| match k {
+                NotificationKind::Protected { .. } => "protected",
+                NotificationKind::Rearmed { .. } => "rearmed",
+                NotificationKind::Migrated { .. } => "migrated",
+                NotificationKind::Unprotected { .. } => "unprotected",
+                NotificationKind::Lost { .. } => "lost",
+            })
+            .collect();
+    assert_eq!(kinds, ["protected", "migrated", "rearmed"]);
+}
+
+#[test]
+fn same_inputs_same_outputs() {
+    let run = || {
+        let mut p = Pair::new();
+        for n in 1..=5 {
+            p.protect(n);
+        }
+        p.run_for(1000);
+        port_event(&mut p, 'a', 1, PortEvent::Down);
+        p.run_for(3000);
+        format!("{:?}{:?}", p.a.log, p.b.log)
+    };
+    assert_eq!(run(), run());
+}
