@@ -168,6 +168,9 @@ impl Node {
     }
 }
 
+/// Decides whether to drop a message (destination node, message).
+pub type DropFilter = Box<dyn FnMut(char, &PeerMsg) -> bool>;
+
 /// A message in flight between the nodes.
 struct Flight {
     to: char,
@@ -182,7 +185,7 @@ pub struct Pair {
     pub b: Node,
     pub now: Time,
     /// Drops a message when it returns true (direction, message).
-    pub drop: Box<dyn FnMut(char, &PeerMsg) -> bool>,
+    pub drop: DropFilter,
     /// Messages in flight.
     wire: Vec<Flight>,
 }

@@ -294,8 +294,10 @@ fn client_reregister_and_sm_change_resubscribe_lid_change_rebases() {
 
 #[test]
 fn lap_lost_is_retransmitted_with_backoff_then_given_up_and_retried_later() {
-    let mut policy = Policy::default();
-    policy.passive_initiate_delay_ms = 10_000; // keep B quiet: this is about A's LAPs
+    let policy = Policy {
+        passive_initiate_delay_ms: 10_000,
+        ..Policy::default()
+    };
     let mut p = Pair::with_policy(policy);
     p.drop = Box::new(|to, _| to == 'b');
     p.protect(1);
@@ -450,8 +452,10 @@ fn flapping_port_is_held_down_with_exponential_backoff() {
 
 #[test]
 fn rearm_storm_is_paced_by_the_concurrency_limit() {
-    let mut policy = Policy::default();
-    policy.max_concurrent_rearms = 3;
+    let policy = Policy {
+        max_concurrent_rearms: 3,
+        ..Policy::default()
+    };
     let mut p = Pair::with_policy(policy);
     for n in 1..=10 {
         p.protect(n);

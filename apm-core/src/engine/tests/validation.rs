@@ -84,8 +84,10 @@ fn lap_from_a_stranger_is_rejected_and_the_qp_untouched() {
 
 #[test]
 fn stranger_lap_is_ignored_when_policy_says_so() {
-    let mut policy = crate::Policy::default();
-    policy.unexpected_lap = crate::UnexpectedLap::Ignore;
+    let policy = crate::Policy {
+        unexpected_lap: crate::UnexpectedLap::Ignore,
+        ..crate::Policy::default()
+    };
     let mut p = Pair::with_policy(policy);
     p.protect(1);
     p.run_for(1000);
@@ -188,8 +190,10 @@ fn lap_for_a_dead_path_is_rejected() {
 
 #[test]
 fn simultaneous_laps_resolve_to_the_active_sides() {
-    let mut policy = crate::Policy::default();
-    policy.passive_initiate_delay_ms = 0; // both sides initiate at once
+    let policy = crate::Policy {
+        passive_initiate_delay_ms: 0,
+        ..crate::Policy::default()
+    };
     let mut p = Pair::with_policy(policy);
     p.protect(1);
     p.run_for(1000);
