@@ -150,6 +150,12 @@ impl<P: Provider> Manager<P> {
             .start(input_tx.clone())
             .await
             .map_err(ManagerError::Start)?;
+        // The ports the provider reported at start must be known before any API call.
+        while let Ok(input) = input_rx.try_recv() {
+            if let Err(e) = self.engine.handle_input(elapsed(), input) {
+                warn!(error = %e, "provider input refused by the engine");
+            }
+        }
         loop {
             self.flush(&input_tx);
             let deadline = self
@@ -162,8 +168,17 @@ impl<P: Provider> Manager<P> {
                     None => std::future::pending().await,
                 }
             };
+            // Provider inputs first: an event that already happened must be seen before
+            // an API call that follows it.
             tokio::select! {
                 biased;
+                input = input_rx.recv() => {
+                    // input_tx lives in this function, so the channel never closes.
+                    let Some(input) = input else { return Ok(()) };
+                    if let Err(e) = self.engine.handle_input(elapsed(), input) {
+                        warn!(error = %e, "provider input refused by the engine");
+                    }
+                }
                 req = self.requests.recv() => {
                     let Some(req) = req else { return Ok(()) };
                     let now = elapsed();
@@ -181,13 +196,6 @@ impl<P: Provider> Manager<P> {
                             let _ = tx.send(self.engine.stats().clone());
                         }
                         Request::Shutdown => return Ok(()),
-                    }
-                }
-                input = input_rx.recv() => {
-                    // input_tx lives in this function, so the channel never closes.
-                    let Some(input) = input else { return Ok(()) };
-                    if let Err(e) = self.engine.handle_input(elapsed(), input) {
-                        warn!(error = %e, "provider input refused by the engine");
                     }
                 }
                 () = sleep => {
@@ -217,5 +225,192 @@ impl<P: Provider> Manager<P> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! The driver against a mocked provider, in tokio's paused (virtual) time.
+
+    use super::*;
+    use crate::provider::MockProvider;
+    use std::sync::Mutex;
+
+    fn port(p: u8) -> PortInfo {
+        PortInfo {
+            key: PortKey::new(0, p),
+            gids: vec![Gid::from_guid(0xa0 + u64::from(p))],
+            lid: Lid::new(u16::from(p)).expect("unicast"),
+            lmc: 0,
+            active: true,
+            link_layer: LinkLayer::InfiniBand,
+        }
+    }
+
+    fn path(p: u8) -> Path {
+        Path {
+            port: PortKey::new(0, p),
+            slid: Lid::new(u16::from(p)).expect("unicast"),
+            dlid: Lid::new(10 + u16::from(p)).expect("unicast"),
+            sgid: Gid::from_guid(0xa0 + u64::from(p)),
+            dgid: Gid::from_guid(0xb0 + u64::from(p)),
+            sgid_index: 0,
+            sl: 0,
+            flow_label: 0,
+            traffic_class: 0,
+            hop_limit: 0,
+            rate: 0,
+            mtu: 5,
+            pkey_index: 0,
+            ack_timeout: 14,
+        }
+    }
+
+    fn spec() -> ConnSpec {
+        ConnSpec {
+            id: ConnId(7),
+            role: Role::Active,
+            mode: MigrationMode::Hardware,
+            local_qpn: Qpn::new(0x11).expect("24-bit"),
+            remote_qpn: Qpn::new(0x22).expect("24-bit"),
+            local_comm_id: 1,
+            remote_comm_id: 2,
+            primary: path(1),
+            agreed_alternate: Some(path(2)),
+            candidates: vec![],
+        }
+    }
+
+    /// A mock that hands out ports at start, keeps the sink, and records every command.
+    fn mock(sink: Arc<Mutex<Option<InputSink>>>, ops: Arc<Mutex<Vec<CommandOp>>>) -> MockProvider {
+        let mut m = MockProvider::new();
+        m.expect_start().returning(move |s| {
+            for p in [1, 2] {
+                s.send(Input::PortInfo(port(p))).expect("driver listens");
+            }
+            *sink.lock().expect("not poisoned") = Some(s);
+            Ok(())
+        });
+        m.expect_execute().returning(move |op| {
+            ops.lock().expect("not poisoned").push(op.clone());
+            Ok(match op {
+                CommandOp::SetRearm { .. } => CommandOutcome::MigState(MigState::Armed),
+                _ => CommandOutcome::Done,
+            })
+        });
+        m.expect_name().return_const("mock".to_string());
+        m
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn protect_loads_arms_and_notifies_then_port_err_forces_migration() {
+        let sink = Arc::new(Mutex::new(None));
+        let ops = Arc::new(Mutex::new(Vec::new()));
+        let provider = Arc::new(mock(sink.clone(), ops.clone()));
+        let (manager, handle) = Manager::new(provider, Policy::default()).expect("valid");
+        let mut notes = handle.notifications();
+        let task = tokio::spawn(manager.run());
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        handle.protect(spec()).await.expect("accepted");
+        let n = notes.recv().await.expect("a notification");
+        assert!(
+            matches!(n.kind, NotificationKind::Protected { alternate } if alternate == path(2))
+        );
+        let names: Vec<_> = ops.lock().expect("ok").iter().map(|o| o.name()).collect();
+        assert_eq!(
+            names,
+            ["subscribe", "subscribe", "load_alternate", "set_rearm"]
+        );
+
+        // A PORT_ERR pushed by the provider reaches the engine; the driver forces migration.
+        let s = sink.lock().expect("ok").clone().expect("started");
+        s.send(Input::PortEvent {
+            port: PortKey::new(0, 1),
+            event: PortEvent::Down,
+        })
+        .expect("driver listens");
+        let n = notes.recv().await.expect("a notification");
+        assert!(
+            matches!(n.kind, NotificationKind::Migrated { forced: true, .. }),
+            "{n:?}"
+        );
+        assert!(ops
+            .lock()
+            .expect("ok")
+            .iter()
+            .any(|o| o.name() == "force_migrate"));
+        let status = handle
+            .status(ConnId(7))
+            .await
+            .expect("running")
+            .expect("known");
+        assert_eq!(status.primary, path(2));
+
+        // API misuse is reported, not fatal.
+        assert!(matches!(
+            handle.protect(spec()).await,
+            Err(ManagerError::Engine(_))
+        ));
+        handle.shutdown();
+        task.await.expect("joined").expect("clean stop");
+        assert!(matches!(
+            handle.protect(spec()).await,
+            Err(ManagerError::Stopped)
+        ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn provider_start_failure_is_reported() {
+        let mut m = MockProvider::new();
+        m.expect_start().returning(|_| {
+            Err(ProviderError::Unavailable(
+                "libibverbs.so.1 not found: install libibverbs1".into(),
+            ))
+        });
+        let (manager, _handle) = Manager::new(Arc::new(m), Policy::default()).expect("valid");
+        let err = manager.run().await.expect_err("start fails");
+        assert!(err.to_string().contains("libibverbs1"), "{err}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn deadlines_fire_in_virtual_time() {
+        // No APR ever comes: after lap_max_tries the connection is reported unprotected,
+        // 1.5 s of virtual time later, with no real waiting.
+        let sink = Arc::new(Mutex::new(None));
+        let ops = Arc::new(Mutex::new(Vec::new()));
+        let provider = Arc::new(mock(sink, ops.clone()));
+        let (manager, handle) = Manager::new(provider, Policy::default()).expect("valid");
+        let mut notes = handle.notifications();
+        tokio::spawn(manager.run());
+        let mut s = spec();
+        s.agreed_alternate = None;
+        s.candidates = vec![path(2)];
+        handle.protect(s).await.expect("accepted");
+        let n = notes.recv().await.expect("a notification");
+        assert!(
+            matches!(
+                n.kind,
+                NotificationKind::Unprotected {
+                    reason: UnprotectedReason::PeerUnresponsive
+                }
+            ),
+            "{n:?}"
+        );
+        assert_eq!(n.time, Time::from_millis(1500));
+        let laps = ops
+            .lock()
+            .expect("ok")
+            .iter()
+            .filter(|o| {
+                matches!(
+                    o,
+                    CommandOp::SendPeer {
+                        msg: PeerMsg::Lap(_),
+                        ..
+                    }
+                )
+            })
+            .count();
+        assert_eq!(laps, 4);
     }
 }

@@ -435,6 +435,10 @@ impl Engine {
                 if is_ib {
                     self.subscribe(key);
                 }
+                // A port reported after connections were protected is a new path.
+                if self.port_usable(key) {
+                    self.path_returned(|p| p.port == key);
+                }
             }
             Some(p) => {
                 let old_lid = p.info.lid;

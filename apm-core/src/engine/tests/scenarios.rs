@@ -536,3 +536,35 @@ fn same_inputs_same_outputs() {
     };
     assert_eq!(run(), run());
 }
+
+#[test]
+fn a_port_reported_after_protect_is_used() {
+    let mut e = crate::Engine::new(Policy::default()).expect("default policy");
+    let mut s = spec('a', 1, MigrationMode::Hardware);
+    s.agreed_alternate = Some(path('a', 2, 2));
+    e.handle_input(Time::ZERO, Input::Protect(s))
+        .expect("accepted");
+    assert_eq!(
+        e.connection(ConnId(1)).map(|c| c.protection),
+        Some(Protection::Unprotected)
+    );
+    for port in [1, 2] {
+        e.handle_input(Time::from_millis(1), Input::PortInfo(port_info('a', port)))
+            .expect("accepted");
+    }
+    let laps = std::iter::from_fn(|| e.poll_output())
+        .filter(|o| {
+            matches!(
+                o,
+                Output::Command(Command {
+                    op: CommandOp::SendPeer { .. },
+                    ..
+                })
+            )
+        })
+        .count();
+    assert_eq!(
+        laps, 1,
+        "the new ports made a candidate usable: a LAP goes out"
+    );
+}
