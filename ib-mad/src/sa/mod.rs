@@ -10,7 +10,7 @@ mod inform_info;
 mod notice;
 pub mod path_record;
 
-pub use class_port_info::ClassPortInfo;
+pub use class_port_info::{ClassAddress, ClassPortInfo};
 pub use inform_info::InformInfo;
 pub use notice::{Notice, NoticeDetails};
 pub use path_record::PathRecord;
@@ -69,12 +69,12 @@ pub enum SaPayload {
     InformInfo(InformInfo),
     /// Notice (0x0002): a trap forwarded in a Report.
     Notice(Notice),
-    /// PathRecord (0x0035): the first (or only) record in this MAD.
+    /// PathRecord (0x0035): a query template or a Get response.
     PathRecord(PathRecord),
     /// ClassPortInfo (0x0001).
     ClassPortInfo(ClassPortInfo),
-    /// Anything else: other attributes, error responses, RMPP segments after the
-    /// first, ACKs. The 200 data bytes as they are.
+    /// Anything else: other attributes, error responses, RMPP segments, table
+    /// responses (decode those with [`table_records`]). The 200 data bytes as they are.
     Raw(Box<[u8; SA_DATA_SIZE]>),
 }
 
@@ -180,11 +180,15 @@ impl SaMad {
         let sa = SaHeader::decode(mad)?;
         let r = Reader::new(mad);
         let data = r.bytes::<SA_DATA_SIZE>(SA_DATA_OFFSET, "sa_data")?;
-        // Only the first segment of an RMPP transfer starts with a record; a non-zero
-        // status means the data is not to be trusted as the attribute.
-        let typed = header.status == 0
-            && !(rmpp.is_active()
-                && (rmpp.rmpp_type != crate::rmpp::RmppType::Data || rmpp.data1 != 1));
+        // One typed attribute only where the data is exactly one attribute: not in an
+        // RMPP segment (a slice of a stream: reassemble it with RmppReceiver), not in a
+        // table response (several records: use table_records), not in an error
+        // response. Everything else stays raw so that no byte is lost.
+        let table = matches!(
+            header.method,
+            Method::GET_TABLE_RESP | Method::GET_MULTI_RESP
+        );
+        let typed = header.status == 0 && !rmpp.is_active() && !table;
         let at = |e: DecodeError| e.shifted(SA_DATA_OFFSET);
         let payload = match header.attribute_id {
             _ if !typed => SaPayload::Raw(Box::new(data)),
