@@ -6,6 +6,7 @@
 //! outside the repository except installing packages and cargo tools.
 #![forbid(unsafe_code)]
 
+mod codegen;
 mod hwtest;
 mod ibsim;
 mod util;
@@ -19,6 +20,7 @@ cargo xtask <COMMAND>
 Commands:
   test      everything CI checks: fmt, clippy, docs, all tests, the real-peer beds
   hwtest    the hardware suite on this machine's RDMA devices, or in a VM with --vm
+  codegen   regenerate provider-verbs' libibverbs bindings from rdma-core's headers
   ibsim     the OpenSM-over-ibsim bed: [--shell] [TEST-NAME-FILTER]
   help      this text
 ";
@@ -31,6 +33,7 @@ fn main() -> Result<()> {
     match cmd.as_str() {
         "test" => test(&rest),
         "hwtest" => hwtest::main(&rest),
+        "codegen" => codegen::main(&rest),
         "ibsim" => ibsim::ibsim(&rest),
         "help" | "--help" | "-h" => {
             print!("{HELP}");
