@@ -1,3 +1,403 @@
 //! SA client over libibumad: InformInfo subscriptions, Reports, PathRecords.
 //!
-//! Filled in by its own issue; nothing here pretends to work yet.
+//! An [`SaClient`] runs on a [`umad::Port`] with an SA agent (class 0x03 v2). It
+//! subscribes for traps (InformInfo, attribute 0x0003, Set; the GetResp is checked), turns
+//! each Report into an [`SaEvent`] after answering it with ReportResp (same TID, at once,
+//! before anything else, or OpenSM resends and logs ERR 1A06) and dropping duplicates
+//! (OpenSM resends a Report whose ReportResp it missed), and queries PathRecords with
+//! GetTable, reassembling the RMPP response itself (the agent is registered without
+//! kernel RMPP so the same code runs under umad2sim and on a kernel).
+//!
+//! All MAD layouts come from `ib-mad`; this crate only sequences them. It never invents a
+//! result: what it cannot do returns [`SaError::Unsupported`].
+
+use ib_mad::rmpp::{RecvEvent, RmppHeader, RmppReceiver};
+use ib_mad::sa::SA_DATA_SIZE;
+use ib_mad::sa::{path_record::mask, table_records, InformInfo, PathRecord, SaHeader, SaMad};
+use ib_mad::sa::{NoticeDetails, SaPayload};
+use ib_mad::types::{Gid, U7};
+use ib_mad::{AttributeId, Method, MgmtClass};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+use umad::{Dest, Port, Received, RequestOptions};
+
+mod fabric;
+pub use fabric::SaFabric;
+
+/// The SA's management class and version, for [`umad::AgentSpec`].
+pub const SA_AGENT: umad::AgentSpec = umad::AgentSpec::class(0x03, 2);
+/// Trap 64: GID in service.
+pub const TRAP_GID_IN_SERVICE: u16 = 64;
+/// Trap 65: GID out of service.
+pub const TRAP_GID_OUT_OF_SERVICE: u16 = 65;
+/// SA status "no records" (MAD status bits 8-15 = 3): an empty table, not an error.
+const STATUS_NO_RECORDS: u16 = 0x0300;
+
+/// Errors of the SA client.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SaError {
+    /// The umad transport failed (no response after retries, port closed...).
+    #[error(transparent)]
+    Transport(#[from] umad::Error),
+    /// The SA answered with a non-zero MAD status.
+    #[error("SA status {0:#06x}")]
+    Status(u16),
+    /// The SA's answer did not decode or did not match the request.
+    #[error("bad SA response: {0}")]
+    BadResponse(String),
+    /// An RMPP transfer failed.
+    #[error("RMPP: {0}")]
+    Rmpp(String),
+    /// The operation is not implemented by this client.
+    #[error("unsupported: {0}")]
+    Unsupported(&'static str),
+}
+
+/// A notice from the SA, after it was acknowledged.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum SaEvent {
+    /// Trap 64: the port with this GID is in service.
+    GidInService {
+        /// The port's GID.
+        gid: Gid,
+    },
+    /// Trap 65: the port with this GID is out of service.
+    GidOutOfService {
+        /// The port's GID.
+        gid: Gid,
+    },
+    /// Any other notice (trap number as reported).
+    Other {
+        /// The trap number (or vendor device ID).
+        trap: u16,
+    },
+}
+
+/// Settings of the SA client.
+#[derive(Debug, Clone)]
+pub struct SaOptions {
+    /// Timeout and retries of every SA request. Default 200 ms, 3 retries.
+    pub request: RequestOptions,
+    /// How many recent Reports are remembered to drop duplicates. Default 256.
+    pub dedup_window: usize,
+}
+
+impl Default for SaOptions {
+    fn default() -> Self {
+        SaOptions {
+            request: RequestOptions::default(),
+            dedup_window: 256,
+        }
+    }
+}
+
+/// The SA client of one port.
+#[derive(Debug, Clone)]
+pub struct SaClient {
+    port: Arc<Port>,
+    opts: SaOptions,
+}
+
+impl SaClient {
+    /// A client on `port` (which must have an SA agent, [`SA_AGENT`]). `unsolicited` is the
+    /// port's stream of unsolicited SA MADs; the returned receiver yields the notices.
+    /// Must be called inside a tokio runtime (it spawns the Report handler).
+    pub fn new(
+        port: Arc<Port>,
+        unsolicited: umad::Unsolicited,
+        opts: SaOptions,
+    ) -> (SaClient, mpsc::UnboundedReceiver<SaEvent>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let p = Arc::clone(&port);
+        let window = opts.dedup_window.max(1);
+        tokio::spawn(report_loop(p, unsolicited, tx, window));
+        (SaClient { port, opts }, rx)
+    }
+
+    /// The port this client uses.
+    pub fn port(&self) -> &Arc<Port> {
+        &self.port
+    }
+
+    /// Where the SA is, read fresh (the SM LID changes after a handover).
+    fn sa_dest(&self) -> Result<Dest, SaError> {
+        let info = self.port.refresh_info()?;
+        if info.sm_lid == 0 {
+            return Err(SaError::BadResponse("the port knows no SM LID".into()));
+        }
+        Ok(Dest::gsi(info.sm_lid, info.sm_sl))
+    }
+
+    /// Subscribe (or unsubscribe) for a generic trap from every LID; the SA's GetResp is
+    /// checked (status 0, InformInfo echoed for the same trap).
+    pub async fn set_subscription(&self, trap: u16, subscribe: bool) -> Result<(), SaError> {
+        let req = SaMad::set_inform_info(0, InformInfo::subscribe_trap(trap, subscribe));
+        let dest = self.sa_dest()?;
+        let resp = self
+            .port
+            .request(&req.encode(), dest, self.opts.request)
+            .await?;
+        let r = SaMad::decode(&resp.mad).map_err(|e| SaError::BadResponse(e.to_string()))?;
+        if r.header.status != 0 {
+            return Err(SaError::Status(r.header.status));
+        }
+        match r.payload {
+            SaPayload::InformInfo(i) if r.header.method == Method::GET_RESP => {
+                if i.trap_number != trap || i.subscribe != subscribe {
+                    return Err(SaError::BadResponse(format!(
+                        "InformInfo echoed trap {} subscribe {}",
+                        i.trap_number, i.subscribe
+                    )));
+                }
+                info!(trap, subscribe, "SA subscription accepted");
+                Ok(())
+            }
+            other => Err(SaError::BadResponse(format!(
+                "method {:#04x}, payload {other:?}",
+                r.header.method.0
+            ))),
+        }
+    }
+
+    /// Subscribe for traps 64 and 65 (again, after a client reregister or SM change).
+    pub async fn subscribe_gid_traps(&self) -> Result<(), SaError> {
+        self.set_subscription(TRAP_GID_IN_SERVICE, true).await?;
+        self.set_subscription(TRAP_GID_OUT_OF_SERVICE, true).await
+    }
+
+    /// Unsubscribe from traps 64 and 65 (on shutdown).
+    pub async fn unsubscribe_gid_traps(&self) -> Result<(), SaError> {
+        self.set_subscription(TRAP_GID_IN_SERVICE, false).await?;
+        self.set_subscription(TRAP_GID_OUT_OF_SERVICE, false).await
+    }
+
+    /// Every reversible path record from `sgid` to `dgid`: every SLID x DLID
+    /// combination (all LMC variants), deduplicated, ordered by (SLID, DLID).
+    ///
+    /// Asked once per local LID (2^LMC GetTable queries) with the SLID fixed: OpenSM
+    /// answers a GID-only query with the LMC-aligned pairs alone, but a query with a
+    /// fixed SLID with every DLID. When a response is one unsegmented, full MAD (OpenSM
+    /// under umad2sim, which has no kernel to segment and truncates every MAD to 256
+    /// bytes), the query is split further per DLID seen.
+    pub async fn path_records(&self, sgid: Gid, dgid: Gid) -> Result<Vec<PathRecord>, SaError> {
+        let template = PathRecord {
+            sgid,
+            dgid,
+            reversible: true,
+            // Ask for every path (NumbPath is 7 bits).
+            numb_path: U7::MAX,
+            ..PathRecord::default()
+        };
+        let base = mask::SGID | mask::DGID | mask::REVERSIBLE | mask::NUMB_PATH;
+        let info = self.port.refresh_info()?;
+        if info.lid == 0 {
+            // No LID yet (the SM has not swept us): the GID-only query is all we can ask.
+            return Ok(self.get_table(template, base).await?.records);
+        }
+        let variants = 1u16.checked_shl(u32::from(info.lmc)).unwrap_or(1);
+        let mut all: BTreeMap<(u16, u16), PathRecord> = BTreeMap::new();
+        for slid in (0..variants).map(|i| info.lid.wrapping_add(i)) {
+            let t = PathRecord {
+                slid: ib_mad::types::Lid(slid),
+                ..template
+            };
+            let part = self.get_table(t, base | mask::SLID).await?;
+            let split = part.maybe_truncated;
+            let dlids: BTreeSet<u16> = part.records.iter().map(|r| r.dlid.0).collect();
+            for r in part.records {
+                all.insert((r.slid.0, r.dlid.0), r);
+            }
+            if split {
+                debug!(slid, "unsegmented full PathRecord table: asking per DLID");
+                for dlid in dlids {
+                    let t = PathRecord {
+                        dlid: ib_mad::types::Lid(dlid),
+                        ..t
+                    };
+                    let one = self.get_table(t, base | mask::SLID | mask::DLID).await?;
+                    for r in one.records {
+                        all.insert((r.slid.0, r.dlid.0), r);
+                    }
+                }
+            }
+        }
+        Ok(all.into_values().collect())
+    }
+
+    /// A GetTable query with RMPP reassembly, retried as a whole on timeout.
+    async fn get_table(&self, template: PathRecord, component_mask: u64) -> Result<Table, SaError> {
+        let query = SaMad::path_record_query(0, template, component_mask).encode();
+        let dest = self.sa_dest()?;
+        let opts = self.opts.request;
+        let (mut pending, mad) = self.port.start_request(&query)?;
+        let mut attempts = 0;
+        'attempt: loop {
+            attempts += 1;
+            let mut rx = RmppReceiver::new();
+            self.port.send_request(&mad, dest, opts.timeout)?;
+            loop {
+                let Some(seg) = pending.recv_timeout(opts.timeout).await? else {
+                    if attempts > opts.retries {
+                        return Err(umad::Error::Timeout {
+                            tid: pending.tid_low(),
+                            attempts,
+                        }
+                        .into());
+                    }
+                    debug!(attempts, "GetTable timed out; asking again");
+                    continue 'attempt;
+                };
+                if seg.method() != Method::GET_TABLE_RESP.0 {
+                    continue; // e.g. a stray response with our TID low bits
+                }
+                let status = u16::from_be_bytes([seg.mad[4], seg.mad[5]]);
+                if status == STATUS_NO_RECORDS {
+                    return Ok(Table::default());
+                }
+                if status != 0 {
+                    return Err(SaError::Status(status));
+                }
+                // OpenSM leaves segmentation to the kernel: it marks its GetTableResp
+                // RMPP-active with version 0 and type 0 and the kernel fills in the rest.
+                // umad2sim has no kernel and truncates to one MAD, so such a MAD arrives
+                // as is: take it as an unsegmented (possibly truncated) response.
+                let mut mad = seg.mad.clone();
+                let unsegmented = mad.len() > 26 && mad[24] == 0 && mad[25] == 0;
+                if unsegmented {
+                    mad[26] &= !0x07;
+                }
+                match rx.handle(&mad) {
+                    Ok(RecvEvent::Continue { ack }) => {
+                        if let Some(ack) = ack {
+                            self.port.send(&ack, Dest::reply_to(&seg.src))?;
+                        }
+                    }
+                    Ok(RecvEvent::Complete { ack, message }) => {
+                        if let Some(ack) = ack {
+                            self.port.send(&ack, Dest::reply_to(&seg.src))?;
+                        }
+                        let first = message.first_segment();
+                        let hdr = SaHeader::decode(first)
+                            .map_err(|e| SaError::BadResponse(e.to_string()))?;
+                        let segmented = RmppHeader::decode(first)
+                            .map(|h| h.is_active())
+                            .unwrap_or(false);
+                        let mut records =
+                            table_records::<PathRecord>(message.data(), hdr.attribute_offset)
+                                .collect::<Result<Vec<_>, _>>()
+                                .map_err(|e| SaError::BadResponse(e.to_string()))?;
+                        if !segmented {
+                            // No payload length: the unused tail of the MAD decodes as
+                            // all-zero records, which no real path is (LIDs are never 0).
+                            records.retain(|r| r.slid.0 != 0 || r.dlid.0 != 0);
+                        }
+                        // A full single MAD may be a truncated table (see path_records).
+                        let stride = (usize::from(hdr.attribute_offset) * 8).max(64);
+                        let maybe_truncated = !segmented && records.len() >= SA_DATA_SIZE / stride;
+                        return Ok(Table {
+                            records,
+                            maybe_truncated,
+                        });
+                    }
+                    Err(e) => {
+                        // Name the segment: its common and RMPP headers say what went wrong.
+                        let head: String =
+                            seg.mad[..36].iter().map(|b| format!("{b:02x}")).collect();
+                        return Err(SaError::Rmpp(format!("{e} (segment header {head})")));
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The records of one GetTable response.
+#[derive(Debug, Default)]
+struct Table {
+    records: Vec<PathRecord>,
+    /// Unsegmented and full: the SA may have had more records than one MAD holds.
+    maybe_truncated: bool,
+}
+
+/// Answer every Report with ReportResp first, then drop duplicates, then publish.
+async fn report_loop(
+    port: Arc<Port>,
+    mut unsolicited: umad::Unsolicited,
+    tx: mpsc::UnboundedSender<SaEvent>,
+    window: usize,
+) {
+    let mut seen: BTreeSet<(u16, u32, [u8; 16])> = BTreeSet::new();
+    let mut order: VecDeque<(u16, u32, [u8; 16])> = VecDeque::new();
+    while let Some(m) = unsolicited.recv().await {
+        if let Some(ev) = handle_report(&port, &m, &mut seen, &mut order, window) {
+            if tx.send(ev).is_err() {
+                // Nobody listens any more; keep acknowledging so OpenSM stays quiet.
+                continue;
+            }
+        }
+    }
+}
+
+/// One unsolicited MAD: a Report is acknowledged and, unless a duplicate, turned into an
+/// event. Anything else is ignored (logged).
+fn handle_report(
+    port: &Port,
+    m: &Received,
+    seen: &mut BTreeSet<(u16, u32, [u8; 16])>,
+    order: &mut VecDeque<(u16, u32, [u8; 16])>,
+    window: usize,
+) -> Option<SaEvent> {
+    if m.class() != MgmtClass::SUBN_ADM.0 || m.method() != Method::REPORT.0 {
+        debug!(
+            class = m.class(),
+            method = m.method(),
+            "ignoring unsolicited MAD"
+        );
+        return None;
+    }
+    let report = match SaMad::decode(&m.mad) {
+        Ok(r) => r,
+        Err(e) => {
+            warn!(error = %e, "undecodable Report");
+            return None;
+        }
+    };
+    if let Err(e) = port.send(&report.report_response().encode(), Dest::reply_to(&m.src)) {
+        warn!(error = %e, "could not send ReportResp");
+    }
+    let SaPayload::Notice(notice) = &report.payload else {
+        return None;
+    };
+    if report.header.attribute_id != AttributeId::NOTICE {
+        return None;
+    }
+    // A resent Report has the same TID (low bits) from the same SA and the same notice.
+    let key = (m.src.lid, m.tid() as u32, notice.issuer_gid.0);
+    if !seen.insert(key) {
+        debug!(tid = key.1, "duplicate Report dropped");
+        return None;
+    }
+    order.push_back(key);
+    if order.len() > window {
+        if let Some(old) = order.pop_front() {
+            seen.remove(&old);
+        }
+    }
+    Some(match notice.details {
+        NoticeDetails::GidInService(gid) => SaEvent::GidInService { gid },
+        NoticeDetails::GidOutOfService(gid) => SaEvent::GidOutOfService { gid },
+        ref d => SaEvent::Other {
+            trap: d.trap_number(),
+        },
+    })
+}
+
+/// How long a caller should wait for one SA round trip with retries.
+pub fn worst_case_request_time(opts: &RequestOptions) -> Duration {
+    opts.timeout * (opts.retries + 1)
+}

@@ -85,11 +85,23 @@ impl Bed {
             .unwrap_or_default()
     }
 
+    /// The current length of OpenSM's log, to search only what is logged after it.
+    pub fn log_mark(&self) -> usize {
+        self.opensm_log().len()
+    }
+
     /// Wait until OpenSM's log has a line containing `needle`; returns it.
     pub fn wait_log(&self, needle: &str, timeout: Duration) -> Option<String> {
+        self.wait_log_after(0, needle, timeout)
+    }
+
+    /// Like [`Bed::wait_log`], only looking past `mark` (from [`Bed::log_mark`]).
+    pub fn wait_log_after(&self, mark: usize, needle: &str, timeout: Duration) -> Option<String> {
         let deadline = Instant::now() + timeout;
         loop {
-            if let Some(l) = self.opensm_log().lines().find(|l| l.contains(needle)) {
+            let log = self.opensm_log();
+            let new = log.get(mark..).unwrap_or("");
+            if let Some(l) = new.lines().find(|l| l.contains(needle)) {
                 return Some(l.to_owned());
             }
             if Instant::now() > deadline {
@@ -195,6 +207,11 @@ impl NodeProc {
                 }
             }
         }
+    }
+
+    /// Every report received so far and not yet consumed.
+    pub fn drain(&mut self) -> Vec<String> {
+        std::iter::from_fn(|| self.reports.try_recv().ok().map(|(_, l)| l)).collect()
     }
 
     /// Wait for the process to exit by itself; its success.

@@ -12,8 +12,8 @@
 //! run outside the simulator. [`bed`] lets tests find the bed that `cargo xtask ibsim`
 //! started.
 //!
-//! This crate knows no MAD layout beyond the common header fields it needs to route
-//! (class, method, TID); encoding and decoding belong to `ib-mad`.
+//! Routing looks only at the common header's class, method and TID; every MAD layout
+//! (the test-bed SMInfo answer included) comes from `ib-mad`.
 #![deny(unsafe_code)] // only `ffi` opts out, with a SAFETY comment per block
 
 pub mod bed;
@@ -23,6 +23,7 @@ mod transport;
 
 pub use ffi::{PortInfo, RecvAddr, MAD_SIZE};
 pub use testbed::TestBedMode;
+pub use transport::split_by_class;
 pub use transport::{
     Agent, AgentSpec, Dest, Pending, Port, PortOptions, PortSelector, Received, RequestOptions,
     Unsolicited, QP1_QKEY,

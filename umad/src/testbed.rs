@@ -16,15 +16,14 @@
 use crate::ffi::RecvAddr;
 use crate::transport::Dest;
 use crate::Error;
+use ib_mad::smp::{SmInfo, Smp, SMP_DATA_SIZE, STATUS_UNSUPPORTED_ATTRIBUTE};
+use ib_mad::types::U15;
+use ib_mad::{AttributeId, Method, MAD_SIZE};
 
 /// LID-routed subnet management class.
 pub const CLASS_SMI_LID: u8 = 0x01;
 /// Directed-route subnet management class.
 pub const CLASS_SMI_DR: u8 = 0x81;
-/// SMInfo attribute.
-const ATTR_SM_INFO: u16 = 0x0020;
-/// "Unsupported method/attribute combination" MAD status.
-const STATUS_UNSUPPORTED_ATTR: u16 = 0x000C;
 /// Environment variable that `cargo xtask ibsim` sets for processes of its bed.
 pub const BED_ENV: &str = "APM_IBSIM_SOCKNAME";
 
@@ -70,30 +69,22 @@ pub fn umad2sim_loaded() -> bool {
 /// with SM_Key 0 for SubnGet(SMInfo), status 0x000C for any other Get/Set; nothing for
 /// responses, traps and malformed MADs.
 pub fn answer_smp(mad: &[u8], src: &RecvAddr, port_guid: [u8; 8]) -> Option<(Vec<u8>, Dest)> {
-    // Byte fiddling kept to the minimum until ib-mad's SMP module replaces it.
-    if mad.len() < 256 {
-        return None;
-    }
-    let class = mad[1];
-    let method = mad[3];
-    if method != 0x01 && method != 0x02 {
+    let smp = Smp::decode(mad.get(..MAD_SIZE)?).ok()?;
+    let method = smp.header.method;
+    if method != Method::GET && method != Method::SET {
         return None; // only SubnGet/SubnSet are answered
     }
-    let attr = u16::from_be_bytes([mad[16], mad[17]]);
-    let mut r = mad[..256].to_vec();
-    r[3] = 0x81; // SubnGetResp
-    let status = if method == 0x01 && attr == ATTR_SM_INFO {
-        r[64..128].fill(0);
-        r[64..72].copy_from_slice(&port_guid); // GUID; SM_Key and ActCount stay 0
-        r[84] = 0; // priority 0, SMState NOT_ACTIVE
-        0
+    let resp = if method == Method::GET && smp.header.attribute_id == AttributeId::SM_INFO {
+        let info = SmInfo::not_active(u64::from_be_bytes(port_guid));
+        smp.response(U15::ZERO, info.to_smp_data())
     } else {
-        STATUS_UNSUPPORTED_ATTR
+        // 0x000C fits in 15 bits, so U15::new cannot fail here.
+        let st = U15::new(STATUS_UNSUPPORTED_ATTRIBUTE).unwrap_or(U15::ZERO);
+        smp.response(st, [0; SMP_DATA_SIZE])
     };
-    let dest = if class == CLASS_SMI_DR {
-        // Directed route: D bit in the status word; the hop pointer/count and the return
-        // path stay as ibsim filled them in; out through the permissive LID to QP0.
-        r[4..6].copy_from_slice(&(0x8000 | status).to_be_bytes());
+    let dest = if smp.is_directed_route() {
+        // Directed route: ib-mad keeps the hop pointer/count and the return path as ibsim
+        // filled them in; out through the permissive LID to QP0.
         Dest {
             lid: 0xFFFF,
             qpn: 0,
@@ -101,7 +92,6 @@ pub fn answer_smp(mad: &[u8], src: &RecvAddr, port_guid: [u8; 8]) -> Option<(Vec
             sl: 0,
         }
     } else {
-        r[4..6].copy_from_slice(&status.to_be_bytes());
         Dest {
             lid: src.lid,
             qpn: 0,
@@ -109,7 +99,7 @@ pub fn answer_smp(mad: &[u8], src: &RecvAddr, port_guid: [u8; 8]) -> Option<(Vec
             sl: src.sl,
         }
     };
-    Some((r, dest))
+    Some((resp.encode().to_vec(), dest))
 }
 
 #[cfg(test)]

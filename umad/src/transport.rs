@@ -159,6 +159,32 @@ impl Received {
 /// Unsolicited MADs (requests, Reports, CM sends) that no pending request claimed.
 pub type Unsolicited = mpsc::UnboundedReceiver<Received>;
 
+/// Split a port's unsolicited stream by management class, so that several clients
+/// (umad-sa for class 0x03, cm-lap for 0x07 or its vendor class) share one port (under
+/// umad2sim a process may hold only one agent per class and a node one IsSM client).
+/// MADs of other classes are dropped (logged). Must be called inside a tokio runtime.
+pub fn split_by_class(mut unsolicited: Unsolicited, classes: &[u8]) -> BTreeMap<u8, Unsolicited> {
+    let mut txs = BTreeMap::new();
+    let mut rxs = BTreeMap::new();
+    for &c in classes {
+        let (tx, rx) = mpsc::unbounded_channel();
+        txs.insert(c, tx);
+        rxs.insert(c, rx);
+    }
+    tokio::spawn(async move {
+        while let Some(m) = unsolicited.recv().await {
+            match txs.get(&m.class()) {
+                Some(tx) => {
+                    // A closed receiver only means that client stopped listening.
+                    let _ = tx.send(m);
+                }
+                None => debug!(class = m.class(), "unsolicited MAD for no client dropped"),
+            }
+        }
+    });
+    rxs
+}
+
 /// The TID of a MAD (header bytes 8..16), 0 if too short.
 fn tid_of(mad: &[u8]) -> u64 {
     mad.get(8..16)

@@ -1,0 +1,162 @@
+//! The engine's fabric facet ([`apm_core::FabricService`]) on an [`SaClient`]: notices
+//! become [`apm_core::Input::RemoteGid`], path records become [`apm_core::Path`]s.
+//!
+//! Paths are cached per destination GID so that a rearm storm toward one destination
+//! asks the SA once; a notice about that GID and every (re)subscription (client
+//! reregister, SM change) drop the cached entries. One facet serves one local port.
+
+use crate::{SaClient, SaError, SaEvent};
+use apm_core::{FabricService, Gid, Input, InputSink, Lid, Path, PortKey, ProviderError};
+use async_trait::async_trait;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::mpsc;
+use tracing::debug;
+
+/// Path cache: destination GID bytes to the paths the SA returned.
+type Cache = Arc<Mutex<BTreeMap<[u8; 16], Vec<Path>>>>;
+
+/// The SA as the engine's fabric facet, for one local port.
+#[derive(Debug)]
+pub struct SaFabric {
+    client: SaClient,
+    port: PortKey,
+    events: Mutex<Option<mpsc::UnboundedReceiver<SaEvent>>>,
+    cache: Cache,
+    queries: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl SaFabric {
+    /// The facet for `port` (the engine's name for the client's local port), delivering
+    /// the notices of `events` (from [`SaClient::new`]).
+    pub fn new(
+        client: SaClient,
+        port: PortKey,
+        events: mpsc::UnboundedReceiver<SaEvent>,
+    ) -> SaFabric {
+        SaFabric {
+            client,
+            port,
+            events: Mutex::new(Some(events)),
+            cache: Arc::new(Mutex::new(BTreeMap::new())),
+            queries: Arc::new(std::sync::atomic::AtomicU64::new(0)),
+        }
+    }
+
+    /// How many PathRecord queries went to the SA so far (cache misses).
+    pub fn sa_queries(&self) -> u64 {
+        self.queries.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    fn unsupported(&self, what: &str) -> ProviderError {
+        ProviderError::Unsupported {
+            provider: "umad-sa".into(),
+            operation: what.into(),
+        }
+    }
+}
+
+fn lock(c: &Cache) -> MutexGuard<'_, BTreeMap<[u8; 16], Vec<Path>>> {
+    // The cache holds plain data: a poisoned lock still holds a consistent map.
+    c.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+fn to_provider(e: SaError) -> ProviderError {
+    match e {
+        SaError::Transport(umad::Error::Timeout { .. }) => ProviderError::Timeout(e.to_string()),
+        SaError::Transport(umad::Error::LibraryMissing { .. }) => {
+            ProviderError::Unavailable(e.to_string())
+        }
+        SaError::Unsupported(op) => ProviderError::Unsupported {
+            provider: "umad-sa".into(),
+            operation: op.into(),
+        },
+        other => ProviderError::Io(other.to_string()),
+    }
+}
+
+#[async_trait]
+impl FabricService for SaFabric {
+    async fn start(&self, sink: InputSink) -> Result<(), ProviderError> {
+        let rx = self.events.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let Some(mut rx) = rx else {
+            return Err(self.unsupported("starting the SA facet twice"));
+        };
+        let cache = Arc::clone(&self.cache);
+        tokio::spawn(async move {
+            while let Some(ev) = rx.recv().await {
+                let (gid, in_service) = match ev {
+                    SaEvent::GidInService { gid } => (gid, true),
+                    SaEvent::GidOutOfService { gid } => (gid, false),
+                    SaEvent::Other { trap } => {
+                        debug!(trap, "notice not for the engine");
+                        continue;
+                    }
+                };
+                // Paths toward this GID may have changed either way.
+                lock(&cache).remove(&gid.0);
+                let input = Input::RemoteGid {
+                    gid: Gid(gid.0),
+                    in_service,
+                };
+                if sink.send(input).is_err() {
+                    break;
+                }
+            }
+        });
+        Ok(())
+    }
+
+    async fn resolve_paths(&self, port: PortKey, dgid: Gid) -> Result<Vec<Path>, ProviderError> {
+        if port != self.port {
+            return Err(self.unsupported("resolving paths from a port it does not serve"));
+        }
+        if let Some(p) = lock(&self.cache).get(&dgid.0) {
+            return Ok(p.clone());
+        }
+        let sgid = ib_mad::types::Gid(self.client.port().info().gid);
+        self.queries
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let records = self
+            .client
+            .path_records(sgid, ib_mad::types::Gid(dgid.0))
+            .await
+            .map_err(to_provider)?;
+        let paths: Vec<Path> = records
+            .iter()
+            .filter(|r| r.reversible)
+            .map(|r| Path {
+                port,
+                slid: Lid::from_wire(r.slid.0),
+                dlid: Lid::from_wire(r.dlid.0),
+                sgid: Gid(r.sgid.0),
+                dgid: Gid(r.dgid.0),
+                // GID 0 is the port GUID GID, the one PathRecords are asked for.
+                sgid_index: 0,
+                sl: r.sl.get(),
+                flow_label: r.flow_label.get(),
+                traffic_class: r.traffic_class,
+                hop_limit: r.hop_limit,
+                rate: r.rate.get(),
+                mtu: r.mtu.get(),
+                // The default P_Key sits at index 0 on every port this serves.
+                pkey_index: 0,
+                // Local ACK timeout must cover a round trip: twice the packet life
+                // time, i.e. one more in the exponent (capped at the 5-bit field).
+                ack_timeout: (r.packet_life_time.get() + 1).min(31),
+            })
+            .collect();
+        lock(&self.cache).insert(dgid.0, paths.clone());
+        Ok(paths)
+    }
+
+    async fn subscribe(&self, port: PortKey) -> Result<(), ProviderError> {
+        if port != self.port {
+            return Err(self.unsupported("subscribing through a port it does not serve"));
+        }
+        // A (re)subscription follows a client reregister or SM change: the SA may have
+        // rerouted, so cached paths are stale.
+        lock(&self.cache).clear();
+        self.client.subscribe_gid_traps().await.map_err(to_provider)
+    }
+}
