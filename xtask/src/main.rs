@@ -48,7 +48,14 @@ fn test(_args: &[String]) -> Result<()> {
     util::run("cargo", &["fmt", "--all", "--", "--check"])?;
     util::run(
         "cargo",
-        &["clippy", "--workspace", "--all-targets", "--", "-D", "warnings"],
+        &[
+            "clippy",
+            "--workspace",
+            "--all-targets",
+            "--",
+            "-D",
+            "warnings",
+        ],
     )?;
     util::run_env(
         "cargo",
@@ -56,5 +63,7 @@ fn test(_args: &[String]) -> Result<()> {
         &[("RUSTDOCFLAGS", "-D warnings")],
     )?;
     util::run("cargo", &["test", "--workspace"])?;
+    // Real peers: OpenSM over ibsim (installs its Debian packages when missing).
+    ibsim::ibsim(&[])?;
     Ok(())
 }
