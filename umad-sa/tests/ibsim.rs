@@ -47,8 +47,33 @@ async fn node(role: &str) -> Result<(), String> {
             let t = Instant::now();
             sa.subscribe_gid_traps().await.map_err(|e| e.to_string())?;
             report(&format!("SUBSCRIBED us={}", t.elapsed().as_micros()));
-            let until = tokio::time::Instant::now() + Duration::from_secs(30);
-            while let Ok(Some(ev)) = tokio::time::timeout_at(until, events.recv()).await {
+            // Commands from the test on stdin (e.g. "resubscribe" after an SM restart,
+            // standing in for the CLIENT_REREGISTER event umad2sim cannot deliver).
+            let (ctx, mut commands) = tokio::sync::mpsc::unbounded_channel::<String>();
+            std::thread::spawn(move || {
+                for line in std::io::stdin().lines().map_while(Result::ok) {
+                    if ctx.send(line).is_err() {
+                        break;
+                    }
+                }
+            });
+            let until = tokio::time::Instant::now() + Duration::from_secs(60);
+            loop {
+                let ev = tokio::select! {
+                    _ = tokio::time::sleep_until(until) => break,
+                    c = commands.recv() => {
+                        if c.as_deref() == Some("resubscribe") {
+                            let t = Instant::now();
+                            sa.subscribe_gid_traps().await.map_err(|e| e.to_string())?;
+                            report(&format!("SUBSCRIBED again us={}", t.elapsed().as_micros()));
+                        }
+                        continue;
+                    }
+                    ev = events.recv() => match ev {
+                        Some(ev) => ev,
+                        None => break,
+                    },
+                };
                 match ev {
                     SaEvent::GidOutOfService { gid } => {
                         report(&format!("EVENT out {}", hex(&gid.0)))
@@ -156,6 +181,57 @@ fn unlink_relink_traps() {
             up.as_secs_f64() * 1e3
         );
     }
+}
+
+/// After an OpenSM restart the subscription is gone (an Unlink gives no event); after
+/// resubscribing (what CLIENT_REREGISTER triggers on real ports) traps arrive again.
+#[test]
+fn resubscribe_after_opensm_restart() {
+    let Some(bed) = Bed::or_skip("resubscribe_after_opensm_restart") else {
+        return;
+    };
+    let victim = bed.nodes[1].clone();
+    let mut n = bed
+        .spawn_node(&bed.nodes[0], "bed_node", "subscriber")
+        .unwrap();
+    n.expect("SUBSCRIBED", Duration::from_secs(10)).unwrap();
+    let t = Instant::now();
+    let _sm = bed.restart_opensm(Duration::from_secs(10)).unwrap();
+    println!(
+        "OpenSM restarted in {:.0} ms",
+        t.elapsed().as_secs_f64() * 1e3
+    );
+
+    let mark = bed.log_mark();
+    bed.console(&format!("Unlink \"{victim}\"[2]")).unwrap();
+    bed.wait_log_after(mark, "\"GID out of service\"", Duration::from_secs(2))
+        .expect("the new OpenSM saw no port going away");
+    assert!(
+        n.expect("EVENT", Duration::from_millis(500)).is_err(),
+        "an event arrived without a subscription at the new SM"
+    );
+    let mark = bed.log_mark();
+    bed.console(&format!("ReLink \"{victim}\"[2]")).unwrap();
+    bed.wait_log_after(mark, "SUBNET UP", Duration::from_secs(2))
+        .expect("no sweep after ReLink");
+
+    n.send("resubscribe").unwrap();
+    n.expect("SUBSCRIBED again", Duration::from_secs(5))
+        .unwrap();
+    let t0 = Instant::now();
+    bed.console(&format!("Unlink \"{victim}\"[2]")).unwrap();
+    let (t1, _) = n.expect("EVENT out", Duration::from_secs(2)).unwrap();
+    bed.console(&format!("ReLink \"{victim}\"[2]")).unwrap();
+    n.expect("EVENT in", Duration::from_secs(2)).unwrap();
+    println!(
+        "after resubscription: Unlink -> trap 65 event {:.2} ms",
+        (t1 - t0).as_secs_f64() * 1e3
+    );
+    std::thread::sleep(Duration::from_millis(1000));
+    assert!(
+        !bed.opensm_log().contains("ERR 1A06"),
+        "a Report went unanswered"
+    );
 }
 
 /// OpenSM's port GUID -> LID range table (its guid2lid cache file in the bed directory).

@@ -39,6 +39,10 @@ pub struct Bed {
     pub nodes: Vec<String>,
     /// OpenSM's LMC.
     pub lmc: u8,
+    /// OpenSM's configuration file.
+    pub opensm_conf: PathBuf,
+    /// The PID of the bed's OpenSM (a child of `cargo xtask ibsim`).
+    pub opensm_pid: u32,
 }
 
 impl Bed {
@@ -58,6 +62,8 @@ impl Bed {
                 .map(String::from)
                 .collect(),
             lmc: v("APM_IBSIM_LMC")?.parse().ok()?,
+            opensm_conf: v("APM_IBSIM_OPENSM_CONF")?.into(),
+            opensm_pid: v("APM_IBSIM_OPENSM_PID")?.parse().ok()?,
         })
     }
 
@@ -111,6 +117,50 @@ impl Bed {
         }
     }
 
+    /// Restart the SM: stop the bed's OpenSM (SIGTERM by PID; `cargo xtask ibsim` reaps
+    /// it), start a new one on the same node with the same configuration, log and cache
+    /// (so LIDs stay), and wait for its SUBNET UP. The new one is stopped when the
+    /// returned handle is dropped.
+    pub fn restart_opensm(&self, timeout: Duration) -> Result<OpenSm, String> {
+        let pid = self.opensm_pid.to_string();
+        let before = self.log_mark();
+        let st = Command::new("kill")
+            .args(["-TERM", &pid])
+            .status()
+            .map_err(|e| format!("kill: {e}"))?;
+        if !st.success() {
+            return Err(format!("kill -TERM {pid} failed"));
+        }
+        // Gone (or a zombie waiting for the bed to reap it) once it stops logging.
+        if self.wait_log_after(before, "Exiting SM", timeout).is_none() {
+            return Err("OpenSM did not exit".into());
+        }
+        let mark = self.log_mark();
+        let out = std::fs::File::create(self.scratch.join("opensm-restarted.out"))
+            .map_err(|e| e.to_string())?;
+        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let child = Command::new("opensm")
+            .arg("-F")
+            .arg(&self.opensm_conf)
+            .arg("-f")
+            .arg(&self.opensm_log)
+            .current_dir(&self.scratch)
+            .env("LD_PRELOAD", &self.umad2sim)
+            .env("SIM_HOST", &self.sm_node)
+            .env("IBSIM_SOCKNAME", &self.sockname)
+            .env("OSM_TMP_DIR", &self.scratch)
+            .env("OSM_CACHE_DIR", &self.scratch)
+            .stdin(Stdio::null())
+            .stdout(out)
+            .stderr(err)
+            .spawn()
+            .map_err(|e| format!("starting opensm: {e}"))?;
+        let sm = OpenSm { child };
+        self.wait_log_after(mark, "SUBNET UP", timeout)
+            .ok_or("the restarted OpenSM reached no SUBNET UP")?;
+        Ok(sm)
+    }
+
     /// Start the current test binary as a node process on `node`, running the test
     /// `entry` (an `#[ignore]`d test that does the node's work) with `role` in
     /// `APM_IBSIM_ROLE`. Its working directory is a fresh writable directory (umad2sim
@@ -137,9 +187,10 @@ impl Bed {
             .env("IBSIM_SOCKNAME", &self.sockname)
             .env("APM_IBSIM_ROLE", role)
             .env("APM_IBSIM_NODE", node)
-            .stdin(Stdio::null())
+            .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .spawn()?;
+        let stdin = child.stdin.take();
         let (tx, rx) = mpsc::channel();
         if let Some(out) = child.stdout.take() {
             let name = node.to_owned();
@@ -160,6 +211,7 @@ impl Bed {
         Ok(NodeProc {
             node: node.to_owned(),
             child,
+            stdin,
             reports: rx,
         })
     }
@@ -183,6 +235,7 @@ pub struct NodeProc {
     /// The node it runs as.
     pub node: String,
     child: Child,
+    stdin: Option<std::process::ChildStdin>,
     reports: mpsc::Receiver<(Instant, String)>,
 }
 
@@ -209,6 +262,17 @@ impl NodeProc {
         }
     }
 
+    /// Send one command line to the node (its stdin).
+    pub fn send(&mut self, line: &str) -> std::io::Result<()> {
+        match &mut self.stdin {
+            Some(s) => {
+                writeln!(s, "{line}")?;
+                s.flush()
+            }
+            None => Err(std::io::Error::other("node stdin closed")),
+        }
+    }
+
     /// Every report received so far and not yet consumed.
     pub fn drain(&mut self) -> Vec<String> {
         std::iter::from_fn(|| self.reports.try_recv().ok().map(|(_, l)| l)).collect()
@@ -229,6 +293,29 @@ impl NodeProc {
     /// The node's working directory name is not needed by callers; its PID is.
     pub fn pid(&self) -> u32 {
         self.child.id()
+    }
+}
+
+/// An OpenSM started by a test ([`Bed::restart_opensm`]); stopped by PID when dropped.
+#[derive(Debug)]
+pub struct OpenSm {
+    child: Child,
+}
+
+impl Drop for OpenSm {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
     }
 }
 

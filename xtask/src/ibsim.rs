@@ -7,6 +7,10 @@
 //! because tests change the fabric (Unlink/ReLink) and because a dead ibsim client keeps
 //! its slot (at most 10) until the console removes it.
 //!
+//! A test may stop the bed's OpenSM (SIGTERM to `APM_IBSIM_OPENSM_PID`) and start its
+//! own to test an SM restart: the original stays this process's child until it is
+//! reaped here, so its PID cannot be reused meanwhile; the test stops its own.
+//!
 //! Parallel runs are isolated: each bed has its own `IBSIM_SOCKNAME` and its own scratch
 //! directory under `target/ibsim/`. This module must never leave a process running, and
 //! it fails (never skips) when the bed cannot be built or a bed test does not run.
@@ -350,6 +354,18 @@ impl Bed {
             ("APM_IBSIM_SM_NODE".into(), SM_NODE.into()),
             ("APM_IBSIM_NODES".into(), CLIENT_NODES.join(",")),
             ("APM_IBSIM_LMC".into(), self.lmc.to_string()),
+            (
+                "APM_IBSIM_OPENSM_CONF".into(),
+                s(&self.dir.join("opensm.conf")),
+            ),
+            (
+                "APM_IBSIM_OPENSM_PID".into(),
+                self.opensm
+                    .as_ref()
+                    .map(|c| c.id())
+                    .unwrap_or(0)
+                    .to_string(),
+            ),
         ]
     }
 
