@@ -643,7 +643,10 @@ fn run_in(image: &Image, spec: &RunSpec, work: &Path, share: &Path) -> Result<Ou
     let exit_code = std::fs::read_to_string(share.join("exit-code"))
         .ok()
         .and_then(|s| s.trim().parse().ok());
-    let _ = std::fs::write(work.with_extension("console.log"), &console);
+    // Kept for a look after a failure; one file, overwritten by the next run.
+    if let Some(dir) = work.parent() {
+        let _ = std::fs::write(dir.join("last-console.log"), &console);
+    }
     Ok(Outcome {
         exit_code,
         output,
