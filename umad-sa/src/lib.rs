@@ -235,21 +235,18 @@ impl SaClient {
         let dest = self.sa_dest()?;
         let opts = self.opts.request;
         let (mut pending, mad) = self.port.start_request(&query)?;
-        let mut attempts = 0;
         'attempt: loop {
-            attempts += 1;
             let mut rx = RmppReceiver::new();
-            self.port.send_request(&mad, dest, opts.timeout)?;
+            pending.send(&mad, dest, opts.timeout)?;
             loop {
                 let Some(seg) = pending.recv_timeout(opts.timeout).await? else {
-                    if attempts > opts.retries {
-                        return Err(umad::Error::Timeout {
-                            tid: pending.tid_low(),
-                            attempts,
-                        }
-                        .into());
+                    if pending.sends() > opts.retries {
+                        return Err(pending.give_up().into());
                     }
-                    debug!(attempts, "GetTable timed out; asking again");
+                    debug!(
+                        attempts = pending.sends(),
+                        "GetTable timed out; asking again"
+                    );
                     continue 'attempt;
                 };
                 if seg.method() != Method::GET_TABLE_RESP.0 {

@@ -5,12 +5,13 @@
 //! the ibsim console, time what the nodes report and read OpenSM's log.
 #![allow(clippy::disallowed_methods)] // bed tests measure wall-clock latencies
 
+use apm_core::FabricService;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use umad::bed::{self, report, Bed};
 use umad::{Port, PortOptions, PortSelector, TestBedMode};
-use umad_sa::{SaClient, SaEvent, SaOptions, SA_AGENT};
+use umad_sa::{SaClient, SaEvent, SaFabric, SaOptions, SA_AGENT};
 
 /// Entry point of node processes; a no-op in a normal test run.
 #[test]
@@ -27,6 +28,19 @@ fn bed_node() {
     }
 }
 
+/// Lines from stdin (commands of the parent test), as an async stream.
+fn stdin_commands() -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
@@ -41,7 +55,19 @@ async fn node(role: &str) -> Result<(), String> {
     let (port, unsolicited) = Port::open(&PortSelector::First, opts).map_err(|e| e.to_string())?;
     let port = Arc::new(port);
     report(&format!("GID {}", hex(&port.info().gid)));
-    let (sa, mut events) = SaClient::new(Arc::clone(&port), unsolicited, SaOptions::default());
+    let sa_opts = if role.starts_with("lossy:") {
+        // Many short attempts: the test drops half the MADs into this port.
+        SaOptions {
+            request: umad::RequestOptions {
+                timeout: Duration::from_millis(30),
+                retries: 40,
+            },
+            ..SaOptions::default()
+        }
+    } else {
+        SaOptions::default()
+    };
+    let (sa, mut events) = SaClient::new(Arc::clone(&port), unsolicited, sa_opts);
     match role {
         "subscriber" => {
             let t = Instant::now();
@@ -49,14 +75,7 @@ async fn node(role: &str) -> Result<(), String> {
             report(&format!("SUBSCRIBED us={}", t.elapsed().as_micros()));
             // Commands from the test on stdin (e.g. "resubscribe" after an SM restart,
             // standing in for the CLIENT_REREGISTER event umad2sim cannot deliver).
-            let (ctx, mut commands) = tokio::sync::mpsc::unbounded_channel::<String>();
-            std::thread::spawn(move || {
-                for line in std::io::stdin().lines().map_while(Result::ok) {
-                    if ctx.send(line).is_err() {
-                        break;
-                    }
-                }
-            });
+            let mut commands = stdin_commands();
             let until = tokio::time::Instant::now() + Duration::from_secs(60);
             loop {
                 let ev = tokio::select! {
@@ -106,9 +125,101 @@ async fn node(role: &str) -> Result<(), String> {
             report(&format!("PATHS {total} us={}", t.elapsed().as_micros()));
             report(&format!("PENDING {}", port.pending_requests()));
         }
+        r if r.starts_with("fabric:") => fabric_node(&r["fabric:".len()..], sa, events).await?,
+        r if r.starts_with("lossy:") => {
+            let guid = u64::from_str_radix(&r["lossy:".len()..], 16).map_err(|e| e.to_string())?;
+            let dgid = ib_mad::types::Gid::new(0xfe80_0000_0000_0000, guid);
+            let me = ib_mad::types::Gid(port.info().gid);
+            let mut commands = stdin_commands();
+            report("READY");
+            if commands.recv().await.as_deref() != Some("go") {
+                return Err("no go".into());
+            }
+            let mut sizes = BTreeSet::new();
+            let rounds = 20;
+            for _ in 0..rounds {
+                let p = sa.path_records(me, dgid).await.map_err(|e| e.to_string())?;
+                sizes.insert(p.len());
+            }
+            let c = port.counters();
+            report(&format!(
+                "LOSS ok={rounds} sizes={sizes:?} sent={} retransmits={} timeouts={} pending={}",
+                c.requests_sent,
+                c.retransmits,
+                c.timeouts,
+                port.pending_requests()
+            ));
+            let _ = commands.recv().await; // "done": the test has restored the port
+        }
         other => return Err(format!("unknown role {other}")),
     }
     report("DONE");
+    Ok(())
+}
+
+/// The engine's view: [`SaFabric`] turns notices into `Input::RemoteGid` and caches
+/// paths per destination. `args` is `<guid>,<guid>`: the destinations; the first one is
+/// the port the test unlinks.
+async fn fabric_node(
+    args: &str,
+    sa: SaClient,
+    events: tokio::sync::mpsc::UnboundedReceiver<SaEvent>,
+) -> Result<(), String> {
+    let guids: Vec<u64> = args
+        .split(',')
+        .filter_map(|g| u64::from_str_radix(g, 16).ok())
+        .collect();
+    let [victim, other] = guids[..] else {
+        return Err(format!("want two GUIDs, got {args}"));
+    };
+    let key = apm_core::PortKey::new(0, 1);
+    let fabric = SaFabric::new(sa, key, events);
+    let (sink, mut inputs) = tokio::sync::mpsc::unbounded_channel();
+    fabric.start(sink).await.map_err(|e| e.to_string())?;
+    fabric.subscribe(key).await.map_err(|e| e.to_string())?;
+    report("SUBSCRIBED");
+    let gid = |g: u64| apm_core::Gid::from_guid(g);
+    // A rearm storm: 3 connections to each of 2 destinations.
+    let t = Instant::now();
+    let mut counts = Vec::new();
+    for _conn in 0..3 {
+        for g in [victim, other] {
+            let paths = fabric
+                .resolve_paths(key, gid(g))
+                .await
+                .map_err(|e| e.to_string())?;
+            counts.push(paths.len());
+        }
+    }
+    report(&format!(
+        "RESOLVED queries={} paths={counts:?} us={}",
+        fabric.sa_queries(),
+        t.elapsed().as_micros()
+    ));
+    report("READY");
+    let input = tokio::time::timeout(Duration::from_secs(10), inputs.recv())
+        .await
+        .map_err(|_| "no engine input after Unlink".to_string())?
+        .ok_or("sink closed")?;
+    match input {
+        apm_core::Input::RemoteGid { gid: g, in_service } => {
+            report(&format!("INPUT {} {}", hex(&g.0), in_service))
+        }
+        other => report(&format!("INPUT other {other:?}")),
+    }
+    // The notice dropped the victim's cached paths only.
+    fabric
+        .resolve_paths(key, gid(other))
+        .await
+        .map_err(|e| e.to_string())?;
+    let before = fabric.sa_queries();
+    let again = fabric.resolve_paths(key, gid(victim)).await;
+    report(&format!(
+        "AFTER other_cached={} victim_requeried={} victim={:?}",
+        before == 2,
+        fabric.sa_queries() == 3,
+        again.map(|p| p.len())
+    ));
     Ok(())
 }
 
@@ -145,6 +256,8 @@ fn unlink_relink_traps() {
         .unwrap();
     n.expect("SUBSCRIBED", Duration::from_secs(10)).unwrap();
     let victim = &bed.nodes[1];
+    // Read before any Unlink: OpenSM rewrites its subnet list without the lost port.
+    let guid = bed.hca_ports()[&(victim.clone(), 2)];
     let mut lat = Vec::new();
     for round in 0..3 {
         let mark = bed.log_mark();
@@ -155,6 +268,10 @@ fn unlink_relink_traps() {
             .wait_log_after(mark, "\"GID out of service\"", Duration::from_secs(1))
             .expect("OpenSM logged no trap 65");
         let gid = logged_gid(&line).expect("GID in OpenSM's log line");
+        assert!(
+            gid.ends_with(&format!("{guid:016x}")),
+            "trap for {gid}, not {victim}[2]"
+        );
         assert_eq!(out, format!("EVENT out {gid}"), "round {round}");
         let t2 = Instant::now();
         bed.console(&format!("ReLink \"{victim}\"[2]")).unwrap();
@@ -232,6 +349,80 @@ fn resubscribe_after_opensm_restart() {
         !bed.opensm_log().contains("ERR 1A06"),
         "a Report went unanswered"
     );
+}
+
+/// The fabric facet the engine uses: a rearm storm of 3 connections to each of 2
+/// destinations costs 2 SA path queries (cache); Unlink of one destination port becomes
+/// an `Input::RemoteGid { in_service: false }` for the engine and drops only that
+/// destination's cached paths.
+#[test]
+fn fabric_facet_inputs_and_path_cache() {
+    let Some(bed) = Bed::or_skip("fabric_facet_inputs_and_path_cache") else {
+        return;
+    };
+    let victim = bed.nodes[1].clone();
+    let ports = bed.hca_ports();
+    let (v, o) = (ports[&(victim.clone(), 2)], ports[&(victim.clone(), 1)]);
+    let mut n = bed
+        .spawn_node(&bed.nodes[0], "bed_node", &format!("fabric:{v:x},{o:x}"))
+        .unwrap();
+    let (_, r) = n.expect("RESOLVED", Duration::from_secs(10)).unwrap();
+    println!("{r}");
+    assert!(
+        r.starts_with("RESOLVED queries=2 paths=[4, 4, 4, 4, 4, 4]"),
+        "{r}"
+    );
+    n.expect("READY", Duration::from_secs(5)).unwrap();
+    let t0 = Instant::now();
+    bed.console(&format!("Unlink \"{victim}\"[2]")).unwrap();
+    let (t1, input) = n.expect("INPUT", Duration::from_secs(2)).unwrap();
+    let want = format!(
+        "INPUT {} false",
+        hex(&{
+            let mut g = [0u8; 16];
+            g[..8].copy_from_slice(&0xfe80_0000_0000_0000u64.to_be_bytes());
+            g[8..].copy_from_slice(&v.to_be_bytes());
+            g
+        })
+    );
+    assert_eq!(input, want);
+    println!(
+        "Unlink -> engine input (RemoteGid out of service) {:.2} ms",
+        (t1 - t0).as_secs_f64() * 1e3
+    );
+    let (_, after) = n.expect("AFTER", Duration::from_secs(5)).unwrap();
+    println!("{after}");
+    assert!(
+        after.starts_with("AFTER other_cached=true victim_requeried=true"),
+        "{after}"
+    );
+}
+
+/// With ibsim dropping 50% of the MADs into the querying node's port (`Error`), every
+/// PathRecord query still completes, by retransmission, with the full result.
+#[test]
+fn sa_queries_survive_mad_loss() {
+    let Some(bed) = Bed::or_skip("sa_queries_survive_mad_loss") else {
+        return;
+    };
+    let me = bed.nodes[0].clone();
+    let dest = bed.hca_ports()[&(bed.nodes[1].clone(), 1)];
+    let mut n = bed
+        .spawn_node(&me, "bed_node", &format!("lossy:{dest:x}"))
+        .unwrap();
+    n.expect("READY", Duration::from_secs(10)).unwrap();
+    // Let OpenSM finish the sweep our new IsSM client caused before dropping anything.
+    std::thread::sleep(Duration::from_millis(500));
+    bed.console(&format!("Error \"{me}\"[1] 50")).unwrap();
+    n.send("go").unwrap();
+    let r = n.expect("LOSS", Duration::from_secs(60));
+    bed.console(&format!("Error \"{me}\"[1] 0")).unwrap();
+    let (_, r) = r.unwrap();
+    println!("{r}");
+    n.send("done").unwrap();
+    assert!(r.contains("ok=20 sizes={4}"), "{r}");
+    assert!(!r.contains("retransmits=0 "), "no MAD was lost? {r}");
+    assert!(r.ends_with("timeouts=0 pending=0"), "{r}");
 }
 
 /// OpenSM's port GUID -> LID range table (its guid2lid cache file in the bed directory).

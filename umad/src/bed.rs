@@ -10,6 +10,7 @@
 //! Node processes report to their parent with stdout lines starting with [`REPORT`].
 #![allow(clippy::disallowed_methods)] // a test driver: it measures wall-clock latencies
 
+use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -89,6 +90,40 @@ impl Bed {
         std::fs::read(&self.opensm_log)
             .map(|b| String::from_utf8_lossy(&b).into_owned())
             .unwrap_or_default()
+    }
+
+    /// The port GUIDs of the HCAs by (node name, port number), from OpenSM's subnet list
+    /// (`opensm-subnet.lst` in its cache directory, written at every SUBNET UP).
+    pub fn hca_ports(&self) -> BTreeMap<(String, u8), u64> {
+        let text =
+            std::fs::read_to_string(self.scratch.join("opensm-subnet.lst")).unwrap_or_default();
+        let mut out = BTreeMap::new();
+        for line in text.lines() {
+            // The first `{ ... }` group describes the local end of a link.
+            // (the node name's own braces, `{H1}`, have no space before the `}`).
+            let Some(first) = line.split(" }").next() else {
+                continue;
+            };
+            if !first.trim_start().starts_with("{ CA") {
+                continue;
+            }
+            let field = |key: &str| {
+                first
+                    .split_whitespace()
+                    .find_map(|w| w.strip_prefix(key).map(str::to_owned))
+            };
+            let name = first
+                .split('{')
+                .nth(2)
+                .and_then(|n| n.split('}').next())
+                .map(str::to_owned);
+            let guid = field("PortGUID:").and_then(|g| u64::from_str_radix(&g, 16).ok());
+            let pn = field("PN:").and_then(|p| p.parse::<u8>().ok());
+            if let (Some(name), Some(guid), Some(pn)) = (name, guid, pn) {
+                out.insert((name, pn), guid);
+            }
+        }
+        out
     }
 
     /// The current length of OpenSM's log, to search only what is logged after it.

@@ -25,8 +25,8 @@ pub use ffi::{PortInfo, RecvAddr, MAD_SIZE};
 pub use testbed::TestBedMode;
 pub use transport::split_by_class;
 pub use transport::{
-    Agent, AgentSpec, Dest, Pending, Port, PortOptions, PortSelector, Received, RequestOptions,
-    Unsolicited, QP1_QKEY,
+    Agent, AgentSpec, Counters, Dest, Pending, Port, PortOptions, PortSelector, Received,
+    RequestOptions, Unsolicited, QP1_QKEY,
 };
 
 /// Errors of the umad transport.

@@ -193,6 +193,31 @@ fn tid_of(mad: &[u8]) -> u64 {
         .unwrap_or(0)
 }
 
+/// What a port has done so far (for operators and tests).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Counters {
+    /// Requests sent, retransmissions included.
+    pub requests_sent: u64,
+    /// Retransmissions of requests after a timeout.
+    pub retransmits: u64,
+    /// Requests given up after every attempt.
+    pub timeouts: u64,
+    /// Responses that matched no pending request (late, duplicate or foreign).
+    pub unmatched_responses: u64,
+}
+
+#[derive(Debug, Default)]
+struct AtomicCounters {
+    requests_sent: AtomicU64,
+    retransmits: AtomicU64,
+    timeouts: AtomicU64,
+    unmatched_responses: AtomicU64,
+}
+
+fn bump(c: &AtomicU64) {
+    c.fetch_add(1, Ordering::Relaxed);
+}
+
 /// A registered agent (its class and libibumad id).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Agent {
@@ -216,6 +241,7 @@ struct Inner {
     stop: AtomicBool,
     next_tid: AtomicU32,
     next_serial: AtomicU64,
+    counters: AtomicCounters,
     testbed: TestBedMode,
 }
 
@@ -285,6 +311,7 @@ impl Port {
             stop: AtomicBool::new(false),
             next_tid: AtomicU32::new(tid_seed | 1),
             next_serial: AtomicU64::new(0),
+            counters: AtomicCounters::default(),
             testbed: opts.testbed,
         });
         let mut issm_fd = None;
@@ -338,6 +365,18 @@ impl Port {
         self.inner.agents.values()
     }
 
+    /// The port's counters.
+    pub fn counters(&self) -> Counters {
+        let c = &self.inner.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Counters {
+            requests_sent: get(&c.requests_sent),
+            retransmits: get(&c.retransmits),
+            timeouts: get(&c.timeouts),
+            unmatched_responses: get(&c.unmatched_responses),
+        }
+    }
+
     /// How many TIDs are awaiting responses (for leak checks).
     pub fn pending_requests(&self) -> usize {
         self.inner.pending().len()
@@ -366,6 +405,7 @@ impl Port {
             inner: Arc::clone(&self.inner),
             key,
             serial,
+            sends: 0,
             rx,
         }
     }
@@ -380,25 +420,21 @@ impl Port {
         opts: RequestOptions,
     ) -> Result<Received, Error> {
         let (mut pending, mad) = self.start_request(mad)?;
-        let mut attempts = 0;
         loop {
-            attempts += 1;
-            send_raw(&self.inner, &mad, dest, timeout_ms(opts.timeout))?;
+            pending.send(&mad, dest, opts.timeout)?;
             if let Some(r) = pending.recv_timeout(opts.timeout).await? {
                 return Ok(r);
             }
+            let attempts = pending.sends;
             if attempts > opts.retries {
-                return Err(Error::Timeout {
-                    tid: pending.key,
-                    attempts,
-                });
+                return Err(pending.give_up());
             }
             debug!(tid = pending.key, attempts, "request timed out; resending");
         }
     }
 
     /// Give `mad` a fresh TID and expect responses to it. The caller sends it (with
-    /// [`Port::send_request`]) as often as it likes; for multi-MAD responses (RMPP).
+    /// [`Pending::send`]) as often as it likes; for multi-MAD responses (RMPP).
     pub fn start_request(&self, mad: &[u8]) -> Result<(Pending, Vec<u8>), Error> {
         if mad.len() < 24 {
             return Err(Error::BadMad(format!("{} bytes", mad.len())));
@@ -407,11 +443,6 @@ impl Port {
         let mut m = mad.to_vec();
         m[8..16].copy_from_slice(&tid.to_be_bytes());
         Ok((self.expect(tid), m))
-    }
-
-    /// Send a request MAD (asks the kernel to route its response back to this agent).
-    pub fn send_request(&self, mad: &[u8], dest: Dest, timeout: Duration) -> Result<(), Error> {
-        send_raw(&self.inner, mad, dest, timeout_ms(timeout))
     }
 }
 
@@ -426,6 +457,7 @@ pub struct Pending {
     inner: Arc<Inner>,
     key: u32,
     serial: u64,
+    sends: u32,
     rx: mpsc::UnboundedReceiver<Received>,
 }
 
@@ -433,6 +465,32 @@ impl Pending {
     /// The low 32 bits of the TID this waits for.
     pub fn tid_low(&self) -> u32 {
         self.key
+    }
+
+    /// Send (or resend) the request `mad` (which carries this TID); `timeout` tells the
+    /// kernel how long to keep routing responses to this agent.
+    pub fn send(&mut self, mad: &[u8], dest: Dest, timeout: Duration) -> Result<(), Error> {
+        let c = &self.inner.counters;
+        bump(&c.requests_sent);
+        if self.sends > 0 {
+            bump(&c.retransmits);
+        }
+        self.sends += 1;
+        send_raw(&self.inner, mad, dest, timeout_ms(timeout))
+    }
+
+    /// How many times the request was sent.
+    pub fn sends(&self) -> u32 {
+        self.sends
+    }
+
+    /// Give up: counts a timeout and returns the error to report.
+    pub fn give_up(&self) -> Error {
+        bump(&self.inner.counters.timeouts);
+        Error::Timeout {
+            tid: self.key,
+            attempts: self.sends,
+        }
     }
 
     /// The next response, or `None` after `timeout`.
@@ -571,7 +629,10 @@ fn recv_loop(inner: &Inner, poll_ms: i32) {
                         p.remove(&key);
                     }
                 }
-                None => trace!(tid = key, class, method, "unmatched response dropped"),
+                None => {
+                    bump(&inner.counters.unmatched_responses);
+                    trace!(tid = key, class, method, "unmatched response dropped");
+                }
             }
         } else if inner.unsolicited.send(rx).is_err() {
             trace!(class, method, "unsolicited MAD dropped: nobody listens");
