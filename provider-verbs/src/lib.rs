@@ -4,10 +4,11 @@
 //! - [`hw_apm`]: hardware APM control of one RC QP (load the alternate path, REARM,
 //!   force MIGRATED, query), refusing RoCE ports up front: the kernel bans alternate paths
 //!   on RoCE, and provider-rxe migrates paths in software there.
-//!
-//! The engine's facet traits are not implemented yet; nothing here pretends they are.
+//! - [`facet`]: [`VerbsQpControl`], apm-core's QP-control and local-event facet.
 
+pub mod facet;
 pub mod ffi;
 pub mod hw_apm;
 
+pub use facet::VerbsQpControl;
 pub use ffi::{Verbs, VerbsError};

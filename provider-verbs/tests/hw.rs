@@ -14,6 +14,7 @@ use provider_verbs::ffi::{
     PortState, Qp, QpAttr, QpAttrMask, QpCaps, QpState, Verbs,
 };
 use provider_verbs::{hw_apm, VerbsError};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 fn verbs() -> Verbs {
@@ -245,7 +246,7 @@ struct End {
     _pd: Pd,
     cq: Cq,
     mr: Mr,
-    qp: Qp,
+    qp: Arc<Qp>,
     port: u8,
     lid: u16,
     gid: Option<(u8, [u8; 16])>,
@@ -257,7 +258,10 @@ const DEPTH: u32 = 128;
 
 impl End {
     fn new(v: &Verbs, name: &str) -> End {
-        let ctx = v.open(name).unwrap_or_else(|e| panic!("open {name}: {e}"));
+        End::on(v.open(name).unwrap_or_else(|e| panic!("open {name}: {e}")))
+    }
+
+    fn on(ctx: Context) -> End {
         let port = 1;
         let p = ctx.query_port(port).expect("query_port");
         let gid = if p.link_layer == LinkLayer::Ethernet {
@@ -280,6 +284,7 @@ impl End {
                 },
             )
             .expect("create_qp");
+        let qp = Arc::new(qp);
         End {
             ctx,
             _pd: pd,
@@ -532,4 +537,133 @@ fn hardware_apm_on_roce_is_refused_up_front() {
 /// EINVAL on Linux (all architectures apm targets).
 fn libc_einval() -> i32 {
     22
+}
+
+#[test]
+#[ignore = "needs RDMA devices: run `cargo xtask hwtest` (or `--vm`)"]
+fn facet_reports_ports_and_events_and_refuses_hw_apm_on_roce() {
+    use apm_core::{ConnId, Input, MigState, PortEvent, PortKey, ProviderError, QpControl};
+    let v = verbs();
+    let names = device_names(&v);
+    let ctxs: Vec<Context> = names
+        .iter()
+        .map(|n| v.open(n).unwrap_or_else(|e| panic!("open {n}: {e}")))
+        .collect();
+    let a = End::on(ctxs[0].clone());
+    let b = End::on(ctxs.get(1).unwrap_or(&ctxs[0]).clone());
+    connect(&a, &b);
+    let facet = provider_verbs::VerbsQpControl::new(ctxs.clone());
+    let conn = ConnId(7);
+    facet.register(conn, a.qp.clone()).expect("register");
+    let rt = runtime();
+    rt.block_on(async {
+        let (sink, mut inputs) = tokio::sync::mpsc::unbounded_channel();
+        facet.start(sink).await.expect("start");
+        let mut ports = Vec::new();
+        while let Ok(Input::PortInfo(p)) = inputs.try_recv() {
+            println!(
+                "PortInfo {}: active {} {:?} lid {} gids {:?}",
+                p.key,
+                p.active,
+                p.link_layer,
+                p.lid,
+                p.gids.iter().map(|g| g.to_string()).collect::<Vec<_>>()
+            );
+            ports.push(p);
+        }
+        assert!(
+            ports.len() >= ctxs.len(),
+            "one PortInfo per port of every device"
+        );
+        assert!(ports.iter().all(|p| p.active && !p.gids.is_empty()));
+
+        let snap = facet.query_qp(conn).await.expect("query_qp");
+        println!("QueryQp: {snap:?}");
+        assert!(snap.operational);
+        assert_eq!(snap.mig_state, MigState::Migrated);
+        assert_eq!(snap.primary_port, PortKey::new(0, 1));
+        if let Some((_, gid)) = b.gid {
+            assert_eq!(snap.primary_dgid.0, gid, "primary DGID read back");
+        }
+        assert_eq!(
+            facet.query_qp(ConnId(99)).await,
+            Err(ProviderError::UnknownConnection(ConnId(99)))
+        );
+
+        if a.gid.is_some() {
+            let path = apm_core::Path {
+                port: PortKey::new(0, 1),
+                slid: apm_core::Lid::from_wire(0),
+                dlid: apm_core::Lid::from_wire(0),
+                sgid: apm_core::Gid(a.gid.map(|g| g.1).unwrap_or_default()),
+                dgid: apm_core::Gid(b.gid.map(|g| g.1).unwrap_or_default()),
+                sgid_index: a.gid.map(|g| g.0).unwrap_or(0),
+                sl: 0,
+                flow_label: 0,
+                traffic_class: 0,
+                hop_limit: 64,
+                rate: 0,
+                mtu: 3,
+                pkey_index: 0,
+                ack_timeout: 14,
+            };
+            let results = [
+                (
+                    "load_alternate",
+                    facet.load_alternate(conn, path).await.err(),
+                ),
+                ("set_rearm", facet.set_rearm(conn).await.err()),
+                ("force_migrate", facet.force_migrate(conn).await.err()),
+            ];
+            for (what, r) in results {
+                match r {
+                    Some(ProviderError::Unsupported { operation, .. }) => {
+                        assert!(operation.contains("provider-rxe"), "{what}: {operation}");
+                        println!("{what}: Unsupported: {operation}");
+                    }
+                    other => panic!("{what}: expected Unsupported on RoCE, got {other:?}"),
+                }
+            }
+            assert!(matches!(
+                facet.software_migrate(conn, path).await,
+                Err(ProviderError::Unsupported { .. })
+            ));
+        }
+
+        if !link_toggle_allowed() {
+            println!("link toggle SKIPPED: set APM_HWTEST_LINK_TOGGLE=1 (hwtest --vm does)");
+            return;
+        }
+        let Some(netdev) = netdev_of(&names[0], 1) else {
+            println!("link toggle SKIPPED: {} has no netdev", names[0]);
+            return;
+        };
+        let want = PortKey::new(0, 1);
+        for (updown, event) in [("down", PortEvent::Down), ("up", PortEvent::Active)] {
+            ip(&["link", "set", &netdev, updown]);
+            // Timed from the command's return: starting `ip` under TCG takes long.
+            let start = Instant::now();
+            let seen = tokio::time::timeout(Duration::from_secs(10), async {
+                let mut others = Vec::new();
+                while let Some(i) = inputs.recv().await {
+                    match i {
+                        Input::PortEvent { port, event: e } if port == want && e == event => {
+                            return others;
+                        }
+                        other => others.push(other),
+                    }
+                }
+                panic!("the facet closed its input stream");
+            })
+            .await
+            .unwrap_or_else(|_| panic!("no PortEvent {event:?} for {want} within 10 s"));
+            println!(
+                "link {netdev} {updown} -> engine input PortEvent {event:?} on {want} after \
+                 {:?} (before it: {} other inputs)",
+                start.elapsed(),
+                seen.len()
+            );
+        }
+    });
+    wait_for_gid(&ctxs[0], 1);
 }

@@ -1,0 +1,361 @@
+//! provider-verbs as apm-core's [`QpControl`] facet: local events in, hardware APM out.
+//!
+//! The application hands over the device contexts its QPs live on and registers each
+//! protected QP under its [`ConnId`]. [`QpControl::start`] then reports every port as an
+//! [`Input::PortInfo`] and turns each device's async events into engine inputs (port
+//! events, QP events mapped to their connection, device fatal). Commands run the
+//! [`crate::hw_apm`] operations, which refuse RoCE ports up front.
+//!
+//! Async events are delivered to the context that created the QP, and a context has one
+//! event queue: the application must pass the contexts it created its QPs on, and must
+//! not read their async events itself while this facet runs.
+#![forbid(unsafe_code)]
+
+use crate::ffi::{self, AsyncEventKind, Context, EventElement, PortState, Qp, QpState, VerbsError};
+use crate::hw_apm;
+use apm_core::{
+    ConnId, Gid, Input, InputSink, Lid, LinkLayer, MigState, Path, PortEvent, PortInfo, PortKey,
+    ProviderError, QpControl, QpEvent, QpSnapshot,
+};
+use async_trait::async_trait;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+/// This facet's name in errors and logs.
+const NAME: &str = "provider-verbs";
+
+/// The QP-control and local-event facet over libibverbs.
+pub struct VerbsQpControl {
+    /// Index = `PortKey::device`.
+    devices: Vec<Context>,
+    conns: Conns,
+    tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for VerbsQpControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.devices.iter().map(|c| c.name()).collect();
+        f.debug_struct("VerbsQpControl")
+            .field("devices", &names)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for VerbsQpControl {
+    fn drop(&mut self) {
+        for t in self
+            .tasks
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .drain(..)
+        {
+            t.abort();
+        }
+    }
+}
+
+impl VerbsQpControl {
+    /// A facet over these contexts; device index `i` in [`PortKey`]s is `contexts[i]`.
+    pub fn new(contexts: Vec<Context>) -> Self {
+        VerbsQpControl {
+            devices: contexts,
+            conns: Arc::new(Mutex::new(BTreeMap::new())),
+            tasks: Mutex::new(Vec::new()),
+        }
+    }
+
+    /// The device index of a context name, as used in [`PortKey`]s.
+    pub fn device_index(&self, name: &str) -> Option<u16> {
+        self.devices
+            .iter()
+            .position(|c| c.name() == name)
+            .and_then(|i| u16::try_from(i).ok())
+    }
+
+    /// Put `qp` under this facet as connection `conn` (replacing an earlier one).
+    pub fn register(&self, conn: ConnId, qp: Arc<Qp>) -> Result<(), VerbsError> {
+        if self.device_index(qp.context().name()).is_none() {
+            return Err(VerbsError::InvalidArgument(
+                "the QP is on a device this facet was not given",
+            ));
+        }
+        self.lock_conns().insert(conn, qp);
+        Ok(())
+    }
+
+    /// Forget connection `conn`.
+    pub fn unregister(&self, conn: ConnId) {
+        self.lock_conns().remove(&conn);
+    }
+
+    fn lock_conns(&self) -> std::sync::MutexGuard<'_, BTreeMap<ConnId, Arc<Qp>>> {
+        // A panic elsewhere while holding the map leaves it consistent (single inserts
+        // and removes): keep using it.
+        self.conns.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn qp(&self, conn: ConnId) -> Result<Arc<Qp>, ProviderError> {
+        self.lock_conns()
+            .get(&conn)
+            .cloned()
+            .ok_or(ProviderError::UnknownConnection(conn))
+    }
+
+    /// The engine's view of one local port.
+    pub fn port_info(&self, key: PortKey) -> Result<PortInfo, VerbsError> {
+        let ctx = self
+            .devices
+            .get(usize::from(key.device))
+            .ok_or(VerbsError::InvalidArgument("no such device index"))?;
+        port_info(ctx, key)
+    }
+}
+
+fn port_info(ctx: &Context, key: PortKey) -> Result<PortInfo, VerbsError> {
+    let p = ctx.query_port(key.port)?;
+    let link_layer = match p.link_layer {
+        ffi::LinkLayer::Ethernet => LinkLayer::Ethernet,
+        _ => LinkLayer::InfiniBand,
+    };
+    let gids = ctx
+        .gid_table(key.port)?
+        .into_iter()
+        .map(|g| Gid(g.gid))
+        .collect();
+    Ok(PortInfo {
+        key,
+        gids,
+        lid: Lid::from_wire(p.lid),
+        lmc: p.lmc,
+        active: p.state == PortState::Active,
+        link_layer,
+    })
+}
+
+/// A binding error as the engine sees it.
+fn to_provider(operation: &str, e: VerbsError) -> ProviderError {
+    match e {
+        VerbsError::HardwareApmOnRoce { .. } | VerbsError::NoApmCapability { .. } => {
+            ProviderError::Unsupported {
+                provider: NAME.into(),
+                operation: format!("{operation}: {e}"),
+            }
+        }
+        VerbsError::Unsupported(what) => ProviderError::Unsupported {
+            provider: NAME.into(),
+            operation: what.into(),
+        },
+        VerbsError::LibraryMissing { .. } => ProviderError::Unavailable(e.to_string()),
+        other => ProviderError::Refused {
+            operation: operation.into(),
+            detail: other.to_string(),
+        },
+    }
+}
+
+/// After a refused modify, a QP found in ERR means the connection is gone.
+fn refine(qp: &Qp, err: ProviderError) -> ProviderError {
+    match hw_apm::query(qp) {
+        Ok((QpState::Err, _)) => ProviderError::QpInError,
+        _ => err,
+    }
+}
+
+fn mig_state(m: ffi::MigState) -> Result<MigState, ProviderError> {
+    match m {
+        ffi::MigState::Migrated => Ok(MigState::Migrated),
+        ffi::MigState::Rearm => Ok(MigState::Rearm),
+        ffi::MigState::Armed => Ok(MigState::Armed),
+        other => Err(ProviderError::Io(format!(
+            "the device reported an unknown path migration state {other:?}"
+        ))),
+    }
+}
+
+/// The engine's path as an address vector on the QP's device.
+fn alt_path(path: &Path) -> hw_apm::AltPath {
+    hw_apm::AltPath {
+        av: ffi::AddressVector {
+            dlid: path.dlid.get(),
+            sl: path.sl,
+            // Path bits: the offset of the source LID within the port's LMC range is
+            // not known here; 0 selects the base LID, which every port answers to.
+            src_path_bits: 0,
+            static_rate: path.rate,
+            port_num: path.port.port,
+            is_global: path.hop_limit > 1 || path.dgid != Gid::default(),
+            dgid: path.dgid.0,
+            sgid_index: path.sgid_index,
+            flow_label: path.flow_label,
+            hop_limit: path.hop_limit,
+            traffic_class: path.traffic_class,
+        },
+        pkey_index: path.pkey_index,
+        timeout: path.ack_timeout,
+    }
+}
+
+#[async_trait]
+impl QpControl for VerbsQpControl {
+    async fn start(&self, sink: InputSink) -> Result<(), ProviderError> {
+        for (i, ctx) in self.devices.iter().enumerate() {
+            let device = u16::try_from(i)
+                .map_err(|_| ProviderError::Io("more than 65535 devices".into()))?;
+            let dev = ctx
+                .query_device()
+                .map_err(|e| to_provider("query_device", e))?;
+            for port in 1..=dev.phys_port_cnt {
+                let info = port_info(ctx, PortKey::new(device, port))
+                    .map_err(|e| to_provider("query_port", e))?;
+                let _ = sink.send(Input::PortInfo(info));
+            }
+            let events = ctx
+                .async_events()
+                .map_err(|e| to_provider("async events", e))?;
+            let task = tokio::spawn(pump(
+                ctx.clone(),
+                device,
+                events,
+                sink.clone(),
+                self.conns.clone(),
+            ));
+            self.tasks
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .push(task);
+        }
+        Ok(())
+    }
+
+    async fn load_alternate(&self, conn: ConnId, path: Path) -> Result<(), ProviderError> {
+        let qp = self.qp(conn)?;
+        hw_apm::load_alternate(&qp, &alt_path(&path))
+            .map_err(|e| refine(&qp, to_provider("load alternate path", e)))
+    }
+
+    async fn set_rearm(&self, conn: ConnId) -> Result<MigState, ProviderError> {
+        let qp = self.qp(conn)?;
+        hw_apm::set_rearm(&qp).map_err(|e| refine(&qp, to_provider("set REARM", e)))?;
+        let (_, m) = hw_apm::query(&qp).map_err(|e| to_provider("query QP", e))?;
+        mig_state(m)
+    }
+
+    async fn force_migrate(&self, conn: ConnId) -> Result<(), ProviderError> {
+        let qp = self.qp(conn)?;
+        hw_apm::force_migrated(&qp).map_err(|e| refine(&qp, to_provider("force MIGRATED", e)))
+    }
+
+    async fn software_migrate(&self, _conn: ConnId, _path: Path) -> Result<(), ProviderError> {
+        Err(ProviderError::Unsupported {
+            provider: NAME.into(),
+            operation: "software path migration (provider-rxe does it on RoCE)".into(),
+        })
+    }
+
+    async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError> {
+        let qp = self.qp(conn)?;
+        let a = qp
+            .query(ffi::QpAttrMask::STATE | ffi::QpAttrMask::PATH_MIG_STATE | ffi::QpAttrMask::AV)
+            .map_err(|e| to_provider("query QP", e))?;
+        let device = self
+            .device_index(qp.context().name())
+            .ok_or(ProviderError::UnknownConnection(conn))?;
+        Ok(QpSnapshot {
+            operational: !matches!(a.qp_state, QpState::Err | QpState::Reset),
+            mig_state: mig_state(a.path_mig_state)?,
+            primary_port: PortKey::new(device, a.ah_attr.port_num.max(a.port_num).max(1)),
+            primary_dlid: Lid::from_wire(a.ah_attr.dlid),
+            primary_dgid: Gid(a.ah_attr.dgid),
+        })
+    }
+}
+
+/// The registered QPs, shared between the facet and its event pumps.
+type Conns = Arc<Mutex<BTreeMap<ConnId, Arc<Qp>>>>;
+
+/// The connection whose QP is `qpn` on device `dev`.
+fn find_conn(conns: &Conns, dev: &str, qpn: u32) -> Option<ConnId> {
+    conns
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .find(|(_, qp)| qp.qp_num() == qpn && qp.context().name() == dev)
+        .map(|(c, _)| *c)
+}
+
+/// Read one device's events until the task is aborted, as engine inputs.
+async fn pump(
+    ctx: Context,
+    device: u16,
+    mut events: ffi::AsyncEvents,
+    sink: InputSink,
+    conns: Conns,
+) {
+    loop {
+        let ev = match events.next().await {
+            Ok(ev) => ev,
+            Err(e) => {
+                tracing::warn!(device = ctx.name(), error = %e, "reading async events failed");
+                return;
+            }
+        };
+        tracing::debug!(device = ctx.name(), ?ev, "async event");
+        let inputs = match ev.element {
+            EventElement::Port(port) => {
+                let key = PortKey::new(device, port);
+                let event = match ev.kind {
+                    AsyncEventKind::PortActive => Some(PortEvent::Active),
+                    AsyncEventKind::PortErr => Some(PortEvent::Down),
+                    AsyncEventKind::LidChange => Some(PortEvent::LidChange),
+                    AsyncEventKind::SmChange => Some(PortEvent::SmChange),
+                    AsyncEventKind::ClientReregister => Some(PortEvent::ClientReregister),
+                    AsyncEventKind::PkeyChange => Some(PortEvent::PkeyChange),
+                    AsyncEventKind::GidChange => Some(PortEvent::GidChange),
+                    _ => None,
+                };
+                let mut v: Vec<Input> = event
+                    .map(|event| Input::PortEvent { port: key, event })
+                    .into_iter()
+                    .collect();
+                // Attributes that changed come with the event: LID, GIDs, state.
+                if matches!(
+                    ev.kind,
+                    AsyncEventKind::LidChange
+                        | AsyncEventKind::GidChange
+                        | AsyncEventKind::PortActive
+                ) {
+                    if let Ok(info) = port_info(&ctx, key) {
+                        v.push(Input::PortInfo(info));
+                    }
+                }
+                v
+            }
+            EventElement::Qp(qpn) => {
+                let event = match ev.kind {
+                    AsyncEventKind::PathMig => Some(QpEvent::PathMigrated),
+                    AsyncEventKind::PathMigErr => Some(QpEvent::PathMigrationError),
+                    AsyncEventKind::CommEst => Some(QpEvent::CommEstablished),
+                    AsyncEventKind::QpFatal
+                    | AsyncEventKind::QpReqErr
+                    | AsyncEventKind::QpAccessErr => Some(QpEvent::Fatal),
+                    AsyncEventKind::SqDrained => Some(QpEvent::SqDrained),
+                    _ => None,
+                };
+                match (event, find_conn(&conns, ctx.name(), qpn)) {
+                    (Some(event), Some(conn)) => vec![Input::QpEvent { conn, event }],
+                    _ => Vec::new(),
+                }
+            }
+            EventElement::Device if ev.kind == AsyncEventKind::DeviceFatal => {
+                vec![Input::DeviceFatal { device }]
+            }
+            _ => Vec::new(),
+        };
+        for i in inputs {
+            if sink.send(i).is_err() {
+                // The driver is gone: nobody to tell.
+                return;
+            }
+        }
+    }
+}
