@@ -95,7 +95,7 @@ impl Phase {
 /// The last protection state the application was told about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Told {
-    Protected(Path),
+    Protected,
     Unprotected(crate::io::UnprotectedReason),
 }
 
@@ -120,7 +120,8 @@ pub(crate) struct Conn {
     pub(crate) candidates: Vec<Path>,
     /// Paths that failed as alternates, with the time they may be tried again.
     pub(crate) bad: Vec<(Path, Time)>,
-    pub(crate) phase: Phase,
+    /// Boxed when not idle: most connections sit idle, and the busy phases are large.
+    phase: Option<Box<Phase>>,
     /// The phase's deadline (timer entries that do not match it are stale).
     pub(crate) deadline: Option<Time>,
     /// Holds one of the `max_concurrent_rearms` slots.
@@ -128,7 +129,7 @@ pub(crate) struct Conn {
     /// Another re-arm is wanted once the current phase ends.
     pub(crate) want_rearm: bool,
     /// A LAP that arrived while busy, handled when the phase ends (or at its deadline).
-    pub(crate) deferred_lap: Option<(PeerAddr, PortKey, Lap)>,
+    pub(crate) deferred_lap: Option<Box<(PeerAddr, PortKey, Lap)>>,
     /// Digest of the last LAP answered and the APStatus sent, for duplicates.
     pub(crate) last_lap: Option<(u64, crate::io::ApStatus)>,
     /// Consecutive failed re-arm attempts (backoff exponent).
@@ -141,7 +142,22 @@ pub(crate) struct Conn {
     pub(crate) lost: bool,
 }
 
+/// The phase of a connection with no phase box.
+static IDLE: Phase = Phase::Idle;
+
 impl Conn {
+    /// What the connection is doing.
+    pub(crate) fn phase(&self) -> &Phase {
+        self.phase.as_deref().unwrap_or(&IDLE)
+    }
+
+    pub(crate) fn set_phase(&mut self, phase: Phase) {
+        self.phase = match phase {
+            Phase::Idle => None,
+            p => Some(Box::new(p)),
+        };
+    }
+
     pub(crate) fn new(spec: &ConnSpec) -> Conn {
         let mut candidates: Vec<Path> = Vec::with_capacity(spec.candidates.len() + 2);
         let all = std::iter::once(&spec.primary)
@@ -165,7 +181,7 @@ impl Conn {
             mig: MigState::Migrated,
             candidates,
             bad: Vec::new(),
-            phase: Phase::Idle,
+            phase: None,
             deadline: None,
             slot: false,
             want_rearm: false,
@@ -237,4 +253,15 @@ pub(crate) fn lap_digest(lap: &Lap) -> u64 {
     eat(&a.flow_label.to_be_bytes());
     eat(&[a.traffic_class, a.hop_limit, a.rate, a.sl, a.ack_timeout]);
     h
+}
+#[cfg(test)]
+#[test]
+fn connection_state_stays_small() {
+    // The memory target is 512 bytes per connection all told (map overhead, candidate
+    // paths): the struct itself must stay well below it.
+    assert!(
+        std::mem::size_of::<Conn>() <= 300,
+        "{}",
+        std::mem::size_of::<Conn>()
+    );
 }

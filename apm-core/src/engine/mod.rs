@@ -138,7 +138,9 @@ enum Pending {
 pub struct Engine {
     policy: Policy,
     now: Time,
-    conns: BTreeMap<ConnId, Conn>,
+    // Boxed: B-tree nodes stay small and half-empty nodes waste pointers, not whole
+    // connections (the memory target is 512 bytes per connection).
+    conns: BTreeMap<ConnId, Box<Conn>>,
     by_comm_id: BTreeMap<u32, ConnId>,
     ports: BTreeMap<PortKey, LocalPort>,
     remotes: BTreeMap<Gid, Health>,
@@ -220,7 +222,10 @@ impl Engine {
     fn status_of(&self, c: &Conn) -> ConnStatus {
         let protection = if c.lost {
             Protection::Lost
-        } else if matches!(c.phase, Phase::Migrating { .. } | Phase::SwMigrating { .. }) {
+        } else if matches!(
+            c.phase(),
+            Phase::Migrating { .. } | Phase::SwMigrating { .. }
+        ) {
             Protection::Migrating
         } else if self.is_protected(c) {
             Protection::Armed
@@ -392,7 +397,7 @@ impl Engine {
         let conn = Conn::new(&spec);
         info!(%id, primary = %conn.primary, "protecting connection");
         self.by_comm_id.insert(conn.local_comm_id, id);
-        self.conns.insert(id, conn);
+        self.conns.insert(id, Box::new(conn));
         match spec.agreed_alternate {
             // Agreed at connect time (REQ/REP): load and arm without a LAP.
             Some(alt) if self.path_usable(&alt) => self.start_load(id, alt, None),
@@ -598,26 +603,26 @@ impl Engine {
 
     /// Something on some paths died: move connections off them.
     fn path_failed(&mut self, hit: impl Fn(&Path) -> bool) {
-        let ids: Vec<ConnId> = self
+        // One pass to find who is hit (most connections usually are not), then act.
+        let hits: Vec<(ConnId, bool, bool)> = self
             .conns
             .iter()
             .filter(|(_, c)| !c.lost)
-            .map(|(id, _)| *id)
+            .filter_map(|(id, c)| {
+                let primary_hit = hit(&c.primary);
+                let alt_hit = c.alternate.is_some_and(|a| hit(&a));
+                let target_hit = c.phase().target().is_some_and(|t| hit(&t));
+                (primary_hit || alt_hit || target_hit).then_some((*id, primary_hit, target_hit))
+            })
             .collect();
-        for id in ids {
-            let Some(c) = self.conns.get(&id) else {
-                continue;
-            };
-            let primary_hit = hit(&c.primary);
-            let alt_hit = c.alternate.is_some_and(|a| hit(&a));
-            let target_hit = c.phase.target().is_some_and(|t| hit(&t));
+        for (id, primary_hit, target_hit) in hits {
             if primary_hit {
                 if target_hit {
                     // Never keep negotiating a path that just died with the primary.
                     self.abort_phase(id);
                 }
                 self.primary_failed(id);
-            } else if alt_hit || target_hit {
+            } else {
                 self.alternate_failed(id, target_hit);
             }
         }
@@ -629,7 +634,10 @@ impl Engine {
         let Some(c) = self.conns.get(&id) else {
             return;
         };
-        if matches!(c.phase, Phase::Migrating { .. } | Phase::SwMigrating { .. }) {
+        if matches!(
+            c.phase(),
+            Phase::Migrating { .. } | Phase::SwMigrating { .. }
+        ) {
             return;
         }
         let alt = c.alternate.filter(|a| c.armed && self.usable_for(c, a));
@@ -756,7 +764,7 @@ impl Engine {
                 }) && c.mig == MigState::Migrated;
                 let may_migrate = c.alternate.is_some()
                     && (c.armed
-                        || matches!(c.phase, Phase::Arming { .. } | Phase::Migrating { .. }));
+                        || matches!(c.phase(), Phase::Arming { .. } | Phase::Migrating { .. }));
                 if own_forced {
                     debug!(%id, "PATH_MIG of our own forced migration");
                 } else if may_migrate {
@@ -793,7 +801,7 @@ impl Engine {
     }
 
     fn query(&mut self, id: ConnId) {
-        let busy = self.conns.get(&id).is_none_or(|c| c.phase.busy());
+        let busy = self.conns.get(&id).is_none_or(|c| c.phase().busy());
         if busy {
             return;
         }
@@ -876,7 +884,7 @@ impl Engine {
         let Some(c) = self.conns.get(&id) else {
             return;
         };
-        if c.phase.awaited() != Some(cmd) {
+        if c.phase().awaited() != Some(cmd) {
             debug!(%id, ?cmd, "result for an abandoned command");
             return;
         }
@@ -884,7 +892,7 @@ impl Engine {
             self.lose(id, LostReason::QpFatal);
             return;
         }
-        match (c.phase.clone(), result) {
+        match (c.phase().clone(), result) {
             (
                 Phase::Loading {
                     path, responder, ..
@@ -1086,11 +1094,11 @@ impl Engine {
         if c.lost {
             return;
         }
-        if c.phase.busy() {
+        if c.phase().busy() {
             c.want_rearm = true;
             return;
         }
-        match c.phase {
+        match c.phase() {
             Phase::Queued | Phase::Resolving | Phase::WaitPassive => return,
             _ => {}
         }
@@ -1246,7 +1254,7 @@ impl Engine {
         let waiting: Vec<ConnId> = self
             .conns
             .iter()
-            .filter(|(_, c)| matches!(c.phase, Phase::Resolving))
+            .filter(|(_, c)| matches!(c.phase(), Phase::Resolving))
             .map(|(id, _)| *id)
             .collect();
         for id in waiting {
@@ -1339,9 +1347,12 @@ impl Engine {
         let Some(c) = self.conns.get(&id) else {
             return;
         };
-        let phase = c.phase.clone();
+        let phase = c.phase().clone();
         if !phase.busy() {
-            let deferred = self.conns.get_mut(&id).and_then(|c| c.deferred_lap.take());
+            let deferred = self
+                .conns
+                .get_mut(&id)
+                .and_then(|c| c.deferred_lap.take().map(|b| *b));
             if let Some((from, port, lap)) = deferred {
                 // A deferred LAP's wait for PATH_MIG ran out: answer it as things stand.
                 self.lap_received(id, from, port, lap, true);
@@ -1421,10 +1432,10 @@ impl Engine {
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
-        if c.phase.busy() || c.lost {
+        if c.phase().busy() || c.lost {
             return;
         }
-        if let Some((from, port, lap)) = c.deferred_lap.take() {
+        if let Some((from, port, lap)) = c.deferred_lap.take().map(|b| *b) {
             self.lap_received(id, from, port, lap, false);
             return;
         }
@@ -1436,7 +1447,7 @@ impl Engine {
 
     fn set_phase(&mut self, id: ConnId, phase: Phase) {
         if let Some(c) = self.conns.get_mut(&id) {
-            c.phase = phase;
+            c.set_phase(phase);
             c.deadline = None;
         }
     }
@@ -1446,7 +1457,7 @@ impl Engine {
         let Some(c) = self.conns.get(&id) else {
             return;
         };
-        if matches!(c.phase, Phase::Queued) {
+        if matches!(c.phase(), Phase::Queued) {
             self.rearm_queue.retain(|q| *q != id);
         }
         self.release_slot(id);
@@ -1480,7 +1491,7 @@ impl Engine {
             if self
                 .conns
                 .get(&next)
-                .is_some_and(|c| matches!(c.phase, Phase::Queued))
+                .is_some_and(|c| matches!(c.phase(), Phase::Queued))
             {
                 self.set_phase(next, Phase::Idle);
                 self.initiate(next);
@@ -1497,27 +1508,29 @@ impl Engine {
             return;
         }
         let now = match (self.is_protected(c), c.alternate) {
-            (true, Some(alt)) => Told::Protected(alt),
+            (true, Some(_)) => Told::Protected,
             _ => Told::Unprotected(reason),
         };
         // Tell each change once; an unprotected connection hears again only when the
         // reason changes (e.g. "alternate down" becomes "primary down, unarmed").
         let same = match (c.told, now) {
-            (Some(Told::Protected(_)), Told::Protected(_)) => true,
             (told, now) => told == Some(now),
         };
         if same {
             return;
         }
         let first = !c.ever_protected;
+        let c_alt = c.alternate;
         if let Some(c) = self.conns.get_mut(&id) {
             c.told = Some(now);
-            c.ever_protected |= matches!(now, Told::Protected(_));
+            c.ever_protected |= now == Told::Protected;
         }
-        let kind = match now {
-            Told::Protected(alternate) if first => NotificationKind::Protected { alternate },
-            Told::Protected(alternate) => NotificationKind::Rearmed { alternate },
-            Told::Unprotected(reason) => NotificationKind::Unprotected { reason },
+        let kind = match (now, c_alt) {
+            (Told::Protected, Some(alternate)) if first => {
+                NotificationKind::Protected { alternate }
+            }
+            (Told::Protected, Some(alternate)) => NotificationKind::Rearmed { alternate },
+            (_, _) => NotificationKind::Unprotected { reason },
         };
         self.notify(id, kind);
     }

@@ -106,7 +106,7 @@ impl Engine {
             }
         }
         let working_on_it = matches!(
-            c.phase,
+            c.phase(),
             Phase::Loading { responder: Some(r), .. } | Phase::Arming { responder: Some(r), .. } if r.digest == digest
         );
         if working_on_it {
@@ -137,12 +137,12 @@ impl Engine {
         let from_alt_end =
             armed_alt.is_some_and(|a| from.gid == a.dgid && from.gid != c.primary.dgid);
         let names_primary = path.same_route(&c.primary);
-        if (from_alt_end || names_primary && armed_alt.is_some()) && !c.phase.busy() {
+        if (from_alt_end || names_primary && armed_alt.is_some()) && !c.phase().busy() {
             if !deferred {
                 debug!(%id, "LAP suggests the peer migrated: waiting for our PATH_MIG");
                 let at = self.now.plus(Policy::ms(self.policy.lap_defer_ms));
                 if let Some(c) = self.conns.get_mut(&id) {
-                    c.deferred_lap = Some((from, port, lap));
+                    c.deferred_lap = Some(Box::new((from, port, lap)));
                 }
                 self.set_deadline(id, Some(at));
                 return;
@@ -151,7 +151,7 @@ impl Engine {
                 // No PATH_MIG came: the peer moved, so move too, then answer.
                 debug!(%id, "peer migrated without us noticing: forcing migration");
                 if let Some(c) = self.conns.get_mut(&id) {
-                    c.deferred_lap = Some((from, port, lap));
+                    c.deferred_lap = Some(Box::new((from, port, lap)));
                 }
                 self.primary_failed(id);
                 return;
@@ -168,7 +168,7 @@ impl Engine {
             return;
         }
         // Rule 7 and busy phases.
-        match c.phase {
+        match c.phase() {
             Phase::AwaitPeer {
                 msg: PeerMsg::Lap(_),
                 ..
@@ -187,7 +187,7 @@ impl Engine {
             ref p if p.busy() => {
                 // Mid-way through something else: answer when it is done.
                 if let Some(c) = self.conns.get_mut(&id) {
-                    c.deferred_lap = Some((from, port, lap));
+                    c.deferred_lap = Some(Box::new((from, port, lap)));
                 }
                 self.send_mra(id, responder);
                 return;
@@ -309,7 +309,7 @@ impl Engine {
         let Phase::AwaitPeer {
             msg: PeerMsg::Lap(lap),
             ..
-        } = c.phase
+        } = c.phase()
         else {
             debug!(%id, status = ?apr.status, "APR with no LAP outstanding: dropped");
             return;
@@ -358,7 +358,7 @@ impl Engine {
         let Some(c) = self.conns.get(&id) else {
             return;
         };
-        if !matches!(c.phase, Phase::AwaitPeer { .. }) {
+        if !matches!(c.phase(), Phase::AwaitPeer { .. }) {
             return;
         }
         // The peer is working on it: wait its service timeout (capped) before resending.
@@ -398,7 +398,7 @@ impl Engine {
             self.send_migrate_ack(id, r, true);
             return;
         }
-        if let Phase::SwMigrating { path: p, .. } = c.phase {
+        if let Phase::SwMigrating { path: p, .. } = c.phase() {
             if p.same_route(&path) {
                 return; // Moving there already; the ack follows.
             }
@@ -487,7 +487,7 @@ impl Engine {
         };
         let awaiting = self.conns.get(&id).is_some_and(|c| {
             matches!(
-                c.phase,
+                c.phase(),
                 Phase::AwaitPeer {
                     msg: PeerMsg::Migrate(_),
                     ..
