@@ -6,9 +6,12 @@
 //! outside the repository except installing packages and cargo tools.
 #![forbid(unsafe_code)]
 
+mod bench;
 mod codegen;
+mod fuzz;
 mod hwtest;
 mod ibsim;
+mod tshark;
 mod util;
 mod vm;
 
@@ -22,6 +25,8 @@ Commands:
   hwtest    the hardware suite on this machine's RDMA devices, or in a VM with --vm
   codegen   regenerate provider-verbs' libibverbs bindings from rdma-core's headers
   ibsim     the OpenSM-over-ibsim bed: [--shell] [TEST-NAME-FILTER]
+  bench     the benchmarks (criterion): cargo bench per crate, extra args passed on
+  fuzz      the ib-mad fuzz targets: [--seconds N] [TARGET...] (cargo-fuzz)
   help      this text
 ";
 
@@ -35,6 +40,8 @@ fn main() -> Result<()> {
         "hwtest" => hwtest::main(&rest),
         "codegen" => codegen::main(&rest),
         "ibsim" => ibsim::ibsim(&rest),
+        "bench" => bench::main(&rest),
+        "fuzz" => fuzz::main(&rest),
         "help" | "--help" | "-h" => {
             print!("{HELP}");
             Ok(())
@@ -62,6 +69,8 @@ fn test(_args: &[String]) -> Result<()> {
         &["doc", "--workspace", "--no-deps"],
         &[("RUSTDOCFLAGS", "-D warnings")],
     )?;
+    // ib-mad's wire-layout proof runs tshark (and fails without it in CI).
+    tshark::ensure_installed()?;
     // provider-verbs' layout and freshness tests need rdma-core's headers; the VM run
     // below needs qemu and the guest userspace: install them first.
     vm::ensure_host_packages()?;

@@ -189,9 +189,12 @@ impl Attribute for Apr {
             local_comm_id: r.u32(0, "local_comm_id")?,
             remote_comm_id: r.u32(4, "remote_comm_id")?,
             ap_status,
-            additional_info: AdditionalInfo {
-                len,
-                bytes: r.bytes(12, "additional_info")?,
+            additional_info: {
+                // Bytes past AdditionalInfoLength are not information: drop them, so two
+                // APRs that say the same compare equal (found by the `mad` fuzz target).
+                let mut bytes: [u8; APR_ADDITIONAL_INFO_SIZE] = r.bytes(12, "additional_info")?;
+                bytes[usize::from(len)..].fill(0);
+                AdditionalInfo { len, bytes }
             },
             private_data: r.bytes_padded(84),
         })

@@ -98,3 +98,13 @@ fn wrong_class_version() {
     let err = CmMad::decode(&wire).unwrap_err();
     assert_eq!((err.field(), err.offset()), ("class_version", 2));
 }
+
+#[test]
+fn apr_bytes_past_info_length_are_ignored() {
+    // Found by the `mad` fuzz target: decode kept them, re-encode dropped them.
+    let mut wire = CmMad::new(1, CmBody::Apr(Apr::answer(1, 2, ApStatus::Success))).encode();
+    wire[24 + 8] = 1;
+    wire[24 + 13] = 2;
+    let mad = CmMad::decode(&wire).unwrap();
+    assert_eq!(CmMad::decode(&mad.encode()), Ok(mad));
+}

@@ -1,0 +1,122 @@
+//! `cargo xtask fuzz [--seconds N] [TARGET...]`: run ib-mad's cargo-fuzz targets.
+//!
+//! Each target in `fuzz/` runs for N seconds (default 60) with a corpus in
+//! `fuzz/corpus/TARGET` (git-ignored), seeded with one valid MAD of every kind
+//! (`ib-mad/examples/fuzz_seeds.rs`) when empty. Crashes land in `fuzz/artifacts/`.
+//! Prints the executions per target at the end. Installs cargo-fuzz when missing.
+//!
+//! cargo-fuzz passes `-Z` flags (sanitizers, coverage); this project has only a stable
+//! toolchain, so the run sets `RUSTC_BOOTSTRAP=1`, which lets stable rustc accept them.
+//! That is confined to the fuzz build; nothing else in the project relies on it.
+
+use anyhow::{bail, Context, Result};
+use std::process::Command;
+
+const HELP: &str = "\
+cargo xtask fuzz [--seconds N] [TARGET...]
+
+Runs every ib-mad fuzz target (or the ones named) for N seconds each (default 60).
+";
+
+/// Entry point of `cargo xtask fuzz`.
+pub fn main(args: &[String]) -> Result<()> {
+    let mut seconds: u64 = 60;
+    let mut targets: Vec<String> = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--seconds" => {
+                let v = it.next().context("--seconds needs a number")?;
+                seconds = v.parse().with_context(|| format!("--seconds {v:?}"))?;
+            }
+            "-h" | "--help" => {
+                print!("{HELP}");
+                return Ok(());
+            }
+            t if !t.starts_with('-') => targets.push(t.to_string()),
+            other => bail!("unknown option {other:?}\n\n{HELP}"),
+        }
+    }
+    ensure_cargo_fuzz()?;
+    let env = [("RUSTC_BOOTSTRAP", "1")];
+    if targets.is_empty() {
+        let out = Command::new("cargo")
+            .args(["fuzz", "list", "--fuzz-dir", "fuzz"])
+            .output()
+            .context("cargo fuzz list")?;
+        targets = String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(String::from)
+            .collect();
+    }
+    if targets.is_empty() {
+        bail!("no fuzz targets found in fuzz/");
+    }
+    let mut summary = Vec::new();
+    for t in &targets {
+        let corpus = format!("fuzz/corpus/{t}");
+        let empty = std::fs::read_dir(&corpus)
+            .map(|mut d| d.next().is_none())
+            .unwrap_or(true);
+        if empty {
+            crate::util::run(
+                "cargo",
+                &["run", "-q", "-p", "ib-mad", "--example", "fuzz_seeds", "--", &corpus],
+            )?;
+        }
+        let max_time = format!("-max_total_time={seconds}");
+        let args = [
+            "fuzz",
+            "run",
+            "--fuzz-dir",
+            "fuzz",
+            "-O",
+            t.as_str(),
+            corpus.as_str(),
+            "--",
+            max_time.as_str(),
+            "-print_final_stats=1",
+        ];
+        eprintln!("$ RUSTC_BOOTSTRAP=1 cargo {}", args.join(" "));
+        let out = Command::new("cargo")
+            .args(args)
+            .envs(env)
+            .output()
+            .context("could not start cargo fuzz")?;
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let execs = stderr
+            .lines()
+            .find_map(|l| l.strip_prefix("stat::number_of_executed_units:"))
+            .map(|v| v.trim().to_string())
+            .unwrap_or_else(|| "?".into());
+        if !out.status.success() {
+            // Show the end of libFuzzer's report: the crash and where its input went.
+            let tail: Vec<&str> = stderr.lines().rev().take(60).collect();
+            for l in tail.into_iter().rev() {
+                eprintln!("{l}");
+            }
+            bail!("fuzz target {t} failed after {execs} executions (see fuzz/artifacts/{t})");
+        }
+        eprintln!("fuzz target {t}: {execs} executions in {seconds} s, no failure");
+        summary.push(format!("{t}: {execs} executions"));
+    }
+    println!("fuzzing done ({seconds} s per target):");
+    for s in summary {
+        println!("  {s}");
+    }
+    Ok(())
+}
+
+fn ensure_cargo_fuzz() -> Result<()> {
+    let ok = Command::new("cargo")
+        .args(["fuzz", "--version"])
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    if !ok {
+        crate::util::run("cargo", &["install", "cargo-fuzz", "--locked"])?;
+    }
+    Ok(())
+}
