@@ -1513,9 +1513,7 @@ impl Engine {
         };
         // Tell each change once; an unprotected connection hears again only when the
         // reason changes (e.g. "alternate down" becomes "primary down, unarmed").
-        let same = match (c.told, now) {
-            (told, now) => told == Some(now),
-        };
+        let same = c.told == Some(now);
         if same {
             return;
         }

@@ -184,7 +184,7 @@ impl Engine {
                 debug!(%id, "LAP collision: theirs wins (we are passive)");
                 self.abort_phase(id);
             }
-            ref p if p.busy() => {
+            p if p.busy() => {
                 // Mid-way through something else: answer when it is done.
                 if let Some(c) = self.conns.get_mut(&id) {
                     c.deferred_lap = Some(Box::new((from, port, lap)));
