@@ -321,6 +321,41 @@ struct Table {
     maybe_truncated: bool,
 }
 
+/// Identity of a Report: the sender's LID, the TID's low 32 bits and the issuer GID.
+type ReportKey = (u16, u32, [u8; 16]);
+
+/// The last `window` Reports seen, to drop the resends of one already handled.
+#[derive(Debug)]
+struct RecentReports {
+    seen: BTreeSet<ReportKey>,
+    order: VecDeque<ReportKey>,
+    window: usize,
+}
+
+impl RecentReports {
+    fn new(window: usize) -> RecentReports {
+        RecentReports {
+            seen: BTreeSet::new(),
+            order: VecDeque::new(),
+            window: window.max(1),
+        }
+    }
+
+    /// True the first time `key` is seen within the window.
+    fn first_time(&mut self, key: ReportKey) -> bool {
+        if !self.seen.insert(key) {
+            return false;
+        }
+        self.order.push_back(key);
+        if self.order.len() > self.window {
+            if let Some(old) = self.order.pop_front() {
+                self.seen.remove(&old);
+            }
+        }
+        true
+    }
+}
+
 /// Answer every Report with ReportResp first, then drop duplicates, then publish.
 async fn report_loop(
     port: Arc<Port>,
@@ -328,10 +363,9 @@ async fn report_loop(
     tx: mpsc::UnboundedSender<SaEvent>,
     window: usize,
 ) {
-    let mut seen: BTreeSet<(u16, u32, [u8; 16])> = BTreeSet::new();
-    let mut order: VecDeque<(u16, u32, [u8; 16])> = VecDeque::new();
+    let mut recent = RecentReports::new(window);
     while let Some(m) = unsolicited.recv().await {
-        if let Some(ev) = handle_report(&port, &m, &mut seen, &mut order, window) {
+        if let Some(ev) = handle_report(&port, &m, &mut recent) {
             if tx.send(ev).is_err() {
                 // Nobody listens any more; keep acknowledging so OpenSM stays quiet.
                 continue;
@@ -342,13 +376,7 @@ async fn report_loop(
 
 /// One unsolicited MAD: a Report is acknowledged and, unless a duplicate, turned into an
 /// event. Anything else is ignored (logged).
-fn handle_report(
-    port: &Port,
-    m: &Received,
-    seen: &mut BTreeSet<(u16, u32, [u8; 16])>,
-    order: &mut VecDeque<(u16, u32, [u8; 16])>,
-    window: usize,
-) -> Option<SaEvent> {
+fn handle_report(port: &Port, m: &Received, recent: &mut RecentReports) -> Option<SaEvent> {
     if m.class() != MgmtClass::SUBN_ADM.0 || m.method() != Method::REPORT.0 {
         debug!(
             class = m.class(),
@@ -375,15 +403,9 @@ fn handle_report(
     }
     // A resent Report has the same TID (low bits) from the same SA and the same notice.
     let key = (m.src.lid, m.tid() as u32, notice.issuer_gid.0);
-    if !seen.insert(key) {
+    if !recent.first_time(key) {
         debug!(tid = key.1, "duplicate Report dropped");
         return None;
-    }
-    order.push_back(key);
-    if order.len() > window {
-        if let Some(old) = order.pop_front() {
-            seen.remove(&old);
-        }
     }
     Some(match notice.details {
         NoticeDetails::GidInService(gid) => SaEvent::GidInService { gid },
@@ -397,4 +419,36 @@ fn handle_report(
 /// How long a caller should wait for one SA round trip with retries.
 pub fn worst_case_request_time(opts: &RequestOptions) -> Duration {
     opts.timeout * (opts.retries + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resent_reports_are_dropped_within_the_window() {
+        let mut r = RecentReports::new(2);
+        let a = (1, 10, [0; 16]);
+        let b = (1, 11, [0; 16]);
+        let c = (2, 10, [0; 16]);
+        assert!(r.first_time(a));
+        assert!(!r.first_time(a), "OpenSM's resend of the same Report");
+        assert!(r.first_time(b));
+        assert!(
+            r.first_time(c),
+            "same TID from another SA is another Report"
+        );
+        // `a` left the window of 2: a new Report reusing its TID counts again.
+        assert!(r.first_time(a));
+        assert_eq!(r.seen.len(), r.order.len());
+    }
+
+    #[test]
+    fn worst_case_time_counts_every_attempt() {
+        let o = RequestOptions {
+            timeout: Duration::from_millis(200),
+            retries: 3,
+        };
+        assert_eq!(worst_case_request_time(&o), Duration::from_millis(800));
+    }
 }

@@ -86,6 +86,10 @@ async fn node(role: &str) -> Result<(), String> {
                             sa.subscribe_gid_traps().await.map_err(|e| e.to_string())?;
                             report(&format!("SUBSCRIBED again us={}", t.elapsed().as_micros()));
                         }
+                        if c.as_deref() == Some("unsubscribe") {
+                            sa.unsubscribe_gid_traps().await.map_err(|e| e.to_string())?;
+                            report("UNSUBSCRIBED");
+                        }
                         continue;
                     }
                     ev = events.recv() => match ev {
@@ -301,7 +305,8 @@ fn unlink_relink_traps() {
 }
 
 /// After an OpenSM restart the subscription is gone (an Unlink gives no event); after
-/// resubscribing (what CLIENT_REREGISTER triggers on real ports) traps arrive again.
+/// resubscribing (what CLIENT_REREGISTER triggers on real ports) traps arrive again;
+/// after unsubscribing they stop.
 #[test]
 fn resubscribe_after_opensm_restart() {
     let Some(bed) = Bed::or_skip("resubscribe_after_opensm_restart") else {
@@ -343,6 +348,17 @@ fn resubscribe_after_opensm_restart() {
     println!(
         "after resubscription: Unlink -> trap 65 event {:.2} ms",
         (t1 - t0).as_secs_f64() * 1e3
+    );
+    // Unsubscribing (what a clean shutdown does) stops the Reports.
+    n.send("unsubscribe").unwrap();
+    n.expect("UNSUBSCRIBED", Duration::from_secs(5)).unwrap();
+    let mark = bed.log_mark();
+    bed.console(&format!("Unlink \"{victim}\"[2]")).unwrap();
+    bed.wait_log_after(mark, "\"GID out of service\"", Duration::from_secs(2))
+        .expect("OpenSM saw no port going away");
+    assert!(
+        n.expect("EVENT", Duration::from_millis(500)).is_err(),
+        "an event arrived after unsubscribing"
     );
     std::thread::sleep(Duration::from_millis(1000));
     assert!(

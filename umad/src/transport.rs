@@ -236,19 +236,66 @@ struct Inner {
     agents: BTreeMap<u8, Agent>,
     /// Pending requests by TID low 32 bits; a sender per request (RMPP responses come as
     /// several MADs with one TID).
-    pending: Mutex<BTreeMap<u32, (u64, mpsc::UnboundedSender<Received>)>>,
+    pending: Mutex<PendingTable>,
     unsolicited: mpsc::UnboundedSender<Received>,
     stop: AtomicBool,
     next_tid: AtomicU32,
-    next_serial: AtomicU64,
     counters: AtomicCounters,
     testbed: TestBedMode,
 }
 
 impl Inner {
-    fn pending(&self) -> MutexGuard<'_, BTreeMap<u32, (u64, mpsc::UnboundedSender<Received>)>> {
+    fn pending(&self) -> MutexGuard<'_, PendingTable> {
         // A poisoned map is still a valid map: a panic elsewhere must not stop routing.
         self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Requests awaiting responses, keyed by the low 32 bits of their TID (the high bits
+/// are rewritten on the way: by the kernel's agent ID, by ibsim). Each entry has a
+/// serial so that a stale handle never removes a newer entry with the same key.
+#[derive(Debug, Default)]
+struct PendingTable {
+    map: BTreeMap<u32, (u64, mpsc::UnboundedSender<Received>)>,
+    next_serial: u64,
+}
+
+impl PendingTable {
+    /// Expect responses to `tid`: (key, serial, where they arrive).
+    fn insert(&mut self, tid: u64) -> (u32, u64, mpsc::UnboundedReceiver<Received>) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let key = tid as u32; // the low 32 bits: all that survives the trip
+        let serial = self.next_serial;
+        self.next_serial = self.next_serial.wrapping_add(1);
+        self.map.insert(key, (serial, tx));
+        (key, serial, rx)
+    }
+
+    /// Forget `key` if it is still the entry `serial` created.
+    fn remove(&mut self, key: u32, serial: u64) {
+        if self.map.get(&key).is_some_and(|(s, _)| *s == serial) {
+            self.map.remove(&key);
+        }
+    }
+
+    /// Hand a response to its request; gives it back when no request waits for it.
+    fn route(&mut self, r: Received) -> Result<(), Received> {
+        let key = r.tid() as u32;
+        match self.map.get(&key) {
+            Some((_, tx)) => match tx.send(r) {
+                Ok(()) => Ok(()),
+                Err(e) => {
+                    // The requester is gone without removing its entry: drop it now.
+                    self.map.remove(&key);
+                    Err(e.0)
+                }
+            },
+            None => Err(r),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.map.len()
     }
 }
 
@@ -306,11 +353,10 @@ impl Port {
             portid,
             info,
             agents,
-            pending: Mutex::new(BTreeMap::new()),
+            pending: Mutex::new(PendingTable::default()),
             unsolicited: tx,
             stop: AtomicBool::new(false),
             next_tid: AtomicU32::new(tid_seed | 1),
-            next_serial: AtomicU64::new(0),
             counters: AtomicCounters::default(),
             testbed: opts.testbed,
         });
@@ -396,11 +442,7 @@ impl Port {
     /// Register interest in responses with `tid`'s low 32 bits; they arrive on the
     /// returned [`Pending`] until it is dropped.
     pub fn expect(&self, tid: u64) -> Pending {
-        let (tx, rx) = mpsc::unbounded_channel();
-        // Matching is on the low 32 bits only: the high ones are rewritten on the way.
-        let key = tid as u32;
-        let serial = self.inner.next_serial.fetch_add(1, Ordering::Relaxed);
-        self.inner.pending().insert(key, (serial, tx));
+        let (key, serial, rx) = self.inner.pending().insert(tid);
         Pending {
             inner: Arc::clone(&self.inner),
             key,
@@ -505,13 +547,7 @@ impl Pending {
 
 impl Drop for Pending {
     fn drop(&mut self) {
-        let mut p = self.inner.pending();
-        // Only remove our own entry (a TID wrap could have reused the key).
-        if p.get(&self.key)
-            .is_some_and(|(serial, _)| *serial == self.serial)
-        {
-            p.remove(&self.key);
-        }
+        self.inner.pending().remove(self.key, self.serial);
     }
 }
 
@@ -621,21 +657,88 @@ fn recv_loop(inner: &Inner, poll_ms: i32) {
         }
         let rx = Received { mad, src: addr };
         if method & 0x80 != 0 {
-            let key = tid_of(&rx.mad) as u32;
-            let mut p = inner.pending();
-            match p.get(&key) {
-                Some((_, tx)) => {
-                    if tx.send(rx).is_err() {
-                        p.remove(&key);
-                    }
-                }
-                None => {
-                    bump(&inner.counters.unmatched_responses);
-                    trace!(tid = key, class, method, "unmatched response dropped");
-                }
+            if let Err(rx) = inner.pending().route(rx) {
+                bump(&inner.counters.unmatched_responses);
+                trace!(tid = rx.tid(), class, method, "unmatched response dropped");
             }
         } else if inner.unsolicited.send(rx).is_err() {
             trace!(class, method, "unsolicited MAD dropped: nobody listens");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resp(tid: u64) -> Received {
+        let mut mad = vec![0u8; 256];
+        mad[1] = 0x03;
+        mad[3] = 0x81;
+        mad[8..16].copy_from_slice(&tid.to_be_bytes());
+        Received {
+            mad,
+            src: RecvAddr::default(),
+        }
+    }
+
+    #[test]
+    fn matches_on_low_32_bits_only() {
+        let mut t = PendingTable::default();
+        let (key, _, mut rx) = t.insert(0x0000_0000_1234_5678);
+        assert_eq!(key, 0x1234_5678);
+        // ibsim (or the kernel) rewrote the high bits.
+        assert!(t.route(resp(0x0001_0002_1234_5678)).is_ok());
+        assert_eq!(rx.try_recv().unwrap().tid(), 0x0001_0002_1234_5678);
+        // Several responses to one TID (RMPP segments) all arrive.
+        assert!(t.route(resp(0xFFFF_FFFF_1234_5678)).is_ok());
+        assert!(rx.try_recv().is_ok());
+        assert!(
+            t.route(resp(0x1234_5679)).is_err(),
+            "other TID must not match"
+        );
+    }
+
+    #[test]
+    fn entries_never_leak() {
+        let mut t = PendingTable::default();
+        let (k1, s1, rx1) = t.insert(7);
+        t.remove(k1, s1);
+        assert_eq!(t.len(), 0);
+        assert!(
+            t.route(resp(7)).is_err(),
+            "a forgotten request gets nothing"
+        );
+        drop(rx1);
+        // A receiver dropped without remove: the first response cleans the entry up.
+        let (_, _, rx2) = t.insert(8);
+        drop(rx2);
+        assert!(t.route(resp(8)).is_err());
+        assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn stale_handle_keeps_newer_entry() {
+        let mut t = PendingTable::default();
+        let (k, old, _rx_old) = t.insert(9);
+        let (_, new, mut rx_new) = t.insert(9); // the 32-bit counter wrapped
+        assert_ne!(old, new);
+        t.remove(k, old);
+        assert_eq!(t.len(), 1);
+        assert!(t.route(resp(9)).is_ok());
+        assert!(rx_new.try_recv().is_ok());
+        t.remove(k, new);
+        assert_eq!(t.len(), 0);
+    }
+
+    #[test]
+    fn tid_of_short_mad_is_zero() {
+        assert_eq!(tid_of(&[0u8; 10]), 0);
+        assert_eq!(resp(0xAB).tid(), 0xAB);
+        let r = Received {
+            mad: vec![],
+            src: RecvAddr::default(),
+        };
+        assert_eq!((r.class(), r.method(), r.tid()), (0, 0, 0));
     }
 }
