@@ -3,4 +3,5 @@
 mod harness;
 mod properties;
 mod scenarios;
+mod table;
 mod validation;
