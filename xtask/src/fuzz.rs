@@ -63,7 +63,16 @@ pub fn main(args: &[String]) -> Result<()> {
         if empty {
             crate::util::run(
                 "cargo",
-                &["run", "-q", "-p", "ib-mad", "--example", "fuzz_seeds", "--", &corpus],
+                &[
+                    "run",
+                    "-q",
+                    "-p",
+                    "ib-mad",
+                    "--example",
+                    "fuzz_seeds",
+                    "--",
+                    &corpus,
+                ],
             )?;
         }
         let max_time = format!("-max_total_time={seconds}");
