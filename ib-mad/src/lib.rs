@@ -24,6 +24,7 @@
 mod attribute;
 pub mod cm;
 mod error;
+pub mod fields;
 mod header;
 pub mod rmpp;
 pub mod sa;

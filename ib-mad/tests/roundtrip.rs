@@ -475,6 +475,22 @@ proptest! {
     }
 
     #[test]
+    fn field_view_matches_the_wire(m in mad()) {
+        let wire = m.encode();
+        for f in ib_mad::fields::describe(&m) {
+            prop_assert_eq!(
+                ib_mad::fields::read_field(&wire, &f),
+                f.value.clone(),
+                "{} at byte {} bit {}", f.name, f.offset, f.bit
+            );
+            // Writing the value back changes nothing.
+            let mut copy = wire;
+            ib_mad::fields::write_field(&mut copy, &f, &f.value).unwrap();
+            prop_assert_eq!(copy, wire);
+        }
+    }
+
+    #[test]
     fn attributes_round_trip(
         i in inform_info(), n in notice(), p in path_record(), c in class_port_info(),
         s in sm_info(),

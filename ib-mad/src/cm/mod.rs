@@ -9,9 +9,9 @@ mod apr;
 mod lap;
 mod mra;
 
-pub use apr::{AdditionalInfo, ApStatus, Apr};
-pub use lap::Lap;
-pub use mra::{MessageMraed, Mra};
+pub use apr::{AdditionalInfo, ApStatus, Apr, APR_ADDITIONAL_INFO_SIZE, APR_PRIVATE_DATA_SIZE};
+pub use lap::{Lap, LAP_PRIVATE_DATA_SIZE};
+pub use mra::{MessageMraed, Mra, MRA_PRIVATE_DATA_SIZE};
 
 use crate::attribute::Attribute;
 use crate::error::DecodeError;

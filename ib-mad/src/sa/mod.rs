@@ -12,7 +12,7 @@ pub mod path_record;
 
 pub use class_port_info::{ClassAddress, ClassPortInfo};
 pub use inform_info::InformInfo;
-pub use notice::{Notice, NoticeDetails};
+pub use notice::{Notice, NoticeDetails, DATA_DETAILS_SIZE};
 pub use path_record::PathRecord;
 
 use crate::attribute::Attribute;
