@@ -318,24 +318,32 @@ fn build_initramfs(
     Ok(())
 }
 
-/// The kernel image package `linux-image-amd64` depends on, downloaded once.
-fn kernel_deb(vm_dir: &Path) -> Result<PathBuf> {
+/// The kernel image package `linux-image-amd64` depends on, from the package lists.
+fn kernel_package() -> Result<Option<String>> {
     let out = Command::new("apt-cache")
         .args(["depends", "linux-image-amd64"])
         .output()
         .context("could not run apt-cache")?;
     let text = String::from_utf8_lossy(&out.stdout);
-    let pkg = text
+    Ok(text
         .lines()
         .filter_map(|l| l.trim().strip_prefix("Depends:"))
         .map(str::trim)
         .find(|p| p.starts_with("linux-image-"))
-        .map(str::to_owned);
-    let Some(pkg) = pkg else {
-        bail!(
-            "cannot find the kernel package linux-image-amd64 depends on \
-             (is this Debian, and has `apt-get update` run?)"
-        );
+        .map(str::to_owned))
+}
+
+/// The kernel image package `linux-image-amd64` depends on, downloaded once.
+fn kernel_deb(vm_dir: &Path) -> Result<PathBuf> {
+    let pkg = match kernel_package()? {
+        Some(p) => p,
+        None => {
+            // Installed packages but no package lists (e.g. cleaned): fetch them once.
+            crate::util::run("apt-get", &["update", "-qq"])?;
+            kernel_package()?.context(
+                "cannot find the kernel package linux-image-amd64 depends on (is this Debian?)",
+            )?
+        }
     };
     let dir = vm_dir.join("deb");
     std::fs::create_dir_all(&dir)?;
@@ -361,7 +369,22 @@ fn kernel_deb(vm_dir: &Path) -> Result<PathBuf> {
     if !status.success() {
         bail!("`apt-get download {pkg}` failed: {status}");
     }
-    find(&dir)?.with_context(|| format!("apt-get download {pkg} left no .deb"))
+    let deb = find(&dir)?.with_context(|| format!("apt-get download {pkg} left no .deb"))?;
+    // A newer kernel package replaces older downloads and their unpacked trees.
+    for e in std::fs::read_dir(&dir)?.flatten() {
+        if e.path() != deb {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+    let keep = file_name(&deb).trim_end_matches(".deb").to_owned();
+    if let Ok(kernels) = std::fs::read_dir(vm_dir.join("kernel")) {
+        for e in kernels.flatten() {
+            if file_name(e.path()) != keep {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    }
+    Ok(deb)
 }
 
 /// Unpack the kernel package once and generate `modules.dep` (not shipped in the .deb).
