@@ -68,9 +68,14 @@ impl Bed {
         })
     }
 
-    /// The bed, or `None` after printing why `test` skips.
+    /// The bed, or `None` after printing why `test` skips. Panics instead when
+    /// `APM_IBSIM_REQUIRED` is set (by `cargo xtask ibsim`): there a skip would hide a
+    /// test that did not run.
     pub fn or_skip(test: &str) -> Option<Bed> {
         let bed = Bed::from_env();
+        if bed.is_none() && std::env::var_os("APM_IBSIM_REQUIRED").is_some() {
+            panic!("{test}: APM_IBSIM_REQUIRED is set but the bed's environment is incomplete");
+        }
         if bed.is_none() {
             println!("skipping {test}: no ibsim bed here (run it with `cargo xtask ibsim`)");
         }
