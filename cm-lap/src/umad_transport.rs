@@ -51,9 +51,8 @@ impl CmChannel {
         match *self {
             CmChannel::CmClass => AgentSpec::class(MgmtClass::CM.0, CM_CLASS_VERSION),
             CmChannel::Vendor { class, oui } => AgentSpec {
-                class,
-                version: VENDOR_CLASS_VERSION,
                 oui: Some(oui),
+                ..AgentSpec::class(class, VENDOR_CLASS_VERSION)
             },
         }
     }

@@ -2,8 +2,9 @@
 //! become [`apm_core::Input::RemoteGid`], path records become [`apm_core::Path`]s.
 //!
 //! Paths are cached per destination GID so that a rearm storm toward one destination
-//! asks the SA once; a notice about that GID and every (re)subscription (client
-//! reregister, SM change) drop the cached entries. One facet serves one local port.
+//! asks the SA once; a notice about that GID drops its entry; every (re)subscription
+//! (client reregister, SM change) and any change of the local LID, LMC or SM LID drop
+//! them all. One facet serves one local port.
 
 use crate::{SaClient, SaError, SaEvent};
 use apm_core::{FabricService, Gid, Input, InputSink, Lid, Path, PortKey, ProviderError};
@@ -13,8 +14,15 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::mpsc;
 use tracing::debug;
 
-/// Path cache: destination GID bytes to the paths the SA returned.
-type Cache = Arc<Mutex<BTreeMap<[u8; 16], Vec<Path>>>>;
+/// Path cache: destination GID bytes to the paths the SA returned, valid for one
+/// (local LID, LMC, SM LID).
+type Cache = Arc<Mutex<PathCache>>;
+
+#[derive(Debug, Default)]
+struct PathCache {
+    epoch: Option<(u16, u8, u16)>,
+    paths: BTreeMap<[u8; 16], Vec<Path>>,
+}
 
 /// The SA as the engine's fabric facet, for one local port.
 #[derive(Debug)]
@@ -38,7 +46,7 @@ impl SaFabric {
             client,
             port,
             events: Mutex::new(Some(events)),
-            cache: Arc::new(Mutex::new(BTreeMap::new())),
+            cache: Arc::new(Mutex::new(PathCache::default())),
             queries: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         }
     }
@@ -56,7 +64,7 @@ impl SaFabric {
     }
 }
 
-fn lock(c: &Cache) -> MutexGuard<'_, BTreeMap<[u8; 16], Vec<Path>>> {
+fn lock(c: &Cache) -> MutexGuard<'_, PathCache> {
     // The cache holds plain data: a poisoned lock still holds a consistent map.
     c.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -94,7 +102,7 @@ impl FabricService for SaFabric {
                     }
                 };
                 // Paths toward this GID may have changed either way.
-                lock(&cache).remove(&gid.0);
+                lock(&cache).paths.remove(&gid.0);
                 let input = Input::RemoteGid {
                     gid: Gid(gid.0),
                     in_service,
@@ -111,8 +119,23 @@ impl FabricService for SaFabric {
         if port != self.port {
             return Err(self.unsupported("resolving paths from a port it does not serve"));
         }
-        if let Some(p) = lock(&self.cache).get(&dgid.0) {
-            return Ok(p.clone());
+        // Paths depend on our LIDs and on the SM that computed them: a LID change or a
+        // new SM (both seen in the port's attributes) makes every cached path stale.
+        let me = self
+            .client
+            .port()
+            .refresh_info()
+            .map_err(|e| to_provider(e.into()))?;
+        let epoch = (me.lid, me.lmc, me.sm_lid);
+        {
+            let mut c = lock(&self.cache);
+            if c.epoch != Some(epoch) {
+                c.paths.clear();
+                c.epoch = Some(epoch);
+            }
+            if let Some(p) = c.paths.get(&dgid.0) {
+                return Ok(p.clone());
+            }
         }
         let sgid = ib_mad::types::Gid(self.client.port().info().gid);
         self.queries
@@ -146,7 +169,7 @@ impl FabricService for SaFabric {
                 ack_timeout: (r.packet_life_time.get() + 1).min(31),
             })
             .collect();
-        lock(&self.cache).insert(dgid.0, paths.clone());
+        lock(&self.cache).paths.insert(dgid.0, paths.clone());
         Ok(paths)
     }
 
@@ -156,7 +179,7 @@ impl FabricService for SaFabric {
         }
         // A (re)subscription follows a client reregister or SM change: the SA may have
         // rerouted, so cached paths are stale.
-        lock(&self.cache).clear();
+        lock(&self.cache).paths.clear();
         self.client.subscribe_gid_traps().await.map_err(to_provider)
     }
 }

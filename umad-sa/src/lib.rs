@@ -5,17 +5,20 @@
 //! each Report into an [`SaEvent`] after answering it with ReportResp (same TID, at once,
 //! before anything else, or OpenSM resends and logs ERR 1A06) and dropping duplicates
 //! (OpenSM resends a Report whose ReportResp it missed), and queries PathRecords with
-//! GetTable, reassembling the RMPP response itself (the agent is registered without
-//! kernel RMPP so the same code runs under umad2sim and on a kernel).
+//! GetTable. On a kernel the SA agent is registered with RMPP and the kernel hands over
+//! the reassembled table; segments that arrive one by one are reassembled here
+//! (`ib_mad::rmpp`); under umad2sim, which has no RMPP and truncates every MAD to 256
+//! bytes, queries are split so that each answer fits one MAD.
 //!
 //! All MAD layouts come from `ib-mad`; this crate only sequences them. It never invents a
 //! result: what it cannot do returns [`SaError::Unsupported`].
 
 use ib_mad::rmpp::{RecvEvent, RmppHeader, RmppReceiver};
-use ib_mad::sa::SA_DATA_SIZE;
 use ib_mad::sa::{path_record::mask, table_records, InformInfo, PathRecord, SaHeader, SaMad};
 use ib_mad::sa::{NoticeDetails, SaPayload};
+use ib_mad::sa::{SA_DATA_OFFSET, SA_DATA_SIZE};
 use ib_mad::types::{Gid, U7};
+use ib_mad::MAD_SIZE;
 use ib_mad::{AttributeId, Method, MgmtClass};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -28,7 +31,8 @@ mod fabric;
 pub use fabric::SaFabric;
 
 /// The SA's management class and version, for [`umad::AgentSpec`].
-pub const SA_AGENT: umad::AgentSpec = umad::AgentSpec::class(0x03, 2);
+/// Registered with RMPP so that a kernel reassembles GetTable responses.
+pub const SA_AGENT: umad::AgentSpec = umad::AgentSpec::class(0x03, 2).with_rmpp();
 /// Trap 64: GID in service.
 pub const TRAP_GID_IN_SERVICE: u16 = 64;
 /// Trap 65: GID out of service.
@@ -258,6 +262,20 @@ impl SaClient {
                 }
                 if status != 0 {
                     return Err(SaError::Status(status));
+                }
+                if seg.mad.len() > MAD_SIZE {
+                    // The kernel reassembled the RMPP transfer (agent registered with
+                    // RMPP): headers of the first segment, then every record.
+                    let hdr = SaHeader::decode(&seg.mad)
+                        .map_err(|e| SaError::BadResponse(e.to_string()))?;
+                    let data = seg.mad.get(SA_DATA_OFFSET..).unwrap_or(&[]);
+                    let records = table_records::<PathRecord>(data, hdr.attribute_offset)
+                        .collect::<Result<Vec<_>, _>>()
+                        .map_err(|e| SaError::BadResponse(e.to_string()))?;
+                    return Ok(Table {
+                        records,
+                        maybe_truncated: false,
+                    });
                 }
                 // OpenSM leaves segmentation to the kernel: it marks its GetTableResp
                 // RMPP-active with version 0 and type 0 and the kernel fills in the rest.

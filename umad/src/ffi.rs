@@ -17,9 +17,11 @@ pub const PACKAGE: &str = "libibumad3";
 
 /// `UMAD_CA_NAME_LEN` of `<infiniband/umad.h>`.
 const CA_NAME_LEN: usize = 20;
-/// Size of a MAD; this crate only sends and receives single 256-byte MADs (RMPP is done
-/// above it, segment by segment).
+/// Size of a MAD. This crate sends single MADs; it receives single MADs or, for agents
+/// registered with RMPP on a kernel, whole reassembled messages.
 pub const MAD_SIZE: usize = 256;
+/// The longest reassembled RMPP message accepted (a PathRecord table of 16k records).
+const MAX_MESSAGE: usize = 1 << 20;
 
 /// `ib_mad_addr_t` of `<infiniband/umad.h>` (ABI 5): the address of a received MAD.
 #[repr(C)]
@@ -425,12 +427,23 @@ impl Lib {
     /// Block up to `timeout_ms` for one MAD on `portid`.
     pub fn recv(&self, portid: i32, timeout_ms: i32) -> Result<RecvOutcome, Error> {
         let hdr = self.umad_size();
-        // Room for one MAD plus slack, in case a kernel-reassembled RMPP payload arrives
-        // for an agent registered with RMPP (this crate registers without).
-        let mut buf = vec![0u8; hdr + 8 * MAD_SIZE];
-        let mut len: c_int = (buf.len() - hdr) as c_int;
-        // SAFETY: buf is a valid ib_user_mad with `len` bytes of room after the header.
-        let rc = unsafe { (self.recv)(portid, buf.as_mut_ptr().cast(), &mut len, timeout_ms) };
+        // Room for a few MADs; a longer kernel-reassembled RMPP message makes umad_recv
+        // fail with ENOSPC and say how much it needs (the kernel keeps the message), and
+        // the call is repeated with that much, up to MAX_MESSAGE.
+        let mut room = 8 * MAD_SIZE;
+        let (rc, mut buf, len) = loop {
+            let mut buf = vec![0u8; hdr + room];
+            let mut len: c_int = c_int::try_from(room).unwrap_or(c_int::MAX);
+            // SAFETY: buf is a valid ib_user_mad with `len` bytes of room after the
+            // header.
+            let rc = unsafe { (self.recv)(portid, buf.as_mut_ptr().cast(), &mut len, timeout_ms) };
+            let needed = usize::try_from(len).unwrap_or(0);
+            if rc == -libc::ENOSPC && needed > room && needed <= MAX_MESSAGE {
+                room = needed;
+                continue;
+            }
+            break (rc, buf, len);
+        };
         if rc < 0 {
             if rc == -libc::ETIMEDOUT || rc == -libc::EWOULDBLOCK || rc == -libc::EINTR {
                 return Ok(RecvOutcome::Timeout);

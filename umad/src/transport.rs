@@ -45,6 +45,11 @@ pub struct AgentSpec {
     pub version: u8,
     /// OUI for vendor classes 0x30-0x4F (registered with `umad_register_oui`).
     pub oui: Option<[u8; 3]>,
+    /// RMPP version to register with (0: none). With 1 the kernel reassembles
+    /// multi-segment responses into one long MAD; without it a kernel delivers only the
+    /// first segment of a response (it matches responses to the pending send, which the
+    /// first segment completes). umad2sim ignores it.
+    pub rmpp_version: u8,
 }
 
 impl AgentSpec {
@@ -54,6 +59,16 @@ impl AgentSpec {
             class,
             version,
             oui: None,
+            rmpp_version: 0,
+        }
+    }
+
+    /// The same agent with kernel RMPP (version 1), for classes with multi-MAD
+    /// responses (SA GetTable).
+    pub const fn with_rmpp(self) -> AgentSpec {
+        AgentSpec {
+            rmpp_version: 1,
+            ..self
         }
     }
 }
@@ -135,7 +150,8 @@ impl Default for RequestOptions {
 /// A MAD received on the port.
 #[derive(Debug, Clone)]
 pub struct Received {
-    /// The MAD (256 bytes).
+    /// The MAD: 256 bytes, or longer when the kernel reassembled an RMPP transfer for
+    /// an agent registered with RMPP.
     pub mad: Vec<u8>,
     /// Who sent it.
     pub src: RecvAddr,
@@ -330,7 +346,13 @@ impl Port {
             if agents.contains_key(&spec.class) {
                 continue; // one agent per class (umad2sim allows no more)
             }
-            match lib.register(portid, spec.class, spec.version, 0, spec.oui) {
+            match lib.register(
+                portid,
+                spec.class,
+                spec.version,
+                spec.rmpp_version,
+                spec.oui,
+            ) {
                 Ok(id) => {
                     debug!(class = spec.class, id, "agent registered");
                     agents.insert(spec.class, Agent { spec, id });
