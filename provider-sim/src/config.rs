@@ -1,0 +1,659 @@
+//! Scenarios: the fabric, the workload and the faults, as users write them in TOML.
+//!
+//! Every key has a default (the built-in scenario is `Scenario::default()`), unknown keys
+//! are errors, and every error names the line it comes from. See `scenarios/*.toml` in
+//! this crate for documented examples. Nothing here runs anything: [`crate::Sim`] turns
+//! a scenario into a simulation.
+
+use crate::rng::Rng;
+use serde::{Deserialize, Serialize};
+
+/// Why a scenario file is unusable.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScenarioError {
+    /// Not valid TOML, or a key/value of the wrong shape (the message has the line).
+    #[error("{0}")]
+    Parse(String),
+    /// A value that cannot work, with the line it is on when known.
+    #[error("{}{what}", line.map(|l| format!("line {l}: ")).unwrap_or_default())]
+    Invalid {
+        /// The offending line (1-based), if known.
+        line: Option<usize>,
+        /// What is wrong.
+        what: String,
+    },
+}
+
+fn invalid(what: impl Into<String>) -> ScenarioError {
+    ScenarioError::Invalid {
+        line: None,
+        what: what.into(),
+    }
+}
+
+/// A whole scenario.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Scenario {
+    /// A name for reports.
+    pub name: String,
+    /// Simulated time to run, in milliseconds.
+    pub duration_ms: u64,
+    /// The fabric's shape.
+    pub topology: Topology,
+    /// Timing and protocol constants of the fabric.
+    pub fabric: FabricParams,
+    /// The connections and their traffic.
+    pub workload: Workload,
+    /// Faults at fixed times, applied in time order.
+    pub faults: Vec<Fault>,
+    /// Faults generated from the seed, added to `faults`.
+    pub random_faults: Option<RandomFaults>,
+}
+
+impl Default for Scenario {
+    /// The built-in demonstration: a dual-rail fabric of 16 hosts loses rail A's switch,
+    /// rail B's SM fails over, rail A returns, then a remote port on rail B flaps.
+    fn default() -> Scenario {
+        Scenario {
+            name: "dual-rail: rail A fails, SM failover, rail A returns, remote port flaps".into(),
+            duration_ms: 6000,
+            topology: Topology::default(),
+            fabric: FabricParams::default(),
+            workload: Workload::default(),
+            faults: vec![
+                Fault::SwitchDown {
+                    at_ms: 500,
+                    switch: "A".into(),
+                },
+                Fault::SmFailover {
+                    at_ms: 1500,
+                    subnet: 1,
+                },
+                Fault::SwitchUp {
+                    at_ms: 2500,
+                    switch: "A".into(),
+                },
+                Fault::PortFlap {
+                    at_ms: 3500,
+                    port: "h3:2".into(),
+                    down_ms: 600,
+                    up_ms: 400,
+                    count: 2,
+                },
+            ],
+            random_faults: None,
+        }
+    }
+}
+
+/// The fabric: hosts with HCA ports, switches, links.
+///
+/// Without `switches`/`links`, a rail fabric is generated: one switch per port number
+/// (`A` for port 1, `B` for port 2), each its own subnet, every host's port `r` cabled
+/// to switch `r`: the classic dual-rail layout where the two planes share nothing.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Topology {
+    /// Number of hosts, named `h0`, `h1`, ...
+    pub hosts: usize,
+    /// HCA ports per host (1 or 2); all on one HCA, so APM can move between them.
+    pub ports: u8,
+    /// LID mask control of every host port (0..=2): each port answers to 2^lmc LIDs.
+    pub lmc: u8,
+    /// Explicit switches (leave empty for the generated rails).
+    pub switches: Vec<SwitchSpec>,
+    /// Explicit links, `"h3:1"` for a host port or a switch name at each end.
+    pub links: Vec<LinkSpec>,
+    /// SM placement per subnet: master first, then standbys. Default: the subnet's port
+    /// on `h0`, standby on `h1`.
+    pub sm: Vec<SmSpec>,
+}
+
+impl Default for Topology {
+    fn default() -> Topology {
+        Topology {
+            hosts: 16,
+            ports: 2,
+            lmc: 1,
+            switches: Vec::new(),
+            links: Vec::new(),
+            sm: Vec::new(),
+        }
+    }
+}
+
+/// An explicit switch.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SwitchSpec {
+    /// Its name, used by links and faults.
+    pub name: String,
+    /// The subnet (rail) it belongs to, 0-based.
+    pub subnet: usize,
+}
+
+/// An explicit link.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct LinkSpec {
+    /// One end: `"h3:1"` or a switch name.
+    pub a: String,
+    /// The other end.
+    pub b: String,
+}
+
+/// Where a subnet's SMs run.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct SmSpec {
+    /// The subnet.
+    pub subnet: usize,
+    /// Host ports running an SM, master first (`"h0:1"`).
+    pub ports: Vec<String>,
+}
+
+/// Timing and protocol constants. Defaults follow real hardware and OpenSM where that
+/// keeps runs short; each says why.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct FabricParams {
+    /// Latency per link hop for MADs, in microseconds. Default 1.
+    pub hop_latency_us: u64,
+    /// Processing time of a MAD at its receiver (CM, SA), in microseconds. Default 20.
+    pub mad_processing_us: u64,
+    /// Time a modify_qp/query_qp takes, in microseconds. Default 20.
+    pub command_latency_us: u64,
+    /// Time from a hardware event to the async event reaching software, in microseconds.
+    /// Default 10.
+    pub event_latency_us: u64,
+    /// Period of the SM's sweeps, in milliseconds. Default 1000 (OpenSM: 10 s; shorter
+    /// here so that simulated minutes stay short).
+    pub sweep_interval_ms: u64,
+    /// Delay from a trap 128 (or the SM's own port coming up) to the heavy sweep, in
+    /// milliseconds. Default 5.
+    pub trap_sweep_delay_ms: u64,
+    /// A Report not answered by a ReportResp is resent after this. Default 200 (OpenSM).
+    pub report_timeout_ms: u64,
+    /// Resends of an unanswered Report. Default 3 (OpenSM).
+    pub report_retries: u32,
+    /// Time for a standby SM to notice the master is gone and take over. Default 500.
+    pub sm_failover_ms: u64,
+    /// Timeout of one SA request attempt (PathRecord, InformInfo). Default 100.
+    pub sa_timeout_ms: u64,
+    /// SA request attempts before the query fails. Default 3.
+    pub sa_tries: u32,
+    /// Probability that any MAD is lost, outside loss bursts. Default 0.
+    pub mad_loss: f64,
+    /// QP local ACK timeout (IBA encoding: 4.096 us * 2^t). Default 14 (67 ms).
+    pub ack_timeout: u8,
+    /// QP retry count. Default 7: 8 x 67 ms = 537 ms before a dead path errors.
+    pub retry_cnt: u32,
+    /// How long traffic must be stalled before a software-migration QP reports
+    /// `PrimaryStalled`, in ACK timeouts. Default 2.
+    pub stall_timeouts: u32,
+}
+
+impl Default for FabricParams {
+    fn default() -> FabricParams {
+        FabricParams {
+            hop_latency_us: 1,
+            mad_processing_us: 20,
+            command_latency_us: 20,
+            event_latency_us: 10,
+            sweep_interval_ms: 1000,
+            trap_sweep_delay_ms: 5,
+            report_timeout_ms: 200,
+            report_retries: 3,
+            sm_failover_ms: 500,
+            sa_timeout_ms: 100,
+            sa_tries: 3,
+            mad_loss: 0.0,
+            ack_timeout: 14,
+            retry_cnt: 7,
+            stall_timeouts: 2,
+        }
+    }
+}
+
+impl FabricParams {
+    /// One local ACK timeout in nanoseconds.
+    pub fn ack_timeout_ns(&self) -> u64 {
+        4096u64 << self.ack_timeout.min(31)
+    }
+}
+
+/// How paths change on the simulated QPs.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// InfiniBand hardware APM.
+    Hardware,
+    /// RoCE-style: no alternate in the QP, the engine moves the primary itself.
+    Software,
+}
+
+/// The connections.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Workload {
+    /// Number of RC connections between random pairs of hosts.
+    pub connections: usize,
+    /// Each side of each connection sends one numbered message this often (ms).
+    pub message_interval_ms: u64,
+    /// Hardware APM or software migration.
+    pub mode: Mode,
+}
+
+impl Default for Workload {
+    fn default() -> Workload {
+        Workload {
+            connections: 2000,
+            message_interval_ms: 10,
+            mode: Mode::Hardware,
+        }
+    }
+}
+
+/// A fault at a fixed time. Ports are `"h3:2"`, switches by name, links by their two
+/// ends `"h3:2-B"` (or by one host port: its only link).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Fault {
+    /// A host port goes down (HCA port failure, cable pulled at the host).
+    PortDown {
+        /// When.
+        at_ms: u64,
+        /// Which port.
+        port: String,
+    },
+    /// A host port comes back.
+    PortUp {
+        /// When.
+        at_ms: u64,
+        /// Which port.
+        port: String,
+    },
+    /// A port flaps: down for `down_ms`, up for `up_ms`, `count` times.
+    PortFlap {
+        /// When the first down happens.
+        at_ms: u64,
+        /// Which port.
+        port: String,
+        /// Down time of each flap.
+        down_ms: u64,
+        /// Up time between flaps.
+        up_ms: u64,
+        /// Number of flaps.
+        count: u32,
+    },
+    /// A link is cut.
+    LinkDown {
+        /// When.
+        at_ms: u64,
+        /// Which link.
+        link: String,
+    },
+    /// A cut link is restored.
+    LinkUp {
+        /// When.
+        at_ms: u64,
+        /// Which link.
+        link: String,
+    },
+    /// A whole switch fails (with one switch per rail: the rail).
+    SwitchDown {
+        /// When.
+        at_ms: u64,
+        /// Which switch.
+        switch: String,
+    },
+    /// A failed switch returns.
+    SwitchUp {
+        /// When.
+        at_ms: u64,
+        /// Which switch.
+        switch: String,
+    },
+    /// The master SM of a subnet dies; a standby takes over after `sm_failover_ms`.
+    SmFailover {
+        /// When.
+        at_ms: u64,
+        /// Which subnet.
+        subnet: usize,
+    },
+    /// Every MAD is lost with probability `rate` for `duration_ms`.
+    MadLoss {
+        /// When.
+        at_ms: u64,
+        /// How long.
+        duration_ms: u64,
+        /// Loss probability.
+        rate: f64,
+    },
+    /// A host's HCA dies (`DEVICE_FATAL`): its connections are lost.
+    DeviceFatal {
+        /// When.
+        at_ms: u64,
+        /// Which host (`"h3"`).
+        host: String,
+    },
+}
+
+impl Fault {
+    /// When the fault (first) happens.
+    pub fn at_ms(&self) -> u64 {
+        match self {
+            Fault::PortDown { at_ms, .. }
+            | Fault::PortUp { at_ms, .. }
+            | Fault::PortFlap { at_ms, .. }
+            | Fault::LinkDown { at_ms, .. }
+            | Fault::LinkUp { at_ms, .. }
+            | Fault::SwitchDown { at_ms, .. }
+            | Fault::SwitchUp { at_ms, .. }
+            | Fault::SmFailover { at_ms, .. }
+            | Fault::MadLoss { at_ms, .. }
+            | Fault::DeviceFatal { at_ms, .. } => *at_ms,
+        }
+    }
+
+    /// When the fault's last effect happens (the end of a flap or loss burst).
+    pub fn end_ms(&self) -> u64 {
+        match self {
+            Fault::PortFlap {
+                at_ms,
+                down_ms,
+                up_ms,
+                count,
+                ..
+            } => at_ms + u64::from(*count) * down_ms + u64::from(count.saturating_sub(1)) * up_ms,
+            Fault::MadLoss {
+                at_ms, duration_ms, ..
+            } => at_ms + duration_ms,
+            f => f.at_ms(),
+        }
+    }
+}
+
+/// Faults generated from the seed: `count` faults between `start_ms` and `end_ms`, each
+/// undone (port up, link restored, switch back) within `max_outage_ms`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RandomFaults {
+    /// Number of faults.
+    pub count: u32,
+    /// Earliest fault.
+    pub start_ms: u64,
+    /// Latest fault (every outage ends by then too).
+    pub end_ms: u64,
+    /// Longest outage.
+    pub max_outage_ms: u64,
+    /// Include `device_fatal` faults (they lose connections by design).
+    pub device_fatal: bool,
+}
+
+impl Default for RandomFaults {
+    fn default() -> RandomFaults {
+        RandomFaults {
+            count: 6,
+            start_ms: 300,
+            end_ms: 3000,
+            max_outage_ms: 1500,
+            device_fatal: false,
+        }
+    }
+}
+
+impl Scenario {
+    /// Parse a scenario from TOML text. Errors name the line.
+    pub fn from_toml(text: &str) -> Result<Scenario, ScenarioError> {
+        let s: Scenario = toml::from_str(text).map_err(|e| ScenarioError::Parse(e.to_string()))?;
+        if let Err(ScenarioError::Invalid { line: None, what }) = s.validate() {
+            // Point at the line that holds the offending value when it can be found.
+            let line = find_line(text, &what);
+            return Err(ScenarioError::Invalid { line, what });
+        }
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// Check that names resolve and numbers are in range.
+    pub fn validate(&self) -> Result<(), ScenarioError> {
+        let t = &self.topology;
+        if t.hosts < 2 {
+            return Err(invalid(format!(
+                "topology.hosts = {}: need at least 2 hosts",
+                t.hosts
+            )));
+        }
+        if t.hosts > 4096 {
+            return Err(invalid(format!(
+                "topology.hosts = {}: at most 4096 hosts",
+                t.hosts
+            )));
+        }
+        if !(1..=2).contains(&t.ports) {
+            return Err(invalid(format!(
+                "topology.ports = {}: hosts have 1 or 2 ports",
+                t.ports
+            )));
+        }
+        if t.lmc > 2 {
+            return Err(invalid(format!("topology.lmc = {}: use 0, 1 or 2", t.lmc)));
+        }
+        if self.workload.message_interval_ms == 0 {
+            return Err(invalid(
+                "workload.message_interval_ms = 0: must be at least 1",
+            ));
+        }
+        if self.workload.connections > 1_000_000 {
+            return Err(invalid("workload.connections: at most 1000000"));
+        }
+        if self.duration_ms == 0 {
+            return Err(invalid("duration_ms = 0: nothing to simulate"));
+        }
+        let f = &self.fabric;
+        if f.ack_timeout > 31 || f.ack_timeout == 0 {
+            return Err(invalid(format!(
+                "fabric.ack_timeout = {}: use 1..=31",
+                f.ack_timeout
+            )));
+        }
+        if !(0.0..=1.0).contains(&f.mad_loss) {
+            return Err(invalid(format!(
+                "fabric.mad_loss = {}: a probability in 0..=1",
+                f.mad_loss
+            )));
+        }
+        if f.sweep_interval_ms == 0 || f.sa_tries == 0 || f.report_timeout_ms == 0 {
+            return Err(invalid(
+                "fabric.sweep_interval_ms, sa_tries and report_timeout_ms must be at least 1",
+            ));
+        }
+        // Names are resolved against the built fabric.
+        let fabric = crate::fabric::Fabric::build(t).map_err(invalid)?;
+        for fault in &self.faults {
+            check_fault(&fabric, fault).map_err(invalid)?;
+        }
+        if let Some(r) = &self.random_faults {
+            if r.end_ms < r.start_ms {
+                return Err(invalid("random_faults.end_ms is before start_ms"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every fault to apply: the fixed ones and those generated from `seed`.
+    pub fn all_faults(&self, seed: u64) -> Vec<Fault> {
+        let mut faults = self.faults.clone();
+        if let Some(r) = &self.random_faults {
+            // Built from a sub-stream so the faults of a seed do not depend on anything
+            // else the simulation draws.
+            let fabric = match crate::fabric::Fabric::build(&self.topology) {
+                Ok(f) => f,
+                Err(_) => return faults,
+            };
+            faults.extend(generate_faults(&fabric, r, seed));
+        }
+        faults.sort_by_key(Fault::at_ms);
+        faults
+    }
+}
+
+fn check_fault(fabric: &crate::fabric::Fabric, fault: &Fault) -> Result<(), String> {
+    match fault {
+        Fault::PortDown { port, .. } | Fault::PortUp { port, .. } => {
+            fabric.port_by_name(port).map(|_| ())
+        }
+        Fault::PortFlap { port, count, .. } => {
+            if *count == 0 {
+                return Err(format!("port_flap of {port}: count must be at least 1"));
+            }
+            fabric.port_by_name(port).map(|_| ())
+        }
+        Fault::LinkDown { link, .. } | Fault::LinkUp { link, .. } => {
+            fabric.link_by_name(link).map(|_| ())
+        }
+        Fault::SwitchDown { switch, .. } | Fault::SwitchUp { switch, .. } => {
+            fabric.switch_by_name(switch).map(|_| ())
+        }
+        Fault::SmFailover { subnet, .. } => {
+            if *subnet >= fabric.subnets() {
+                Err(format!(
+                    "sm_failover: subnet {subnet} does not exist (the fabric has {})",
+                    fabric.subnets()
+                ))
+            } else {
+                Ok(())
+            }
+        }
+        Fault::MadLoss { rate, .. } => {
+            if (0.0..=1.0).contains(rate) {
+                Ok(())
+            } else {
+                Err(format!("mad_loss rate {rate}: a probability in 0..=1"))
+            }
+        }
+        Fault::DeviceFatal { host, .. } => fabric.host_by_name(host).map(|_| ()),
+    }
+}
+
+/// The 1-based line of the first line of `text` that contains a quoted name or number
+/// mentioned in `what` (best effort: validation works on parsed values).
+fn find_line(text: &str, what: &str) -> Option<usize> {
+    let needles: Vec<&str> = what
+        .split(['"', ' ', ':', ','])
+        .filter(|w| w.len() >= 2 && !w.chars().all(|c| c.is_ascii_lowercase()))
+        .collect();
+    for needle in needles {
+        if let Some((i, _)) = text
+            .lines()
+            .enumerate()
+            .find(|(_, l)| l.contains(needle) && !l.trim_start().starts_with('#'))
+        {
+            return Some(i + 1);
+        }
+    }
+    // Fall back on a `key = value` from the message.
+    let key = what.split([' ', '=']).next()?.rsplit('.').next()?;
+    text.lines()
+        .enumerate()
+        .find(|(_, l)| l.trim_start().starts_with(key))
+        .map(|(i, _)| i + 1)
+}
+
+/// Random faults over the fabric's ports, links, switches and SMs, each undone later.
+fn generate_faults(fabric: &crate::fabric::Fabric, r: &RandomFaults, seed: u64) -> Vec<Fault> {
+    let mut rng = Rng::new(seed).fork(0xfa17);
+    let mut out = Vec::new();
+    let span = r.end_ms.saturating_sub(r.start_ms).max(1);
+    for _ in 0..r.count {
+        let at = r.start_ms + rng.below(span);
+        let outage = rng.range(20, r.max_outage_ms.max(20));
+        let back = (at + outage).min(r.end_ms.max(at + 1));
+        let kinds = if r.device_fatal { 7 } else { 6 };
+        match rng.below(kinds) {
+            0 | 1 => {
+                let port = fabric.port_name(rng.below(fabric.num_ports() as u64) as usize);
+                out.push(Fault::PortDown {
+                    at_ms: at,
+                    port: port.clone(),
+                });
+                out.push(Fault::PortUp { at_ms: back, port });
+            }
+            2 => {
+                let port = fabric.port_name(rng.below(fabric.num_ports() as u64) as usize);
+                let down = rng.range(10, 400);
+                let up = rng.range(10, 400);
+                let count = rng.range(2, 4) as u32;
+                out.push(Fault::PortFlap {
+                    at_ms: at,
+                    port,
+                    down_ms: down,
+                    up_ms: up,
+                    count,
+                });
+            }
+            3 => {
+                let link = fabric.link_name(rng.below(fabric.num_links() as u64) as usize);
+                out.push(Fault::LinkDown {
+                    at_ms: at,
+                    link: link.clone(),
+                });
+                out.push(Fault::LinkUp { at_ms: back, link });
+            }
+            4 => {
+                let switch = fabric.switch_name(rng.below(fabric.num_switches() as u64) as usize);
+                out.push(Fault::SwitchDown {
+                    at_ms: at,
+                    switch: switch.clone(),
+                });
+                out.push(Fault::SwitchUp {
+                    at_ms: back,
+                    switch,
+                });
+            }
+            5 => {
+                if rng.chance(0.5) {
+                    out.push(Fault::SmFailover {
+                        at_ms: at,
+                        subnet: rng.below(fabric.subnets() as u64) as usize,
+                    });
+                } else {
+                    out.push(Fault::MadLoss {
+                        at_ms: at,
+                        duration_ms: outage,
+                        rate: [0.1, 0.5, 1.0][rng.below(3) as usize],
+                    });
+                }
+            }
+            _ => out.push(Fault::DeviceFatal {
+                at_ms: at,
+                host: format!("h{}", rng.below(fabric.num_hosts() as u64)),
+            }),
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_validates() {
+        Scenario::default().validate().unwrap();
+    }
+
+    #[test]
+    fn bad_toml_names_the_line() {
+        let e = Scenario::from_toml("name = \"x\"\nduration_ms = \"long\"\n").unwrap_err();
+        assert!(e.to_string().contains("line 2"), "{e}");
+        let e = Scenario::from_toml("[topology]\nhostz = 3\n").unwrap_err();
+        assert!(e.to_string().contains("line 2"), "{e}");
+        let text = "[[faults]]\nkind = \"switch_down\"\nat_ms = 5\nswitch = \"Q\"\n";
+        let e = Scenario::from_toml(text).unwrap_err();
+        assert!(e.to_string().contains("line 4"), "{e}");
+    }
+}

@@ -1,0 +1,623 @@
+//! The physical fabric: host ports, switches, links, LIDs and forwarding tables.
+//!
+//! This module knows what is cabled to what, what is up, and how a packet with a given
+//! DLID travels (through the linear forwarding tables the SM last programmed). It knows
+//! nothing about QPs or the SM's protocol: `crate::sim` drives it. Routing is faithful in
+//! the one way that matters for APM: forwarding tables are only recomputed by an SM
+//! sweep, so between a failure and the next sweep packets still head into the dead link.
+
+use crate::config::Topology;
+use apm_core::{Gid, Lid, PortKey};
+
+/// Index of a host port in [`Fabric::ports`].
+pub type PortId = usize;
+/// Index of a switch.
+pub type SwitchId = usize;
+/// Index of a link.
+pub type LinkId = usize;
+
+/// One end of a link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum End {
+    /// A host port.
+    Port(PortId),
+    /// A switch.
+    Switch(SwitchId),
+}
+
+/// Logical state of a host port (IBA PortState, reduced to what software sees).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PortState {
+    /// No physical link.
+    Down,
+    /// Physical link up, waiting for the SM to activate it.
+    Init,
+    /// Active: traffic flows.
+    Active,
+}
+
+/// A host's HCA port.
+#[derive(Clone, Debug)]
+pub struct HostPort {
+    /// The host.
+    pub host: usize,
+    /// 1-based port number.
+    pub num: u8,
+    /// Its subnet (the subnet of the switch it is cabled to; 0 when uncabled).
+    pub subnet: usize,
+    /// Its GID (subnet prefix of its subnet + port GUID).
+    pub gid: Gid,
+    /// Base LID.
+    pub lid: u16,
+    /// LID mask control.
+    pub lmc: u8,
+    /// Not failed (the fault injector's switch).
+    pub admin_up: bool,
+    /// The link cabled to it.
+    pub link: Option<LinkId>,
+    /// Logical state.
+    pub state: PortState,
+}
+
+impl HostPort {
+    /// The engine's key for this port (every host has one HCA, device 0).
+    pub fn key(&self) -> PortKey {
+        PortKey::new(0, self.num)
+    }
+
+    /// The port's LIDs, base first.
+    pub fn lids(&self) -> impl Iterator<Item = u16> + '_ {
+        (0..(1u16 << self.lmc)).map(move |b| self.lid + b)
+    }
+}
+
+/// A switch.
+#[derive(Clone, Debug)]
+pub struct Switch {
+    /// Name from the topology.
+    pub name: String,
+    /// Subnet.
+    pub subnet: usize,
+    /// Powered and working.
+    pub up: bool,
+    /// Links attached, in the order they were declared (ECMP choices index this).
+    pub links: Vec<LinkId>,
+    /// Linear forwarding table: DLID -> link, as last programmed by the SM.
+    pub lft: Vec<Option<LinkId>>,
+}
+
+/// A cable.
+#[derive(Clone, Debug)]
+pub struct Link {
+    /// One end.
+    pub a: End,
+    /// The other end.
+    pub b: End,
+    /// Not cut.
+    pub intact: bool,
+}
+
+/// The whole physical fabric.
+#[derive(Clone, Debug)]
+pub struct Fabric {
+    /// Host ports, in (host, port) order.
+    pub ports: Vec<HostPort>,
+    /// Switches.
+    pub switches: Vec<Switch>,
+    /// Links.
+    pub links: Vec<Link>,
+    hosts: usize,
+    ports_per_host: u8,
+    subnets: usize,
+    /// LID -> port owning it.
+    lid_owner: Vec<Option<PortId>>,
+}
+
+/// A subnet's GID prefix: fe80::/64 with the subnet number in the last 16 bits, so
+/// the two rails of a dual-rail fabric have distinct prefixes as real deployments do.
+fn subnet_prefix(subnet: usize) -> u64 {
+    0xfe80_0000_0000_0000 | subnet as u64
+}
+
+/// The port GUID of host `h` port `p`.
+pub fn port_guid(host: usize, port: u8) -> u64 {
+    0x0002_c903_0000_0000 | ((host as u64) << 8) | u64::from(port)
+}
+
+impl Fabric {
+    /// Build the fabric of a topology (everything up, no LFTs yet).
+    pub fn build(t: &Topology) -> Result<Fabric, String> {
+        let mut ports = Vec::with_capacity(t.hosts * usize::from(t.ports));
+        for h in 0..t.hosts {
+            for p in 1..=t.ports {
+                ports.push(HostPort {
+                    host: h,
+                    num: p,
+                    subnet: 0,
+                    gid: Gid::default(),
+                    lid: 0,
+                    lmc: t.lmc,
+                    admin_up: true,
+                    link: None,
+                    state: PortState::Down,
+                });
+            }
+        }
+        let mut f = Fabric {
+            ports,
+            switches: Vec::new(),
+            links: Vec::new(),
+            hosts: t.hosts,
+            ports_per_host: t.ports,
+            subnets: 0,
+            lid_owner: Vec::new(),
+        };
+        if t.switches.is_empty() {
+            if !t.links.is_empty() {
+                return Err("topology.links given without topology.switches".into());
+            }
+            for r in 0..usize::from(t.ports) {
+                let name = char::from(b'A' + r as u8).to_string();
+                f.add_switch(name, r)?;
+                for h in 0..t.hosts {
+                    let pid = f.pid(h, r as u8 + 1);
+                    f.add_link(End::Port(pid), End::Switch(r))?;
+                }
+            }
+        } else {
+            for s in &t.switches {
+                f.add_switch(s.name.clone(), s.subnet)?;
+            }
+            for l in &t.links {
+                let a = f.end_by_name(&l.a)?;
+                let b = f.end_by_name(&l.b)?;
+                f.add_link(a, b)?;
+            }
+        }
+        f.subnets = f.switches.iter().map(|s| s.subnet + 1).max().unwrap_or(1);
+        // Subnets and GIDs follow the cabling.
+        for pid in 0..f.ports.len() {
+            let subnet = f.ports[pid]
+                .link
+                .and_then(|l| match f.other_end(l, End::Port(pid)) {
+                    End::Switch(s) => Some(f.switches[s].subnet),
+                    End::Port(_) => None,
+                })
+                .unwrap_or(0);
+            let p = &mut f.ports[pid];
+            p.subnet = subnet;
+            p.gid = Gid::from_parts(subnet_prefix(subnet), port_guid(p.host, p.num));
+        }
+        // LIDs: deterministic, aligned to 2^lmc as IBA requires, unique fabric-wide (each
+        // subnet's SM could reuse numbers; unique ones make traces easier to read).
+        let mut next: u32 = 1;
+        for p in &mut f.ports {
+            let span = 1u32 << p.lmc;
+            next = next.div_ceil(span) * span;
+            if next + span > 0xBFFF {
+                return Err("too many ports for the unicast LID space".into());
+            }
+            p.lid = next as u16;
+            next += span;
+        }
+        f.lid_owner = vec![None; next as usize + 1];
+        for (pid, p) in f.ports.iter().enumerate() {
+            for lid in p.lids() {
+                f.lid_owner[usize::from(lid)] = Some(pid);
+            }
+        }
+        let nlids = f.lid_owner.len();
+        for s in &mut f.switches {
+            s.lft = vec![None; nlids];
+        }
+        Ok(f)
+    }
+
+    fn add_switch(&mut self, name: String, subnet: usize) -> Result<(), String> {
+        if self.switches.iter().any(|s| s.name == name) {
+            return Err(format!("switch \"{name}\" is declared twice"));
+        }
+        if name.starts_with('h') && name[1..].chars().all(|c| c.is_ascii_digit() || c == ':') {
+            return Err(format!(
+                "switch \"{name}\": names like h3 are host ports; choose another name"
+            ));
+        }
+        if subnet >= 64 {
+            return Err(format!("switch \"{name}\": subnet {subnet} (use 0..63)"));
+        }
+        self.switches.push(Switch {
+            name,
+            subnet,
+            up: true,
+            links: Vec::new(),
+            lft: Vec::new(),
+        });
+        Ok(())
+    }
+
+    fn add_link(&mut self, a: End, b: End) -> Result<(), String> {
+        let id = self.links.len();
+        for end in [a, b] {
+            match end {
+                End::Port(p) => {
+                    if self.ports[p].link.is_some() {
+                        return Err(format!("port {} is cabled twice", self.port_name(p)));
+                    }
+                    self.ports[p].link = Some(id);
+                }
+                End::Switch(s) => self.switches[s].links.push(id),
+            }
+        }
+        if let (End::Port(_), End::Port(_)) = (a, b) {
+            return Err("a link between two host ports needs a switch between them".into());
+        }
+        if let (End::Switch(x), End::Switch(y)) = (a, b) {
+            if self.switches[x].subnet != self.switches[y].subnet {
+                return Err(format!(
+                    "link {}-{} joins two subnets (IB routers are not simulated)",
+                    self.switches[x].name, self.switches[y].name
+                ));
+            }
+        }
+        self.links.push(Link { a, b, intact: true });
+        Ok(())
+    }
+
+    fn pid(&self, host: usize, port: u8) -> PortId {
+        host * usize::from(self.ports_per_host) + usize::from(port) - 1
+    }
+
+    /// The port a `"h3:1"` name refers to.
+    pub fn port_by_name(&self, name: &str) -> Result<PortId, String> {
+        let bad = || format!("\"{name}\" is not a host port (write it like \"h3:1\")");
+        let rest = name.strip_prefix('h').ok_or_else(bad)?;
+        let (h, p) = rest.split_once(':').ok_or_else(bad)?;
+        let h: usize = h.parse().map_err(|_| bad())?;
+        let p: u8 = p.parse().map_err(|_| bad())?;
+        if h >= self.hosts || p == 0 || p > self.ports_per_host {
+            return Err(format!(
+                "port \"{name}\" does not exist ({} hosts with {} ports)",
+                self.hosts, self.ports_per_host
+            ));
+        }
+        Ok(self.pid(h, p))
+    }
+
+    /// The host a `"h3"` name refers to.
+    pub fn host_by_name(&self, name: &str) -> Result<usize, String> {
+        let h: usize = name
+            .strip_prefix('h')
+            .and_then(|r| r.parse().ok())
+            .ok_or_else(|| format!("\"{name}\" is not a host (write it like \"h3\")"))?;
+        if h >= self.hosts {
+            return Err(format!("host \"{name}\" does not exist"));
+        }
+        Ok(h)
+    }
+
+    /// The switch called `name`.
+    pub fn switch_by_name(&self, name: &str) -> Result<SwitchId, String> {
+        self.switches
+            .iter()
+            .position(|s| s.name == name)
+            .ok_or_else(|| format!("switch \"{name}\" does not exist"))
+    }
+
+    fn end_by_name(&self, name: &str) -> Result<End, String> {
+        if name.contains(':') {
+            self.port_by_name(name).map(End::Port)
+        } else {
+            self.switch_by_name(name).map(End::Switch)
+        }
+    }
+
+    /// The link a `"h3:1-A"` / `"A-B"` / `"h3:1"` name refers to.
+    pub fn link_by_name(&self, name: &str) -> Result<LinkId, String> {
+        if let Some((a, b)) = name.split_once('-') {
+            let (a, b) = (self.end_by_name(a)?, self.end_by_name(b)?);
+            return self
+                .links
+                .iter()
+                .position(|l| (l.a == a && l.b == b) || (l.a == b && l.b == a))
+                .ok_or_else(|| format!("no link \"{name}\""));
+        }
+        let p = self.port_by_name(name)?;
+        self.ports[p]
+            .link
+            .ok_or_else(|| format!("port \"{name}\" has no link"))
+    }
+
+    /// `"h3:1"`.
+    pub fn port_name(&self, p: PortId) -> String {
+        format!("h{}:{}", self.ports[p].host, self.ports[p].num)
+    }
+
+    fn end_name(&self, e: End) -> String {
+        match e {
+            End::Port(p) => self.port_name(p),
+            End::Switch(s) => self.switches[s].name.clone(),
+        }
+    }
+
+    /// `"h3:1-A"`.
+    pub fn link_name(&self, l: LinkId) -> String {
+        format!(
+            "{}-{}",
+            self.end_name(self.links[l].a),
+            self.end_name(self.links[l].b)
+        )
+    }
+
+    /// A switch's name.
+    pub fn switch_name(&self, s: SwitchId) -> String {
+        self.switches[s].name.clone()
+    }
+
+    /// Number of subnets.
+    pub fn subnets(&self) -> usize {
+        self.subnets
+    }
+
+    /// Number of hosts.
+    pub fn num_hosts(&self) -> usize {
+        self.hosts
+    }
+
+    /// Ports per host.
+    pub fn ports_per_host(&self) -> u8 {
+        self.ports_per_host
+    }
+
+    /// Number of host ports.
+    pub fn num_ports(&self) -> usize {
+        self.ports.len()
+    }
+
+    /// Number of links.
+    pub fn num_links(&self) -> usize {
+        self.links.len()
+    }
+
+    /// Number of switches.
+    pub fn num_switches(&self) -> usize {
+        self.switches.len()
+    }
+
+    /// The port of host `h` numbered `num`, if it exists.
+    pub fn port_of(&self, host: usize, num: u8) -> Option<PortId> {
+        (host < self.hosts && num >= 1 && num <= self.ports_per_host).then(|| self.pid(host, num))
+    }
+
+    /// The port owning `lid`.
+    pub fn lid_owner(&self, lid: u16) -> Option<PortId> {
+        self.lid_owner.get(usize::from(lid)).copied().flatten()
+    }
+
+    /// The port whose GID is `gid`.
+    pub fn port_by_gid(&self, gid: &Gid) -> Option<PortId> {
+        let guid = gid.guid();
+        let host = ((guid >> 8) & 0xFFFF) as usize;
+        let num = (guid & 0xFF) as u8;
+        let p = self.port_of(host, num)?;
+        (self.ports[p].gid == *gid).then_some(p)
+    }
+
+    /// The end of `link` that is not `this`.
+    pub fn other_end(&self, link: LinkId, this: End) -> End {
+        let l = &self.links[link];
+        if l.a == this {
+            l.b
+        } else {
+            l.a
+        }
+    }
+
+    fn end_alive(&self, e: End) -> bool {
+        match e {
+            End::Port(p) => self.ports[p].admin_up,
+            End::Switch(s) => self.switches[s].up,
+        }
+    }
+
+    /// The link carries light: intact and both ends alive.
+    pub fn link_up(&self, l: LinkId) -> bool {
+        let link = &self.links[l];
+        link.intact && self.end_alive(link.a) && self.end_alive(link.b)
+    }
+
+    /// The port has a physical link.
+    pub fn port_phys_up(&self, p: PortId) -> bool {
+        self.ports[p].link.is_some_and(|l| self.link_up(l))
+    }
+
+    /// Follow the forwarding tables from `slid` to `dlid`: the number of links crossed
+    /// when the packet gets there, `None` when it is dropped on the way.
+    pub fn route(&self, slid: u16, dlid: u16) -> Option<u32> {
+        let src = self.lid_owner(slid)?;
+        let dst = self.lid_owner(dlid)?;
+        if self.ports[src].state != PortState::Active || self.ports[dst].state != PortState::Active
+        {
+            return None;
+        }
+        if self.ports[src].subnet != self.ports[dst].subnet {
+            return None;
+        }
+        let first = self.ports[src].link?;
+        if !self.link_up(first) {
+            return None;
+        }
+        let mut at = self.other_end(first, End::Port(src));
+        let mut hops = 1;
+        loop {
+            match at {
+                End::Port(p) => return (p == dst).then_some(hops),
+                End::Switch(s) => {
+                    let l = self.switches[s]
+                        .lft
+                        .get(usize::from(dlid))
+                        .copied()
+                        .flatten()?;
+                    if !self.link_up(l) || hops > 32 {
+                        return None;
+                    }
+                    at = self.other_end(l, End::Switch(s));
+                    hops += 1;
+                }
+            }
+        }
+    }
+
+    /// Ports and switches of `subnet` reachable from `from` over live links, as the SM's
+    /// directed-route discovery would find them.
+    pub fn discover(&self, from: PortId) -> (Vec<bool>, Vec<bool>) {
+        let mut ports = vec![false; self.ports.len()];
+        let mut switches = vec![false; self.switches.len()];
+        if !self.port_phys_up(from) {
+            ports[from] = self.ports[from].admin_up;
+            return (ports, switches);
+        }
+        ports[from] = true;
+        let mut stack = vec![End::Port(from)];
+        while let Some(e) = stack.pop() {
+            let links: Vec<LinkId> = match e {
+                End::Port(p) => self.ports[p].link.into_iter().collect(),
+                End::Switch(s) => self.switches[s].links.clone(),
+            };
+            for l in links {
+                if !self.link_up(l) {
+                    continue;
+                }
+                match self.other_end(l, e) {
+                    End::Port(p) if !ports[p] => {
+                        ports[p] = true;
+                        stack.push(End::Port(p));
+                    }
+                    End::Switch(s) if !switches[s] => {
+                        switches[s] = true;
+                        stack.push(End::Switch(s));
+                    }
+                    _ => {}
+                }
+            }
+        }
+        (ports, switches)
+    }
+
+    /// Program the forwarding tables of the discovered switches: shortest paths over
+    /// live links, equal-cost choices spread by the DLID's path bits (so the LMC variants
+    /// of a port take different routes where the fabric has more than one).
+    pub fn program_lfts(&mut self, ports: &[bool], switches: &[bool]) {
+        let ns = self.switches.len();
+        for s in 0..ns {
+            if switches[s] {
+                self.switches[s].lft.iter_mut().for_each(|e| *e = None);
+            }
+        }
+        for (dst, reached) in ports.iter().enumerate() {
+            if !reached {
+                continue;
+            }
+            let Some(first) = self.ports[dst].link else {
+                continue;
+            };
+            if !self.link_up(first) {
+                continue;
+            }
+            let End::Switch(edge) = self.other_end(first, End::Port(dst)) else {
+                continue;
+            };
+            // BFS distances from the destination's edge switch.
+            let mut dist = vec![u32::MAX; ns];
+            dist[edge] = 0;
+            let mut queue = std::collections::VecDeque::from([edge]);
+            while let Some(s) = queue.pop_front() {
+                for &l in &self.switches[s].links {
+                    if !self.link_up(l) {
+                        continue;
+                    }
+                    if let End::Switch(n) = self.other_end(l, End::Switch(s)) {
+                        if dist[n] == u32::MAX {
+                            dist[n] = dist[s] + 1;
+                            queue.push_back(n);
+                        }
+                    }
+                }
+            }
+            let lids: Vec<u16> = self.ports[dst].lids().collect();
+            let base = self.ports[dst].lid;
+            for s in 0..ns {
+                if !switches[s] || dist[s] == u32::MAX {
+                    continue;
+                }
+                if s == edge {
+                    for &lid in &lids {
+                        self.switches[s].lft[usize::from(lid)] = Some(first);
+                    }
+                    continue;
+                }
+                let next: Vec<LinkId> = self.switches[s]
+                    .links
+                    .iter()
+                    .copied()
+                    .filter(|&l| {
+                        self.link_up(l)
+                            && matches!(self.other_end(l, End::Switch(s)),
+                                End::Switch(n) if dist[n] + 1 == dist[s])
+                    })
+                    .collect();
+                if next.is_empty() {
+                    continue;
+                }
+                for &lid in &lids {
+                    let bits = usize::from(lid - base);
+                    self.switches[s].lft[usize::from(lid)] = Some(next[bits % next.len()]);
+                }
+            }
+        }
+    }
+
+    /// A path record from port `src` (LID variant `sbits`) to port `dst` (`dbits`), as
+    /// the engine wants it: written from `src`'s side.
+    pub fn path(
+        &self,
+        src: PortId,
+        sbits: u16,
+        dst: PortId,
+        dbits: u16,
+        ack_timeout: u8,
+    ) -> apm_core::Path {
+        let s = &self.ports[src];
+        let d = &self.ports[dst];
+        apm_core::Path {
+            port: s.key(),
+            slid: Lid::from_wire(s.lid + sbits),
+            dlid: Lid::from_wire(d.lid + dbits),
+            sgid: s.gid,
+            dgid: d.gid,
+            sgid_index: 0,
+            sl: 0,
+            flow_label: 0,
+            traffic_class: 0,
+            hop_limit: 0,
+            rate: 0,
+            mtu: 4,
+            pkey_index: 0,
+            ack_timeout,
+        }
+    }
+
+    /// Every path between two ports (all LID variant pairs), base LIDs first, as an SA
+    /// answers a PathRecord GetTable.
+    pub fn all_paths(&self, src: PortId, dst: PortId, ack_timeout: u8) -> Vec<apm_core::Path> {
+        let mut out = Vec::new();
+        if self.ports[src].subnet != self.ports[dst].subnet {
+            return out;
+        }
+        for sb in 0..(1u16 << self.ports[src].lmc) {
+            for db in 0..(1u16 << self.ports[dst].lmc) {
+                out.push(self.path(src, sb, dst, db, ack_timeout));
+            }
+        }
+        out
+    }
+}

@@ -1,0 +1,193 @@
+//! [`SimProvider`]: the apm-core Provider facets over a shared simulation, so that the
+//! real driver (`apm_core::Manager`) can run against the simulated fabric.
+//!
+//! The simulation stays sans-IO; this module is the only place it meets tokio. Virtual
+//! time follows tokio's clock (use `tokio::time::pause()` in tests: the runtime then
+//! jumps straight to the next timer and whole scenarios run in milliseconds of wall
+//! time). [`SimProvider::drive`] advances the simulation to tokio's "now" whenever an
+//! event is due; commands execute against the simulation at the moment they arrive and
+//! complete after the latency the fabric gives them.
+
+use crate::sim::Sim;
+use apm_core::{
+    CommandOp, CommandOutcome, ConnId, FabricService, Gid, Input, InputSink, MigState, Path,
+    PeerAddr, PeerChannel, PeerMsg, PortKey, ProviderError, QpControl, QpSnapshot, Stack, Time,
+};
+use async_trait::async_trait;
+use std::sync::{Arc, Mutex};
+use tokio::time::Instant;
+
+#[derive(Debug)]
+struct Shared {
+    sim: Sim,
+    origin: Instant,
+}
+
+/// One simulated host's view of a shared [`Sim`], implementing [`QpControl`],
+/// [`PeerChannel`] and [`FabricService`]. Clone it once per facet.
+#[derive(Clone, Debug)]
+pub struct SimProvider {
+    shared: Arc<Mutex<Shared>>,
+    host: usize,
+}
+
+/// A provider that can drive the shared simulation; see [`SimProvider::drive`].
+pub type SimStack = Stack<SimProvider, SimProvider, SimProvider>;
+
+impl SimProvider {
+    /// Share `sim` (built with `RunConfig::external_hosts`) from now on: virtual time 0
+    /// is tokio's "now" at this call. Returns a handle for [`SimProvider::for_host`].
+    pub fn share(sim: Sim) -> SimProvider {
+        SimProvider {
+            shared: Arc::new(Mutex::new(Shared {
+                sim,
+                origin: Instant::now(),
+            })),
+            host: 0,
+        }
+    }
+
+    /// The provider of `host` over the same simulation.
+    pub fn for_host(&self, host: usize) -> SimProvider {
+        SimProvider {
+            shared: Arc::clone(&self.shared),
+            host,
+        }
+    }
+
+    /// The three facets composed into one `Provider` for the Manager.
+    pub fn stack(&self) -> SimStack {
+        Stack::new(self.clone(), self.clone(), self.clone())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
+        // A panic while holding the lock is already a test failure; keep going with the
+        // data as it is rather than cascading panics.
+        self.shared.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn now_of(sh: &Shared) -> Time {
+        let d = Instant::now().saturating_duration_since(sh.origin);
+        Time(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
+    }
+
+    /// Use the simulation (after bringing it up to tokio's now).
+    pub fn with_sim<R>(&self, f: impl FnOnce(&mut Sim) -> R) -> R {
+        let mut sh = self.lock();
+        let now = Self::now_of(&sh);
+        sh.sim.run_until(now);
+        f(&mut sh.sim)
+    }
+
+    /// Advance the simulation in step with tokio's clock until virtual time `until`.
+    /// Run it as a task next to the Managers.
+    pub async fn drive(&self, until: Time) {
+        loop {
+            let (next, origin) = {
+                let mut sh = self.lock();
+                let now = Self::now_of(&sh);
+                sh.sim.run_until(now.min(until));
+                (sh.sim.next_event_time(), sh.origin)
+            };
+            let Some(next) = next.filter(|t| *t <= until) else {
+                let end = origin + std::time::Duration::from_nanos(until.0);
+                tokio::time::sleep_until(end).await;
+                return;
+            };
+            tokio::time::sleep_until(origin + std::time::Duration::from_nanos(next.0)).await;
+        }
+    }
+
+    async fn exec(&self, op: CommandOp) -> Result<CommandOutcome, ProviderError> {
+        let (delay, result) = {
+            let mut sh = self.lock();
+            let now = Self::now_of(&sh);
+            sh.sim.run_until(now);
+            sh.sim.execute_external(self.host, op)
+        };
+        tokio::time::sleep(std::time::Duration::from_nanos(delay.0)).await;
+        result
+    }
+}
+
+fn unexpected(what: CommandOutcome) -> ProviderError {
+    ProviderError::Io(format!("unexpected simulator answer {what:?}"))
+}
+
+#[async_trait]
+impl QpControl for SimProvider {
+    async fn start(&self, sink: InputSink) -> Result<(), ProviderError> {
+        let mut sh = self.lock();
+        for info in sh.sim.port_infos(self.host) {
+            // The Manager owns the receiver; it cannot be gone while it starts us.
+            let _ = sink.send(Input::PortInfo(info));
+        }
+        sh.sim.attach_external(self.host, sink);
+        Ok(())
+    }
+
+    async fn load_alternate(&self, conn: ConnId, path: Path) -> Result<(), ProviderError> {
+        self.exec(CommandOp::LoadAlternate { conn, path })
+            .await
+            .map(|_| ())
+    }
+
+    async fn set_rearm(&self, conn: ConnId) -> Result<MigState, ProviderError> {
+        match self.exec(CommandOp::SetRearm { conn }).await? {
+            CommandOutcome::MigState(m) => Ok(m),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn force_migrate(&self, conn: ConnId) -> Result<(), ProviderError> {
+        self.exec(CommandOp::ForceMigrate { conn })
+            .await
+            .map(|_| ())
+    }
+
+    async fn software_migrate(&self, conn: ConnId, path: Path) -> Result<(), ProviderError> {
+        self.exec(CommandOp::SoftwareMigrate { conn, path })
+            .await
+            .map(|_| ())
+    }
+
+    async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError> {
+        match self.exec(CommandOp::QueryQp { conn }).await? {
+            CommandOutcome::Qp(q) => Ok(q),
+            other => Err(unexpected(other)),
+        }
+    }
+}
+
+#[async_trait]
+impl PeerChannel for SimProvider {
+    async fn start(&self, _sink: InputSink) -> Result<(), ProviderError> {
+        // Peer messages arrive through the sink QpControl::start registered.
+        Ok(())
+    }
+
+    async fn send(&self, port: PortKey, to: PeerAddr, msg: PeerMsg) -> Result<(), ProviderError> {
+        self.exec(CommandOp::SendPeer { port, to, msg })
+            .await
+            .map(|_| ())
+    }
+}
+
+#[async_trait]
+impl FabricService for SimProvider {
+    async fn start(&self, _sink: InputSink) -> Result<(), ProviderError> {
+        // Notices arrive through the sink QpControl::start registered.
+        Ok(())
+    }
+
+    async fn resolve_paths(&self, port: PortKey, dgid: Gid) -> Result<Vec<Path>, ProviderError> {
+        match self.exec(CommandOp::ResolvePaths { port, dgid }).await? {
+            CommandOutcome::Paths(p) => Ok(p),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn subscribe(&self, port: PortKey) -> Result<(), ProviderError> {
+        self.exec(CommandOp::Subscribe { port }).await.map(|_| ())
+    }
+}
