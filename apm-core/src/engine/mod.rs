@@ -16,6 +16,7 @@
 mod conn;
 mod health;
 mod peer;
+mod pending;
 mod select;
 mod timers;
 
@@ -24,6 +25,7 @@ use crate::policy::{Policy, PolicyError};
 use crate::types::*;
 use conn::{Conn, Phase, Responder, Told};
 use health::Health;
+use pending::PendingTable;
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
 use timers::{TimerKey, Timers};
@@ -121,7 +123,10 @@ struct LocalPort {
 #[derive(Debug, Default)]
 struct CacheEntry {
     paths: Vec<Path>,
+    /// A query is out.
     pending: bool,
+    /// The SA answered (possibly with no paths): do not ask again until invalidated.
+    resolved: bool,
 }
 
 /// What an outstanding command was for.
@@ -145,8 +150,7 @@ pub struct Engine {
     ports: BTreeMap<PortKey, LocalPort>,
     remotes: BTreeMap<Gid, Health>,
     cache: BTreeMap<(PortKey, Gid), CacheEntry>,
-    pending: BTreeMap<CommandId, Pending>,
-    next_cmd: u64,
+    pending: PendingTable<Pending>,
     timers: Timers,
     out: VecDeque<Output>,
     rearm_queue: VecDeque<ConnId>,
@@ -166,8 +170,7 @@ impl Engine {
             ports: BTreeMap::new(),
             remotes: BTreeMap::new(),
             cache: BTreeMap::new(),
-            pending: BTreeMap::new(),
-            next_cmd: 1,
+            pending: PendingTable::new(1),
             timers: Timers::default(),
             out: VecDeque::new(),
             rearm_queue: VecDeque::new(),
@@ -271,9 +274,7 @@ impl Engine {
     }
 
     fn issue(&mut self, op: CommandOp, why: Pending) -> CommandId {
-        let id = CommandId(self.next_cmd);
-        self.next_cmd += 1;
-        self.pending.insert(id, why);
+        let id = self.pending.issue(why);
         self.out.push_back(Output::Command(Command { id, op }));
         id
     }
@@ -645,32 +646,27 @@ impl Engine {
         match alt {
             Some(alt) => {
                 // A migration overrides whatever negotiation was going on.
-                self.abort_phase(id);
                 self.stats.migrations_forced += 1;
                 match mode {
                     MigrationMode::Hardware => {
-                        info!(%id, to = %alt, "primary down: forcing migration");
+                        debug!(%id, to = %alt, "primary down: forcing migration");
                         let cmd =
                             self.issue(CommandOp::ForceMigrate { conn: id }, Pending::Conn(id));
-                        self.set_phase(id, Phase::Migrating { cmd });
+                        self.replace_phase(id, Phase::Migrating { cmd });
                     }
                     MigrationMode::Software => {
-                        info!(%id, to = %alt, "primary down: software migration");
-                        let cmd = self.issue(
-                            CommandOp::SoftwareMigrate {
-                                conn: id,
-                                path: alt,
-                            },
-                            Pending::Conn(id),
-                        );
-                        self.set_phase(
-                            id,
-                            Phase::SwMigrating {
-                                cmd,
-                                path: alt,
-                                responder: None,
-                            },
-                        );
+                        debug!(%id, to = %alt, "primary down: software migration");
+                        let op = CommandOp::SoftwareMigrate {
+                            conn: id,
+                            path: alt,
+                        };
+                        let cmd = self.issue(op, Pending::Conn(id));
+                        let phase = Phase::SwMigrating {
+                            cmd,
+                            path: alt,
+                            responder: None,
+                        };
+                        self.replace_phase(id, phase);
                     }
                 }
             }
@@ -855,7 +851,7 @@ impl Engine {
     // ---------------------------------------------------------------- command results
 
     fn command_done(&mut self, id: CommandId, result: Result<CommandOutcome, ProviderError>) {
-        let Some(why) = self.pending.remove(&id) else {
+        let Some(why) = self.pending.complete(id) else {
             warn!(
                 ?id,
                 "result for a command never issued or already answered: ignored"
@@ -1202,13 +1198,8 @@ impl Engine {
                 let entry = self.cache.entry((*port, *gid)).or_default();
                 if entry.pending {
                     waiting = true;
-                } else if entry.paths.is_empty()
-                    && !self
-                        .pending
-                        .values()
-                        .any(|p| matches!(p, Pending::Resolve(pp, gg) if pp == port && gg == gid))
-                {
-                    // Never asked (or answered empty and since invalidated).
+                } else if !entry.resolved {
+                    // Never asked since the last invalidation: ask once for everyone.
                     entry.pending = true;
                     self.stats.path_queries += 1;
                     self.issue(
@@ -1250,6 +1241,7 @@ impl Engine {
             .collect();
         let entry = self.cache.entry((port, gid)).or_default();
         entry.pending = false;
+        entry.resolved = true;
         entry.paths = paths;
         let waiting: Vec<ConnId> = self
             .conns
@@ -1454,14 +1446,26 @@ impl Engine {
 
     /// Drop whatever the connection was doing (results of abandoned commands are ignored).
     fn abort_phase(&mut self, id: ConnId) {
-        let Some(c) = self.conns.get(&id) else {
+        self.replace_phase(id, Phase::Idle);
+    }
+
+    /// Drop whatever the connection was doing and start `phase` instead.
+    fn replace_phase(&mut self, id: ConnId, phase: Phase) {
+        // One lookup: this runs for every connection a port failure touches.
+        let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
-        if matches!(c.phase(), Phase::Queued) {
+        let queued = matches!(c.phase(), Phase::Queued);
+        let had_slot = std::mem::take(&mut c.slot);
+        c.set_phase(phase);
+        c.deadline = None;
+        if queued {
             self.rearm_queue.retain(|q| *q != id);
         }
-        self.release_slot(id);
-        self.set_phase(id, Phase::Idle);
+        if had_slot {
+            self.rearms_active -= 1;
+            self.pump_queue();
+        }
     }
 
     fn take_slot(&mut self, id: ConnId) {

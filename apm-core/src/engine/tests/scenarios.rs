@@ -568,3 +568,37 @@ fn a_port_reported_after_protect_is_used() {
         "the new ports made a candidate usable: a LAP goes out"
     );
 }
+
+#[test]
+fn a_rearm_storm_asks_the_sa_once_per_destination_even_when_it_knows_no_path() {
+    let mut p = Pair::new();
+    // Connections whose only known path is the primary: the engine must ask the SA.
+    for n in 1..=20 {
+        let mut s = spec('a', n, MigrationMode::Hardware);
+        s.candidates = vec![];
+        p.input('a', Input::Protect(s));
+    }
+    // The bench's SA knows paths to b's ports from each of a's ports: 2 ports x 1 GID.
+    let queries = |p: &Pair| {
+        p.a.op_names()
+            .iter()
+            .filter(|o| **o == "resolve_paths")
+            .count()
+    };
+    assert_eq!(queries(&p), 2);
+    p.run_for(0);
+    // A destination with no paths at all is asked once too, not once per connection.
+    let mut q = Pair::new();
+    for n in 1..=20 {
+        let mut s = spec('a', n, MigrationMode::Hardware);
+        s.primary.dgid = Gid::from_guid(0xdead);
+        s.candidates = vec![];
+        q.input('a', Input::Protect(s));
+        q.run_for(0);
+    }
+    assert_eq!(
+        queries(&q),
+        2,
+        "one query per (port, destination), answered empty or not"
+    );
+}
