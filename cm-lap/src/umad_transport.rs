@@ -134,6 +134,11 @@ impl UmadCmTransport {
         (UmadCmTransport { port, channel }, rx)
     }
 
+    /// A fresh transaction ID for a new exchange.
+    pub fn next_tid(&self) -> u64 {
+        self.port.next_tid()
+    }
+
     /// The channel in use.
     pub fn channel(&self) -> CmChannel {
         self.channel

@@ -233,6 +233,22 @@ impl SaClient {
         Ok(all.into_values().collect())
     }
 
+    /// The GID of the port that answers to `lid` (any LID of its LMC range): the DGID
+    /// of a path from this port to that LID. `None` when the SA knows no such path.
+    pub async fn gid_of_lid(&self, lid: u16) -> Result<Option<Gid>, SaError> {
+        let info = self.port.refresh_info()?;
+        let template = PathRecord {
+            sgid: Gid(info.gid),
+            slid: ib_mad::types::Lid(info.lid),
+            dlid: ib_mad::types::Lid(lid),
+            numb_path: U7::from_masked(1),
+            ..PathRecord::default()
+        };
+        let m = mask::SGID | mask::SLID | mask::DLID | mask::NUMB_PATH;
+        let t = self.get_table(template, m).await?;
+        Ok(t.records.first().map(|r| r.dgid))
+    }
+
     /// A GetTable query with RMPP reassembly, retried as a whole on timeout.
     async fn get_table(&self, template: PathRecord, component_mask: u64) -> Result<Table, SaError> {
         let query = SaMad::path_record_query(0, template, component_mask).encode();
