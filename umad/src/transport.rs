@@ -648,15 +648,28 @@ fn resolve(lib: &Lib, sel: &PortSelector) -> Result<PortInfo, Error> {
 /// The receive thread: route every MAD until the port is dropped.
 fn recv_loop(inner: &Inner, poll_ms: i32) {
     let guid: [u8; 8] = inner.info.gid[8..].try_into().unwrap_or([0; 8]);
+    // After a failure, wait before trying again, longer each time (up to 1 s), so that a
+    // dead port (the simulator gone, the device removed) costs neither CPU nor a log
+    // line every few milliseconds; a success resets it.
+    let mut backoff = Duration::ZERO;
     while !inner.stop.load(Ordering::Relaxed) {
         let (status, addr, mad) = match inner.lib.recv(inner.portid, poll_ms) {
-            Ok(RecvOutcome::Timeout) => continue,
+            Ok(RecvOutcome::Timeout) => {
+                backoff = Duration::ZERO;
+                continue;
+            }
             Ok(RecvOutcome::Mad {
                 status, addr, mad, ..
-            }) => (status, addr, mad),
+            }) => {
+                backoff = Duration::ZERO;
+                (status, addr, mad)
+            }
             Err(e) => {
-                warn!(error = %e, "umad_recv failed");
-                std::thread::sleep(Duration::from_millis(10));
+                if backoff.is_zero() {
+                    warn!(error = %e, "umad_recv failed");
+                }
+                backoff = (backoff * 2).clamp(Duration::from_millis(10), Duration::from_secs(1));
+                std::thread::sleep(backoff);
                 continue;
             }
         };
