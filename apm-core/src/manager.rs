@@ -47,6 +47,64 @@ enum Request {
 pub struct ManagerHandle {
     requests: mpsc::UnboundedSender<Request>,
     notifications: broadcast::Sender<Notification>,
+    events: broadcast::Sender<FabricEvent>,
+}
+
+/// An unaffiliated event as the Manager saw it pass (seed 002: user-level programs such
+/// as a subnet manager or a monitor need port up/down and fabric notices).
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct FabricEvent {
+    /// When the Manager received it (its own clock, as for the engine).
+    pub time: Time,
+    /// What happened.
+    pub kind: FabricEventKind,
+}
+
+/// Kinds of [`FabricEvent`].
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+#[non_exhaustive]
+pub enum FabricEventKind {
+    /// A local port's attributes (reported at start and after changes).
+    PortInfo(PortInfo),
+    /// An unaffiliated port event.
+    Port {
+        /// The port.
+        port: PortKey,
+        /// What happened.
+        event: PortEvent,
+    },
+    /// A device-wide fatal error.
+    DeviceFatal {
+        /// Provider device index.
+        device: u16,
+    },
+    /// An SA notice about a remote port GID (trap 64: in service, trap 65: out).
+    RemoteGid {
+        /// The remote port GID.
+        gid: Gid,
+        /// In service or not.
+        in_service: bool,
+    },
+}
+
+impl FabricEventKind {
+    /// The fabric event an input carries, if it is one.
+    pub fn of(input: &Input) -> Option<FabricEventKind> {
+        Some(match input {
+            Input::PortInfo(info) => FabricEventKind::PortInfo(info.clone()),
+            Input::PortEvent { port, event } => FabricEventKind::Port {
+                port: *port,
+                event: *event,
+            },
+            Input::DeviceFatal { device } => FabricEventKind::DeviceFatal { device: *device },
+            Input::RemoteGid { gid, in_service } => FabricEventKind::RemoteGid {
+                gid: *gid,
+                in_service: *in_service,
+            },
+            _ => return None,
+        })
+    }
 }
 
 impl std::fmt::Debug for Request {
@@ -98,6 +156,12 @@ impl ManagerHandle {
         self.notifications.subscribe()
     }
 
+    /// A stream of unaffiliated events (port up/down, LID/SM changes, client reregister,
+    /// device fatal, remote GID in/out of service) from now on, as they reach the engine.
+    pub fn fabric_events(&self) -> broadcast::Receiver<FabricEvent> {
+        self.events.subscribe()
+    }
+
     /// Ask the manager to stop after the current step.
     pub fn shutdown(&self) {
         let _ = self.requests.send(Request::Shutdown);
@@ -123,9 +187,11 @@ impl<P: Provider> Manager<P> {
         let engine = Engine::new(policy)?;
         let (req_tx, req_rx) = mpsc::unbounded_channel();
         let (notif_tx, _) = broadcast::channel(4096);
+        let (events_tx, _) = broadcast::channel(1024);
         let handle = ManagerHandle {
             requests: req_tx,
             notifications: notif_tx,
+            events: events_tx,
         };
         Ok((
             Manager {
@@ -175,7 +241,12 @@ impl<P: Provider> Manager<P> {
                 input = input_rx.recv() => {
                     // input_tx lives in this function, so the channel never closes.
                     let Some(input) = input else { return Ok(()) };
-                    if let Err(e) = self.engine.handle_input(elapsed(), input) {
+                    let now = elapsed();
+                    if let Some(kind) = FabricEventKind::of(&input) {
+                        // No watcher is fine: the stream is advisory.
+                        let _ = self.handle.events.send(FabricEvent { time: now, kind });
+                    }
+                    if let Err(e) = self.engine.handle_input(now, input) {
                         warn!(error = %e, "provider input refused by the engine");
                     }
                 }
@@ -309,6 +380,7 @@ mod tests {
         let provider = Arc::new(mock(sink.clone(), ops.clone()));
         let (manager, handle) = Manager::new(provider, Policy::default()).expect("valid");
         let mut notes = handle.notifications();
+        let mut events = handle.fabric_events();
         let task = tokio::spawn(manager.run());
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         handle.protect(spec()).await.expect("accepted");
@@ -333,6 +405,14 @@ mod tests {
         assert!(
             matches!(n.kind, NotificationKind::Migrated { forced: true, .. }),
             "{n:?}"
+        );
+        let ev = events.recv().await.expect("the port event is published");
+        assert_eq!(
+            ev.kind,
+            FabricEventKind::Port {
+                port: PortKey::new(0, 1),
+                event: PortEvent::Down
+            }
         );
         assert!(ops
             .lock()

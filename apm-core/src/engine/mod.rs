@@ -470,6 +470,9 @@ impl Engine {
                 }
                 self.invalidate_cache(|k| k.0 == port);
                 self.subscribe(port);
+                if event == PortEvent::ClientReregister {
+                    self.forget_stale_remote_verdicts(port);
+                }
             }
             PortEvent::LidChange => {
                 // The new LID arrives in a PortInfo; resubscribe (the SA keys
@@ -518,6 +521,29 @@ impl Engine {
             } else {
                 self.path_returned(|p| p.port == port);
             }
+            self.forget_stale_remote_verdicts(port);
+        }
+    }
+
+    /// Notices sent while `port` was down (or while the SA had forgotten us) never
+    /// reached us, and the SM stops resending a Report after a few tries: a trap 64 may
+    /// have been missed, leaving a remote GID believed dead forever. Treat the remote
+    /// GIDs of the port's subnet that we hold out of service as back in service;
+    /// traffic, LAPs and the next notices tell otherwise.
+    fn forget_stale_remote_verdicts(&mut self, port: PortKey) {
+        let Some(p) = self.ports.get(&port) else {
+            return;
+        };
+        let prefixes: Vec<&[u8]> = p.info.gids.iter().map(|g| &g.0[..8]).collect();
+        let stale: Vec<Gid> = self
+            .remotes
+            .iter()
+            .filter(|(g, h)| !h.up && prefixes.contains(&&g.0[..8]))
+            .map(|(g, _)| *g)
+            .collect();
+        for gid in stale {
+            debug!(%port, %gid, "out-of-service verdict may be stale: forgotten");
+            self.remote_gid(gid, true);
         }
     }
 
