@@ -13,6 +13,9 @@ fuzz_target!(|data: &[u8]| {
         assert_eq!(Smp::decode(&resp.encode()).expect("response decodes"), resp);
     }
     if let Ok(info) = SmInfo::decode(data) {
-        assert_eq!(SmInfo::decode(&info.to_smp_data()).expect("re-decodes"), info);
+        assert_eq!(
+            SmInfo::decode(&info.to_smp_data()).expect("re-decodes"),
+            info
+        );
     }
 });
