@@ -129,3 +129,31 @@ fn abort_ends_the_transfer() {
         })
     );
 }
+
+#[test]
+fn receiver_side_abort() {
+    let tx = RmppSender::new(&template(), table(10), Timeout::ZERO).unwrap();
+    let seg = tx.segment(1);
+    let abort = abort_mad(&seg, status::BAD_TYPE).unwrap();
+    let h = RmppHeader::decode(&abort).unwrap();
+    assert_eq!((h.rmpp_type, h.status), (RmppType::Abort, status::BAD_TYPE));
+    assert_eq!(
+        abort[3], 0x12,
+        "response bit flipped back to the request method"
+    );
+    assert_eq!(&abort[8..16], &seg[8..16], "same TID");
+    let mut tx = tx;
+    assert!(matches!(
+        tx.handle_ack(&abort),
+        Err(RmppError::Ended {
+            rmpp_type: RmppType::Abort,
+            ..
+        })
+    ));
+    let mut cm = seg;
+    cm[1] = 0x07;
+    assert_eq!(
+        abort_mad(&cm, 0),
+        Err(RmppError::NotRmppClass(crate::header::MgmtClass::CM))
+    );
+}
