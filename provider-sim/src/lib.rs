@@ -14,6 +14,7 @@
 //! - [`report`]: the figures a run produces.
 #![forbid(unsafe_code)]
 
+pub mod chaos;
 pub mod config;
 pub mod controller;
 pub mod fabric;

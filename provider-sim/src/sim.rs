@@ -741,6 +741,9 @@ impl Sim {
         }
         self.now = e.at;
         self.c.events += 1;
+        // Costs nothing unless a subscriber enables it; puts virtual time on every log line.
+        let span = tracing::debug_span!("sim", t = %self.now);
+        let _g = span.enter();
         for v in [e.at.0, e.ev.tag()] {
             self.digest = (self.digest ^ v).wrapping_mul(0x0100_0000_01b3);
         }
@@ -844,9 +847,20 @@ impl Sim {
             }
             Input::PortEvent {
                 port,
-                event: PortEvent::Active,
+                event: event @ (PortEvent::Active | PortEvent::ClientReregister),
             } => {
-                self.hosts[host].known_down_ports.remove(&port.port);
+                if *event == PortEvent::Active {
+                    self.hosts[host].known_down_ports.remove(&port.port);
+                }
+                // The engine forgets out-of-service verdicts learnt through a port that
+                // was down or deregistered (it may have missed the trap 64): so does
+                // the record of what it was told.
+                if let Some(pid) = self.fab.port_of(host, port.port) {
+                    let prefix = self.fab.ports[pid].gid.0[..8].to_vec();
+                    self.hosts[host]
+                        .known_dead_gids
+                        .retain(|g| g.0[..8] != prefix[..]);
+                }
             }
             Input::RemoteGid { gid, in_service } => {
                 if *in_service {
@@ -875,6 +889,8 @@ impl Sim {
             return;
         }
         let now = self.now;
+        let span = tracing::debug_span!("host", h = host);
+        let _g = span.enter();
         self.hosts[host].ctl.handle_input(now, input);
         self.pump(host);
     }

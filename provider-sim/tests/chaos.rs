@@ -1,0 +1,64 @@
+//! Chaos: random fabrics and fault schedules, invariants checked after every step, each
+//! seed run twice. `APM_SIM_SEED=n` replays one seed; `APM_SIM_SEEDS=N` (default 200)
+//! and `APM_SIM_SEED_START=s` choose a range (`cargo xtask chaos --seeds 10000`).
+
+use provider_sim::chaos::{replay_command, run_seed};
+
+fn env_u64(name: &str) -> Option<u64> {
+    let v = std::env::var(name).ok()?;
+    match v.trim().parse() {
+        Ok(n) => Some(n),
+        Err(_) => panic!("{name}={v:?} is not a number"),
+    }
+}
+
+#[test]
+fn chaos() {
+    let seeds: Vec<u64> = match env_u64("APM_SIM_SEED") {
+        Some(one) => vec![one],
+        None => {
+            let start = env_u64("APM_SIM_SEED_START").unwrap_or(0);
+            let n = env_u64("APM_SIM_SEEDS").unwrap_or(200);
+            (start..start + n).collect()
+        }
+    };
+    let workers = std::thread::available_parallelism().map_or(2, |n| n.get()).min(seeds.len().max(1));
+    let next = std::sync::atomic::AtomicUsize::new(0);
+    let results: Vec<(u64, Result<provider_sim::chaos::SeedOutcome, String>)> =
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..workers)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let mut out = Vec::new();
+                        loop {
+                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                            let Some(&seed) = seeds.get(i) else { break };
+                            out.push((seed, run_seed(seed)));
+                        }
+                        out
+                    })
+                })
+                .collect();
+            let mut all: Vec<_> = handles
+                .into_iter()
+                .flat_map(|h| h.join().expect("a chaos worker panicked"))
+                .collect();
+            all.sort_by_key(|(s, _)| *s);
+            all
+        });
+    let events: u64 = results.iter().filter_map(|(_, r)| r.as_ref().ok()).map(|o| o.events).sum();
+    let failures: Vec<String> = results
+        .iter()
+        .filter_map(|(seed, r)| {
+            r.as_ref().err().map(|e| {
+                format!("seed {seed}: {e}\n  replay: {}", replay_command(*seed))
+            })
+        })
+        .collect();
+    eprintln!(
+        "chaos: {} seed(s), each run twice, {events} events per run set, {} failure(s)",
+        results.len(),
+        failures.len()
+    );
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
