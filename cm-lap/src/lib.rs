@@ -8,5 +8,7 @@
 //! answers a LAP by itself.
 #![forbid(unsafe_code)]
 
+pub mod apm_msg;
 pub mod peer_channel;
+pub mod udp;
 pub mod umad_transport;
