@@ -99,7 +99,16 @@ impl Engine {
         };
         // Rule 4: duplicates.
         if let Some((d, status)) = c.last_lap {
-            if d == digest {
+            // A "success" answer stays true only while that path is still our armed
+            // alternate: the same LAP sent again after a migration or another LAP is a
+            // new request, and answering it from memory would leave the two sides with
+            // different alternates.
+            let still_true = status != ApStatus::Success
+                || c.armed
+                    && c.alternate.is_some_and(|a| {
+                        a.slid == lap.alt.dlid && a.dlid == lap.alt.slid && a.dgid == lap.alt.sgid
+                    });
+            if d == digest && still_true {
                 debug!(%id, ?status, "duplicate LAP: same answer again");
                 self.send_apr(id, responder, status);
                 return;
