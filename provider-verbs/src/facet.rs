@@ -30,7 +30,13 @@ pub struct VerbsQpControl {
     devices: Vec<Context>,
     conns: Conns,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
+    hook: Mutex<Option<EventHook>>,
 }
+
+/// Called with every async event (and its device index) before it becomes an engine
+/// input: how a facet built on this one (provider-rxe) sees events such as
+/// `SQ_DRAINED` that the engine has no use for. It runs on the event task: keep it short.
+pub type EventHook = Arc<dyn Fn(u16, &ffi::AsyncEvent) + Send + Sync>;
 
 impl std::fmt::Debug for VerbsQpControl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -61,7 +67,19 @@ impl VerbsQpControl {
             devices: contexts,
             conns: Arc::new(Mutex::new(BTreeMap::new())),
             tasks: Mutex::new(Vec::new()),
+            hook: Mutex::new(None),
         }
+    }
+
+    /// Also hand every async event to `hook` (replacing an earlier one). Set it before
+    /// [`QpControl::start`]: the event tasks take the hook they find then.
+    pub fn set_event_hook(&self, hook: EventHook) {
+        *self.hook.lock().unwrap_or_else(PoisonError::into_inner) = Some(hook);
+    }
+
+    /// The device contexts, by device index.
+    pub fn contexts(&self) -> &[Context] {
+        &self.devices
     }
 
     /// The device index of a context name, as used in [`PortKey`]s.
@@ -212,12 +230,18 @@ impl QpControl for VerbsQpControl {
             let events = ctx
                 .async_events()
                 .map_err(|e| to_provider("async events", e))?;
+            let hook = self
+                .hook
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clone();
             let task = tokio::spawn(pump(
                 ctx.clone(),
                 device,
                 events,
                 sink.clone(),
                 self.conns.clone(),
+                hook,
             ));
             self.tasks
                 .lock()
@@ -290,6 +314,7 @@ async fn pump(
     mut events: ffi::AsyncEvents,
     sink: InputSink,
     conns: Conns,
+    hook: Option<EventHook>,
 ) {
     loop {
         let ev = match events.next().await {
@@ -300,6 +325,9 @@ async fn pump(
             }
         };
         tracing::debug!(device = ctx.name(), ?ev, "async event");
+        if let Some(h) = &hook {
+            h(device, &ev);
+        }
         let inputs = match ev.element {
             EventElement::Port(port) => {
                 let key = PortKey::new(device, port);

@@ -1,0 +1,273 @@
+//! [`RxeQpControl`]: apm-core's QP-control facet for RoCE, with software path migration
+//! and the progress monitor.
+//!
+//! Port events, GID changes and QP events come from provider-verbs' facet, which this one
+//! wraps (one async-event reader per device); `IBV_EVENT_SQ_DRAINED` is also routed to the
+//! connection that is draining. `SoftwareMigrate` moves the connection's primary address
+//! vector ([`RcConn::migrate`]); load-alternate, set-rearm and force-migrate are refused:
+//! RoCE has no hardware APM.
+//!
+//! **Progress monitor.** rxe with `retry_cnt` 7 retransmits forever, so a dead path never
+//! errors. Every `stall_timeout / 4` the monitor asks each connection whether its sends
+//! make progress ([`RcConn::check_stall`]): outstanding sends with no completion for
+//! longer than `stall_timeout` (default 300 ms: ~4 retransmissions at ACK timeout 14),
+//! or a send that failed (a link down puts an rxe QP in ERR within milliseconds), raise
+//! [`QpEvent::PrimaryStalled`] for that connection; the engine then migrates to the
+//! agreed alternate. A stall is reported once, and again every `4 * stall_timeout` while
+//! it lasts. A connection with nothing outstanding is never reported: an idle QP cannot
+//! tell a dead path from a quiet one (the peer, which is sending, notices instead).
+
+use crate::conn::RcConn;
+use apm_core::{
+    ConnId, Gid, Input, InputSink, MigState, Path, ProviderError, QpControl, QpEvent, QpSnapshot,
+};
+use async_trait::async_trait;
+use provider_verbs::ffi::{AddressVector, AsyncEventKind, Context, EventElement, GidType};
+use provider_verbs::VerbsQpControl;
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+use tracing::{debug, info, warn};
+
+/// This facet's name in errors and logs.
+const NAME: &str = "provider-rxe";
+
+/// Tunables of [`RxeQpControl`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RxeConfig {
+    /// Outstanding sends with no completion for this long mean the path is dead.
+    /// Default 300 ms.
+    pub stall_timeout: Duration,
+    /// How long to wait for `SQ_DRAINED` before checking the QP's state. Default 2 s.
+    pub drain_timeout: Duration,
+}
+
+impl Default for RxeConfig {
+    fn default() -> Self {
+        RxeConfig {
+            stall_timeout: Duration::from_millis(300),
+            drain_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+type Conns = Arc<Mutex<BTreeMap<ConnId, Arc<RcConn>>>>;
+
+/// The RoCE QP-control facet (see the module docs).
+pub struct RxeQpControl {
+    verbs: VerbsQpControl,
+    conns: Conns,
+    config: RxeConfig,
+    monitor: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+impl std::fmt::Debug for RxeQpControl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RxeQpControl")
+            .field("verbs", &self.verbs)
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Drop for RxeQpControl {
+    fn drop(&mut self) {
+        if let Some(t) = self
+            .monitor
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            t.abort();
+        }
+    }
+}
+
+fn lock(conns: &Conns) -> std::sync::MutexGuard<'_, BTreeMap<ConnId, Arc<RcConn>>> {
+    // Single inserts and removes: a poisoned map is still consistent.
+    conns.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl RxeQpControl {
+    /// A facet over these device contexts (device index `i` is `contexts[i]`).
+    pub fn new(contexts: Vec<Context>, config: RxeConfig) -> RxeQpControl {
+        let names: Vec<String> = contexts.iter().map(|c| c.name().to_owned()).collect();
+        let verbs = VerbsQpControl::new(contexts);
+        let conns: Conns = Arc::new(Mutex::new(BTreeMap::new()));
+        let hook_conns = conns.clone();
+        verbs.set_event_hook(Arc::new(move |device, ev| {
+            let (AsyncEventKind::SqDrained, EventElement::Qp(qpn)) = (ev.kind, ev.element) else {
+                return;
+            };
+            let Some(dev) = names.get(usize::from(device)) else {
+                return;
+            };
+            for c in lock(&hook_conns).values() {
+                if c.qp_num() == qpn && c.context().name() == dev {
+                    c.sq_drained();
+                }
+            }
+        }));
+        RxeQpControl {
+            verbs,
+            conns,
+            config,
+            monitor: Mutex::new(None),
+        }
+    }
+
+    /// Put `rc` under this facet as connection `conn`.
+    pub fn register(&self, conn: ConnId, rc: Arc<RcConn>) -> Result<(), ProviderError> {
+        self.verbs
+            .register(conn, rc.qp().clone())
+            .map_err(|e| ProviderError::Refused {
+                operation: "register".into(),
+                detail: e.to_string(),
+            })?;
+        lock(&self.conns).insert(conn, rc);
+        Ok(())
+    }
+
+    /// Forget connection `conn`.
+    pub fn unregister(&self, conn: ConnId) {
+        self.verbs.unregister(conn);
+        lock(&self.conns).remove(&conn);
+    }
+
+    /// The device index of a context, as used in [`apm_core::PortKey`]s.
+    pub fn device_index(&self, name: &str) -> Option<u16> {
+        self.verbs.device_index(name)
+    }
+
+    fn conn(&self, conn: ConnId) -> Result<Arc<RcConn>, ProviderError> {
+        lock(&self.conns)
+            .get(&conn)
+            .cloned()
+            .ok_or(ProviderError::UnknownConnection(conn))
+    }
+}
+
+/// The error for every hardware-APM operation.
+fn no_hw_apm(operation: &str) -> ProviderError {
+    ProviderError::Unsupported {
+        provider: NAME.into(),
+        operation: format!(
+            "{operation}: RoCE has no hardware APM (the kernel refuses alternate paths on \
+             RoCE ports); protect RoCE connections with MigrationMode::Software"
+        ),
+    }
+}
+
+/// The address vector of `path` on `ctx`, with the source GID's index looked up now
+/// (RoCE GID indexes move when addresses come and go).
+pub fn address_vector(ctx: &Context, path: &Path) -> Result<AddressVector, ProviderError> {
+    let port = path.port.port;
+    let sgid_index = gid_index(ctx, port, &path.sgid)?;
+    Ok(AddressVector {
+        dlid: path.dlid.get(),
+        sl: path.sl,
+        src_path_bits: 0,
+        static_rate: 0,
+        port_num: port,
+        is_global: true,
+        dgid: path.dgid.0,
+        sgid_index,
+        flow_label: path.flow_label,
+        hop_limit: if path.hop_limit <= 1 {
+            64
+        } else {
+            path.hop_limit
+        },
+        traffic_class: path.traffic_class,
+    })
+}
+
+/// The index of `gid` in `ctx` port `port`'s GID table, RoCE v2 entries first.
+pub fn gid_index(ctx: &Context, port: u8, gid: &Gid) -> Result<u8, ProviderError> {
+    let table = ctx.gid_table(port).map_err(|e| ProviderError::Refused {
+        operation: "query GID table".into(),
+        detail: e.to_string(),
+    })?;
+    let pick = table
+        .iter()
+        .filter(|e| e.gid == gid.0)
+        .max_by_key(|e| e.gid_type == GidType::RoceV2)
+        .ok_or_else(|| ProviderError::Refused {
+            operation: "find source GID".into(),
+            detail: format!("{gid} is not in {} port {port}'s GID table", ctx.name()),
+        })?;
+    u8::try_from(pick.index)
+        .map_err(|_| ProviderError::Io(format!("GID index {} > 255", pick.index)))
+}
+
+#[async_trait]
+impl QpControl for RxeQpControl {
+    async fn start(&self, sink: InputSink) -> Result<(), ProviderError> {
+        self.verbs.start(sink.clone()).await?;
+        let conns = self.conns.clone();
+        let stall = self.config.stall_timeout;
+        let tick = (stall / 4).max(Duration::from_millis(5));
+        let task = tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(tick).await;
+                let now = Instant::now();
+                let all: Vec<(ConnId, Arc<RcConn>)> =
+                    lock(&conns).iter().map(|(k, v)| (*k, v.clone())).collect();
+                for (conn, rc) in all {
+                    if rc.check_stall(now, stall) == crate::conn::Stall::Report {
+                        info!(%conn, qpn = rc.qp_num(), "no send progress: primary path stalled");
+                        let event = QpEvent::PrimaryStalled;
+                        if sink.send(Input::QpEvent { conn, event }).is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        if let Some(old) = self
+            .monitor
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .replace(task)
+        {
+            old.abort();
+        }
+        Ok(())
+    }
+
+    async fn load_alternate(&self, _conn: ConnId, _path: Path) -> Result<(), ProviderError> {
+        Err(no_hw_apm("load alternate path"))
+    }
+
+    async fn set_rearm(&self, _conn: ConnId) -> Result<MigState, ProviderError> {
+        Err(no_hw_apm("set REARM"))
+    }
+
+    async fn force_migrate(&self, _conn: ConnId) -> Result<(), ProviderError> {
+        Err(no_hw_apm("force MIGRATED"))
+    }
+
+    async fn software_migrate(&self, conn: ConnId, path: Path) -> Result<(), ProviderError> {
+        let rc = self.conn(conn)?;
+        let av = address_vector(rc.context(), &path)?;
+        let started = Instant::now();
+        match rc.migrate(av, self.config.drain_timeout).await {
+            Ok(reinit) => {
+                info!(%conn, to = %path, reinit, took = ?started.elapsed(), "software migration done");
+                Ok(())
+            }
+            Err(e) => {
+                warn!(%conn, to = %path, error = %e, "software migration failed");
+                debug!(stats = ?rc.stats(), "connection stats");
+                Err(ProviderError::Refused {
+                    operation: "software path migration".into(),
+                    detail: e.to_string(),
+                })
+            }
+        }
+    }
+
+    async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError> {
+        self.verbs.query_qp(conn).await
+    }
+}
