@@ -21,6 +21,14 @@ use super::*;
 
 impl Engine {
     pub(super) fn peer_message(&mut self, from: PeerAddr, port: PortKey, msg: PeerMsg) {
+        // A message from a GID proves it is in service. Held out of service, it was put
+        // there by a stale Report: the SM resends each Report on its own schedule, so a
+        // retransmitted trap 65 can arrive after the trap 64 that followed it, and no
+        // later notice would ever correct it.
+        if self.remotes.get(&from.gid).is_some_and(|h| !h.up) {
+            debug!(gid = %from.gid, "message from a GID held out of service: it is back");
+            self.remote_gid(from.gid, true);
+        }
         match msg {
             PeerMsg::Lap(lap) => self.lap_arrived(from, port, lap),
             PeerMsg::Apr(apr) => self.apr_arrived(from, apr),
