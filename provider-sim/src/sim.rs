@@ -862,6 +862,10 @@ impl Sim {
                         .retain(|g| g.0[..8] != prefix[..]);
                 }
             }
+            Input::PeerMessage { from, .. } => {
+                // The engine takes a message from a GID as proof it is in service.
+                self.hosts[host].known_dead_gids.remove(&from.gid);
+            }
             Input::RemoteGid { gid, in_service } => {
                 if *in_service {
                     self.hosts[host].known_dead_gids.remove(gid);
@@ -1317,6 +1321,17 @@ impl Sim {
     fn exhausted(&mut self, i: usize, s: usize) {
         let c = &self.conns[i];
         let q = &c.qp[s];
+        tracing::debug!(
+            conn = i,
+            side = s,
+            primary = %q.primary,
+            alt = ?q.alt.map(|a| (a.slid, a.dlid)),
+            mig = ?q.mig,
+            peer_primary = %c.qp[1 - s].primary,
+            peer_alt = ?c.qp[1 - s].alt.map(|a| (a.slid, a.dlid)),
+            peer_mig = ?c.qp[1 - s].mig,
+            "retry budget exhausted"
+        );
         let host = q.host;
         if c.mode == Mode::Hardware && q.mig == MigState::Armed && q.alt.is_some() {
             let alt = q.alt.expect("checked above");
