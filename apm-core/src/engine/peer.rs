@@ -111,11 +111,13 @@ impl Engine {
             // alternate: the same LAP sent again after a migration or another LAP is a
             // new request, and answering it from memory would leave the two sides with
             // different alternates.
-            let still_true = status != ApStatus::Success
-                || c.armed
-                    && c.alternate.is_some_and(|a| {
-                        a.slid == lap.alt.dlid && a.dlid == lap.alt.slid && a.dgid == lap.alt.sgid
-                    });
+            // A refusal is worked out again: what made it (a dead path, a collision) may
+            // have changed since, and working it out touches nothing.
+            let still_true = status == ApStatus::Success
+                && c.armed
+                && c.alternate.is_some_and(|a| {
+                    a.slid == lap.alt.dlid && a.dlid == lap.alt.slid && a.dgid == lap.alt.sgid
+                });
             if d == digest && still_true {
                 debug!(%id, ?status, "duplicate LAP: same answer again");
                 self.send_apr(id, responder, status);
