@@ -863,7 +863,7 @@ impl Sim {
                 }
             }
             Input::PeerMessage { from, .. } => {
-                // The engine takes a message from a GID as proof it is in service.
+                // The engine takes a message from a GID as proof that it is in service.
                 self.hosts[host].known_dead_gids.remove(&from.gid);
             }
             Input::RemoteGid { gid, in_service } => {
