@@ -5,6 +5,7 @@
 //! and every subcommand exits non-zero on failure.
 #![forbid(unsafe_code)]
 
+mod config_cmd;
 mod mad;
 mod simulate;
 
@@ -29,6 +30,9 @@ enum Command {
     /// Decode or encode management datagrams (SA, CM LAP/APR/MRA, vendor class).
     #[command(subcommand)]
     Mad(mad::MadCommand),
+    /// Check a deployment configuration file.
+    #[command(subcommand)]
+    Config(config_cmd::ConfigCommand),
 }
 
 fn main() {
@@ -40,6 +44,7 @@ fn main() {
     let result = match cli.command {
         Command::Simulate(args) => simulate::run(args),
         Command::Mad(cmd) => mad::run(cmd),
+        Command::Config(cmd) => config_cmd::run(cmd),
     };
     if let Err(err) = result {
         eprintln!("apm: {err:#}");
