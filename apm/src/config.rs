@@ -143,7 +143,11 @@ impl std::fmt::Display for ConfigError {
         if self.line == 0 {
             write!(f, "{}", self.message)
         } else {
-            write!(f, "line {}, column {}: {}", self.line, self.column, self.message)
+            write!(
+                f,
+                "line {}, column {}: {}",
+                self.line, self.column, self.message
+            )
         }
     }
 }
@@ -160,7 +164,10 @@ fn position(text: &str, offset: usize) -> (usize, usize) {
 
 /// The RoCE/InfiniBand default transport for a set of devices.
 fn default_transport(devices: &[DeviceConfig]) -> LapTransport {
-    if devices.iter().any(|d| *d.provider.get_ref() == ProviderKind::Rxe) {
+    if devices
+        .iter()
+        .any(|d| *d.provider.get_ref() == ProviderKind::Rxe)
+    {
         LapTransport::Udp
     } else {
         LapTransport::Vendor
@@ -197,7 +204,11 @@ impl Config {
 
     /// The engine policy with the `[sa]` switches applied.
     pub fn engine_policy(&self) -> Policy {
-        let mut p = self.policy.as_ref().map(|p| p.get_ref().clone()).unwrap_or_default();
+        let mut p = self
+            .policy
+            .as_ref()
+            .map(|p| p.get_ref().clone())
+            .unwrap_or_default();
         p.subscribe = p.subscribe && self.sa.subscribe;
         p.resolve_paths = p.resolve_paths && self.sa.resolve_paths;
         p
@@ -214,7 +225,10 @@ impl Config {
             });
         };
         if self.devices.is_empty() {
-            at(0..0, "no [[device]] table: name at least one device to protect connections on".into());
+            at(
+                0..0,
+                "no [[device]] table: name at least one device to protect connections on".into(),
+            );
         }
         for (i, d) in self.devices.iter().enumerate() {
             let name = d.name.get_ref();
@@ -237,7 +251,10 @@ impl Config {
         }
         let transport = self.lap_transport();
         let transport_span = self.lap.transport.as_ref().map_or(0..0, |t| t.span());
-        let roce = self.devices.iter().find(|d| *d.provider.get_ref() == ProviderKind::Rxe);
+        let roce = self
+            .devices
+            .iter()
+            .find(|d| *d.provider.get_ref() == ProviderKind::Rxe);
         if let (Some(d), LapTransport::Vendor | LapTransport::Cm) = (roce, transport) {
             at(
                 transport_span.clone(),
@@ -260,15 +277,24 @@ impl Config {
         }
         if let Some(o) = &self.lap.oui {
             if *o.get_ref() > 0xFF_FFFF {
-                at(o.span(), format!("oui {:#x} does not fit in 24 bits", o.get_ref()));
+                at(
+                    o.span(),
+                    format!("oui {:#x} does not fit in 24 bits", o.get_ref()),
+                );
             }
         }
         if transport == LapTransport::Udp && self.lap.udp_listen.is_none() {
-            at(transport_span, "the udp transport needs udp_listen = \"ADDRESS:PORT\" in [lap]".into());
+            at(
+                transport_span,
+                "the udp transport needs udp_listen = \"ADDRESS:PORT\" in [lap]".into(),
+            );
         }
         for peer in &self.lap.peers {
             if peer.gid.get_ref().parse::<Gid>().is_err() {
-                at(peer.gid.span(), format!("{:?} is not a GID (IPv6 notation)", peer.gid.get_ref()));
+                at(
+                    peer.gid.span(),
+                    format!("{:?} is not a GID (IPv6 notation)", peer.gid.get_ref()),
+                );
             }
         }
         errors
@@ -294,36 +320,64 @@ mod tests {
         .expect("valid");
         assert_eq!(c.lap_transport(), LapTransport::Vendor);
         assert_eq!(c.engine_policy().lap_timeout_ms, 250);
-        assert_eq!(c.engine_policy().lap_max_tries, Policy::default().lap_max_tries);
+        assert_eq!(
+            c.engine_policy().lap_max_tries,
+            Policy::default().lap_max_tries
+        );
     }
 
     #[test]
     fn roce_defaults_to_udp_and_needs_a_listen_address() {
         let text = "[[device]]\nname = \"rxe0\"\nprovider = \"rxe\"\n";
-        assert_eq!(errors(text), ["line 1, column 1: the udp transport needs udp_listen = \"ADDRESS:PORT\" in [lap]"]);
+        assert_eq!(
+            errors(text),
+            ["line 1, column 1: the udp transport needs udp_listen = \"ADDRESS:PORT\" in [lap]"]
+        );
         let ok = format!("{text}[lap]\nudp_listen = \"0.0.0.0:18515\"\n");
-        assert_eq!(Config::parse(&ok).expect("valid").lap_transport(), LapTransport::Udp);
+        assert_eq!(
+            Config::parse(&ok).expect("valid").lap_transport(),
+            LapTransport::Udp
+        );
     }
 
     #[test]
     fn errors_point_at_their_line() {
         let text = "[[device]]\nname = \"rxe0\"\nprovider = \"rxe\"\n\n[lap]\ntransport = \"vendor\"\nvendor_class = 0x20\n";
         let es = errors(text);
-        assert!(es.iter().any(|e| e.starts_with("line 6") && e.contains("use transport = \"udp\"")), "{es:?}");
-        assert!(es.iter().any(|e| e.starts_with("line 7") && e.contains("0x30..=0x4f")), "{es:?}");
+        assert!(
+            es.iter()
+                .any(|e| e.starts_with("line 6") && e.contains("use transport = \"udp\"")),
+            "{es:?}"
+        );
+        assert!(
+            es.iter()
+                .any(|e| e.starts_with("line 7") && e.contains("0x30..=0x4f")),
+            "{es:?}"
+        );
     }
 
     #[test]
     fn typos_and_bad_values_are_errors() {
-        let es = errors("[[device]]\nname = \"mlx5_0\"\nprovider = \"verbs\"\n[policy]\nlap_timout_ms = 5\n");
-        assert!(es[0].starts_with("line 5") && es[0].contains("unknown field"), "{es:?}");
+        let es = errors(
+            "[[device]]\nname = \"mlx5_0\"\nprovider = \"verbs\"\n[policy]\nlap_timout_ms = 5\n",
+        );
+        assert!(
+            es[0].starts_with("line 5") && es[0].contains("unknown field"),
+            "{es:?}"
+        );
         let es = errors("[[device]]\nname = \"mlx5_0\"\nprovider = \"infiniband\"\n");
-        assert!(es[0].starts_with("line 3") && es[0].contains("unknown variant"), "{es:?}");
-        let es = errors("[[device]]\nname = \"a\"\nprovider = \"verbs\"\n[policy]\nlap_max_tries = 0\n");
+        assert!(
+            es[0].starts_with("line 3") && es[0].contains("unknown variant"),
+            "{es:?}"
+        );
+        let es =
+            errors("[[device]]\nname = \"a\"\nprovider = \"verbs\"\n[policy]\nlap_max_tries = 0\n");
         assert!(es[0].contains("lap_max_tries"), "{es:?}");
         let es = errors("[[device]]\nname = \"a\"\nprovider = \"verbs\"\n[[device]]\nname = \"a\"\nprovider = \"verbs\"\nports = [0]\n");
         assert_eq!(es.len(), 2, "{es:?}");
         assert!(errors("").iter().any(|e| e.contains("no [[device]]")));
-        assert!(errors("this is not toml").first().is_some_and(|e| e.starts_with("line 1")));
+        assert!(errors("this is not toml")
+            .first()
+            .is_some_and(|e| e.starts_with("line 1")));
     }
 }

@@ -19,7 +19,10 @@ fn check(path: &str, json: bool) -> (bool, String, String) {
 
 #[test]
 fn the_example_configs_are_valid() {
-    for file in ["examples/config/infiniband.toml", "examples/config/roce.toml"] {
+    for file in [
+        "examples/config/infiniband.toml",
+        "examples/config/roce.toml",
+    ] {
         let (ok, out, err) = check(file, false);
         assert!(ok, "{file}: {out}{err}");
         assert!(out.contains("valid"));
