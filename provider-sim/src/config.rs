@@ -36,7 +36,8 @@ fn invalid(what: impl Into<String>) -> ScenarioError {
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct Scenario {
-    /// A name for reports.
+    /// A name for reports (a file without one is called "scenario").
+    #[serde(default = "default_name")]
     pub name: String,
     /// Simulated time to run, in milliseconds.
     pub duration_ms: u64,
@@ -46,10 +47,16 @@ pub struct Scenario {
     pub fabric: FabricParams,
     /// The connections and their traffic.
     pub workload: Workload,
-    /// Faults at fixed times, applied in time order.
+    /// Faults at fixed times, applied in time order. A file without any has none (it
+    /// does not inherit the built-in demonstration's).
+    #[serde(default)]
     pub faults: Vec<Fault>,
     /// Faults generated from the seed, added to `faults`.
     pub random_faults: Option<RandomFaults>,
+}
+
+fn default_name() -> String {
+    "scenario".into()
 }
 
 impl Default for Scenario {

@@ -22,7 +22,9 @@ fn chaos() {
             (start..start + n).collect()
         }
     };
-    let workers = std::thread::available_parallelism().map_or(2, |n| n.get()).min(seeds.len().max(1));
+    let workers = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .min(seeds.len().max(1));
     let next = std::sync::atomic::AtomicUsize::new(0);
     let results: Vec<(u64, Result<provider_sim::chaos::SeedOutcome, String>)> =
         std::thread::scope(|scope| {
@@ -46,13 +48,17 @@ fn chaos() {
             all.sort_by_key(|(s, _)| *s);
             all
         });
-    let events: u64 = results.iter().filter_map(|(_, r)| r.as_ref().ok()).map(|o| o.events).sum();
+    let events: u64 = results
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().ok())
+        .map(|o| o.events)
+        .sum();
     let failures: Vec<String> = results
         .iter()
         .filter_map(|(seed, r)| {
-            r.as_ref().err().map(|e| {
-                format!("seed {seed}: {e}\n  replay: {}", replay_command(*seed))
-            })
+            r.as_ref()
+                .err()
+                .map(|e| format!("seed {seed}: {e}\n  replay: {}", replay_command(*seed)))
         })
         .collect();
     eprintln!(

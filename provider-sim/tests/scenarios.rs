@@ -1,0 +1,404 @@
+//! Scenario tests: each behaviour of the seeds (DOMAIN.md §2) on the simulated fabric,
+//! end to end through the real engine, plus the baselines' failure modes, software
+//! migration, determinism, the example scenario files, and a run through
+//! `apm_core::Manager` on tokio's paused clock.
+
+use apm_core::{ConnId, Time};
+use provider_sim::{ConnState, Fault, PolicyKind, RunConfig, Scenario, Sim};
+
+/// Four dual-rail hosts, LMC 1, a dozen connections whose traffic is slow enough
+/// (one message per second) that only notices and port events can explain a fast
+/// failover on the side that did not see the failure.
+fn small(faults: Vec<Fault>) -> Scenario {
+    let mut s = Scenario {
+        name: "test".into(),
+        duration_ms: 3000,
+        faults,
+        ..Scenario::default()
+    };
+    s.topology.hosts = 4;
+    s.workload.connections = 12;
+    s.workload.message_interval_ms = 1000;
+    s
+}
+
+fn sim(s: &Scenario, policy: PolicyKind) -> Sim {
+    let mut cfg = RunConfig::new(policy, 7);
+    cfg.check = true;
+    Sim::new(s, cfg).expect("valid scenario")
+}
+
+fn run_to(sim: &mut Sim, ms: u64) {
+    sim.run_until(Time::from_millis(ms));
+}
+
+/// Connections with a side on `host` whose primary uses port `port` there.
+fn conns_via(sim: &Sim, host: usize, port: u8) -> Vec<usize> {
+    (0..sim.num_conns())
+        .filter(|&i| {
+            let (a, b) = sim.conn_hosts(i).unwrap();
+            let (pa, pb) = sim.conn_ports(i).unwrap();
+            (a == host && pa == port) || (b == host && pb == port)
+        })
+        .collect()
+}
+
+fn stats(sim: &Sim, host: usize) -> apm_core::Stats {
+    sim.controller(host).engine().expect("apm").stats().clone()
+}
+
+#[test]
+fn seed000_local_port_err_and_remote_trap65_both_force_migration() {
+    let s = small(vec![Fault::PortDown {
+        at_ms: 1500,
+        port: "h1:1".into(),
+    }]);
+    let mut sim = sim(&s, PolicyKind::Apm);
+    run_to(&mut sim, 1400);
+    let hit = conns_via(&sim, 1, 1);
+    assert!(!hit.is_empty());
+    assert!(hit
+        .iter()
+        .all(|&i| sim.conn_state(i) == Some(ConnState::Armed)));
+    let peers: Vec<usize> = hit
+        .iter()
+        .map(|&i| {
+            let (a, b) = sim.conn_hosts(i).unwrap();
+            if a == 1 {
+                b
+            } else {
+                a
+            }
+        })
+        .collect();
+    let before: u64 = peers
+        .iter()
+        .map(|&h| stats(&sim, h).migrations_forced)
+        .sum();
+    // 20 ms: well inside the next message (1 s away), so neither side can have learnt
+    // from traffic: h1 from its PORT_ERR, the peers from trap 65 after the heavy sweep.
+    run_to(&mut sim, 1520);
+    for &i in &hit {
+        assert_ne!(sim.conn_state(i), Some(ConnState::Migrating), "conn{i}");
+        assert_eq!(sim.conn_ports(i), Some((2, 2)), "conn{i} moved to rail B");
+    }
+    assert!(stats(&sim, 1).migrations_forced >= hit.len() as u64);
+    let after: u64 = peers
+        .iter()
+        .map(|&h| stats(&sim, h).migrations_forced)
+        .sum();
+    assert!(
+        after > before,
+        "the passive peers forced their own migrations"
+    );
+    let r = sim.finish();
+    assert_eq!((r.lost, r.messages_lost), (0, 0));
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+}
+
+#[test]
+fn seed001_rearm_after_migration_through_lap_apr() {
+    let s = small(vec![Fault::PortDown {
+        at_ms: 1000,
+        port: "h2:1".into(),
+    }]);
+    let mut sim = sim(&s, PolicyKind::Apm);
+    run_to(&mut sim, 990);
+    let hit = conns_via(&sim, 2, 1);
+    let laps_before: u64 = (0..4).map(|h| stats(&sim, h).laps_sent).sum();
+    // Traffic of 1 msg/s must flow once to turn REARM into ARMED: give it 1.2 s.
+    run_to(&mut sim, 2200);
+    let laps: u64 = (0..4).map(|h| stats(&sim, h).laps_sent).sum();
+    assert!(laps > laps_before, "re-arming went through LAPs");
+    for &i in &hit {
+        assert_eq!(
+            sim.conn_state(i),
+            Some(ConnState::Armed),
+            "conn{i} armed again"
+        );
+        let (a, _) = sim.conn_hosts(i).unwrap();
+        let st = sim
+            .controller(a)
+            .engine()
+            .unwrap()
+            .connection(ConnId(i as u64))
+            .unwrap();
+        // The only healthy alternates left are LMC variants on rail B.
+        let alt = st.alternate.unwrap();
+        assert_eq!(alt.port.port, 2);
+        assert!(!alt.same_route(&st.primary));
+    }
+}
+
+#[test]
+fn port_active_and_trap64_rearm_through_the_returning_rail() {
+    let s = small(vec![
+        Fault::PortDown {
+            at_ms: 500,
+            port: "h3:1".into(),
+        },
+        Fault::PortUp {
+            at_ms: 1000,
+            port: "h3:1".into(),
+        },
+    ]);
+    let mut sim = sim(&s, PolicyKind::Apm);
+    run_to(&mut sim, 450);
+    let hit = conns_via(&sim, 3, 1);
+    assert!(!hit.is_empty());
+    run_to(&mut sim, 2500);
+    for &i in &hit {
+        assert_eq!(sim.conn_state(i), Some(ConnState::Armed), "conn{i}");
+        let (a, _) = sim.conn_hosts(i).unwrap();
+        let st = sim
+            .controller(a)
+            .engine()
+            .unwrap()
+            .connection(ConnId(i as u64))
+            .unwrap();
+        let alt = st.alternate.unwrap();
+        assert_ne!(
+            alt.port, st.primary.port,
+            "conn{i} re-armed across the rails"
+        );
+    }
+}
+
+#[test]
+fn seed002_short_outage_between_sweeps_is_not_missed() {
+    // 30 ms down, sweeps every second: only the local PORT_ERR/PORT_ACTIVE tell.
+    let mut s = small(vec![
+        Fault::PortDown {
+            at_ms: 1200,
+            port: "h0:2".into(),
+        },
+        Fault::PortUp {
+            at_ms: 1230,
+            port: "h0:2".into(),
+        },
+    ]);
+    s.fabric.sweep_interval_ms = 1000;
+    let mut sim = sim(&s, PolicyKind::Apm);
+    run_to(&mut sim, 1100);
+    let hit = conns_via(&sim, 0, 2);
+    assert!(!hit.is_empty());
+    run_to(&mut sim, 2900);
+    assert!(stats(&sim, 0).migrations_forced >= hit.len() as u64);
+    for &i in &hit {
+        assert_eq!(sim.conn_state(i), Some(ConnState::Armed), "conn{i}");
+    }
+    let r = sim.finish();
+    assert_eq!(r.lost, 0);
+    // Far below the 537 ms a dead path takes to error out without apm.
+    assert!(r.restore_ms.max < 100.0, "{:?}", r.restore_ms);
+}
+
+#[test]
+fn sm_failover_client_reregister_and_notices_flow_again() {
+    let s = small(vec![
+        Fault::SmFailover {
+            at_ms: 100,
+            subnet: 1,
+        },
+        Fault::PortDown {
+            at_ms: 1500,
+            port: "h2:2".into(),
+        },
+    ]);
+    let mut sim = sim(&s, PolicyKind::Apm);
+    run_to(&mut sim, 50);
+    let subs_before: u64 = (0..4).map(|h| stats(&sim, h).subscriptions).sum();
+    run_to(&mut sim, 1400);
+    let subs_after: u64 = (0..4).map(|h| stats(&sim, h).subscriptions).sum();
+    assert!(
+        subs_after >= subs_before + 4,
+        "every host subscribed again on rail B after ClientReregister"
+    );
+    let hit = conns_via(&sim, 2, 2);
+    run_to(&mut sim, 1520);
+    for &i in &hit {
+        assert_ne!(
+            sim.conn_state(i),
+            Some(ConnState::Migrating),
+            "conn{i}: the new SM's trap 65 reached the peer"
+        );
+    }
+}
+
+#[test]
+fn hw_only_loses_an_unarmed_connection_on_the_second_failure() {
+    let s = small(vec![
+        Fault::SwitchDown {
+            at_ms: 300,
+            switch: "A".into(),
+        },
+        Fault::SwitchUp {
+            at_ms: 1200,
+            switch: "A".into(),
+        },
+        Fault::PortDown {
+            at_ms: 1800,
+            port: "h1:2".into(),
+        },
+    ]);
+    let mut s = s;
+    s.workload.message_interval_ms = 10;
+    let hw = sim(&s, PolicyKind::HwOnly).run();
+    let apm = sim(&s, PolicyKind::Apm).run();
+    assert!(hw.lost > 0, "hw-only: migrated once, never re-armed");
+    assert!(hw.messages_lost > 0);
+    assert_eq!((apm.lost, apm.messages_lost), (0, 0));
+    assert!(apm.violations.is_empty(), "{:?}", apm.violations);
+}
+
+#[test]
+fn reload_local_arms_a_dead_path_and_gets_path_mig_err() {
+    // Rail A dies; reload-local re-arms onto it blindly; then rail B's port of h1 dies
+    // while rail A is still down: the migration fails (PATH_MIG_ERR) and the QP dies.
+    let mut s = small(vec![
+        Fault::SwitchDown {
+            at_ms: 300,
+            switch: "A".into(),
+        },
+        Fault::PortDown {
+            at_ms: 1500,
+            port: "h1:2".into(),
+        },
+    ]);
+    s.workload.message_interval_ms = 10;
+    let rl = sim(&s, PolicyKind::ReloadLocal).run();
+    assert!(rl.lost > 0);
+    assert!(rl.failovers > 0);
+}
+
+#[test]
+fn software_migration_for_roce_style_qps() {
+    let mut s = small(vec![Fault::PortDown {
+        at_ms: 800,
+        port: "h0:1".into(),
+    }]);
+    s.workload.mode = provider_sim::config::Mode::Software;
+    s.workload.message_interval_ms = 10;
+    let r = sim(&s, PolicyKind::Apm).run();
+    assert!(r.failovers > 0, "moved in software");
+    assert_eq!((r.lost, r.messages_lost), (0, 0));
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+}
+
+#[test]
+fn default_scenario_expected_results() {
+    let mut s = Scenario::default();
+    s.workload.connections = 600;
+    let run = |p| provider_sim::run(&s, p, 1).unwrap();
+    let apm = run(PolicyKind::Apm);
+    assert_eq!(apm.lost, 0);
+    assert_eq!(apm.messages_lost, 0);
+    assert_eq!(apm.messages_duplicated, 0);
+    for base in [run(PolicyKind::HwOnly), run(PolicyKind::ReloadLocal)] {
+        let who = &base.policy;
+        assert!(apm.lost <= base.lost, "{who}");
+        assert!(apm.messages_lost <= base.messages_lost, "{who}");
+        assert!(apm.messages_duplicated <= base.messages_duplicated, "{who}");
+        assert!(apm.restore_ms.p50 <= base.restore_ms.p50, "{who}");
+        assert!(apm.restore_ms.p99 <= base.restore_ms.p99, "{who}");
+        assert!(apm.restore_ms.max <= base.restore_ms.max, "{who}");
+        assert!(
+            apm.unprotected_ms_total <= base.unprotected_ms_total,
+            "{who}"
+        );
+        assert!(apm.end_state[0] >= base.end_state[0], "{who}");
+    }
+}
+
+#[test]
+fn same_seed_same_bytes_other_seed_other_bytes() {
+    let mut s = Scenario::default();
+    s.workload.connections = 200;
+    s.duration_ms = 4000;
+    let j = |seed| {
+        serde_json::to_string(&provider_sim::run(&s, PolicyKind::Apm, seed).unwrap()).unwrap()
+    };
+    assert_eq!(j(5), j(5));
+    assert_ne!(j(5), j(6));
+}
+
+#[test]
+fn example_scenario_files_parse_and_run() {
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
+    let mut n = 0;
+    for entry in std::fs::read_dir(&dir).unwrap() {
+        let path = entry.unwrap().path();
+        if path.extension().is_none_or(|e| e != "toml") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut s =
+            Scenario::from_toml(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        s.workload.connections = s.workload.connections.min(100);
+        let r = provider_sim::run(&s, PolicyKind::Apm, 1).unwrap();
+        assert!(r.connections > 0, "{}", path.display());
+        n += 1;
+    }
+    assert!(n >= 3, "the examples are there");
+}
+
+#[test]
+fn manager_end_to_end_on_tokio_paused_clock() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut s = small(vec![Fault::PortDown {
+            at_ms: 1000,
+            port: "h0:1".into(),
+        }]);
+        s.workload.message_interval_ms = 10;
+        s.duration_ms = 2500;
+        let mut cfg = RunConfig::new(PolicyKind::Apm, 3);
+        cfg.external_hosts = (0..4).collect();
+        cfg.check = true;
+        let sim = Sim::new(&s, cfg).unwrap();
+        let shared = provider_sim::SimProvider::share(sim);
+        let mut handles = Vec::new();
+        let mut notes = Vec::new();
+        for h in 0..4 {
+            let p = std::sync::Arc::new(shared.for_host(h).stack());
+            let (mgr, handle) = apm_core::Manager::new(p, apm_core::Policy::default()).unwrap();
+            notes.push(handle.notifications());
+            tokio::spawn(mgr.run());
+            handles.push(handle);
+        }
+        tokio::task::yield_now().await;
+        for (h, handle) in handles.iter().enumerate() {
+            for spec in shared.with_sim(|sim| sim.external_specs(h)) {
+                handle.protect(spec).await.unwrap();
+            }
+        }
+        shared.drive(Time::from_millis(2400)).await;
+        let (states, hit) = shared.with_sim(|sim| {
+            let states: Vec<_> = (0..sim.num_conns())
+                .map(|i| sim.conn_state(i).unwrap())
+                .collect();
+            (states, sim.violations().to_vec())
+        });
+        assert!(hit.is_empty(), "{hit:?}");
+        assert!(
+            states.iter().all(|s| *s == ConnState::Armed),
+            "every connection armed again: {states:?}"
+        );
+        let mut migrated = 0;
+        for rx in &mut notes {
+            while let Ok(n) = rx.try_recv() {
+                if matches!(n.kind, apm_core::NotificationKind::Migrated { .. }) {
+                    migrated += 1;
+                }
+            }
+        }
+        assert!(migrated > 0, "the Manager reported migrations");
+        for h in &handles {
+            h.shutdown();
+        }
+    });
+}
