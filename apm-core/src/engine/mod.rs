@@ -1067,6 +1067,9 @@ impl Engine {
         c.armed = true;
         c.mig = mig;
         c.failed_rearms = 0;
+        // Both sides have just agreed on this path: an old "bad" mark (a LAP of ours
+        // for it refused while it was down) must not stop a migration onto it.
+        c.bad.retain(|(p, _)| !p.same_route(&path));
         self.stats.arms += 1;
         if let Some(r) = responder {
             let sender = c.local_comm_id;
