@@ -307,6 +307,12 @@ pub struct Sim {
     digest: u64,
     /// Last time a fault happened (for the "re-armed within a bound" check).
     last_fault: Time,
+    /// (host, GID) pairs about which a host missed the SM's last word for good: a Report
+    /// given up after its retries, or one that arrived after a newer one and
+    /// contradicts the SM's current view. No protocol lets the host recover that
+    /// knowledge, so the "re-armed within a bound" invariant excuses the connections
+    /// that depend on it.
+    missed_notices: BTreeSet<(usize, Gid)>,
     /// Hosts whose inputs go to an external driver instead of a controller: the sink
     /// once attached, and what arrived before that.
     external: BTreeMap<usize, External>,
@@ -377,6 +383,7 @@ impl Sim {
             last_fault: Time::ZERO,
             external: BTreeMap::new(),
             external_specs: BTreeMap::new(),
+            missed_notices: BTreeSet::new(),
             fab,
             cfg,
         };
@@ -1772,6 +1779,8 @@ impl Sim {
         }
         let r = self.sms[s].reports.remove(&tid).expect("present above");
         self.c.reports_abandoned += 1;
+        let host = self.fab.ports[r.sub].host;
+        self.missed_notices.insert((host, r.gid));
         // OpenSM would log ERR 1A06 here. When every transmission reached the subscriber
         // and its answers had a route back, a host did not answer a Report it received.
         let m = self.sms[s].master_port();
@@ -1816,6 +1825,14 @@ impl Sim {
                     },
                 );
             }
+        }
+        let current = self
+            .fab
+            .port_by_gid(&r.gid)
+            .map(|p| self.sms[s].in_service[p]);
+        if current.is_some_and(|c| c != r.in_service) {
+            // A resend overtaken by a newer Report about the same GID: stale.
+            self.missed_notices.insert((host, r.gid));
         }
         if self.hosts[host].seen_reports.insert((s, epoch, tid)) {
             self.feed(
@@ -1997,7 +2014,12 @@ impl Sim {
                     }
                 }
             }
-            if healthy {
+            let missed = |h: usize, other: usize| {
+                (1..=self.fab.ports_per_host())
+                    .filter_map(|n| self.fab.port_of(other, n))
+                    .any(|p| self.missed_notices.contains(&(h, self.fab.ports[p].gid)))
+            };
+            if healthy && !missed(ha, hb) && !missed(hb, ha) {
                 out.push(i);
             }
         }
