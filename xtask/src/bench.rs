@@ -6,7 +6,7 @@
 use anyhow::Result;
 
 /// Crates with benches, run in this order.
-const BENCH_CRATES: &[&str] = &["ib-mad"];
+const BENCH_CRATES: &[&str] = &["apm-core", "ib-mad"];
 
 /// Run the benchmarks.
 pub fn main(args: &[String]) -> Result<()> {
