@@ -1401,6 +1401,14 @@ impl Engine {
             } => {
                 if tries >= self.policy.lap_max_tries {
                     warn!(%id, tries, "peer did not answer: giving up for now");
+                    if matches!(msg, PeerMsg::Lap(_)) {
+                        // The peer may have loaded our LAP's path and only its APRs were
+                        // lost: its alternate and ours may now differ, so ours is no
+                        // longer known to be agreed. The next attempt agrees anew.
+                        if let Some(c) = self.conns.get_mut(&id) {
+                            c.armed = false;
+                        }
+                    }
                     self.release_slot(id);
                     self.set_phase(id, Phase::Idle);
                     self.update_protection(id, UnprotectedReason::PeerUnresponsive);
