@@ -1,0 +1,461 @@
+//! Events from the fabric and the QPs: local ports (up, down, LID changes), remote
+//! GIDs (SA traps 64/65), device and QP events, and what a failure or a recovery means
+//! for each connection.
+
+use super::timers::TimerKey;
+use super::*;
+
+impl Engine {
+    // ---------------------------------------------------------------- local ports
+
+    pub(super) fn port_info(&mut self, info: PortInfo) {
+        let key = info.key;
+        let is_ib = info.link_layer == LinkLayer::InfiniBand;
+        match self.ports.get_mut(&key) {
+            None => {
+                let health = Health::new(info.active);
+                self.ports.insert(
+                    key,
+                    LocalPort {
+                        info,
+                        health,
+                        subscribed: false,
+                        subscribe_unsupported: !is_ib,
+                    },
+                );
+                if is_ib {
+                    self.subscribe(key);
+                }
+                // A port reported after connections were protected is a new path.
+                if self.port_usable(key) {
+                    self.path_returned(|p| p.port == key);
+                }
+            }
+            Some(p) => {
+                let old_lid = p.info.lid;
+                let new_lid = info.lid;
+                p.info = info;
+                if old_lid != new_lid {
+                    self.lid_changed(key, old_lid, new_lid);
+                }
+            }
+        }
+    }
+
+    pub(super) fn port_event(&mut self, port: PortKey, event: PortEvent) {
+        debug!(%port, ?event, "port event");
+        match event {
+            PortEvent::Down => self.port_down(port),
+            PortEvent::Active => self.port_up(port),
+            PortEvent::SmChange | PortEvent::ClientReregister => {
+                // The SA may have forgotten us: subscribe again. Cached paths may come
+                // from an SM that routes differently now.
+                if let Some(p) = self.ports.get_mut(&port) {
+                    p.subscribed = false;
+                }
+                self.invalidate_cache(|k| k.0 == port);
+                self.subscribe(port);
+                if event == PortEvent::ClientReregister {
+                    self.forget_stale_remote_verdicts(port);
+                }
+            }
+            PortEvent::LidChange => {
+                // The new LID arrives in a PortInfo; resubscribe (the SA keys
+                // subscriptions by our address) and forget paths through the port.
+                if let Some(p) = self.ports.get_mut(&port) {
+                    p.subscribed = false;
+                }
+                self.invalidate_cache(|k| k.0 == port);
+                self.subscribe(port);
+            }
+            PortEvent::PkeyChange | PortEvent::GidChange => {
+                self.invalidate_cache(|k| k.0 == port);
+            }
+        }
+    }
+
+    pub(super) fn port_down(&mut self, port: PortKey) {
+        let policy = self.policy.clone();
+        let now = self.now;
+        let changed = match self.ports.get_mut(&port) {
+            Some(p) => p.health.fail(now, &policy),
+            None => {
+                warn!(%port, "PORT_ERR on a port never reported: ignored");
+                return;
+            }
+        };
+        if changed {
+            info!(%port, "local port down");
+            self.path_failed(|p| p.port == port);
+        }
+    }
+
+    pub(super) fn port_up(&mut self, port: PortKey) {
+        let policy = self.policy.clone();
+        let now = self.now;
+        let Some(p) = self.ports.get_mut(&port) else {
+            warn!(%port, "PORT_ACTIVE on a port never reported: ignored");
+            return;
+        };
+        // A port that is back may sit behind a new SM or LID: re-learn its paths.
+        if let Some(usable_at) = p.health.recover(now, &policy) {
+            info!(%port, held_until = %usable_at, "local port active");
+            self.invalidate_cache(|k| k.0 == port);
+            if usable_at > now {
+                self.timers.schedule(usable_at, TimerKey::PortHold(port));
+            } else {
+                self.path_returned(|p| p.port == port);
+            }
+            self.forget_stale_remote_verdicts(port);
+        }
+    }
+
+    /// Notices sent while `port` was down (or while the SA had forgotten us) never
+    /// reached us, and the SM stops resending a Report after a few tries: a trap 64 may
+    /// have been missed, leaving a remote GID believed dead forever. Treat the remote
+    /// GIDs of the port's subnet that we hold out of service as back in service;
+    /// traffic, LAPs and the next notices tell otherwise.
+    pub(super) fn forget_stale_remote_verdicts(&mut self, port: PortKey) {
+        let Some(p) = self.ports.get(&port) else {
+            return;
+        };
+        let prefixes: Vec<&[u8]> = p.info.gids.iter().map(|g| &g.0[..8]).collect();
+        let stale: Vec<Gid> = self
+            .remotes
+            .iter()
+            .filter(|(g, h)| !h.up && prefixes.contains(&&g.0[..8]))
+            .map(|(g, _)| *g)
+            .collect();
+        for gid in stale {
+            debug!(%port, %gid, "out-of-service verdict may be stale: forgotten");
+            self.remote_gid(gid, true);
+        }
+    }
+
+    pub(super) fn lid_changed(&mut self, port: PortKey, old: Lid, new: Lid) {
+        info!(%port, %old, %new, "local LID changed");
+        self.invalidate_cache(|k| k.0 == port);
+        // Paths keep their path bits: rebase every local path through the port.
+        let rebase = |p: &mut Path| {
+            if p.port == port {
+                let bits = p.slid.get().wrapping_sub(old.get());
+                p.slid = Lid::from_wire(new.get().wrapping_add(bits));
+            }
+        };
+        let ids: Vec<ConnId> = self.conns.keys().copied().collect();
+        for id in ids {
+            let Some(c) = self.conns.get_mut(&id) else {
+                continue;
+            };
+            if c.lost {
+                continue;
+            }
+            rebase(&mut c.primary);
+            c.candidates.iter_mut().for_each(rebase);
+            let alt_on_port = c.alternate.is_some_and(|a| a.port == port);
+            if let Some(a) = c.alternate.as_mut() {
+                rebase(a);
+            }
+            let primary_on_port = c.primary.port == port;
+            if alt_on_port {
+                // The peer's copy of this alternate names our old LID: agree on it anew.
+                c.armed = false;
+                self.update_protection(id, UnprotectedReason::AlternateDown);
+                self.need_rearm(id);
+            } else if primary_on_port {
+                // The peer's primary still names our old LID and cannot reach us: move
+                // to the alternate while it is armed, then re-arm from there.
+                self.primary_failed(id);
+            }
+        }
+    }
+
+    pub(super) fn device_fatal(&mut self, device: u16) {
+        let ids: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.primary.port.device == device && !c.lost)
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            self.lose(id, LostReason::DeviceFatal);
+        }
+    }
+
+    // ---------------------------------------------------------------- remote ports
+
+    pub(super) fn remote_gid(&mut self, gid: Gid, in_service: bool) {
+        // Notices about our own ports: the local port events are the better source.
+        if self.ports.values().any(|p| p.info.gids.contains(&gid)) {
+            debug!(%gid, in_service, "notice about a local GID: ignored");
+            return;
+        }
+        let policy = self.policy.clone();
+        let now = self.now;
+        let h = self.remotes.entry(gid).or_insert_with(|| Health::new(true));
+        if in_service {
+            if let Some(usable_at) = h.recover(now, &policy) {
+                info!(%gid, held_until = %usable_at, "remote GID in service");
+                // Its LIDs may have changed (trap 64 follows a sweep).
+                self.invalidate_cache(|k| k.1 == gid);
+                if usable_at > now {
+                    self.timers.schedule(usable_at, TimerKey::RemoteHold(gid));
+                } else {
+                    self.path_returned(|p| p.dgid == gid);
+                }
+            }
+        } else if h.fail(now, &policy) {
+            info!(%gid, "remote GID out of service");
+            self.invalidate_cache(|k| k.1 == gid);
+            self.path_failed(|p| p.dgid == gid);
+        }
+    }
+
+    // ---------------------------------------------------------------- failures
+
+    /// Something on some paths died: move connections off them.
+    pub(super) fn path_failed(&mut self, hit: impl Fn(&Path) -> bool) {
+        // One pass to find who is hit (most connections usually are not), then act.
+        let hits: Vec<(ConnId, bool, bool)> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| !c.lost)
+            .filter_map(|(id, c)| {
+                let primary_hit = hit(&c.primary);
+                let alt_hit = c.alternate.is_some_and(|a| hit(&a));
+                let target_hit = c.phase().target().is_some_and(|t| hit(&t));
+                (primary_hit || alt_hit || target_hit).then_some((*id, primary_hit, target_hit))
+            })
+            .collect();
+        for (id, primary_hit, target_hit) in hits {
+            if primary_hit {
+                if target_hit {
+                    // Never keep negotiating a path that just died with the primary.
+                    self.abort_phase(id);
+                }
+                self.primary_failed(id);
+            } else {
+                self.alternate_failed(id, target_hit);
+            }
+        }
+    }
+
+    /// The primary path of `id` is dead (local port down, remote GID out of service,
+    /// progress stalled): migrate while an armed healthy alternate exists.
+    pub(super) fn primary_failed(&mut self, id: ConnId) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        if matches!(
+            c.phase(),
+            Phase::Migrating { .. } | Phase::SwMigrating { .. }
+        ) {
+            return;
+        }
+        let alt = c.alternate.filter(|a| c.armed && self.usable_for(c, a));
+        let mode = c.mode;
+        match alt {
+            Some(alt) => {
+                // A migration overrides whatever negotiation was going on.
+                self.stats.migrations_forced += 1;
+                match mode {
+                    MigrationMode::Hardware => {
+                        debug!(%id, to = %alt, "primary down: forcing migration");
+                        let cmd =
+                            self.issue(CommandOp::ForceMigrate { conn: id }, Pending::Conn(id));
+                        self.replace_phase(id, Phase::Migrating { cmd });
+                    }
+                    MigrationMode::Software => {
+                        debug!(%id, to = %alt, "primary down: software migration");
+                        let op = CommandOp::SoftwareMigrate {
+                            conn: id,
+                            path: alt,
+                        };
+                        let cmd = self.issue(op, Pending::Conn(id));
+                        let phase = Phase::SwMigrating {
+                            cmd,
+                            path: alt,
+                            responder: None,
+                        };
+                        self.replace_phase(id, phase);
+                    }
+                }
+            }
+            None => {
+                warn!(%id, "primary down with no armed healthy alternate");
+                self.update_protection(id, UnprotectedReason::PrimaryDownUnarmed);
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.armed = false;
+                }
+                // If the connection survives (the port comes back before the transport
+                // gives up), it needs an alternate; look for one now.
+                self.need_rearm(id);
+            }
+        }
+    }
+
+    /// The alternate (or the path being negotiated) of `id` is dead: find another.
+    pub(super) fn alternate_failed(&mut self, id: ConnId, target_hit: bool) {
+        if target_hit {
+            self.abort_phase(id);
+        }
+        self.update_protection(id, UnprotectedReason::AlternateDown);
+        self.need_rearm(id);
+    }
+
+    /// Some paths are usable again: re-arm connections that lack protection, and upgrade
+    /// those whose alternate is worse than what is now available.
+    pub(super) fn path_returned(&mut self, hit: impl Fn(&Path) -> bool) {
+        let ids: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| !c.lost && c.candidates.iter().any(&hit))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            let Some(c) = self.conns.get(&id) else {
+                continue;
+            };
+            if !self.is_protected(c) {
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.failed_rearms = 0;
+                }
+                self.need_rearm(id);
+                continue;
+            }
+            let current = c
+                .alternate
+                .and_then(|a| select::rank(&c.primary, &a))
+                .unwrap_or(0);
+            let better = select::best(&c.primary, &c.candidates, |p| self.usable_for(c, p))
+                .is_some_and(|(_, r)| r > current);
+            if better {
+                self.need_rearm(id);
+            }
+        }
+    }
+
+    pub(super) fn lose(&mut self, id: ConnId, reason: LostReason) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if c.lost {
+            return;
+        }
+        c.lost = true;
+        c.armed = false;
+        c.told = None;
+        c.want_rearm = false;
+        c.deferred_lap = None;
+        self.stats.lost += 1;
+        warn!(%id, ?reason, "connection lost");
+        self.abort_phase(id);
+        self.set_phase(id, Phase::Idle);
+        self.notify(id, NotificationKind::Lost { reason });
+    }
+
+    // ---------------------------------------------------------------- QP events
+
+    pub(super) fn qp_event(&mut self, id: ConnId, event: QpEvent) -> Result<(), EngineError> {
+        let Some(c) = self.conns.get(&id) else {
+            return Err(EngineError::UnknownConnection(id));
+        };
+        if c.lost {
+            return Ok(());
+        }
+        debug!(%id, ?event, "QP event");
+        match event {
+            QpEvent::PathMigrated => {
+                let own_forced = c.forced_at.is_some_and(|t| {
+                    self.now.since(t) <= Policy::ms(self.policy.forced_event_grace_ms)
+                }) && c.mig == MigState::Migrated;
+                let may_migrate = c.alternate.is_some()
+                    && (c.armed
+                        || matches!(c.phase(), Phase::Arming { .. } | Phase::Migrating { .. }));
+                if own_forced {
+                    debug!(%id, "PATH_MIG of our own forced migration");
+                } else if may_migrate {
+                    self.stats.migrations_observed += 1;
+                    self.migrated(id, false);
+                } else {
+                    // Not armed as far as we know: ask the QP what happened.
+                    self.query(id);
+                }
+            }
+            QpEvent::PathMigrationError => {
+                let now = self.now;
+                let hold = now.plus(Policy::ms(self.policy.bad_path_hold_ms));
+                if let Some(c) = self.conns.get_mut(&id) {
+                    if let Some(a) = c.alternate.take() {
+                        c.mark_bad(a, hold, now);
+                    }
+                    c.armed = false;
+                    c.mig = MigState::Migrated;
+                }
+                self.update_protection(id, UnprotectedReason::AlternateFailed);
+                self.need_rearm(id);
+            }
+            QpEvent::CommEstablished => {
+                // Traffic flows on the current primary: nothing to decide, but worth a
+                // trace (the re-arm was already started at PATH_MIG, seed 001's race).
+                debug!(%id, "communication established");
+            }
+            QpEvent::Fatal => self.lose(id, LostReason::QpFatal),
+            QpEvent::SqDrained => {}
+            QpEvent::PrimaryStalled => self.primary_failed(id),
+        }
+        Ok(())
+    }
+
+    pub(super) fn query(&mut self, id: ConnId) {
+        let busy = self.conns.get(&id).is_none_or(|c| c.phase().busy());
+        if busy {
+            return;
+        }
+        let cmd = self.issue(CommandOp::QueryQp { conn: id }, Pending::Conn(id));
+        self.set_phase(id, Phase::Querying { cmd });
+    }
+
+    /// The QP of `id` now runs on what was its alternate; start re-arming.
+    pub(super) fn migrated(&mut self, id: ConnId, forced: bool) {
+        self.migrated_then(id, forced, true);
+    }
+
+    /// The QP of `id` now runs on what was its alternate. With `rearm`, look for a new
+    /// alternate at once (a LAP that arrived meanwhile is answered first).
+    pub(super) fn migrated_then(&mut self, id: ConnId, forced: bool, rearm: bool) {
+        let now = self.now;
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let Some(new_primary) = c.alternate.take() else {
+            return;
+        };
+        let old = std::mem::replace(&mut c.primary, new_primary);
+        c.learn(old);
+        c.armed = false;
+        c.mig = MigState::Migrated;
+        // "Migrated" itself tells the application the connection is unprotected.
+        c.told = Some(Told::Unprotected(UnprotectedReason::PrimaryDownUnarmed));
+        if forced {
+            c.forced_at = Some(now);
+        }
+        info!(%id, primary = %new_primary, forced, "migrated");
+        self.abort_phase(id);
+        self.notify(
+            id,
+            NotificationKind::Migrated {
+                primary: new_primary,
+                forced,
+            },
+        );
+        if rearm {
+            // Seed 001: the new alternate is chosen right here, between PATH_MIG and the
+            // COMM_EST of the migrated path, so the LAP describes the new geometry.
+            if let Some(c) = self.conns.get_mut(&id) {
+                c.want_rearm = true;
+            }
+            self.after_phase(id);
+        }
+    }
+}

@@ -1,0 +1,380 @@
+//! Re-arming: when a connection wants a new alternate, choosing it (candidates and SA
+//! paths), pacing storms with a concurrency limit, the LAP exchange's sender side with
+//! retransmission and backoff, and what to do when a phase deadline passes.
+
+use super::*;
+
+impl Engine {
+    // ---------------------------------------------------------------- re-arming
+
+    /// `id` wants a (better) alternate. Starts now, queues, or remembers it for later.
+    pub(super) fn need_rearm(&mut self, id: ConnId) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if c.lost {
+            return;
+        }
+        if c.phase().busy() {
+            c.want_rearm = true;
+            return;
+        }
+        match c.phase() {
+            Phase::Queued | Phase::Resolving | Phase::WaitPassive => return,
+            _ => {}
+        }
+        if c.role == Role::Passive {
+            // The active side initiates; step in only if it stays silent.
+            let at = self
+                .now
+                .plus(Policy::ms(self.policy.passive_initiate_delay_ms));
+            self.set_phase(id, Phase::WaitPassive);
+            self.set_deadline(id, Some(at));
+            return;
+        }
+        self.initiate(id);
+    }
+
+    /// Choose an alternate and send the LAP (or queue for a slot, or resolve paths).
+    pub(super) fn initiate(&mut self, id: ConnId) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        if c.lost {
+            return;
+        }
+        let current_rank = if self.is_protected(c) {
+            c.alternate.and_then(|a| select::rank(&c.primary, &a))
+        } else {
+            None
+        };
+        let choice = self.choose(c);
+        match choice {
+            Some((path, rank)) if current_rank.is_none_or(|r| rank > r) => {
+                if !c.slot && self.rearms_active >= self.policy.max_concurrent_rearms {
+                    self.set_phase(id, Phase::Queued);
+                    self.rearm_queue.push_back(id);
+                    return;
+                }
+                self.take_slot(id);
+                self.send_lap(id, path);
+            }
+            Some(_) => {
+                // Already armed on something at least as good.
+                self.release_slot(id);
+                self.set_phase(id, Phase::Idle);
+            }
+            None => {
+                if current_rank.is_some() {
+                    self.release_slot(id);
+                    self.set_phase(id, Phase::Idle);
+                    return;
+                }
+                if self.policy.resolve_paths && self.resolve_for(id) {
+                    self.set_phase(id, Phase::Resolving);
+                    return;
+                }
+                self.release_slot(id);
+                self.update_protection(id, UnprotectedReason::NoCandidate);
+                self.backoff(id);
+            }
+        }
+    }
+
+    /// The best usable alternate for `c`: its candidates and cached SA paths.
+    pub(super) fn choose(&self, c: &Conn) -> Option<(Path, u8)> {
+        let device = c.primary.port.device;
+        let gids = c.peer_gids();
+        let cached = self
+            .cache
+            .iter()
+            .filter(|((port, gid), _)| port.device == device && gids.contains(gid))
+            .flat_map(|(_, e)| e.paths.iter());
+        select::best(&c.primary, c.candidates.iter().chain(cached), |p| {
+            self.usable_for(c, p)
+        })
+    }
+
+    /// Issue path queries this connection needs that are neither cached nor pending.
+    /// Returns true when the connection should wait for answers.
+    pub(super) fn resolve_for(&mut self, id: ConnId) -> bool {
+        let Some(c) = self.conns.get(&id) else {
+            return false;
+        };
+        let device = c.primary.port.device;
+        let gids: Vec<Gid> = c
+            .peer_gids()
+            .into_iter()
+            .filter(|g| self.remote_usable(g))
+            .collect();
+        let ports: Vec<PortKey> = self
+            .ports
+            .iter()
+            .filter(|(k, p)| {
+                k.device == device
+                    && p.health.usable(self.now)
+                    && p.info.link_layer == LinkLayer::InfiniBand
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        let mut waiting = false;
+        for port in &ports {
+            for gid in &gids {
+                let entry = self.cache.entry((*port, *gid)).or_default();
+                if entry.pending {
+                    waiting = true;
+                } else if !entry.resolved {
+                    // Never asked since the last invalidation: ask once for everyone.
+                    entry.pending = true;
+                    self.stats.path_queries += 1;
+                    self.issue(
+                        CommandOp::ResolvePaths {
+                            port: *port,
+                            dgid: *gid,
+                        },
+                        Pending::Resolve(*port, *gid),
+                    );
+                    waiting = true;
+                }
+            }
+        }
+        waiting
+    }
+
+    pub(super) fn resolve_done(
+        &mut self,
+        port: PortKey,
+        gid: Gid,
+        result: Result<CommandOutcome, ProviderError>,
+    ) {
+        let paths = match result {
+            Ok(CommandOutcome::Paths(paths)) => paths,
+            Ok(other) => {
+                warn!(?other, "path query answered with something else");
+                Vec::new()
+            }
+            Err(e) => {
+                debug!(%port, %gid, error = %e, "path query failed");
+                Vec::new()
+            }
+        };
+        // Keep only paths that fit the key; a provider answering for the wrong port
+        // must not plant paths elsewhere.
+        let paths: Vec<Path> = paths
+            .into_iter()
+            .filter(|p| p.port == port && p.dgid == gid)
+            .collect();
+        let entry = self.cache.entry((port, gid)).or_default();
+        entry.pending = false;
+        entry.resolved = true;
+        entry.paths = paths;
+        let waiting: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| matches!(c.phase(), Phase::Resolving))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in waiting {
+            let still = self.conns.get(&id).is_some_and(|c| {
+                let g = c.peer_gids();
+                self.cache.iter().any(|((p, gg), e)| {
+                    e.pending && p.device == c.primary.port.device && g.contains(gg)
+                })
+            });
+            if still {
+                continue;
+            }
+            self.set_phase(id, Phase::Idle);
+            // Answers are in: choose, but do not ask again for this attempt.
+            let resolve = std::mem::replace(&mut self.policy.resolve_paths, false);
+            self.initiate(id);
+            self.policy.resolve_paths = resolve;
+        }
+    }
+
+    pub(super) fn invalidate_cache(&mut self, hit: impl Fn(&(PortKey, Gid)) -> bool) {
+        self.cache.retain(|k, e| e.pending || !hit(k));
+    }
+
+    pub(super) fn send_lap(&mut self, id: ConnId, path: Path) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        let lap = Lap {
+            sender_comm_id: c.local_comm_id,
+            receiver_comm_id: c.remote_comm_id,
+            receiver_qpn: c.remote_qpn,
+            alt: path,
+        };
+        // LAPs travel on the current primary (its port, to the peer's primary GID).
+        let port = c.primary.port;
+        let to = PeerAddr {
+            gid: c.primary.dgid,
+            lid: c.primary.dlid,
+        };
+        debug!(%id, alt = %path, "sending LAP");
+        self.stats.laps_sent += 1;
+        self.issue(
+            CommandOp::SendPeer {
+                port,
+                to,
+                msg: PeerMsg::Lap(lap),
+            },
+            Pending::Send,
+        );
+        self.set_phase(
+            id,
+            Phase::AwaitPeer {
+                msg: PeerMsg::Lap(lap),
+                port,
+                to,
+                tries: 1,
+            },
+        );
+        let at = self.now.plus(Policy::ms(self.policy.lap_timeout_ms));
+        self.set_deadline(id, Some(at));
+    }
+
+    pub(super) fn start_load(&mut self, id: ConnId, path: Path, responder: Option<Responder>) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        match c.mode {
+            MigrationMode::Hardware => {
+                let cmd = self.issue(
+                    CommandOp::LoadAlternate { conn: id, path },
+                    Pending::Conn(id),
+                );
+                self.set_phase(
+                    id,
+                    Phase::Loading {
+                        cmd,
+                        path,
+                        responder,
+                    },
+                );
+            }
+            // No alternate in the QP: agreeing on it is all there is to arming.
+            MigrationMode::Software => self.armed(id, path, MigState::Armed, responder),
+        }
+    }
+
+    /// A phase deadline passed.
+    pub(super) fn conn_deadline(&mut self, id: ConnId) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        let phase = c.phase().clone();
+        if !phase.busy() {
+            let deferred = self
+                .conns
+                .get_mut(&id)
+                .and_then(|c| c.deferred_lap.take().map(|b| *b));
+            if let Some((from, port, lap)) = deferred {
+                // A deferred LAP's wait for PATH_MIG ran out: answer it as things stand.
+                self.lap_received(id, from, port, lap, true);
+                return;
+            }
+        }
+        match phase {
+            Phase::WaitPassive | Phase::Backoff => {
+                self.set_phase(id, Phase::Idle);
+                self.initiate(id);
+            }
+            Phase::AwaitPeer { msg, .. }
+                if msg_path(&msg).is_some_and(|p| !self.path_usable(&p)) =>
+            {
+                // The proposed path died since the last send: stop proposing it.
+                self.release_slot(id);
+                self.set_phase(id, Phase::Idle);
+                self.need_rearm(id);
+            }
+            Phase::AwaitPeer {
+                msg,
+                port,
+                to,
+                tries,
+            } => {
+                if tries >= self.policy.lap_max_tries {
+                    warn!(%id, tries, "peer did not answer: giving up for now");
+                    if matches!(msg, PeerMsg::Lap(_)) {
+                        // The peer may have loaded our LAP's path and only its APRs were
+                        // lost: its alternate and ours may now differ, so ours is no
+                        // longer known to be agreed. The next attempt agrees anew.
+                        if let Some(c) = self.conns.get_mut(&id) {
+                            c.armed = false;
+                        }
+                    }
+                    self.release_slot(id);
+                    self.set_phase(id, Phase::Idle);
+                    self.update_protection(id, UnprotectedReason::PeerUnresponsive);
+                    self.backoff(id);
+                    return;
+                }
+                match msg {
+                    PeerMsg::Lap(_) => self.stats.lap_retransmits += 1,
+                    _ => self.stats.migrate_msgs_sent += 1,
+                }
+                self.issue(CommandOp::SendPeer { port, to, msg }, Pending::Send);
+                self.set_phase(
+                    id,
+                    Phase::AwaitPeer {
+                        msg,
+                        port,
+                        to,
+                        tries: tries + 1,
+                    },
+                );
+                let timeout = self
+                    .policy
+                    .lap_timeout_ms
+                    .saturating_mul(1u64 << tries.min(20));
+                let at = self.now.plus(Policy::ms(timeout));
+                self.set_deadline(id, Some(at));
+            }
+            _ => {}
+        }
+    }
+
+    pub(super) fn backoff(&mut self, id: ConnId) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let n = c.failed_rearms.min(20);
+        c.failed_rearms = c.failed_rearms.saturating_add(1);
+        let delay = self
+            .policy
+            .rearm_retry_ms
+            .saturating_mul(1u64 << n)
+            .min(self.policy.rearm_retry_max_ms);
+        let at = self.now.plus(Policy::ms(delay));
+        self.set_phase(id, Phase::Backoff);
+        self.set_deadline(id, Some(at));
+    }
+
+    /// Phase is back to idle: do what was remembered meanwhile.
+    pub(super) fn after_phase(&mut self, id: ConnId) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        if c.phase().busy() || c.lost {
+            return;
+        }
+        if let Some((from, port, lap)) = c.deferred_lap.take().map(|b| *b) {
+            self.lap_received(id, from, port, lap, false);
+            return;
+        }
+        let want = std::mem::take(&mut c.want_rearm);
+        if want {
+            self.need_rearm(id);
+        }
+    }
+}
+
+/// The path a LAP proposes (other messages propose none).
+fn msg_path(msg: &PeerMsg) -> Option<Path> {
+    match msg {
+        PeerMsg::Lap(l) => Some(l.alt),
+        _ => None,
+    }
+}

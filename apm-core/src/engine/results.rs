@@ -1,0 +1,292 @@
+//! Results of commands: the next step of whatever phase awaited them, reconciling the
+//! engine's view with a queried QP, and SA subscription bookkeeping.
+
+use super::*;
+
+impl Engine {
+    // ---------------------------------------------------------------- command results
+
+    pub(super) fn command_done(
+        &mut self,
+        id: CommandId,
+        result: Result<CommandOutcome, ProviderError>,
+    ) {
+        let Some(why) = self.pending.complete(id) else {
+            warn!(
+                ?id,
+                "result for a command never issued or already answered: ignored"
+            );
+            return;
+        };
+        match why {
+            Pending::Send => {
+                if let Err(e) = result {
+                    // Retransmission timers cover lost sends; nothing else to do.
+                    debug!(error = %e, "peer send failed");
+                }
+            }
+            Pending::Subscribe(port) => self.subscribe_done(port, result),
+            Pending::Resolve(port, gid) => self.resolve_done(port, gid, result),
+            Pending::Conn(conn) => self.conn_command_done(conn, id, result),
+        }
+    }
+
+    pub(super) fn conn_command_done(
+        &mut self,
+        id: ConnId,
+        cmd: CommandId,
+        result: Result<CommandOutcome, ProviderError>,
+    ) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        if c.phase().awaited() != Some(cmd) {
+            debug!(%id, ?cmd, "result for an abandoned command");
+            return;
+        }
+        if matches!(result, Err(ProviderError::QpInError)) {
+            self.lose(id, LostReason::QpFatal);
+            return;
+        }
+        match (c.phase().clone(), result) {
+            (
+                Phase::Loading {
+                    path, responder, ..
+                },
+                Ok(_),
+            ) => {
+                if !self.path_usable(&path) {
+                    // It died while loading: do not arm a dead path.
+                    self.finish_failed(
+                        id,
+                        responder,
+                        ApStatus::Rejected,
+                        UnprotectedReason::AlternateDown,
+                    );
+                    return;
+                }
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.alternate = Some(path);
+                    c.armed = false;
+                }
+                let cmd = self.issue(CommandOp::SetRearm { conn: id }, Pending::Conn(id));
+                self.set_phase(
+                    id,
+                    Phase::Arming {
+                        cmd,
+                        path,
+                        responder,
+                    },
+                );
+            }
+            (
+                Phase::Arming {
+                    path, responder, ..
+                },
+                Ok(outcome),
+            ) => {
+                let mig = match outcome {
+                    CommandOutcome::MigState(m) => m,
+                    _ => MigState::Rearm,
+                };
+                self.armed(id, path, mig, responder);
+            }
+            (
+                Phase::Loading {
+                    path, responder, ..
+                }
+                | Phase::Arming {
+                    path, responder, ..
+                },
+                Err(e),
+            ) => {
+                warn!(%id, error = %e, "loading/arming the alternate failed");
+                let now = self.now;
+                let hold = now.plus(Policy::ms(self.policy.bad_path_hold_ms));
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.mark_bad(path, hold, now);
+                    c.alternate = None;
+                    c.armed = false;
+                }
+                self.finish_failed(
+                    id,
+                    responder,
+                    ApStatus::Rejected,
+                    UnprotectedReason::ModifyFailed,
+                );
+            }
+            (Phase::Migrating { .. }, Ok(_)) => {
+                self.set_phase(id, Phase::Idle);
+                self.migrated(id, true);
+            }
+            (Phase::Migrating { .. }, Err(e)) => {
+                // The HCA may have migrated by itself (the peer's MigReq got there first)
+                // or the QP is unarmed: ask it.
+                warn!(%id, error = %e, "forcing migration failed; querying the QP");
+                self.set_phase(id, Phase::Idle);
+                self.query(id);
+            }
+            (
+                Phase::SwMigrating {
+                    path, responder, ..
+                },
+                Ok(_),
+            ) => {
+                self.sw_migrated(id, path, responder);
+            }
+            (Phase::SwMigrating { responder, .. }, Err(e)) => {
+                warn!(%id, error = %e, "software migration failed");
+                if let Some(r) = responder {
+                    self.send_migrate_ack(id, r, false);
+                }
+                self.set_phase(id, Phase::Idle);
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.armed = false;
+                }
+                self.update_protection(id, UnprotectedReason::ModifyFailed);
+                self.need_rearm(id);
+            }
+            (Phase::Querying { .. }, Ok(CommandOutcome::Qp(snap))) => {
+                self.set_phase(id, Phase::Idle);
+                self.reconcile(id, snap);
+            }
+            (Phase::Querying { .. }, other) => {
+                debug!(%id, ?other, "QP query gave no snapshot");
+                self.set_phase(id, Phase::Idle);
+                self.after_phase(id);
+            }
+            (phase, result) => {
+                debug!(%id, ?phase, ?result, "unexpected result for phase");
+            }
+        }
+    }
+
+    /// Align the engine's view with what the QP says.
+    pub(super) fn reconcile(&mut self, id: ConnId, snap: QpSnapshot) {
+        if !snap.operational {
+            self.lose(id, LostReason::QpFatal);
+            return;
+        }
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        let on = |p: &Path| {
+            p.port == snap.primary_port
+                && p.dlid == snap.primary_dlid
+                && p.dgid == snap.primary_dgid
+        };
+        if c.alternate.is_some_and(|a| on(&a)) && !on(&c.primary) {
+            self.stats.migrations_observed += 1;
+            self.migrated(id, false);
+            return;
+        }
+        c.mig = snap.mig_state;
+        if snap.mig_state == MigState::Migrated {
+            c.armed = false;
+        }
+        self.update_protection(id, UnprotectedReason::PrimaryDownUnarmed);
+        if !self.conns.get(&id).is_some_and(|c| self.is_protected(c)) {
+            self.need_rearm(id);
+        } else {
+            self.after_phase(id);
+        }
+    }
+
+    /// An alternate is armed (hardware: REARM set; software: the peer agreed).
+    pub(super) fn armed(
+        &mut self,
+        id: ConnId,
+        path: Path,
+        mig: MigState,
+        responder: Option<Responder>,
+    ) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        c.alternate = Some(path);
+        c.armed = true;
+        c.mig = mig;
+        c.failed_rearms = 0;
+        // Both sides have just agreed on this path: an old "bad" mark (a LAP of ours
+        // for it refused while it was down) must not stop a migration onto it.
+        c.bad.retain(|(p, _)| !p.same_route(&path));
+        self.stats.arms += 1;
+        if let Some(r) = responder {
+            let sender = c.local_comm_id;
+            let receiver = c.remote_comm_id;
+            c.last_lap = Some((r.digest, ApStatus::Success));
+            self.send(
+                r.port,
+                r.to,
+                PeerMsg::Apr(Apr {
+                    sender_comm_id: sender,
+                    receiver_comm_id: receiver,
+                    status: ApStatus::Success,
+                }),
+            );
+        }
+        self.release_slot(id);
+        self.set_phase(id, Phase::Idle);
+        self.update_protection(id, UnprotectedReason::AlternateDown);
+        self.after_phase(id);
+    }
+
+    /// Loading/arming/agreeing failed: answer a waiting peer, back off.
+    pub(super) fn finish_failed(
+        &mut self,
+        id: ConnId,
+        responder: Option<Responder>,
+        status: ApStatus,
+        reason: UnprotectedReason,
+    ) {
+        if let Some(r) = responder {
+            self.answer_lap(id, r, status);
+        }
+        self.release_slot(id);
+        self.set_phase(id, Phase::Idle);
+        self.update_protection(id, reason);
+        // Try the next candidate right away; the failed one is marked bad.
+        self.need_rearm(id);
+    }
+
+    // ---------------------------------------------------------------- subscriptions
+
+    pub(super) fn subscribe(&mut self, port: PortKey) {
+        if !self.policy.subscribe {
+            return;
+        }
+        let Some(p) = self.ports.get_mut(&port) else {
+            return;
+        };
+        if p.subscribed || p.subscribe_unsupported {
+            return;
+        }
+        p.subscribed = true;
+        self.stats.subscriptions += 1;
+        self.issue(CommandOp::Subscribe { port }, Pending::Subscribe(port));
+    }
+
+    pub(super) fn subscribe_done(
+        &mut self,
+        port: PortKey,
+        result: Result<CommandOutcome, ProviderError>,
+    ) {
+        let Some(p) = self.ports.get_mut(&port) else {
+            return;
+        };
+        match result {
+            Ok(_) => debug!(%port, "subscribed for traps 64/65"),
+            Err(ProviderError::Unsupported { .. }) => {
+                info!(%port, "no SA subscriptions on this port; remote failures are learnt from peers only");
+                p.subscribed = false;
+                p.subscribe_unsupported = true;
+            }
+            Err(e) => {
+                warn!(%port, error = %e, "subscription failed; will retry");
+                p.subscribed = false;
+                let at = self.now.plus(Policy::ms(self.policy.subscribe_retry_ms));
+                self.timers.schedule(at, TimerKey::Subscribe(port));
+            }
+        }
+    }
+}
