@@ -6,7 +6,9 @@
 use anyhow::Result;
 
 /// Crates with benches, run in this order.
-const BENCH_CRATES: &[&str] = &["apm-core", "ib-mad"];
+/// provider-sim's bench is a plain harness: simulator events/s and `apm simulate` wall
+/// time at 1k/10k/100k connections.
+const BENCH_CRATES: &[&str] = &["apm-core", "ib-mad", "provider-sim"];
 
 /// Run the benchmarks.
 pub fn main(args: &[String]) -> Result<()> {

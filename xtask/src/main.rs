@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 mod bench;
+mod chaos;
 mod codegen;
 mod fuzz;
 mod hwtest;
@@ -26,6 +27,7 @@ Commands:
   codegen   regenerate provider-verbs' libibverbs bindings from rdma-core's headers
   ibsim     the OpenSM-over-ibsim bed: [--shell] [TEST-NAME-FILTER]
   bench     the benchmarks (criterion): cargo bench per crate, extra args passed on
+  chaos     the simulator's long chaos run: [--seeds N (10000)] [--start S]
   fuzz      the ib-mad fuzz targets: [--seconds N] [TARGET...] (cargo-fuzz)
   help      this text
 ";
@@ -41,6 +43,7 @@ fn main() -> Result<()> {
         "codegen" => codegen::main(&rest),
         "ibsim" => ibsim::ibsim(&rest),
         "bench" => bench::main(&rest),
+        "chaos" => chaos::main(&rest),
         "fuzz" => fuzz::main(&rest),
         "help" | "--help" | "-h" => {
             print!("{HELP}");

@@ -1,0 +1,113 @@
+//! `apm simulate` from the outside: the JSON document has exactly the fields,
+//! the same seed gives the same bytes, bad input gives a clear error, the SVG is written.
+
+use std::process::Command;
+
+fn apm(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_apm"))
+        .args(args)
+        .output()
+        .expect("the apm binary runs")
+}
+
+fn keys(v: &serde_json::Value) -> Vec<String> {
+    let mut k: Vec<String> = v.as_object().expect("an object").keys().cloned().collect();
+    k.sort();
+    k
+}
+
+#[test]
+fn json_has_exactly_the_fields_and_is_deterministic() {
+    let args = ["simulate", "--json", "--connections", "300", "--seed", "4"];
+    let out = apm(&args);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let again = apm(&args);
+    assert_eq!(out.stdout, again.stdout, "same seed, same bytes");
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(keys(&doc), ["policies", "scenario", "seed"]);
+    assert_eq!(doc["seed"], 4);
+    assert_eq!(keys(&doc["policies"]), ["apm", "hw-only", "reload-local"]);
+    for (name, p) in doc["policies"].as_object().unwrap() {
+        assert_eq!(
+            keys(p),
+            [
+                "connections",
+                "failovers",
+                "lost",
+                "mads_sent",
+                "messages_duplicated",
+                "messages_lost",
+                "restore_ms",
+                "sa_queries",
+                "unprotected_ms_total"
+            ],
+            "{name}"
+        );
+        assert_eq!(keys(&p["restore_ms"]), ["max", "p50", "p99"], "{name}");
+        assert_eq!(p["connections"], 300, "{name}");
+    }
+    // The point of the default scenario: apm loses nothing, hw-only does.
+    assert_eq!(doc["policies"]["apm"]["lost"], 0);
+    assert_eq!(doc["policies"]["apm"]["messages_lost"], 0);
+    assert!(doc["policies"]["hw-only"]["lost"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn table_svg_and_scenario_file() {
+    let dir = std::env::temp_dir().join(format!("apm-sim-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let svg = dir.join("plot.svg");
+    let scenario = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../provider-sim/scenarios/roce.toml"
+    );
+    let out = apm(&[
+        "simulate",
+        "--scenario",
+        scenario,
+        "--connections",
+        "100",
+        "--svg",
+        svg.to_str().unwrap(),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    assert!(text.contains("connections lost"), "{text}");
+    assert!(text.contains("timeline"), "{text}");
+    assert!(
+        out.stderr.is_empty(),
+        "no progress bar when stderr is not a terminal"
+    );
+    let plot = std::fs::read_to_string(&svg).unwrap();
+    assert!(
+        plot.starts_with("<svg") && plot.contains("polygon") && plot.trim_end().ends_with("</svg>")
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_scenario_file_names_the_line() {
+    let dir = std::env::temp_dir().join(format!("apm-sim-bad-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("bad.toml");
+    std::fs::write(
+        &f,
+        "name = \"x\"\n[[faults]]\nkind = \"switch_down\"\nat_ms = 1\nswitch = \"Z\"\n",
+    )
+    .unwrap();
+    let out = apm(&["simulate", "--scenario", f.to_str().unwrap()]);
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("line 5") && err.contains("\"Z\""), "{err}");
+    let out = apm(&["simulate", "--hosts", "2"]);
+    assert!(!out.status.success(), "the default faults name h3");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
