@@ -95,6 +95,8 @@ pub struct UmadPeerChannel {
     incoming: Mutex<Option<mpsc::UnboundedReceiver<Incoming>>>,
     sources: Arc<dyn SourceGid>,
     routes: BTreeMap<[u8; 16], u16>,
+    /// Other local ports whose messages this transport carries.
+    carried: std::collections::BTreeSet<PortKey>,
     lap_tids: LapTids,
 }
 
@@ -124,6 +126,7 @@ impl UmadPeerChannel {
             incoming: Mutex::new(Some(incoming)),
             sources,
             routes: BTreeMap::new(),
+            carried: std::collections::BTreeSet::new(),
             lap_tids: Arc::new(Mutex::new(BTreeMap::new())),
         }
     }
@@ -133,6 +136,15 @@ impl UmadPeerChannel {
     /// bed: only port 1 of a node hosts a client); a kernel answers on every port.
     pub fn route(mut self, gid: Gid, lid: u16) -> UmadPeerChannel {
         self.routes.insert(gid.0, lid);
+        self
+    }
+
+    /// Also carry the messages the engine sends from `port`, another local port of the
+    /// node, through this transport's port. For fabrics where only one port of a node
+    /// hosts a MAD client (the ibsim bed); what arrives is still reported as arriving
+    /// on this channel's own port.
+    pub fn carry_for(mut self, port: PortKey) -> UmadPeerChannel {
+        self.carried.insert(port);
         self
     }
 
@@ -192,7 +204,7 @@ impl PeerChannel for UmadPeerChannel {
     }
 
     async fn send(&self, port: PortKey, to: PeerAddr, msg: PeerMsg) -> Result<(), ProviderError> {
-        if port != self.port {
+        if port != self.port && !self.carried.contains(&port) {
             return Err(self.refused(format!("{port} is not this channel's port")));
         }
         let body = from_peer_msg(&msg).map_err(|e| self.refused(e.to_string()))?;

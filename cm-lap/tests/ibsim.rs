@@ -1,9 +1,13 @@
 //! Bed tests of the umad LAP/APR transport between two simulated nodes (`cargo xtask
 //! ibsim`). Skipped with a printed reason outside the bed.
 //!
-//! One node answers every LAP with an APR (a stub peer); the other sends LAPs and times
-//! the APRs, on CM class 0x07 and on a vendor class with an OUI. The end-to-end test runs
-//! apm-core's engine on one node with umad-sa and the peer channel.
+//! Transport: one node answers every LAP with an APR (a stub peer); the other sends LAPs
+//! and times the APRs, on CM class 0x07 and on a vendor class with an OUI.
+//!
+//! End to end: engine nodes run apm-core's Manager with umad-sa (notices, paths),
+//! cm-lap's peer channel (LAP/APR on real MADs) and a simulated QP per connection; two
+//! of them protect connections between each other (Unlink/ReLink, MAD loss, a stranger's
+//! LAP), one of them drives a rearm storm against stub peers to count SA queries.
 #![allow(clippy::disallowed_methods)] // bed tests measure wall-clock latencies
 
 use cm_lap::umad_transport::{CmChannel, Incoming, UmadCmTransport, DEFAULT_VENDOR_CLASS};
@@ -33,8 +37,8 @@ fn bed_node() {
         .build()
         .expect("tokio runtime"); // a test process without a runtime can do nothing
     let run = async {
-        match role.strip_prefix("e2e-passive:") {
-            Some(args) => e2e_passive(args).await,
+        match role.strip_prefix("engine:") {
+            Some(args) => engine_node(args).await,
             None => node(&role).await,
         }
     };
@@ -122,49 +126,113 @@ async fn node(role: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// A simulated QP for the engine (the QP side of the end-to-end test): it keeps the
-/// migration state as hardware would and reports every operation to the test.
+/// One simulated QP as hardware would keep it: migration state, primary, alternate.
+#[derive(Debug, Clone, Copy)]
+struct QpState {
+    mig: apm_core::MigState,
+    primary: apm_core::Path,
+    alt: Option<apm_core::Path>,
+}
+
+/// The QP side of an engine node (the simulated HCA): the QPs of the protected
+/// connections, the node's ports, and the port events the test injects for the HCA
+/// (umad2sim delivers no async events). Operations on connection 1 are reported to the
+/// test; all are counted.
 struct FakeQp {
-    info: apm_core::PortInfo,
-    state: std::sync::Mutex<(apm_core::MigState, apm_core::Path, Option<apm_core::Path>)>,
+    ports: Vec<apm_core::PortInfo>,
+    qps: std::sync::Mutex<std::collections::BTreeMap<apm_core::ConnId, QpState>>,
+    sink: std::sync::Mutex<Option<apm_core::InputSink>>,
+}
+
+/// The connection whose every QP operation is reported.
+const WATCHED: apm_core::ConnId = apm_core::ConnId(1);
+
+impl FakeQp {
+    fn qps(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<apm_core::ConnId, QpState>> {
+        // Plain data: a poisoned lock still holds consistent QPs.
+        self.qps.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn with_qp<T>(
+        &self,
+        conn: apm_core::ConnId,
+        f: impl FnOnce(&mut QpState) -> T,
+    ) -> Result<T, apm_core::ProviderError> {
+        self.qps()
+            .get_mut(&conn)
+            .map(f)
+            .ok_or_else(|| apm_core::ProviderError::Io(format!("no QP for {conn}")))
+    }
+
+    /// A port event of the simulated HCA.
+    fn port_event(&self, port: u8, event: apm_core::PortEvent) {
+        let sink = self.sink.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(s) = sink {
+            let _ = s.send(apm_core::Input::PortEvent {
+                port: apm_core::PortKey::new(0, port),
+                event,
+            });
+        }
+    }
 }
 
 #[async_trait::async_trait]
 impl apm_core::QpControl for FakeQp {
     async fn start(&self, sink: apm_core::InputSink) -> Result<(), apm_core::ProviderError> {
-        let _ = sink.send(apm_core::Input::PortInfo(self.info.clone()));
+        for p in &self.ports {
+            let _ = sink.send(apm_core::Input::PortInfo(p.clone()));
+        }
+        *self.sink.lock().unwrap_or_else(|p| p.into_inner()) = Some(sink);
         Ok(())
     }
     async fn load_alternate(
         &self,
-        _conn: apm_core::ConnId,
+        conn: apm_core::ConnId,
         path: apm_core::Path,
     ) -> Result<(), apm_core::ProviderError> {
-        report(&format!("LOAD_ALT dlid={}", path.dlid));
-        self.lock().2 = Some(path);
+        self.with_qp(conn, |q| q.alt = Some(path))?;
+        if conn == WATCHED {
+            report(&format!(
+                "LOAD_ALT port={} dlid={}",
+                path.port.port, path.dlid
+            ));
+        }
         Ok(())
     }
     async fn set_rearm(
         &self,
-        _conn: apm_core::ConnId,
+        conn: apm_core::ConnId,
     ) -> Result<apm_core::MigState, apm_core::ProviderError> {
-        let mut s = self.lock();
         // The peer's packets already carry MigReq=0: REARM becomes ARMED at once.
-        s.0 = if s.2.is_some() {
-            apm_core::MigState::Armed
-        } else {
-            apm_core::MigState::Migrated
-        };
-        report(&format!("REARM -> {:?}", s.0));
-        Ok(s.0)
-    }
-    async fn force_migrate(&self, _conn: apm_core::ConnId) -> Result<(), apm_core::ProviderError> {
-        let mut s = self.lock();
-        if let Some(alt) = s.2.take() {
-            s.1 = alt;
+        let m = self.with_qp(conn, |q| {
+            q.mig = if q.alt.is_some() {
+                apm_core::MigState::Armed
+            } else {
+                apm_core::MigState::Migrated
+            };
+            q.mig
+        })?;
+        if conn == WATCHED {
+            report(&format!("REARM -> {m:?}"));
         }
-        s.0 = apm_core::MigState::Migrated;
-        report(&format!("FORCED primary dlid={}", s.1.dlid));
+        Ok(m)
+    }
+    async fn force_migrate(&self, conn: apm_core::ConnId) -> Result<(), apm_core::ProviderError> {
+        let p = self.with_qp(conn, |q| {
+            if let Some(alt) = q.alt.take() {
+                q.primary = alt;
+            }
+            q.mig = apm_core::MigState::Migrated;
+            q.primary
+        })?;
+        if conn == WATCHED {
+            report(&format!(
+                "FORCED primary port={} dlid={}",
+                p.port.port, p.dlid
+            ));
+        }
         Ok(())
     }
     async fn software_migrate(
@@ -179,40 +247,124 @@ impl apm_core::QpControl for FakeQp {
     }
     async fn query_qp(
         &self,
-        _conn: apm_core::ConnId,
+        conn: apm_core::ConnId,
     ) -> Result<apm_core::QpSnapshot, apm_core::ProviderError> {
-        let s = self.lock();
-        Ok(apm_core::QpSnapshot {
+        self.with_qp(conn, |q| apm_core::QpSnapshot {
             operational: true,
-            mig_state: s.0,
-            primary_port: s.1.port,
-            primary_dlid: s.1.dlid,
-            primary_dgid: s.1.dgid,
+            mig_state: q.mig,
+            primary_port: q.primary.port,
+            primary_dlid: q.primary.dlid,
+            primary_dgid: q.primary.dgid,
         })
     }
 }
 
-impl FakeQp {
-    fn lock(
-        &self,
-    ) -> std::sync::MutexGuard<'_, (apm_core::MigState, apm_core::Path, Option<apm_core::Path>)>
-    {
-        self.state.lock().unwrap_or_else(|p| p.into_inner())
-    }
+/// Settings of an engine node, from its role string `engine:key=value;...`.
+#[derive(Debug)]
+struct EngineArgs {
+    /// `role=active|passive`.
+    active: bool,
+    /// `n=`: how many connections (ids 1..=n).
+    n: u32,
+    /// `dst=<guid>,...`: connection k goes to port GUID `dst[(k-1) % len]`.
+    dst: Vec<u64>,
+    /// `from=1|2`: the local port of the primaries.
+    from: u8,
+    /// `peer=<guid>,...`: other port GUIDs of the peer, whose paths join the candidates.
+    peer: Vec<u64>,
+    /// `route=<guid>:<lid>,...`: where messages for a peer GID go (its MAD client).
+    route: Vec<(u64, u16)>,
+    /// `me2=<guid>:<lid>`: this node's port 2 (known to the engine; no MAD client).
+    me2: Option<(u64, u16)>,
+    /// `cands=all|none`: candidates from the SA in the spec, or none (the engine asks).
+    cands: bool,
+    /// `lap_ms=`, `tries=`: the engine's LAP retransmission policy; `defer_ms=`: its
+    /// `lap_defer_ms`.
+    policy: apm_core::Policy,
 }
 
-/// The passive side of seed 000 with the real engine: umad-sa for notices and paths,
-/// cm-lap's peer channel for LAP/APR, a simulated QP. `args`: the peer's port-1 GUID,
-/// port-2 GUID and port-1 LID (the only port that hosts the peer's MAD client).
-async fn e2e_passive(args: &str) -> Result<(), String> {
-    use apm_core::{ConnId, ConnSpec, FabricService, Gid, MigrationMode, PortKey, Qpn, Role};
-    let f: Vec<&str> = args.split(',').collect();
-    let [p1, p2, p1_lid] = f[..] else {
-        return Err(format!("bad args {args}"));
+fn parse_engine_args(args: &str) -> Result<EngineArgs, String> {
+    let mut a = EngineArgs {
+        active: true,
+        n: 1,
+        dst: Vec::new(),
+        from: 1,
+        peer: Vec::new(),
+        route: Vec::new(),
+        me2: None,
+        cands: true,
+        policy: apm_core::Policy::default(),
     };
-    let hexu = |s: &str| u64::from_str_radix(s, 16).map_err(|e| e.to_string());
-    let (g1, g2) = (Gid::from_guid(hexu(p1)?), Gid::from_guid(hexu(p2)?));
-    let p1_lid: u16 = p1_lid.parse().map_err(|_| "bad LID".to_string())?;
+    let hex = |s: &str| u64::from_str_radix(s, 16).map_err(|e| format!("{s}: {e}"));
+    let num = |s: &str| s.parse::<u64>().map_err(|e| format!("{s}: {e}"));
+    let pair = |s: &str| -> Result<(u64, u16), String> {
+        let (g, l) = s.split_once(':').ok_or(format!("want guid:lid, got {s}"))?;
+        Ok((hex(g)?, l.parse().map_err(|_| format!("bad LID {l}"))?))
+    };
+    for kv in args.split(';').filter(|s| !s.is_empty()) {
+        let (k, v) = kv.split_once('=').ok_or(format!("bad setting {kv}"))?;
+        let list = || v.split(',').filter(|s| !s.is_empty());
+        match k {
+            "role" => a.active = v == "active",
+            "n" => a.n = u32::try_from(num(v)?).map_err(|e| e.to_string())?,
+            "dst" => a.dst = list().map(hex).collect::<Result<_, _>>()?,
+            "from" => a.from = if v == "2" { 2 } else { 1 },
+            "peer" => a.peer = list().map(hex).collect::<Result<_, _>>()?,
+            "route" => a.route = list().map(pair).collect::<Result<_, _>>()?,
+            "me2" => a.me2 = Some(pair(v)?),
+            "cands" => a.cands = v == "all",
+            "lap_ms" => a.policy.lap_timeout_ms = num(v)?,
+            "defer_ms" => a.policy.lap_defer_ms = num(v)?,
+            "tries" => {
+                a.policy.lap_max_tries = u32::try_from(num(v)?).map_err(|e| e.to_string())?
+            }
+            other => return Err(format!("unknown setting {other}")),
+        }
+    }
+    if a.dst.is_empty() {
+        return Err("no destination".into());
+    }
+    Ok(a)
+}
+
+/// The engine's counters and the SA's, as one report line.
+fn stats_line(
+    s: &apm_core::Stats,
+    fabric_queries: u64,
+    port: &umad::Port,
+    sa: &umad_sa::SaClient,
+) -> String {
+    let c = port.counters();
+    format!(
+        "STATS laps_sent={} lap_retransmits={} aprs_sent={} mras_sent={} arms={} forced={} \
+         engine_path_queries={} sa_path_queries={} sa_mad_requests={} sa_mad_retransmits={} \
+         strangers={} refreshes={}",
+        s.laps_sent,
+        s.lap_retransmits,
+        s.aprs_sent,
+        s.mras_sent,
+        s.arms,
+        s.migrations_forced,
+        s.path_queries,
+        fabric_queries,
+        c.requests_sent,
+        c.retransmits,
+        s.laps_from_strangers,
+        sa.subscription_refreshes()
+    )
+}
+
+/// A node running apm-core's engine (Manager) with umad-sa for notices and paths,
+/// cm-lap's peer channel for LAP/APR and a simulated QP per connection.
+///
+/// Reports `READY` once its paths are known, protects its connections on the stdin
+/// command `protect`, takes `port <n> down|up` (the HCA's PORT_ERR/PORT_ACTIVE, which
+/// umad2sim cannot deliver) and `stats`; reports the engine's inputs from the SA
+/// (`INPUT`), connection 1's QP operations and notifications (`NOTE`), and
+/// `ALL ARMED` each time every connection is armed again.
+async fn engine_node(args: &str) -> Result<(), String> {
+    use apm_core::{ConnId, ConnSpec, FabricService, Gid, MigrationMode, PortKey, Qpn, Role};
+    let a = parse_engine_args(args)?;
     let opts = PortOptions {
         agents: vec![
             umad_sa::SA_AGENT,
@@ -226,81 +378,259 @@ async fn e2e_passive(args: &str) -> Result<(), String> {
     let port = Arc::new(port);
     let mut streams = split_by_class(unsolicited, &[0x03, 0x07, DEFAULT_VENDOR_CLASS]);
     let mut take = |c| streams.remove(&c).ok_or("no stream");
-    let key = PortKey::new(0, 1);
+    let key1 = PortKey::new(0, 1);
+    let key2 = PortKey::new(0, 2);
     let (sa, sa_events) = umad_sa::SaClient::new(
         Arc::clone(&port),
         take(0x03)?,
         umad_sa::SaOptions::default(),
     );
-    let fabric = umad_sa::SaFabric::new(sa.clone(), key, sa_events);
-    let (cm, cm_rx) = UmadCmTransport::new(Arc::clone(&port), CmChannel::CmClass, take(0x07)?);
-    let sources = Arc::new(cm_lap::peer_channel::SaSourceGid::new(sa.clone()));
-    let peer =
-        cm_lap::peer_channel::UmadPeerChannel::new(cm, cm_rx, key, sources).route(g2, p1_lid);
-
-    let to_p2 = fabric
-        .resolve_paths(key, g2)
-        .await
-        .map_err(|e| e.to_string())?;
-    let to_p1 = fabric
-        .resolve_paths(key, g1)
-        .await
-        .map_err(|e| e.to_string())?;
-    let (Some(primary), Some(alt)) = (to_p2.first().copied(), to_p1.first().copied()) else {
-        return Err("no paths to the peer".into());
-    };
     let me = port.info();
-    let info = apm_core::PortInfo {
-        key,
+    let mut fabric = umad_sa::SaFabric::new(sa.clone(), key1, sa_events);
+    // The specs' paths come through a facet of their own, so that the engine's facet
+    // starts with an empty cache and counts only the engine's queries.
+    let (_, no_events) = tokio::sync::mpsc::unbounded_channel();
+    let mut setup = umad_sa::SaFabric::new(sa.clone(), key1, no_events);
+    let mut ports = vec![apm_core::PortInfo {
+        key: key1,
         gids: vec![Gid(me.gid)],
         lid: apm_core::Lid::from_wire(me.lid),
         lmc: me.lmc,
         active: true,
         link_layer: apm_core::LinkLayer::InfiniBand,
-    };
-    let qp = FakeQp {
-        info,
-        state: std::sync::Mutex::new((apm_core::MigState::Migrated, primary, None)),
-    };
-    let stack = apm_core::Stack::new(qp, peer, fabric);
-    let (mgr, handle) = apm_core::Manager::new(Arc::new(stack), apm_core::Policy::default())
-        .map_err(|e| e.to_string())?;
-    let mut notes = handle.notifications();
-    tokio::spawn(mgr.run());
-    let spec = ConnSpec {
-        id: ConnId(1),
-        role: Role::Passive,
-        mode: MigrationMode::Hardware,
-        local_qpn: Qpn::new(0x123).ok_or("qpn")?,
-        remote_qpn: Qpn::new(0x456).ok_or("qpn")?,
-        local_comm_id: 0x100,
-        remote_comm_id: 0x200,
-        primary,
-        agreed_alternate: None,
-        candidates: to_p1.iter().chain(&to_p2[1..]).copied().collect(),
-    };
-    handle.protect(spec).await.map_err(|e| e.to_string())?;
-    report(&format!(
-        "PROTECTING lid={} primary dlid={} alt dlid={}",
-        me.lid, primary.dlid, alt.dlid
-    ));
-    let until = tokio::time::Instant::now() + Duration::from_secs(40);
-    while let Ok(Ok(n)) = tokio::time::timeout_at(until, notes.recv()).await {
-        let what = match n.kind {
-            apm_core::NotificationKind::Protected { alternate } => {
-                format!("Protected alt dlid={}", alternate.dlid)
-            }
-            apm_core::NotificationKind::Rearmed { alternate } => {
-                format!("Rearmed alt dlid={}", alternate.dlid)
-            }
-            apm_core::NotificationKind::Migrated { primary, forced } => {
-                format!("Migrated forced={forced} primary dlid={}", primary.dlid)
-            }
-            other => format!("{other:?}"),
+    }];
+    if let Some((g2, lid2)) = a.me2 {
+        fabric = fabric.serve_port(key2, Gid::from_guid(g2));
+        setup = setup.serve_port(key2, Gid::from_guid(g2));
+        ports.push(apm_core::PortInfo {
+            key: key2,
+            gids: vec![Gid::from_guid(g2)],
+            lid: apm_core::Lid::from_wire(lid2),
+            ..ports[0].clone()
+        });
+    }
+    let (cm, cm_rx) = UmadCmTransport::new(Arc::clone(&port), CmChannel::CmClass, take(0x07)?);
+    let sources = Arc::new(cm_lap::peer_channel::SaSourceGid::new(sa.clone()));
+    let mut peer = cm_lap::peer_channel::UmadPeerChannel::new(
+        cm,
+        cm_rx,
+        key1,
+        Arc::clone(&sources) as Arc<dyn cm_lap::peer_channel::SourceGid>,
+    )
+    .carry_for(key2);
+    for &(g, lid) in &a.route {
+        peer = peer.route(Gid::from_guid(g), lid);
+        // Learn who sends from that LID now, not on the first LAP.
+        use cm_lap::peer_channel::SourceGid;
+        sources
+            .gid_of(lid)
+            .await
+            .ok_or(format!("LID {lid} unknown to the SA"))?;
+    }
+
+    // The paths the specs need: every local port to every destination and peer port.
+    let locals: Vec<PortKey> = ports.iter().map(|p| p.key).collect();
+    let mut paths: std::collections::BTreeMap<(u8, u64), Vec<apm_core::Path>> =
+        std::collections::BTreeMap::new();
+    for &l in &locals {
+        for &g in a.dst.iter().chain(&a.peer) {
+            let p = setup
+                .resolve_paths(l, Gid::from_guid(g))
+                .await
+                .map_err(|e| e.to_string())?;
+            paths.insert((l.port, g), p);
+        }
+    }
+    let mut specs = Vec::new();
+    let mut qps = std::collections::BTreeMap::new();
+    for k in 1..=a.n {
+        let dst = a.dst[(k as usize - 1) % a.dst.len()];
+        let primary = *paths
+            .get(&(a.from, dst))
+            .and_then(|p| p.first())
+            .ok_or(format!("no path from port {} to {dst:x}", a.from))?;
+        let candidates: Vec<apm_core::Path> = if a.cands {
+            paths
+                .iter()
+                .filter(|((_, g), _)| *g == dst || a.peer.contains(g))
+                .flat_map(|(_, p)| p.iter().copied())
+                .filter(|p| *p != primary)
+                .collect()
+        } else {
+            Vec::new()
         };
-        report(&format!("NOTE {what}"));
+        let (mine, theirs) = if a.active {
+            (0x1000, 0x2000)
+        } else {
+            (0x2000, 0x1000)
+        };
+        let qpn = |base: u32| Qpn::new(base / 0x10 + k).ok_or("qpn");
+        specs.push(ConnSpec {
+            id: ConnId(u64::from(k)),
+            role: if a.active {
+                Role::Active
+            } else {
+                Role::Passive
+            },
+            mode: MigrationMode::Hardware,
+            local_qpn: qpn(mine)?,
+            remote_qpn: qpn(theirs)?,
+            local_comm_id: mine + k,
+            remote_comm_id: theirs + k,
+            primary,
+            agreed_alternate: None,
+            candidates,
+        });
+        qps.insert(
+            ConnId(u64::from(k)),
+            QpState {
+                mig: apm_core::MigState::Migrated,
+                primary,
+                alt: None,
+            },
+        );
+    }
+    let qp = Arc::new(FakeQp {
+        ports,
+        qps: std::sync::Mutex::new(qps),
+        sink: std::sync::Mutex::new(None),
+    });
+    let stack = apm_core::Stack::new(SharedQp(Arc::clone(&qp)), peer, fabric);
+    let stack = Arc::new(stack);
+    let (mgr, handle) =
+        apm_core::Manager::new(Arc::clone(&stack), a.policy.clone()).map_err(|e| e.to_string())?;
+    let mut notes = handle.notifications();
+    let mut inputs = handle.fabric_events();
+    tokio::spawn(mgr.run());
+    let first = specs.first().map(|s| s.primary);
+    report(&format!(
+        "READY lid={} n={} primary={}",
+        me.lid,
+        a.n,
+        first
+            .map(|p| format!("port={} dlid={}", p.port.port, p.dlid))
+            .unwrap_or_default()
+    ));
+
+    let mut commands = stdin_commands();
+    let mut armed = std::collections::BTreeSet::new();
+    let until = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(until) => break,
+            c = commands.recv() => {
+                let Some(c) = c else { break };
+                let w: Vec<&str> = c.split_whitespace().collect();
+                match w[..] {
+                    ["protect"] => {
+                        for s in specs.drain(..) {
+                            handle.protect(s).await.map_err(|e| e.to_string())?;
+                        }
+                        report(&format!("PROTECTING n={}", a.n));
+                    }
+                    ["port", n, ev] => {
+                        let n: u8 = n.parse().map_err(|_| format!("bad port {n}"))?;
+                        let ev = if ev == "down" { apm_core::PortEvent::Down } else { apm_core::PortEvent::Active };
+                        qp.port_event(n, ev);
+                    }
+                    ["stats"] => {
+                        let s = handle.stats().await.map_err(|e| e.to_string())?;
+                        report(&stats_line(&s, stack.fabric.sa_queries(), &port, &sa));
+                    }
+                    _ => report(&format!("FAIL unknown command {c}")),
+                }
+            }
+            ev = inputs.recv() => {
+                if let Ok(apm_core::FabricEvent { kind: apm_core::FabricEventKind::RemoteGid { gid, in_service }, .. }) = ev {
+                    report(&format!("INPUT remote {:x} {}", gid.guid(), if in_service { "in" } else { "out" }));
+                }
+            }
+            n = notes.recv() => {
+                let Ok(n) = n else { continue };
+                let was_all = armed.len() == a.n as usize;
+                match n.kind {
+                    apm_core::NotificationKind::Protected { .. } | apm_core::NotificationKind::Rearmed { .. } => {
+                        armed.insert(n.conn);
+                    }
+                    apm_core::NotificationKind::Migrated { .. } | apm_core::NotificationKind::Unprotected { .. } | apm_core::NotificationKind::Lost { .. } => {
+                        armed.remove(&n.conn);
+                    }
+                    _ => {}
+                }
+                if n.conn == WATCHED {
+                    let what = match n.kind {
+                        apm_core::NotificationKind::Protected { alternate } => {
+                            format!("Protected alt port={} dlid={}", alternate.port.port, alternate.dlid)
+                        }
+                        apm_core::NotificationKind::Rearmed { alternate } => {
+                            format!("Rearmed alt port={} dlid={}", alternate.port.port, alternate.dlid)
+                        }
+                        apm_core::NotificationKind::Migrated { primary, forced } => {
+                            format!("Migrated forced={forced} primary port={} dlid={}", primary.port.port, primary.dlid)
+                        }
+                        other => format!("{other:?}"),
+                    };
+                    report(&format!("NOTE {what}"));
+                }
+                if !was_all && armed.len() == a.n as usize {
+                    report(&format!("ALL ARMED n={}", a.n));
+                }
+            }
+        }
     }
     Ok(())
+}
+
+/// The simulated QPs shared between the engine's stack and the node's command loop.
+struct SharedQp(Arc<FakeQp>);
+
+#[async_trait::async_trait]
+impl apm_core::QpControl for SharedQp {
+    async fn start(&self, sink: apm_core::InputSink) -> Result<(), apm_core::ProviderError> {
+        self.0.start(sink).await
+    }
+    async fn load_alternate(
+        &self,
+        conn: apm_core::ConnId,
+        path: apm_core::Path,
+    ) -> Result<(), apm_core::ProviderError> {
+        self.0.load_alternate(conn, path).await
+    }
+    async fn set_rearm(
+        &self,
+        conn: apm_core::ConnId,
+    ) -> Result<apm_core::MigState, apm_core::ProviderError> {
+        self.0.set_rearm(conn).await
+    }
+    async fn force_migrate(&self, conn: apm_core::ConnId) -> Result<(), apm_core::ProviderError> {
+        self.0.force_migrate(conn).await
+    }
+    async fn software_migrate(
+        &self,
+        conn: apm_core::ConnId,
+        path: apm_core::Path,
+    ) -> Result<(), apm_core::ProviderError> {
+        self.0.software_migrate(conn, path).await
+    }
+    async fn query_qp(
+        &self,
+        conn: apm_core::ConnId,
+    ) -> Result<apm_core::QpSnapshot, apm_core::ProviderError> {
+        self.0.query_qp(conn).await
+    }
+}
+
+/// Lines from stdin (commands of the parent test), as an async stream.
+fn stdin_commands() -> UnboundedReceiver<String> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
 }
 
 /// Answer every LAP with APR(Success), comm IDs swapped, same TID, to the sender.
@@ -378,102 +708,365 @@ fn lap_apr_round_trip() {
     sender.expect("DONE", Duration::from_secs(5)).unwrap();
 }
 
-/// End to end, passive side of seed 000 on the real management stack: node A (apm-core's
-/// engine and Manager, umad-sa for notices and paths, cm-lap's peer channel, a simulated
-/// QP) protects a connection to node B's rail-B port and arms it through a LAP/APR
-/// exchange with B; `Unlink` of B's rail-B port reaches A's engine as an SA notice and
-/// the engine forces the migration, then re-arms on an LMC variant through another
-/// LAP/APR; `ReLink` moves the alternate back to rail B; a LAP for the connection from
-/// a third node is rejected and changes nothing. B answers LAPs with a stub (its own
-/// engine is not needed for A's side).
+/// OpenSM's port GUID -> base LID (its guid2lid cache file in the bed directory).
+fn guid2lid(bed: &Bed) -> std::collections::BTreeMap<u64, u16> {
+    let text = std::fs::read_to_string(bed.scratch.join("guid2lid")).unwrap_or_default();
+    let num = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((num(f.first()?)?, u16::try_from(num(f.get(1)?)?).ok()?))
+        })
+        .collect()
+}
+
+/// Two engine nodes of one bed: H2 (active) and H3 (passive), protecting `n`
+/// connections whose primaries run port 2 to port 2 (rail B), their MADs on port 1.
+struct Pair {
+    active: bed::NodeProc,
+    passive: bed::NodeProc,
+    /// Port GUIDs and base LIDs: (active p1, active p2, passive p1, passive p2).
+    guids: [u64; 4],
+    lids: [u16; 4],
+}
+
+fn start_pair(bed: &Bed, n: u32, active_policy: &str, passive_policy: &str) -> Pair {
+    let (a, p) = (&bed.nodes[0], &bed.nodes[1]);
+    let ports = bed.hca_ports();
+    let lids = guid2lid(bed);
+    let g = [(a, 1), (a, 2), (p, 1), (p, 2)].map(|(node, pn)| ports[&(node.clone(), pn)]);
+    let l = g.map(|guid| lids[&guid]);
+    let args = |role: &str, me: usize, them: usize, policy: &str| {
+        format!(
+            "engine:role={role};n={n};from=2;dst={:x};peer={:x};route={:x}:{},{:x}:{};me2={:x}:{}{policy}",
+            g[them + 1],
+            g[them],
+            g[them],
+            l[them],
+            g[them + 1],
+            l[them],
+            g[me + 1],
+            l[me + 1],
+        )
+    };
+    let mut passive = bed
+        .spawn_node(p, "bed_node", &args("passive", 2, 0, passive_policy))
+        .unwrap();
+    let mut active = bed
+        .spawn_node(a, "bed_node", &args("active", 0, 2, active_policy))
+        .unwrap();
+    let (_, r) = passive.expect("READY", Duration::from_secs(10)).unwrap();
+    println!("{p}: {r}");
+    let (_, r) = active.expect("READY", Duration::from_secs(10)).unwrap();
+    println!("{a}: {r}");
+    Pair {
+        active,
+        passive,
+        guids: g,
+        lids: l,
+    }
+}
+
+impl Pair {
+    /// Protect on the passive side first (a LAP for a connection not yet protected gets
+    /// "invalid comm ID"), then on the active side.
+    fn protect(&mut self) {
+        self.passive.send("protect").unwrap();
+        self.passive
+            .expect("PROTECTING", Duration::from_secs(5))
+            .unwrap();
+        self.active.send("protect").unwrap();
+    }
+}
+
+/// The engine's counters of a node (its `STATS` report) as name -> value.
+fn stats(n: &mut bed::NodeProc) -> std::collections::BTreeMap<String, u64> {
+    n.send("stats").unwrap();
+    let (_, l) = n.expect("STATS", Duration::from_secs(5)).unwrap();
+    println!("[{}] {l}", n.node);
+    l.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .filter_map(|(k, v)| Some((k.to_owned(), v.parse().ok()?)))
+        .collect()
+}
+
+/// The first report starting with each of `prefixes`, in whatever order they come
+/// (reports from different tasks of a node interleave).
+fn expect_all(
+    n: &mut bed::NodeProc,
+    prefixes: &[&str],
+    timeout: Duration,
+) -> Vec<(Instant, String)> {
+    let deadline = Instant::now() + timeout;
+    let mut got: Vec<Option<(Instant, String)>> = vec![None; prefixes.len()];
+    while got.iter().any(Option::is_none) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (t, l) = n
+            .expect("", left)
+            .unwrap_or_else(|e| panic!("{e}; still waiting for {prefixes:?}, got {got:?}"));
+        for (i, p) in prefixes.iter().enumerate() {
+            if got[i].is_none() && l.starts_with(p) {
+                got[i] = Some((t, l.clone()));
+            }
+        }
+    }
+    got.into_iter().flatten().collect()
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+/// End to end with two real engines (seeds 000 and 001 on the real management stack).
+/// H2 (active) and H3 (passive) each run apm-core's Manager with umad-sa, cm-lap's peer
+/// channel and a simulated QP; the connection's primary runs H2 port 2 <-> H3 port 2.
+/// 1. Both arm through a LAP/APR exchange between the engines (rail A alternate).
+/// 2. `Unlink "H2"[2]`: H3's engine learns it from the SA (trap 65, the passive side of
+///    seed 000) and forces the migration; H2's engine forces it from its own PORT_ERR
+///    (injected into its simulated HCA with the Unlink: umad2sim has no async events).
+///    Both re-arm through another LAP/APR exchange.
+/// 3. `ReLink "H2"[2]`: trap 64 at H3, PORT_ACTIVE at H2; the pair moves its alternate
+///    back to rail B through a LAP/APR exchange.
+/// 4. H4 sends H3 a LAP with the connection's comm IDs: H3's engine answers APR
+///    rejected and its QP is untouched.
 #[test]
-fn e2e_passive_side_forces_migration_and_rearms() {
-    let Some(bed) = Bed::or_skip("e2e_passive_side_forces_migration_and_rearms") else {
+fn two_engines_unlink_relink_rearm() {
+    let Some(bed) = Bed::or_skip("two_engines_unlink_relink_rearm") else {
         return;
     };
-    let (a, b) = (bed.nodes[0].clone(), bed.nodes[1].clone());
-    let ports = bed.hca_ports();
-    let (b1, b2) = (ports[&(b.clone(), 1)], ports[&(b.clone(), 2)]);
-    let mut responder = bed.spawn_node(&b, "bed_node", "apr-responder").unwrap();
-    let (_, lid) = responder.expect("LID", Duration::from_secs(10)).unwrap();
-    let b1_lid = lid.trim_start_matches("LID ").to_owned();
-    let mut n = bed
-        .spawn_node(
-            &a,
-            "bed_node",
-            &format!("e2e-passive:{b1:x},{b2:x},{b1_lid}"),
-        )
-        .unwrap();
-    let (_, p) = n.expect("PROTECTING", Duration::from_secs(10)).unwrap();
-    println!("{p}");
+    // H2's PORT_ERR is immediate and its LAP for a new alternate reaches H3 about 1 ms
+    // after the Unlink; trap 65 follows the SM's sweep a few ms later. Were the sweep
+    // slower than H3's `lap_defer_ms` (default 20 ms), H3 would migrate on the LAP's
+    // account (seed 001's rule: the peer moved before our PATH_MIG). H3 waits up to
+    // 500 ms here so that what is tested, migration from the SA notice, holds on a
+    // loaded machine too.
+    let mut pair = start_pair(&bed, 1, "", ";defer_ms=500");
+    let (h2, h3) = (bed.nodes[0].clone(), bed.nodes[1].clone());
     let t0 = Instant::now();
-    let (t1, prot) = n.expect("NOTE Protected", Duration::from_secs(10)).unwrap();
-    println!(
-        "{prot} after {:.1} ms (LAP/APR with {b})",
-        (t1 - t0).as_secs_f64() * 1e3
-    );
-    let t0 = Instant::now();
-    bed.console(&format!("Unlink \"{b}\"[2]")).unwrap();
-    let (t1, forced) = n.expect("FORCED", Duration::from_secs(3)).unwrap();
-    let (_, mig) = n.expect("NOTE Migrated", Duration::from_secs(3)).unwrap();
-    assert!(mig.contains("forced=true"), "{mig}");
-    println!(
-        "Unlink {b}[2] -> engine forced migration {:.2} ms ({forced})",
-        (t1 - t0).as_secs_f64() * 1e3
-    );
-    let (t2, re) = n.expect("NOTE Rearmed", Duration::from_secs(10)).unwrap();
-    println!(
-        "{re} {:.1} ms after the migration",
-        (t2 - t1).as_secs_f64() * 1e3
-    );
-    // Both arming LAPs really crossed the fabric and were answered by B.
-    responder
-        .expect("ANSWERED LAP", Duration::from_secs(1))
+    pair.protect();
+    let (ta, prot) = pair
+        .active
+        .expect("NOTE Protected", Duration::from_secs(10))
         .unwrap();
-    responder
-        .expect("ANSWERED LAP", Duration::from_secs(1))
+    let (tp, pprot) = pair
+        .passive
+        .expect("NOTE Protected", Duration::from_secs(10))
         .unwrap();
-    // ReLink: trap 64 for B's rail-B port; the engine moves the alternate back to the
-    // other rail (port-disjoint beats an LMC variant) through another LAP/APR.
-    let t0 = Instant::now();
-    bed.console(&format!("ReLink \"{b}\"[2]")).unwrap();
-    // (Already armed, so no new notification: the QP shows the new alternate.)
-    let (t1, back) = n.expect("LOAD_ALT", Duration::from_secs(10)).unwrap();
-    n.expect("REARM -> Armed", Duration::from_secs(2)).unwrap();
     println!(
-        "ReLink {b}[2] -> alternate back on rail B ({back}) after {:.1} ms",
-        (t1 - t0).as_secs_f64() * 1e3
+        "armed: {h2} {prot} after {:.1} ms, {h3} {pprot} after {:.1} ms",
+        ms(ta - t0),
+        ms(tp - t0)
+    );
+    assert!(prot.contains("port=1"), "{h2} not armed on rail A: {prot}");
+    assert!(
+        pprot.contains("port=1"),
+        "{h3} not armed on rail A: {pprot}"
+    );
+
+    // Unlink H2's primary port.
+    let mark = bed.log_mark();
+    let t0 = Instant::now();
+    bed.console(&format!("Unlink \"{h2}\"[2]")).unwrap();
+    pair.active.send("port 2 down").unwrap();
+    let want = format!("INPUT remote {:x} out", pair.guids[1]);
+    let got = expect_all(
+        &mut pair.passive,
+        &[&want, "FORCED", "NOTE Migrated", "NOTE Rearmed"],
+        Duration::from_secs(10),
+    );
+    let [(t_in, _), (t_f3, f3), (_, m3), (t_r3, r3)] = &got[..] else {
+        unreachable!("expect_all returns one report per prefix")
+    };
+    let (t_in, t_f3, t_r3) = (*t_in, *t_f3, *t_r3);
+    assert!(m3.contains("forced=true"), "{m3}");
+    let got = expect_all(
+        &mut pair.active,
+        &["FORCED", "NOTE Rearmed"],
+        Duration::from_secs(10),
+    );
+    let [(t_f2, f2), (t_r2, r2)] = &got[..] else {
+        unreachable!("expect_all returns one report per prefix")
+    };
+    let (t_f2, t_r2) = (*t_f2, *t_r2);
+    println!(
+        "Unlink {h2}[2] -> {h3} engine input (trap 65) {:.2} ms, -> {h3} forced migration \
+         {:.2} ms ({f3}), -> {h2} forced migration {:.2} ms ({f2})",
+        ms(t_in - t0),
+        ms(t_f3 - t0),
+        ms(t_f2 - t0)
+    );
+    println!(
+        "re-armed by LAP/APR: {h2} {r2} at {:.1} ms, {h3} {r3} at {:.1} ms after the Unlink",
+        ms(t_r2 - t0),
+        ms(t_r3 - t0)
+    );
+    // Well before H3's deferred answer to H2's LAP could have moved it (500 ms).
+    assert!(
+        t_f3 - t0 < Duration::from_millis(300) && t_in - t0 < Duration::from_millis(300),
+        "{h3} did not migrate on the SA notice"
     );
     assert!(
-        !back.ends_with("dlid=13"),
-        "still on the LMC variant: {back}"
+        f3.contains("port=1") && f2.contains("port=1"),
+        "{f3} / {f2}"
     );
-    responder
-        .expect("ANSWERED LAP", Duration::from_secs(1))
-        .unwrap();
-    let _ = n.drain();
+    bed.wait_log_after(mark, "\"GID out of service\"", Duration::from_secs(1))
+        .expect("OpenSM logged no trap 65");
 
-    // A LAP for this connection from a third node is refused and changes nothing.
-    let c = bed.nodes[2].clone();
-    let a_lid: u16 = p
-        .split_whitespace()
-        .find_map(|w| w.strip_prefix("lid="))
-        .and_then(|l| l.parse().ok())
-        .expect("A's LID in its PROTECTING report");
+    // ReLink: the alternate goes back to rail B on both sides, by LAP/APR.
+    let t0 = Instant::now();
+    bed.console(&format!("ReLink \"{h2}\"[2]")).unwrap();
+    pair.active.send("port 2 up").unwrap();
+    let want = format!("INPUT remote {:x} in", pair.guids[1]);
+    let (t_in, _) = pair.passive.expect(&want, Duration::from_secs(3)).unwrap();
+    let mut done = Vec::new();
+    for n in [&mut pair.active, &mut pair.passive] {
+        let (_, l) = n
+            .expect("LOAD_ALT port=2", Duration::from_secs(10))
+            .unwrap();
+        let (t, _) = n.expect("REARM -> Armed", Duration::from_secs(2)).unwrap();
+        done.push((n.node.clone(), t, l));
+    }
+    for (node, t, l) in &done {
+        println!(
+            "ReLink {h2}[2] -> {node} rearmed on rail B ({l}) {:.1} ms",
+            ms(*t - t0)
+        );
+    }
+    println!(
+        "ReLink {h2}[2] -> {h3} engine input (trap 64) {:.2} ms",
+        ms(t_in - t0)
+    );
+    let s2 = stats(&mut pair.active);
+    let s3 = stats(&mut pair.passive);
+    // Initial arm, re-arm after the migration, move back to rail B.
+    assert!(s2["laps_sent"] >= 3, "{s2:?}");
+    assert!(s3["aprs_sent"] >= 3, "{s3:?}");
+    assert_eq!(s3["forced"], 1, "{s3:?}");
+    assert_eq!(s2["forced"], 1, "{s2:?}");
+
+    // A LAP for the connection from H4, which is not its peer.
+    let _ = pair.passive.drain();
+    let h4 = bed.nodes[2].clone();
     let mut stranger = bed
-        .spawn_node(&c, "bed_node", &format!("lap-stranger:{a_lid},100,200"))
+        .spawn_node(
+            &h4,
+            "bed_node",
+            &format!("lap-stranger:{},2001,1001", pair.lids[2]),
+        )
         .unwrap();
     let (_, st) = stranger
         .expect("STRANGER", Duration::from_secs(10))
         .unwrap();
-    println!("{st}");
+    println!("{h4} -> {h3}: {st}");
     assert!(st.contains("APR Rejected"), "{st}");
     std::thread::sleep(Duration::from_millis(300));
-    let after = n.drain();
+    let after = pair.passive.drain();
     assert!(
-        after
-            .iter()
-            .all(|l| !l.starts_with("LOAD_ALT") && !l.starts_with("FORCED")),
-        "the stranger's LAP changed the QP: {after:?}"
+        after.iter().all(|l| !l.starts_with("LOAD_ALT")
+            && !l.starts_with("FORCED")
+            && !l.starts_with("REARM")),
+        "the stranger's LAP changed {h3}'s QP: {after:?}"
     );
+    let s3b = stats(&mut pair.passive);
+    assert_eq!(s3b["strangers"], 1, "{s3b:?}");
+    assert_eq!(s3b["arms"], s3["arms"], "{s3b:?}");
+    assert!(
+        !bed.opensm_log().contains("ERR 1A06"),
+        "a Report went unanswered"
+    );
+}
+
+/// With ibsim dropping half the MADs through H3's port 1 (`Error`), 20 connections
+/// still get armed on both sides by the engines' LAP retransmission (20 ms, doubling,
+/// up to 10 tries); the retransmissions are counted.
+#[test]
+fn two_engines_arm_through_mad_loss() {
+    let Some(bed) = Bed::or_skip("two_engines_arm_through_mad_loss") else {
+        return;
+    };
+    let n = 20;
+    let policy = ";lap_ms=20;tries=10";
+    let mut pair = start_pair(&bed, n, policy, policy);
+    let h3 = bed.nodes[1].clone();
+    // Let OpenSM finish the sweeps our new IsSM clients caused before dropping anything
+    // (it waits forever for a MAD that is lost under umad2sim).
+    std::thread::sleep(Duration::from_millis(500));
+    bed.console(&format!("Error \"{h3}\"[1] 50")).unwrap();
+    let t0 = Instant::now();
+    pair.protect();
+    let a = pair.active.expect("ALL ARMED", Duration::from_secs(30));
+    let p = pair.passive.expect("ALL ARMED", Duration::from_secs(30));
+    bed.console(&format!("Error \"{h3}\"[1] 0")).unwrap();
+    let (ta, _) = a.unwrap();
+    let (tp, _) = p.unwrap();
+    println!(
+        "{n} connections armed through 50% MAD loss: active after {:.0} ms, passive after {:.0} ms",
+        ms(ta - t0),
+        ms(tp - t0)
+    );
+    let s2 = stats(&mut pair.active);
+    let s3 = stats(&mut pair.passive);
+    let retx = s2["lap_retransmits"] + s3["lap_retransmits"];
+    println!(
+        "LAP retransmits: active {}, passive {}; LAPs sent {} + {}; APRs sent {} + {}; MRAs {} + {}",
+        s2["lap_retransmits"],
+        s3["lap_retransmits"],
+        s2["laps_sent"],
+        s3["laps_sent"],
+        s2["aprs_sent"],
+        s3["aprs_sent"],
+        s2["mras_sent"],
+        s3["mras_sent"]
+    );
+    assert!(retx > 0, "no LAP was retransmitted: was anything lost?");
+}
+
+/// The SA cost of a rearm storm with the engine driving: 50 connections from H2 to two
+/// destinations (H3 and H4, each answering LAPs with a stub), with no candidate paths
+/// in their specs, so the engine must ask the SA: once per (local port, destination).
+#[test]
+fn rearm_storm_sa_queries() {
+    let Some(bed) = Bed::or_skip("rearm_storm_sa_queries") else {
+        return;
+    };
+    let n: u32 = 50;
+    let ports = bed.hca_ports();
+    let mut stubs = Vec::new();
+    let mut dst = Vec::new();
+    for node in &bed.nodes[1..3] {
+        let mut s = bed.spawn_node(node, "bed_node", "apr-responder").unwrap();
+        s.expect("LID", Duration::from_secs(10)).unwrap();
+        stubs.push(s);
+        dst.push(format!("{:x}", ports[&(node.clone(), 1)]));
+    }
+    let mut e = bed
+        .spawn_node(
+            &bed.nodes[0],
+            "bed_node",
+            &format!(
+                "engine:role=active;n={n};from=1;cands=none;dst={}",
+                dst.join(",")
+            ),
+        )
+        .unwrap();
+    e.expect("READY", Duration::from_secs(10)).unwrap();
+    let before = stats(&mut e);
+    let t0 = Instant::now();
+    e.send("protect").unwrap();
+    let (t1, _) = e.expect("ALL ARMED", Duration::from_secs(20)).unwrap();
+    let after = stats(&mut e);
+    let d = |k: &str| after[k] - before[k];
+    println!(
+        "rearm of {n} connections to {} destinations: {:.1} ms, {} engine path queries, \
+         {} SA PathRecord queries (cache misses), {} SA request MADs, {} LAPs",
+        dst.len(),
+        ms(t1 - t0),
+        d("engine_path_queries"),
+        d("sa_path_queries"),
+        d("sa_mad_requests"),
+        d("laps_sent")
+    );
+    assert_eq!(d("engine_path_queries"), 2, "{after:?}");
+    assert_eq!(d("sa_path_queries"), 2, "{after:?}");
+    assert_eq!(d("laps_sent"), u64::from(n), "{after:?}");
 }

@@ -4,7 +4,9 @@
 //! Paths are cached per destination GID so that a rearm storm toward one destination
 //! asks the SA once; a notice about that GID drops its entry; every (re)subscription
 //! (client reregister, SM change) and any change of the local LID, LMC or SM LID drop
-//! them all. One facet serves one local port.
+//! them all. One facet serves one local port, the SA client's; other ports of the same
+//! node may be added ([`SaFabric::serve_port`]) where they cannot host an SA client of
+//! their own (the ibsim bed: only port 1 of a node hosts a MAD client).
 
 use crate::{SaClient, SaError, SaEvent};
 use apm_core::{FabricService, Gid, Input, InputSink, Lid, Path, PortKey, ProviderError};
@@ -21,7 +23,8 @@ type Cache = Arc<Mutex<PathCache>>;
 #[derive(Debug, Default)]
 struct PathCache {
     epoch: Option<(u16, u8, u16)>,
-    paths: BTreeMap<[u8; 16], Vec<Path>>,
+    /// Keyed by (local port, destination GID).
+    paths: BTreeMap<(PortKey, [u8; 16]), Vec<Path>>,
 }
 
 /// The SA as the engine's fabric facet, for one local port.
@@ -29,6 +32,8 @@ struct PathCache {
 pub struct SaFabric {
     client: SaClient,
     port: PortKey,
+    /// Other local ports served through this client, with their GIDs.
+    others: BTreeMap<PortKey, Gid>,
     events: Mutex<Option<mpsc::UnboundedReceiver<SaEvent>>>,
     cache: Cache,
     queries: Arc<std::sync::atomic::AtomicU64>,
@@ -45,10 +50,22 @@ impl SaFabric {
         SaFabric {
             client,
             port,
+            others: BTreeMap::new(),
             events: Mutex::new(Some(events)),
             cache: Arc::new(Mutex::new(PathCache::default())),
             queries: Arc::new(std::sync::atomic::AtomicU64::new(0)),
         }
+    }
+
+    /// Also serve `port`, another port of the same node whose port GID is `gid`: its
+    /// paths are asked with `gid` as the source (GID-only queries, so the LMC-aligned
+    /// pairs only, see [`SaClient::path_records`]) and its subscription is this
+    /// client's (which covers every GID). For ports that cannot host an SA client.
+    pub fn serve_port(mut self, port: PortKey, gid: Gid) -> SaFabric {
+        if port != self.port {
+            self.others.insert(port, gid);
+        }
+        self
     }
 
     /// How many PathRecord queries went to the SA so far (cache misses).
@@ -102,7 +119,7 @@ impl FabricService for SaFabric {
                     }
                 };
                 // Paths toward this GID may have changed either way.
-                lock(&cache).paths.remove(&gid.0);
+                lock(&cache).paths.retain(|(_, d), _| *d != gid.0);
                 let input = Input::RemoteGid {
                     gid: Gid(gid.0),
                     in_service,
@@ -116,9 +133,13 @@ impl FabricService for SaFabric {
     }
 
     async fn resolve_paths(&self, port: PortKey, dgid: Gid) -> Result<Vec<Path>, ProviderError> {
-        if port != self.port {
+        let sgid = if port == self.port {
+            ib_mad::types::Gid(self.client.port().info().gid)
+        } else if let Some(g) = self.others.get(&port) {
+            ib_mad::types::Gid(g.0)
+        } else {
             return Err(self.unsupported("resolving paths from a port it does not serve"));
-        }
+        };
         // Paths depend on our LIDs and on the SM that computed them: a LID change or a
         // new SM (both seen in the port's attributes) makes every cached path stale.
         let me = self
@@ -133,11 +154,10 @@ impl FabricService for SaFabric {
                 c.paths.clear();
                 c.epoch = Some(epoch);
             }
-            if let Some(p) = c.paths.get(&dgid.0) {
+            if let Some(p) = c.paths.get(&(port, dgid.0)) {
                 return Ok(p.clone());
             }
         }
-        let sgid = ib_mad::types::Gid(self.client.port().info().gid);
         self.queries
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let records = self
@@ -169,11 +189,18 @@ impl FabricService for SaFabric {
                 ack_timeout: (r.packet_life_time.get() + 1).min(31),
             })
             .collect();
-        lock(&self.cache).paths.insert(dgid.0, paths.clone());
+        lock(&self.cache)
+            .paths
+            .insert((port, dgid.0), paths.clone());
         Ok(paths)
     }
 
     async fn subscribe(&self, port: PortKey) -> Result<(), ProviderError> {
+        if self.others.contains_key(&port) {
+            // The SA delivers notices about every GID to the subscription of the
+            // client's own port; another port adds nothing.
+            return Ok(());
+        }
         if port != self.port {
             return Err(self.unsupported("subscribing through a port it does not serve"));
         }

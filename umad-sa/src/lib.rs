@@ -89,6 +89,18 @@ pub struct SaOptions {
     pub request: RequestOptions,
     /// How many recent Reports are remembered to drop duplicates. Default 256.
     pub dedup_window: usize,
+    /// While subscribed, send the trap 64/65 subscriptions again this often (`None`:
+    /// never). Default 60 s.
+    ///
+    /// An SA can forget a subscription without the port ever seeing a
+    /// CLIENT_REREGISTER: an SM restarted without a persistent SA database that does not
+    /// set the bit, a standby taking over whose handover the port misses, an event lost
+    /// in the driver. Nothing then tells us, and the first notice missed is the one that
+    /// mattered. OpenSM keys a subscription by its contents and the subscriber's address
+    /// and answers a Set identical to an existing one with success without adding a
+    /// second one, so a refresh is idempotent: it costs two MADs per interval per port
+    /// and bounds how long a forgotten subscription stays forgotten to one interval.
+    pub refresh_interval: Option<Duration>,
 }
 
 impl Default for SaOptions {
@@ -96,6 +108,7 @@ impl Default for SaOptions {
         SaOptions {
             request: RequestOptions::default(),
             dedup_window: 256,
+            refresh_interval: Some(Duration::from_secs(60)),
         }
     }
 }
@@ -105,6 +118,15 @@ impl Default for SaOptions {
 pub struct SaClient {
     port: Arc<Port>,
     opts: SaOptions,
+    subs: Arc<Subscriptions>,
+}
+
+/// Whether the owner wants trap 64/65 subscriptions, and how often they were refreshed.
+/// The lock is held across every Set so that a refresh never races an unsubscribe.
+#[derive(Debug, Default)]
+struct Subscriptions {
+    wanted: tokio::sync::Mutex<bool>,
+    refreshes: std::sync::atomic::AtomicU64,
 }
 
 impl SaClient {
@@ -120,7 +142,24 @@ impl SaClient {
         let p = Arc::clone(&port);
         let window = opts.dedup_window.max(1);
         tokio::spawn(report_loop(p, unsolicited, tx, window));
-        (SaClient { port, opts }, rx)
+        let subs = Arc::new(Subscriptions::default());
+        if let Some(every) = opts.refresh_interval {
+            tokio::spawn(refresh_loop(
+                Arc::downgrade(&port),
+                opts.clone(),
+                Arc::clone(&subs),
+                every,
+            ));
+        }
+        (SaClient { port, opts, subs }, rx)
+    }
+
+    /// How many periodic refreshes of the subscriptions succeeded so far
+    /// ([`SaOptions::refresh_interval`]).
+    pub fn subscription_refreshes(&self) -> u64 {
+        self.subs
+            .refreshes
+            .load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The port this client uses.
@@ -169,15 +208,27 @@ impl SaClient {
     }
 
     /// Subscribe for traps 64 and 65 (again, after a client reregister or SM change).
+    /// From then on the subscriptions are refreshed every
+    /// [`SaOptions::refresh_interval`] until [`SaClient::unsubscribe_gid_traps`].
     pub async fn subscribe_gid_traps(&self) -> Result<(), SaError> {
-        self.set_subscription(TRAP_GID_IN_SERVICE, true).await?;
-        self.set_subscription(TRAP_GID_OUT_OF_SERVICE, true).await
+        let mut wanted = self.subs.wanted.lock().await;
+        // Wanted even if this attempt fails: the refresh keeps trying.
+        *wanted = true;
+        self.set_gid_traps(true).await
     }
 
-    /// Unsubscribe from traps 64 and 65 (on shutdown).
+    /// Unsubscribe from traps 64 and 65 (on shutdown); stops the refresh.
     pub async fn unsubscribe_gid_traps(&self) -> Result<(), SaError> {
-        self.set_subscription(TRAP_GID_IN_SERVICE, false).await?;
-        self.set_subscription(TRAP_GID_OUT_OF_SERVICE, false).await
+        let mut wanted = self.subs.wanted.lock().await;
+        *wanted = false;
+        self.set_gid_traps(false).await
+    }
+
+    async fn set_gid_traps(&self, subscribe: bool) -> Result<(), SaError> {
+        self.set_subscription(TRAP_GID_IN_SERVICE, subscribe)
+            .await?;
+        self.set_subscription(TRAP_GID_OUT_OF_SERVICE, subscribe)
+            .await
     }
 
     /// Every reversible path record from `sgid` to `dgid`: every SLID x DLID
@@ -188,6 +239,9 @@ impl SaClient {
     /// fixed SLID with every DLID. When a response is one unsegmented, full MAD (OpenSM
     /// under umad2sim, which has no kernel to segment and truncates every MAD to 256
     /// bytes), the query is split further per DLID seen.
+    ///
+    /// When `sgid` is not this port's GID (another port of the node, whose LIDs this
+    /// port does not know), one GID-only query is asked: the LMC-aligned pairs only.
     pub async fn path_records(&self, sgid: Gid, dgid: Gid) -> Result<Vec<PathRecord>, SaError> {
         let template = PathRecord {
             sgid,
@@ -199,8 +253,9 @@ impl SaClient {
         };
         let base = mask::SGID | mask::DGID | mask::REVERSIBLE | mask::NUMB_PATH;
         let info = self.port.refresh_info()?;
-        if info.lid == 0 {
-            // No LID yet (the SM has not swept us): the GID-only query is all we can ask.
+        if info.lid == 0 || info.gid != sgid.0 {
+            // No LID yet (the SM has not swept us), or another port's paths: the
+            // GID-only query is all we can ask.
             return Ok(self.get_table(template, base).await?.records);
         }
         let variants = 1u16.checked_shl(u32::from(info.lmc)).unwrap_or(1);
@@ -448,6 +503,42 @@ fn handle_report(port: &Port, m: &Received, recent: &mut RecentReports) -> Optio
             trap: d.trap_number(),
         },
     })
+}
+
+/// Send the wanted subscriptions again every `every` while the port lives.
+async fn refresh_loop(
+    port: std::sync::Weak<Port>,
+    opts: SaOptions,
+    subs: Arc<Subscriptions>,
+    every: Duration,
+) {
+    let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        // Only a weak hold: the refresh must not keep a closed port open.
+        let Some(port) = port.upgrade() else { return };
+        let wanted = subs.wanted.lock().await;
+        if !*wanted {
+            continue;
+        }
+        let client = SaClient {
+            port,
+            opts: opts.clone(),
+            subs: Arc::clone(&subs),
+        };
+        match client.set_gid_traps(true).await {
+            Ok(()) => {
+                subs.refreshes
+                    .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                debug!("SA subscriptions refreshed");
+            }
+            Err(e) => {
+                warn!(error = %e, "refreshing the SA subscriptions failed; next try in one interval")
+            }
+        }
+        drop(wanted);
+    }
 }
 
 /// How long a caller should wait for one SA round trip with retries.
