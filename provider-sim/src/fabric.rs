@@ -508,9 +508,9 @@ impl Fabric {
     /// of a port take different routes where the fabric has more than one).
     pub fn program_lfts(&mut self, ports: &[bool], switches: &[bool]) {
         let ns = self.switches.len();
-        for s in 0..ns {
-            if switches[s] {
-                self.switches[s].lft.iter_mut().for_each(|e| *e = None);
+        for (sw, reached) in self.switches.iter_mut().zip(switches) {
+            if *reached {
+                sw.lft.iter_mut().for_each(|e| *e = None);
             }
         }
         for (dst, reached) in ports.iter().enumerate() {

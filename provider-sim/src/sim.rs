@@ -1340,8 +1340,8 @@ impl Sim {
             "retry budget exhausted"
         );
         let host = q.host;
-        if c.mode == Mode::Hardware && q.mig == MigState::Armed && q.alt.is_some() {
-            let alt = q.alt.expect("checked above");
+        let armed_alt = q.alt.filter(|_| c.mode == Mode::Hardware && q.mig == MigState::Armed);
+        if let Some(alt) = armed_alt {
             if self.path_ok(&alt) {
                 self.hw_migrate(i, s);
                 return;
@@ -1634,6 +1634,9 @@ impl Sim {
         let lat = self.ev_latency();
         let rereg = std::mem::take(&mut self.sms[s].reregister_pending);
         let mut activated = 0;
+        // Indexing: the loop body mutates the fabric and raises events, so it cannot
+        // hold an iterator over the ports.
+        #[allow(clippy::needless_range_loop)]
         for pid in 0..self.fab.num_ports() {
             if !ports[pid] || self.fab.ports[pid].subnet != s {
                 continue;
@@ -1674,6 +1677,8 @@ impl Sim {
         }
         self.fab.program_lfts(&ports, &switches);
         let mut traps: Vec<(Gid, bool, PortId)> = Vec::new();
+        // Indexing: three parallel tables (fabric ports, discovery, the SM's view).
+        #[allow(clippy::needless_range_loop)]
         for pid in 0..self.fab.num_ports() {
             if self.fab.ports[pid].subnet != s {
                 continue;
