@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::mpsc;
 use tracing::debug;
 
-/// Path cache: destination GID bytes to the paths the SA returned, valid for one
-/// (local LID, LMC, SM LID).
+/// Path cache: (local port, destination GID bytes) to the paths the SA returned,
+/// valid for one (local LID, LMC, SM LID) of the client's port.
 type Cache = Arc<Mutex<PathCache>>;
 
 #[derive(Debug, Default)]

@@ -10,6 +10,11 @@
 //! (`ib_mad::rmpp`); under umad2sim, which has no RMPP and truncates every MAD to 256
 //! bytes, queries are split so that each answer fits one MAD.
 //!
+//! Subscriptions are sent again every [`SaOptions::refresh_interval`] (default 60 s)
+//! while wanted: an SA that forgot them without the port hearing of it (no
+//! CLIENT_REREGISTER) delivers notices again within one interval; OpenSM takes an
+//! identical Set as an update, never a second subscription.
+//!
 //! All MAD layouts come from `ib-mad`; this crate only sequences them. It never invents a
 //! result: what it cannot do returns [`SaError::Unsupported`].
 

@@ -316,7 +316,7 @@ fn unlink_relink_traps() {
 }
 
 /// The subscription refresh interval the restart test gives its subscriber.
-const TEST_REFRESH: Duration = Duration::from_millis(500);
+const TEST_REFRESH: Duration = Duration::from_millis(300);
 
 /// An OpenSM restart loses every subscription and, under umad2sim, no CLIENT_REREGISTER
 /// tells the subscriber. Nobody tells the node to resubscribe here: its periodic,
@@ -378,8 +378,9 @@ fn subscription_refreshed_after_opensm_restart() {
     let (t1, _) = n.expect("EVENT out", Duration::from_secs(2)).unwrap();
     bed.console(&format!("ReLink \"{victim}\"[2]")).unwrap();
     n.expect("EVENT in", Duration::from_secs(2)).unwrap();
-    // OpenSM resends an unanswered Report after 200 ms: leave room for duplicates.
-    std::thread::sleep(Duration::from_millis(700));
+    // A doubled subscription would give a second Report at once; OpenSM resends an
+    // unanswered one after 200 ms.
+    std::thread::sleep(Duration::from_millis(300));
     let extra = n.drain();
     assert!(
         extra.iter().all(|l| !l.starts_with("EVENT")),
@@ -395,13 +396,13 @@ fn subscription_refreshed_after_opensm_restart() {
     // Unsubscribing stops the Reports, and the refresh does not bring them back.
     n.send("unsubscribe").unwrap();
     n.expect("UNSUBSCRIBED", Duration::from_secs(5)).unwrap();
-    std::thread::sleep(TEST_REFRESH + Duration::from_millis(200));
+    std::thread::sleep(TEST_REFRESH + Duration::from_millis(100));
     let mark = bed.log_mark();
     bed.console(&format!("Unlink \"{victim}\"[2]")).unwrap();
     bed.wait_log_after(mark, "\"GID out of service\"", Duration::from_secs(2))
         .expect("OpenSM saw no port going away");
     assert!(
-        n.expect("EVENT", Duration::from_millis(500)).is_err(),
+        n.expect("EVENT", Duration::from_millis(300)).is_err(),
         "an event arrived after unsubscribing"
     );
     assert!(

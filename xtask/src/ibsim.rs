@@ -238,6 +238,7 @@ fn run_one(pkg: &str, test: &str, bed: &Bed) -> Result<bool> {
         // Its own process group, so that the test's node processes (grandchildren) can
         // be stopped with it whatever way the test ends.
         .process_group(0);
+    let started = Instant::now();
     let mut child = cmd.spawn().context("cargo test")?;
     let group = format!("-{}", child.id());
     let deadline = Instant::now() + TEST_TIMEOUT;
@@ -259,6 +260,11 @@ fn run_one(pkg: &str, test: &str, bed: &Bed) -> Result<bool> {
         .args(["-KILL", "--", &group])
         .stderr(Stdio::null())
         .status();
+    eprintln!(
+        "{pkg} {test}: {} in {:.1} s",
+        if ok { "ok" } else { "FAILED" },
+        started.elapsed().as_secs_f64()
+    );
     Ok(ok)
 }
 
