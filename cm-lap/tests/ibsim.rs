@@ -913,6 +913,7 @@ fn two_engines_unlink_relink_rearm() {
         .expect("OpenSM logged no trap 65");
 
     // ReLink: the alternate goes back to rail B on both sides, by LAP/APR.
+    let (b2, b3) = (stats(&mut pair.active), stats(&mut pair.passive));
     let t0 = Instant::now();
     bed.console(&format!("ReLink \"{h2}\"[2]")).unwrap();
     pair.active.send("port 2 up").unwrap();
@@ -938,6 +939,16 @@ fn two_engines_unlink_relink_rearm() {
     );
     let s2 = stats(&mut pair.active);
     let s3 = stats(&mut pair.passive);
+    let d = |a: &std::collections::BTreeMap<String, u64>,
+             b: &std::collections::BTreeMap<String, u64>,
+             k: &str| a[k] - b[k];
+    println!(
+        "during the ReLink: {h2} sent {} LAPs and {} APRs, {h3} sent {} LAPs and {} APRs",
+        d(&s2, &b2, "laps_sent"),
+        d(&s2, &b2, "aprs_sent"),
+        d(&s3, &b3, "laps_sent"),
+        d(&s3, &b3, "aprs_sent")
+    );
     // Initial arm, re-arm after the migration, move back to rail B.
     assert!(s2["laps_sent"] >= 3, "{s2:?}");
     assert!(s3["aprs_sent"] >= 3, "{s3:?}");
@@ -1033,23 +1044,30 @@ fn rearm_storm_sa_queries() {
     let ports = bed.hca_ports();
     let mut stubs = Vec::new();
     let mut dst = Vec::new();
+    let mut route = Vec::new();
     for node in &bed.nodes[1..3] {
         let mut s = bed.spawn_node(node, "bed_node", "apr-responder").unwrap();
-        s.expect("LID", Duration::from_secs(10)).unwrap();
+        let (_, lid) = s.expect("LID", Duration::from_secs(10)).unwrap();
         stubs.push(s);
-        dst.push(format!("{:x}", ports[&(node.clone(), 1)]));
+        let guid = ports[&(node.clone(), 1)];
+        dst.push(format!("{guid:x}"));
+        // Routes make the node learn the stubs' GIDs before the storm.
+        route.push(format!("{guid:x}:{}", lid.trim_start_matches("LID ")));
     }
     let mut e = bed
         .spawn_node(
             &bed.nodes[0],
             "bed_node",
             &format!(
-                "engine:role=active;n={n};from=1;cands=none;dst={}",
-                dst.join(",")
+                "engine:role=active;n={n};from=1;cands=none;dst={};route={}",
+                dst.join(","),
+                route.join(",")
             ),
         )
         .unwrap();
     e.expect("READY", Duration::from_secs(10)).unwrap();
+    // Let the engine's own subscription (at start) finish before counting.
+    std::thread::sleep(Duration::from_millis(200));
     let before = stats(&mut e);
     let t0 = Instant::now();
     e.send("protect").unwrap();
