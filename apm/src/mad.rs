@@ -8,7 +8,7 @@
 //! keeps no layout of its own.
 
 use anyhow::{bail, Context, Result};
-use ib_mad::cm::{ApStatus, Apr, CmBody, CmMad, Lap, Mra};
+use ib_mad::cm::{ApStatus, Apr, CmBody, CmMad, Lap, Mra, Req};
 use ib_mad::fields::{self, Field, FieldValue};
 use ib_mad::sa::{ClassPortInfo, InformInfo, Notice, NoticeDetails, PathRecord, SaMad, SaPayload};
 use ib_mad::smp::{SmInfo, Smp};
@@ -44,7 +44,7 @@ pub struct DecodeArgs {
 #[command(after_help = "\
 KIND starts from a typical MAD: inform-info (SA Set InformInfo, trap 64), report \
 (SA Report Notice trap 64), report-resp, path-record-query (SA GetTable PathRecord), \
-class-port-info (SA Get), lap, apr, mra (CM Send), vendor (class 0x30 Send), \
+class-port-info (SA Get), lap, apr, mra, req (CM Send), vendor (class 0x30 Send), \
 sminfo-get (directed-route SubnGet SMInfo), sminfo-resp (its NOT_ACTIVE answer).
 
 FIELD=VALUE sets a field by the name `apm mad decode` prints (SECTION.FIELD when a \
@@ -279,6 +279,13 @@ fn preset(kind: &str) -> Option<Mad> {
             1,
             CmBody::Apr(Apr::answer(0, 0, ApStatus::Success)),
         )),
+        "req" => {
+            let mut raw = [0u8; ib_mad::cm::CM_DATA_SIZE];
+            ib_mad::Attribute::encode(&Req::default(), &mut raw);
+            let mut m = CmMad::new(1, CmBody::Other(Box::new(raw)));
+            m.header.attribute_id = AttributeId::CM_REQ;
+            Mad::Cm(m)
+        }
         "mra" => Mad::Cm(CmMad::new(
             1,
             CmBody::Mra(Mra::for_lap(0, 0, Timeout::ZERO)),
@@ -301,7 +308,7 @@ fn preset(kind: &str) -> Option<Mad> {
 }
 
 const KINDS: &str = "inform-info, report, report-resp, path-record-query, class-port-info, \
-                     lap, apr, mra, vendor, sminfo-get, sminfo-resp";
+                     lap, apr, mra, req, vendor, sminfo-get, sminfo-resp";
 
 /// One field assignment: optional section, name, value.
 #[derive(Debug)]

@@ -98,6 +98,7 @@ fn every_kind_round_trips_through_json() {
         "lap",
         "apr",
         "mra",
+        "req",
         "vendor",
         "sminfo-get",
         "sminfo-resp",
@@ -195,4 +196,26 @@ fn header_changes_switch_the_layout() {
     let j = json(&hex);
     assert_eq!(j["vendor_header"]["oui"], 0x1405);
     assert_eq!(j["mad_header"]["mgmt_class"], 0x4F);
+}
+
+#[test]
+fn req_with_an_alternate_path() {
+    let hex = ok(
+        &[
+            "mad",
+            "encode",
+            "req",
+            "alternate_local_port_lid=0x21",
+            "alternate_flow_label=0x12345",
+            "alternate_packet_rate=7",
+            "sap_supported=1",
+        ],
+        None,
+    );
+    let j = json(&hex);
+    assert_eq!(j["mad_header"]["attribute_id"], 0x10);
+    assert_eq!(j["req"]["alternate_local_port_lid"], 0x21);
+    assert_eq!(j["req"]["alternate_flow_label"], 0x12345);
+    assert_eq!(j["req"]["alternate_packet_rate"], 7);
+    assert_eq!(j["req"]["sap_supported"], 1);
 }

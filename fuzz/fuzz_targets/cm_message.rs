@@ -1,8 +1,8 @@
-//! CM LAP, APR and MRA decoded from slices of any length (a vendor-class carrier has
+//! CM LAP, APR, MRA and REQ decoded from slices of any length (a vendor-class carrier has
 //! less room than a CM MAD), and whole CM MADs.
 #![no_main]
 
-use ib_mad::cm::{Apr, CmMad, Lap, Mra};
+use ib_mad::cm::{Apr, CmMad, Lap, Mra, Req};
 use ib_mad::Attribute;
 use libfuzzer_sys::fuzz_target;
 
@@ -18,10 +18,11 @@ fuzz_target!(|data: &[u8]| {
     let Some((&which, rest)) = data.split_first() else {
         return;
     };
-    match which % 4 {
+    match which % 5 {
         0 => round_trip::<Lap>(rest),
         1 => round_trip::<Apr>(rest),
         2 => round_trip::<Mra>(rest),
+        3 => round_trip::<Req>(rest),
         _ => {
             if let Ok(m) = CmMad::decode(rest) {
                 assert_eq!(CmMad::decode(&m.encode()).expect("re-decodes"), m);

@@ -7,7 +7,7 @@
 //! Tests check that every listed field reads back the typed value from the encoded
 //! bytes, so this view cannot drift from the codec.
 
-use crate::cm::{ApStatus, CmBody, CmMad, MessageMraed};
+use crate::cm::{ApStatus, CmBody, CmMad, MessageMraed, Req, ReqPath};
 use crate::error::RangeError;
 use crate::header::{MadHeader, MgmtClass};
 use crate::rmpp::{RmppHeader, RmppType};
@@ -434,11 +434,121 @@ fn cm(b: &mut Builder, m: &CmMad) {
             b.uint("service_timeout", 9, 0, 5, m.service_timeout.get());
             b.bytes("private_data", 10, &m.private_data);
         }
-        CmBody::Other(raw) => {
-            b.section("data", 24);
-            b.bytes("cm_data", 0, &raw[..]);
-        }
+        CmBody::Other(raw) => match Req::decode(&raw[..]) {
+            Ok(req) if m.header.attribute_id == Req::ID => cm_req(b, &req),
+            _ => {
+                b.section("data", 24);
+                b.bytes("cm_data", 0, &raw[..]);
+            }
+        },
     }
+}
+
+fn cm_req(b: &mut Builder, r: &Req) {
+    b.section("req", 24);
+    b.uint("local_comm_id", 0, 0, 32, r.local_comm_id);
+    b.uint("service_id", 8, 0, 64, r.service_id);
+    b.uint("local_ca_guid", 16, 0, 64, r.local_ca_guid);
+    b.uint("local_q_key", 28, 0, 32, r.local_q_key);
+    b.uint("local_qpn", 32, 0, 24, r.local_qpn.get());
+    b.uint("responder_resources", 35, 0, 8, r.responder_resources);
+    b.uint("local_eecn", 36, 0, 24, r.local_eecn.get());
+    b.uint("initiator_depth", 39, 0, 8, r.initiator_depth);
+    b.uint("remote_eecn", 40, 0, 24, r.remote_eecn.get());
+    b.uint(
+        "remote_cm_response_timeout",
+        43,
+        0,
+        5,
+        r.remote_cm_response_timeout.get(),
+    );
+    b.uint(
+        "transport_service_type",
+        43,
+        5,
+        2,
+        r.transport_service_type.get(),
+    );
+    b.uint(
+        "end_to_end_flow_control",
+        43,
+        7,
+        1,
+        r.end_to_end_flow_control,
+    );
+    b.uint("starting_psn", 44, 0, 24, r.starting_psn.get());
+    b.uint(
+        "local_cm_response_timeout",
+        47,
+        0,
+        5,
+        r.local_cm_response_timeout.get(),
+    );
+    b.uint("retry_count", 47, 5, 3, r.retry_count.get());
+    b.uint("partition_key", 48, 0, 16, r.partition_key);
+    b.uint(
+        "path_packet_payload_mtu",
+        50,
+        0,
+        4,
+        r.path_packet_payload_mtu.get(),
+    );
+    b.uint("rdc_exists", 50, 4, 1, r.rdc_exists);
+    b.uint("rnr_retry_count", 50, 5, 3, r.rnr_retry_count.get());
+    b.uint("max_cm_retries", 51, 0, 4, r.max_cm_retries.get());
+    b.uint("srq", 51, 4, 1, r.srq);
+    b.uint(
+        "extended_transport_type",
+        51,
+        5,
+        3,
+        r.extended_transport_type.get(),
+    );
+    req_path(b, 52, &r.primary, &REQ_PRIMARY);
+    req_path(b, 96, &r.alternate, &REQ_ALTERNATE);
+    b.uint("sap_supported", 139, 5, 1, r.sap_supported);
+    b.bytes("private_data", 140, &r.private_data);
+}
+
+const REQ_PRIMARY: [&str; 11] = [
+    "primary_local_port_lid",
+    "primary_remote_port_lid",
+    "primary_local_port_gid",
+    "primary_remote_port_gid",
+    "primary_flow_label",
+    "primary_packet_rate",
+    "primary_traffic_class",
+    "primary_hop_limit",
+    "primary_sl",
+    "primary_subnet_local",
+    "primary_local_ack_timeout",
+];
+const REQ_ALTERNATE: [&str; 11] = [
+    "alternate_local_port_lid",
+    "alternate_remote_port_lid",
+    "alternate_local_port_gid",
+    "alternate_remote_port_gid",
+    "alternate_flow_label",
+    "alternate_packet_rate",
+    "alternate_traffic_class",
+    "alternate_hop_limit",
+    "alternate_sl",
+    "alternate_subnet_local",
+    "alternate_local_ack_timeout",
+];
+
+fn req_path(b: &mut Builder, at: usize, p: &ReqPath, n: &[&'static str; 11]) {
+    b.uint(n[0], at, 0, 16, p.local_lid.0);
+    b.uint(n[1], at + 2, 0, 16, p.remote_lid.0);
+    b.gid(n[2], at + 4, p.local_gid);
+    b.gid(n[3], at + 20, p.remote_gid);
+    b.uint(n[4], at + 36, 0, 20, p.flow_label.get());
+    b.uint(n[5], at + 39, 2, 6, p.packet_rate.get());
+    b.uint(n[6], at + 40, 0, 8, p.traffic_class);
+    b.uint(n[7], at + 41, 0, 8, p.hop_limit);
+    b.uint(n[8], at + 42, 0, 4, p.sl.get());
+    b.uint(n[9], at + 42, 4, 1, p.subnet_local);
+    b.uint(n[10], at + 43, 0, 5, p.local_ack_timeout.get());
 }
 
 fn smp(b: &mut Builder, s: &Smp) {

@@ -104,7 +104,13 @@ bounded_uint!(
     2
 );
 bounded_uint!(
-    /// A 4-bit field (SMInfo priority).
+    /// A 3-bit field (CM retry counts, REQ transport fields).
+    U3,
+    u8,
+    3
+);
+bounded_uint!(
+    /// A 4-bit field (SMInfo priority, REQ MTU and MaxCMRetries).
     U4,
     u8,
     4

@@ -486,3 +486,231 @@ fn vendor_header_matches_iba() {
         VendorMad::new(MgmtClass(0x50), 1, Method::SEND, 0, AttributeId(0), v.oui).unwrap_err();
     assert_eq!((err.field(), err.offset()), ("mgmt_class", 1));
 }
+
+#[test]
+fn req_bit_fields_match_iba_table_106() {
+    use ib_mad::cm::{Req, ReqPath};
+    // The sub-byte REQ fields (tshark checks the byte-aligned ones, and misreads the
+    // flow labels and packet rates: see tests/tshark.rs).
+    let rows: Vec<Row<Req>> = vec![
+        Row {
+            name: "remote_cm_response_timeout",
+            byte: 43,
+            bit: 0,
+            width: 5,
+            set: |m| m.remote_cm_response_timeout = Timeout::MAX,
+            value: |m| ubits(m.remote_cm_response_timeout.get().into(), 5),
+        },
+        Row {
+            name: "transport_service_type",
+            byte: 43,
+            bit: 5,
+            width: 2,
+            set: |m| m.transport_service_type = U2::MAX,
+            value: |m| ubits(m.transport_service_type.get().into(), 2),
+        },
+        Row {
+            name: "end_to_end_flow_control",
+            byte: 43,
+            bit: 7,
+            width: 1,
+            set: |m| m.end_to_end_flow_control = true,
+            value: |m| vec![m.end_to_end_flow_control],
+        },
+        Row {
+            name: "local_cm_response_timeout",
+            byte: 47,
+            bit: 0,
+            width: 5,
+            set: |m| m.local_cm_response_timeout = Timeout::MAX,
+            value: |m| ubits(m.local_cm_response_timeout.get().into(), 5),
+        },
+        Row {
+            name: "retry_count",
+            byte: 47,
+            bit: 5,
+            width: 3,
+            set: |m| m.retry_count = U3::MAX,
+            value: |m| ubits(m.retry_count.get().into(), 3),
+        },
+        Row {
+            name: "path_packet_payload_mtu",
+            byte: 50,
+            bit: 0,
+            width: 4,
+            set: |m| m.path_packet_payload_mtu = U4::MAX,
+            value: |m| ubits(m.path_packet_payload_mtu.get().into(), 4),
+        },
+        Row {
+            name: "rdc_exists",
+            byte: 50,
+            bit: 4,
+            width: 1,
+            set: |m| m.rdc_exists = true,
+            value: |m| vec![m.rdc_exists],
+        },
+        Row {
+            name: "rnr_retry_count",
+            byte: 50,
+            bit: 5,
+            width: 3,
+            set: |m| m.rnr_retry_count = U3::MAX,
+            value: |m| ubits(m.rnr_retry_count.get().into(), 3),
+        },
+        Row {
+            name: "max_cm_retries",
+            byte: 51,
+            bit: 0,
+            width: 4,
+            set: |m| m.max_cm_retries = U4::MAX,
+            value: |m| ubits(m.max_cm_retries.get().into(), 4),
+        },
+        Row {
+            name: "srq",
+            byte: 51,
+            bit: 4,
+            width: 1,
+            set: |m| m.srq = true,
+            value: |m| vec![m.srq],
+        },
+        Row {
+            name: "extended_transport_type",
+            byte: 51,
+            bit: 5,
+            width: 3,
+            set: |m| m.extended_transport_type = U3::MAX,
+            value: |m| ubits(m.extended_transport_type.get().into(), 3),
+        },
+        Row {
+            name: "primary_flow_label",
+            byte: 88,
+            bit: 0,
+            width: 20,
+            set: |m| m.primary.flow_label = FlowLabel::MAX,
+            value: |m| ubits(m.primary.flow_label.get().into(), 20),
+        },
+        Row {
+            name: "primary_packet_rate",
+            byte: 91,
+            bit: 2,
+            width: 6,
+            set: |m| m.primary.packet_rate = U6::MAX,
+            value: |m| ubits(m.primary.packet_rate.get().into(), 6),
+        },
+        Row {
+            name: "primary_sl",
+            byte: 94,
+            bit: 0,
+            width: 4,
+            set: |m| m.primary.sl = Sl::MAX,
+            value: |m| ubits(m.primary.sl.get().into(), 4),
+        },
+        Row {
+            name: "primary_subnet_local",
+            byte: 94,
+            bit: 4,
+            width: 1,
+            set: |m| m.primary.subnet_local = true,
+            value: |m| vec![m.primary.subnet_local],
+        },
+        Row {
+            name: "primary_local_ack_timeout",
+            byte: 95,
+            bit: 0,
+            width: 5,
+            set: |m| m.primary.local_ack_timeout = Timeout::MAX,
+            value: |m| ubits(m.primary.local_ack_timeout.get().into(), 5),
+        },
+        Row {
+            name: "alternate_flow_label",
+            byte: 132,
+            bit: 0,
+            width: 20,
+            set: |m| m.alternate.flow_label = FlowLabel::MAX,
+            value: |m| ubits(m.alternate.flow_label.get().into(), 20),
+        },
+        Row {
+            name: "alternate_packet_rate",
+            byte: 135,
+            bit: 2,
+            width: 6,
+            set: |m| m.alternate.packet_rate = U6::MAX,
+            value: |m| ubits(m.alternate.packet_rate.get().into(), 6),
+        },
+        Row {
+            name: "alternate_sl",
+            byte: 138,
+            bit: 0,
+            width: 4,
+            set: |m| m.alternate.sl = Sl::MAX,
+            value: |m| ubits(m.alternate.sl.get().into(), 4),
+        },
+        Row {
+            name: "alternate_subnet_local",
+            byte: 138,
+            bit: 4,
+            width: 1,
+            set: |m| m.alternate.subnet_local = true,
+            value: |m| vec![m.alternate.subnet_local],
+        },
+        Row {
+            name: "alternate_local_ack_timeout",
+            byte: 139,
+            bit: 0,
+            width: 5,
+            set: |m| m.alternate.local_ack_timeout = Timeout::MAX,
+            value: |m| ubits(m.alternate.local_ack_timeout.get().into(), 5),
+        },
+        Row {
+            name: "sap_supported",
+            byte: 139,
+            bit: 5,
+            width: 1,
+            set: |m| m.sap_supported = true,
+            value: |m| vec![m.sap_supported],
+        },
+    ];
+    let path = |x: u8| ReqPath {
+        local_lid: Lid(0x8001 + u16::from(x)),
+        remote_lid: Lid(0x4002 + u16::from(x)),
+        local_gid: Gid([x | 0x80; 16]),
+        remote_gid: Gid([x | 0x41; 16]),
+        flow_label: FlowLabel::new(0x9_6A5B ^ u32::from(x)).unwrap(),
+        packet_rate: U6::new(0b10_1101).unwrap(),
+        traffic_class: 0xB7,
+        hop_limit: 0x91,
+        sl: Sl::new(0b1011).unwrap(),
+        subnet_local: x & 1 == 1,
+        local_ack_timeout: Timeout::new(0b11001).unwrap(),
+    };
+    let distinctive = Req {
+        local_comm_id: 0x8123_4567,
+        remote_cm_response_timeout: Timeout::new(0b10011).unwrap(),
+        transport_service_type: U2::new(0b10).unwrap(),
+        end_to_end_flow_control: true,
+        local_cm_response_timeout: Timeout::new(0b11010).unwrap(),
+        retry_count: U3::new(0b101).unwrap(),
+        path_packet_payload_mtu: U4::new(0b1001).unwrap(),
+        rdc_exists: true,
+        rnr_retry_count: U3::new(0b110).unwrap(),
+        max_cm_retries: U4::new(0b1011).unwrap(),
+        srq: false,
+        extended_transport_type: U3::new(0b011).unwrap(),
+        primary: path(1),
+        alternate: path(2),
+        sap_supported: true,
+        ..Req::default()
+    };
+    check(
+        "REQ",
+        &rows,
+        Req::default(),
+        distinctive,
+        |m| {
+            let mut b = vec![0u8; 232];
+            ib_mad::Attribute::encode(m, &mut b);
+            b
+        },
+        |b| <Req as ib_mad::Attribute>::decode(b).expect("decodes"),
+    );
+}

@@ -299,6 +299,113 @@ fn mra() -> impl Strategy<Value = Mra> {
         })
 }
 
+fn req_path() -> impl Strategy<Value = ReqPath> {
+    (
+        (
+            lid(),
+            lid(),
+            gid(),
+            gid(),
+            bounded!(FlowLabel),
+            bounded!(U6),
+        ),
+        (
+            any::<u8>(),
+            any::<u8>(),
+            bounded!(Sl),
+            any::<bool>(),
+            bounded!(Timeout),
+        ),
+    )
+        .prop_map(|((ll, rl, lg, rg, fl, pr), (tc, hl, sl, sn, at))| ReqPath {
+            local_lid: ll,
+            remote_lid: rl,
+            local_gid: lg,
+            remote_gid: rg,
+            flow_label: fl,
+            packet_rate: pr,
+            traffic_class: tc,
+            hop_limit: hl,
+            sl,
+            subnet_local: sn,
+            local_ack_timeout: at,
+        })
+}
+
+fn req() -> impl Strategy<Value = Req> {
+    (
+        (
+            any::<u32>(),
+            any::<u64>(),
+            any::<u64>(),
+            any::<u32>(),
+            bounded!(Qpn),
+            any::<u8>(),
+        ),
+        (
+            bounded!(U24),
+            any::<u8>(),
+            bounded!(U24),
+            bounded!(Timeout),
+            bounded!(U2),
+            any::<bool>(),
+        ),
+        (
+            bounded!(U24),
+            bounded!(Timeout),
+            bounded!(U3),
+            any::<u16>(),
+            bounded!(U4),
+            any::<bool>(),
+        ),
+        (
+            bounded!(U3),
+            bounded!(U4),
+            any::<bool>(),
+            bounded!(U3),
+            req_path(),
+            req_path(),
+        ),
+        (any::<bool>(), bytes::<92>()),
+    )
+        .prop_map(
+            |(
+                (lc, sid, guid, qk, qpn, rr),
+                (le, id, re, rt, tst, e2e),
+                (psn, lt, rc, pk, mtu, rdc),
+                (rnr, mcr, srq, ett, p, a),
+                (sap, pd),
+            )| Req {
+                local_comm_id: lc,
+                service_id: sid,
+                local_ca_guid: guid,
+                local_q_key: qk,
+                local_qpn: qpn,
+                responder_resources: rr,
+                local_eecn: le,
+                initiator_depth: id,
+                remote_eecn: re,
+                remote_cm_response_timeout: rt,
+                transport_service_type: tst,
+                end_to_end_flow_control: e2e,
+                starting_psn: psn,
+                local_cm_response_timeout: lt,
+                retry_count: rc,
+                partition_key: pk,
+                path_packet_payload_mtu: mtu,
+                rdc_exists: rdc,
+                rnr_retry_count: rnr,
+                max_cm_retries: mcr,
+                srq,
+                extended_transport_type: ett,
+                primary: p,
+                alternate: a,
+                sap_supported: sap,
+                private_data: pd,
+            },
+        )
+}
+
 fn rmpp_header() -> impl Strategy<Value = RmppHeader> {
     (
         any::<u8>(),
@@ -377,13 +484,20 @@ fn sa_mad() -> impl Strategy<Value = SaMad> {
 }
 
 fn cm_mad() -> impl Strategy<Value = CmMad> {
+    // A REQ travels as CmBody::Other (its own Attribute), under attribute 0x0010.
+    let req_body = req().prop_map(|r| {
+        let mut raw = [0u8; 232];
+        r.encode(&mut raw);
+        CmBody::Other(Box::new(raw))
+    });
     let body = prop_oneof![
         lap().prop_map(CmBody::Lap),
         apr().prop_map(CmBody::Apr),
         mra().prop_map(CmBody::Mra),
+        req_body,
     ];
     (header(MgmtClass::CM, 2), body).prop_map(|(mut h, b)| {
-        h.attribute_id = b.attribute_id().unwrap();
+        h.attribute_id = b.attribute_id().unwrap_or(AttributeId::CM_REQ);
         CmMad { header: h, body: b }
     })
 }
@@ -493,7 +607,7 @@ proptest! {
     #[test]
     fn attributes_round_trip(
         i in inform_info(), n in notice(), p in path_record(), c in class_port_info(),
-        s in sm_info(),
+        s in sm_info(), r in req(),
     ) {
         fn rt<A: Attribute + PartialEq + std::fmt::Debug>(a: A) -> Result<(), TestCaseError> {
             let mut buf = vec![0u8; A::SIZE];
@@ -506,6 +620,7 @@ proptest! {
         rt(p)?;
         rt(c)?;
         rt(s)?;
+        rt(r)?;
     }
 
     #[test]
@@ -547,6 +662,7 @@ proptest! {
         let _ = Apr::decode(&data);
         let _ = Mra::decode(&data);
         let _ = SmInfo::decode(&data);
+        let _ = Req::decode(&data);
         let _ = table_records::<PathRecord>(&data, 8).count();
     }
 

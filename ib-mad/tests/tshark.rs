@@ -19,7 +19,9 @@
 
 mod pdml;
 
-use ib_mad::cm::{AdditionalInfo, ApStatus, Apr, CmBody, CmMad, Lap, MessageMraed, Mra};
+use ib_mad::cm::{
+    AdditionalInfo, ApStatus, Apr, CmBody, CmMad, Lap, MessageMraed, Mra, Req, ReqPath,
+};
 use ib_mad::rmpp::{RecvEvent, RmppHeader, RmppReceiver, RmppSender, RmppType};
 use ib_mad::sa::{
     path_record, ClassPortInfo, InformInfo, Notice, NoticeDetails, PathRecord, SaMad, SaPayload,
@@ -60,11 +62,23 @@ const KNOWN_DISSECTOR_ISSUES: &[(&str, &str)] = &[
          reserved block). Checked against ib-mad's PathRecord decode of those bytes.",
     ),
     (
+        "infiniband.cm.req.{prim,alt}_{flowlabel,reserved0,pktrate}",
+        "the flow label is read as 32 bits from a 3-byte item (tshark shows FlowLabel>>8) \
+         and the reserved bits and PacketRate are taken from the first flow-label byte \
+         instead of byte 3 of the word. Checked: what that reading of ib-mad's bytes \
+         gives; the true positions are checked in tests/layout_table.rs.",
+    ),
+    (
+        "infiniband.cm.req.alt_reserved1 (byte 139)",
+        "tshark names the low 3 bits of the alternate LocalACKTimeout byte Reserved; \
+         bit 2 there is SAPSupported. Checked as those 3 bits.",
+    ),
+    (
         "infiniband.notice (IssuerGID)",
         "tshark stops the Notice at 64 bytes and does not show IssuerGID.",
     ),
     (
-        "CM LAP, APR, MRA; vendor classes",
+        "CM LAP, APR, MRA (REQ is decoded); vendor classes",
         "'Dissector Not Implemented': only the common MAD header is decoded. Their layout \
          is checked against an independent IBA table in tests/layout_table.rs.",
     ),
@@ -470,6 +484,223 @@ fn sm_info(i: &SmInfo) -> Vec<Exp> {
     ]
 }
 
+fn req_message() -> Req {
+    let path = |seed: u8| ReqPath {
+        local_lid: Lid(0x0100 | u16::from(seed)),
+        remote_lid: Lid(0x0200 | u16::from(seed)),
+        local_gid: gid(seed),
+        remote_gid: gid(seed.wrapping_add(0x40)),
+        flow_label: FlowLabel::new(0xA_5C30 | u32::from(seed & 0xF)).unwrap(),
+        packet_rate: U6::new(0x2D).unwrap(),
+        traffic_class: 0xB0 | (seed & 0xF),
+        hop_limit: 0x40 | (seed & 0xF),
+        sl: Sl::new(0xB).unwrap(),
+        subnet_local: true,
+        local_ack_timeout: Timeout::new(0x13).unwrap(),
+    };
+    let mut pd = [0u8; 92];
+    for (i, b) in pd.iter_mut().enumerate() {
+        *b = (i as u8).wrapping_mul(31).wrapping_add(5);
+    }
+    Req {
+        local_comm_id: 0x8765_4321,
+        service_id: 0x0102_0304_0506_0708,
+        local_ca_guid: 0x0002_C903_00AB_CDEF,
+        local_q_key: 0x8001_0000,
+        local_qpn: Qpn::new(0xA1B2C3).unwrap(),
+        responder_resources: 0x5A,
+        local_eecn: U24::new(0x0D0E0F).unwrap(),
+        initiator_depth: 0xA5,
+        remote_eecn: U24::new(0x102030).unwrap(),
+        remote_cm_response_timeout: Timeout::new(0x15).unwrap(),
+        transport_service_type: U2::new(2).unwrap(),
+        end_to_end_flow_control: true,
+        starting_psn: U24::new(0xC0FFEE).unwrap(),
+        local_cm_response_timeout: Timeout::new(0x11).unwrap(),
+        retry_count: U3::new(5).unwrap(),
+        partition_key: 0xFFFF,
+        path_packet_payload_mtu: U4::new(4).unwrap(),
+        rdc_exists: true,
+        rnr_retry_count: U3::new(6).unwrap(),
+        max_cm_retries: U4::new(0xE).unwrap(),
+        srq: true,
+        extended_transport_type: U3::new(3).unwrap(),
+        primary: path(0x11),
+        alternate: path(0x22),
+        sap_supported: true,
+        private_data: pd,
+    }
+}
+
+fn req_fields(r: &Req) -> Vec<Exp> {
+    const C: usize = 24; // CM data offset in the MAD
+    let mut e = vec![
+        u("infiniband.cm.req", C, 4, r.local_comm_id),
+        u("infiniband.reserved", C + 4, 4, 0u32),
+        u("infiniband.cm.req.serviceid", C + 8, 8, r.service_id),
+        u("infiniband.cm.req.localcaguid", C + 16, 8, r.local_ca_guid),
+        u("infiniband.reserved", C + 24, 4, 0u32),
+        u("infiniband.cm.req.localqkey", C + 28, 4, r.local_q_key),
+        u("infiniband.cm.req.localqpn", C + 32, 3, r.local_qpn.get()),
+        u(
+            "infiniband.cm.req.responderres",
+            C + 35,
+            1,
+            r.responder_resources,
+        ),
+        u("infiniband.cm.req.localeecn", C + 36, 3, r.local_eecn.get()),
+        u("infiniband.cm.req.initdepth", C + 39, 1, r.initiator_depth),
+        u(
+            "infiniband.cm.req.remoteeecn",
+            C + 40,
+            3,
+            r.remote_eecn.get(),
+        ),
+        bits(
+            "infiniband.cm.req.remoteresptout",
+            C + 43,
+            1,
+            0xF8,
+            r.remote_cm_response_timeout.get(),
+        ),
+        bits(
+            "infiniband.cm.req.transpsvctype",
+            C + 43,
+            1,
+            0x06,
+            r.transport_service_type.get(),
+        ),
+        bits(
+            "infiniband.cm.req.e2eflowctrl",
+            C + 43,
+            1,
+            0x01,
+            r.end_to_end_flow_control,
+        ),
+        u(
+            "infiniband.cm.req.startpsn",
+            C + 44,
+            3,
+            r.starting_psn.get(),
+        ),
+        bits(
+            "infiniband.cm.req.localresptout",
+            C + 47,
+            1,
+            0xF8,
+            r.local_cm_response_timeout.get(),
+        ),
+        bits(
+            "infiniband.cm.req.retrcount",
+            C + 47,
+            1,
+            0x07,
+            r.retry_count.get(),
+        ),
+        u("infiniband.cm.req.pkey", C + 48, 2, r.partition_key),
+        bits(
+            "infiniband.cm.req.pppmtu",
+            C + 50,
+            1,
+            0xF0,
+            r.path_packet_payload_mtu.get(),
+        ),
+        bits("infiniband.cm.req.rdcexist", C + 50, 1, 0x08, r.rdc_exists),
+        bits(
+            "infiniband.cm.req.rnrretrcount",
+            C + 50,
+            1,
+            0x07,
+            r.rnr_retry_count.get(),
+        ),
+        bits(
+            "infiniband.cm.req.maxcmretr",
+            C + 51,
+            1,
+            0xF0,
+            r.max_cm_retries.get(),
+        ),
+        bits("infiniband.cm.req.srq", C + 51, 1, 0x08, r.srq),
+        bits(
+            "infiniband.cm.req.ext_transport",
+            C + 51,
+            1,
+            0x07,
+            r.extended_transport_type.get(),
+        ),
+    ];
+    for (at, p, n) in [
+        (C + 52, &r.primary, REQ_PRIM),
+        (C + 96, &r.alternate, REQ_ALT),
+    ] {
+        e.extend([
+            u(n[0], at, 2, p.local_lid.0),
+            u(n[1], at + 2, 2, p.remote_lid.0),
+            raw(n[2], at + 4, &p.local_gid.0),
+            raw(n[3], at + 20, &p.remote_gid.0),
+            // Known issue: flow label, its reserved bits and the packet rate are read
+            // from the wrong bytes (see KNOWN_DISSECTOR_ISSUES); expect what that
+            // reading of ib-mad's bytes gives. tests/layout_table.rs checks them.
+            u(n[4], at + 36, 3, p.flow_label.get() >> 8),
+            u(n[5], at + 36, 1, (p.flow_label.get() >> 12) as u8 >> 6),
+            u(n[6], at + 36, 1, (p.flow_label.get() >> 12) as u8 & 0x3F),
+            u(n[7], at + 40, 1, p.traffic_class),
+            u(n[8], at + 41, 1, p.hop_limit),
+            bits(n[9], at + 42, 1, 0xF0, p.sl.get()),
+            bits(n[10], at + 42, 1, 0x08, p.subnet_local),
+            bits(n[11], at + 42, 1, 0x07, 0u8),
+            bits(n[12], at + 43, 1, 0xF8, p.local_ack_timeout.get()),
+        ]);
+    }
+    e.push(bits(
+        "infiniband.cm.req.prim_reserved2",
+        C + 95,
+        1,
+        0x07,
+        0u8,
+    ));
+    e.push(bits(
+        "infiniband.cm.req.alt_reserved1",
+        C + 139,
+        1,
+        0x07,
+        u8::from(r.sap_supported) << 2,
+    ));
+    e.push(raw("infiniband.cm.req.private", C + 140, &r.private_data));
+    e
+}
+
+const REQ_PRIM: [&str; 13] = [
+    "infiniband.cm.req.prim_locallid",
+    "infiniband.cm.req.prim_remotelid",
+    "infiniband.cm.req.prim_localgid",
+    "infiniband.cm.req.prim_remotegid",
+    "infiniband.cm.req.prim_flowlabel",
+    "infiniband.cm.req.prim_reserved0",
+    "infiniband.cm.req.prim_pktrate",
+    "infiniband.cm.req.prim_tfcclass",
+    "infiniband.cm.req.prim_hoplim",
+    "infiniband.cm.req.prim_sl",
+    "infiniband.cm.req.prim_subnetlocal",
+    "infiniband.cm.req.prim_reserved1",
+    "infiniband.cm.req.prim_localacktout",
+];
+const REQ_ALT: [&str; 13] = [
+    "infiniband.cm.req.alt_locallid",
+    "infiniband.cm.req.alt_remotelid",
+    "infiniband.cm.req.alt_localgid",
+    "infiniband.cm.req.alt_remotegid",
+    "infiniband.cm.req.alt_flowlabel",
+    "infiniband.cm.req.alt_reserved0",
+    "infiniband.cm.req.alt_pktrate",
+    "infiniband.cm.req.alt_tfcclass",
+    "infiniband.cm.req.alt_hoplim",
+    "infiniband.cm.req.alt_sl",
+    "infiniband.cm.req.alt_subnetlocal",
+    "infiniband.cm.req.alt_reserved1",
+    "infiniband.cm.req.alt_localacktout",
+];
+
 fn gid(seed: u8) -> Gid {
     let mut g = [0u8; 16];
     for (i, b) in g.iter_mut().enumerate() {
@@ -689,6 +920,17 @@ fn cases() -> Vec<Case> {
     m.sa.attribute_offset = 9;
     sa_case(&mut out, "GetResp(ClassPortInfo)", m, class_port_info(&cpi));
 
+    // CM REQ with both paths.
+    let req = req_message();
+    let mut data = [0u8; 232];
+    req.encode(&mut data);
+    let mad = CmMad::new(0xC0BE, CmBody::Other(Box::new(data)));
+    let mut mad = mad;
+    mad.header.attribute_id = Req::ID;
+    let mut e = header(&mad.header);
+    e.extend(req_fields(&req));
+    out.push(("CM REQ", mad.encode(), 1, e));
+
     // CM and vendor: tshark decodes the common header only (known issue).
     let lap = CmMad::new(
         0xC0C0,
@@ -889,7 +1131,9 @@ fn tshark_agrees_with_ib_mad() {
         .args(["-T", "pdml"])
         .output()
         .expect("run tshark");
-    let _ = std::fs::remove_dir_all(&dir);
+    if std::env::var_os("IB_MAD_KEEP_PCAP").is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
     assert!(
         out.status.success(),
         "tshark failed: {}",

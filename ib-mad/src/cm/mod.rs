@@ -1,17 +1,20 @@
 //! Communication management (class 0x07, version 2): the messages that carry an
 //! alternate path (LAP), its answer (APR) and the "busy, wait" answer (MRA).
 //!
-//! The messages are [`Attribute`]s over the 232 CM data bytes, so cm-lap can put them
+//! [`Req`] is here too, as an attribute of its own, so a connection with an alternate
+//! path can be crafted and its layout proven. The messages are [`Attribute`]s over the 232 CM data bytes, so cm-lap can put them
 //! in a CM MAD ([`CmMad`]), in the data of a vendor-class MAD (216 bytes: the private
 //! data is cut to fit), or in a UDP datagram.
 
 mod apr;
 mod lap;
 mod mra;
+mod req;
 
 pub use apr::{AdditionalInfo, ApStatus, Apr, APR_ADDITIONAL_INFO_SIZE, APR_PRIVATE_DATA_SIZE};
 pub use lap::{Lap, LAP_PRIVATE_DATA_SIZE};
 pub use mra::{MessageMraed, Mra, MRA_PRIVATE_DATA_SIZE};
+pub use req::{Req, ReqPath, REQ_PRIVATE_DATA_SIZE};
 
 use crate::attribute::Attribute;
 use crate::error::DecodeError;
@@ -32,7 +35,8 @@ pub enum CmBody {
     Apr(Apr),
     /// MRA (0x0011).
     Mra(Mra),
-    /// Any other CM message (REQ, REP, ...), as raw bytes.
+    /// Any other CM message (REP, RTU, ...), as raw bytes. A REQ is kept here too (so
+    /// this enum stays as cm-lap matches it); decode it with [`Req::decode`].
     Other(Box<[u8; CM_DATA_SIZE]>),
 }
 
