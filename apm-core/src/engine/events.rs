@@ -369,8 +369,12 @@ impl Engine {
                 let own_forced = c.forced_at.is_some_and(|t| {
                     self.now.since(t) <= Policy::ms(self.policy.forced_event_grace_ms)
                 }) && c.mig == MigState::Migrated;
+                // The HCA migrates only from ARMED: an alternate the QP was last known to
+                // hold armed (or arming) is where it went, even when a LAP given up on
+                // left it unagreed with the peer.
                 let may_migrate = c.alternate.is_some()
                     && (c.armed
+                        || c.mig != MigState::Migrated
                         || matches!(c.phase(), Phase::Arming { .. } | Phase::Migrating { .. }));
                 if own_forced {
                     debug!(%id, "PATH_MIG of our own forced migration");

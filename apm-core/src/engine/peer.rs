@@ -150,9 +150,12 @@ impl Engine {
         // LAP comes from our alternate's far end, or it proposes our primary (its old
         // primary, now its candidate alternate). Loading a new alternate now would
         // replace the one the HCA is about to migrate to.
-        let armed_alt = c
-            .alternate
-            .filter(|_| c.armed && c.mode == MigrationMode::Hardware);
+        // The QP's own state counts, not only our agreement with the peer: after a LAP
+        // given up on, the alternate is no longer known to be agreed but the HCA still
+        // holds it armed and will migrate to it.
+        let armed_alt = c.alternate.filter(|_| {
+            (c.armed || c.mig != MigState::Migrated) && c.mode == MigrationMode::Hardware
+        });
         let from_alt_end =
             armed_alt.is_some_and(|a| from.gid == a.dgid && from.gid != c.primary.dgid);
         let names_primary = path.same_route(&c.primary);
