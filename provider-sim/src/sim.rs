@@ -1065,7 +1065,12 @@ impl Sim {
                 "EINVAL: no alternate",
             ));
         }
-        q.mig = MigState::Rearm;
+        // DOMAIN.md §1: software sets REARM from MIGRATED; an ARMED QP stays ARMED (a new
+        // alternate may be loaded while armed, seed 001, and arming it again changes
+        // nothing). The state read back tells the caller which it was.
+        if q.mig == MigState::Migrated {
+            q.mig = MigState::Rearm;
+        }
         let m = q.mig;
         self.reeval(i);
         Ok(CommandOutcome::MigState(m))
