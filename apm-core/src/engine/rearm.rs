@@ -19,11 +19,21 @@ impl Engine {
             c.want_rearm = true;
             return;
         }
+        // If we refused the peer's last LAP (typically: its path came back at its end
+        // before our notice said so), the peer has stepped back from that path for
+        // `bad_path_hold_ms`; waiting for it would only add that hold. Propose at once.
+        // Refusals are never answered from memory, so the record can be spent here.
+        let we_refused = c
+            .last_lap
+            .is_some_and(|(_, status)| status != ApStatus::Success);
         match c.phase() {
-            Phase::Queued | Phase::Resolving | Phase::WaitPassive => return,
+            Phase::Queued | Phase::Resolving => return,
+            Phase::WaitPassive if !we_refused => return,
             _ => {}
         }
-        if c.role == Role::Passive {
+        if we_refused {
+            c.last_lap = None;
+        } else if c.role == Role::Passive {
             // The active side initiates; step in only if it stays silent.
             let at = self
                 .now

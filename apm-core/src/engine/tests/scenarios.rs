@@ -602,3 +602,44 @@ fn a_rearm_storm_asks_the_sa_once_per_destination_even_when_it_knows_no_path() {
         "one query per (port, destination), answered empty or not"
     );
 }
+
+#[test]
+fn passive_side_that_refused_a_lap_proposes_as_soon_as_the_path_is_back() {
+    let mut p = Pair::new();
+    p.protect(1);
+    p.run_for(1000);
+    // A's port 2 (the alternate's) goes down; B hears of it through trap 65.
+    port_event(&mut p, 'a', 2, PortEvent::Down);
+    p.input(
+        'b',
+        Input::RemoteGid {
+            gid: gid('a', 2),
+            in_service: false,
+        },
+    );
+    p.run_for(1000);
+    // A's port comes back: A proposes through it at once, but B's notice is late, so B
+    // refuses; A then holds that path back for bad_path_hold_ms.
+    port_event(&mut p, 'a', 2, PortEvent::Active);
+    p.run_for(0);
+    let refused = p.b.sent().iter().any(|m| {
+        matches!(
+            m,
+            PeerMsg::Apr(Apr {
+                status: ApStatus::Rejected,
+                ..
+            })
+        )
+    });
+    assert!(refused, "B refused A's LAP while its notice was late");
+    // Trap 64 reaches B: B proposes the port-disjoint path itself, without waiting.
+    p.input(
+        'b',
+        Input::RemoteGid {
+            gid: gid('a', 2),
+            in_service: true,
+        },
+    );
+    p.run_for(1);
+    assert_armed(&p, 1, path('a', 2, 2));
+}
