@@ -54,17 +54,7 @@ fn run() -> Result<()> {
             .map(|s| !s.success())
             .unwrap_or(true)
     {
-        crate::util::run_env(
-            "apt-get",
-            &[
-                "install",
-                "-y",
-                "-qq",
-                "--no-install-recommends",
-                "libclang-dev",
-            ],
-            &[("DEBIAN_FRONTEND", "noninteractive")],
-        )?;
+        crate::apt::ensure(&["libclang-dev"], "cargo xtask codegen (bindgen)")?;
     }
     crate::util::run(
         "cargo",

@@ -166,40 +166,15 @@ pub fn ibsim(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Install the bed's Debian packages that are missing (non-interactively).
+/// Install the bed's Debian packages that are missing.
 fn ensure_packages() -> Result<()> {
-    let missing: Vec<&str> = PACKAGES
-        .iter()
-        .filter(|(_, f)| !Path::new(f).exists())
-        .map(|(p, _)| *p)
-        .collect();
-    if missing.is_empty() {
-        return Ok(());
+    let names: Vec<&str> = PACKAGES.iter().map(|(p, _)| *p).collect();
+    crate::apt::ensure(&names, "the ibsim bed")?;
+    // The bed runs the files themselves: say which one is absent if a package moved it.
+    if let Some((p, f)) = PACKAGES.iter().find(|(_, f)| !Path::new(f).exists()) {
+        bail!("package {p} is installed but {f} is missing");
     }
-    if Command::new("apt-get").arg("--version").output().is_err() {
-        bail!(
-            "the ibsim bed needs the Debian packages {missing:?} and this machine has no apt-get"
-        );
-    }
-    // Root installs directly; otherwise go through sudo (non-interactive, so it fails
-    // instead of hanging on a password prompt).
-    let root = Command::new("id")
-        .arg("-u")
-        .output()
-        .map(|o| o.stdout.starts_with(b"0"))
-        .unwrap_or(false);
-    let (prog, mut pre): (&str, Vec<&str>) = if root {
-        ("apt-get", vec![])
-    } else {
-        ("sudo", vec!["-n", "apt-get"])
-    };
-    let env = [("DEBIAN_FRONTEND", "noninteractive")];
-    let mut update = pre.clone();
-    update.extend(["update", "-q"]);
-    crate::util::run_env(prog, &update, &env)?;
-    pre.extend(["install", "-y", "-q", "--no-install-recommends"]);
-    pre.extend(missing.iter().copied());
-    crate::util::run_env(prog, &pre, &env)
+    Ok(())
 }
 
 /// Build the bed test binaries and list their tests as (package, test name).

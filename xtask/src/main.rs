@@ -6,6 +6,7 @@
 //! outside the repository except installing packages and cargo tools.
 #![forbid(unsafe_code)]
 
+mod apt;
 mod bench;
 mod chaos;
 mod codegen;

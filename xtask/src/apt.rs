@@ -1,0 +1,57 @@
+//! Installing Debian packages that the tests and beds need, the one way they all use:
+//! only what is missing, non-interactively (tshark's package asks a debconf question
+//! otherwise), as root or through `sudo -n` (fails rather than prompts), with the lists
+//! updated first (a fresh machine has none) and the dpkg lock waited for.
+
+use anyhow::{bail, Result};
+use std::process::Command;
+
+/// The packages of `wanted` that dpkg does not report as installed.
+pub fn missing<'a>(wanted: &[&'a str]) -> Vec<&'a str> {
+    wanted
+        .iter()
+        .copied()
+        .filter(|p| {
+            !Command::new("dpkg-query")
+                .args(["-W", "-f=${Status}", p])
+                .output()
+                .map(|o| String::from_utf8_lossy(&o.stdout).contains("install ok installed"))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// Install whatever of `wanted` is missing; `why` names the user of the packages for
+/// the error when this machine cannot install them.
+pub fn ensure(wanted: &[&str], why: &str) -> Result<()> {
+    let missing = missing(wanted);
+    if missing.is_empty() {
+        return Ok(());
+    }
+    if Command::new("apt-get").arg("--version").output().is_err() {
+        bail!("{why} needs the Debian packages {missing:?} and this machine has no apt-get");
+    }
+    eprintln!("{why}: installing {}", missing.join(" "));
+    let root = Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| o.stdout.starts_with(b"0"))
+        .unwrap_or(false);
+    let sudo: &[&str] = if root { &[] } else { &["sudo", "-n"] };
+    let env = [("DEBIAN_FRONTEND", "noninteractive")];
+    let apt = |args: &[&str]| {
+        let mut full: Vec<&str> = sudo.to_vec();
+        full.push("apt-get");
+        full.extend(["-o", "DPkg::Lock::Timeout=300"]);
+        full.extend(args);
+        crate::util::run_env(full[0], &full[1..], &env)
+    };
+    // One retry covers a lists lock held by a concurrent `apt-get update`.
+    if apt(&["update", "-qq"]).is_err() {
+        std::thread::sleep(std::time::Duration::from_secs(10));
+        apt(&["update", "-qq"])?;
+    }
+    let mut install = vec!["install", "-y", "-qq", "--no-install-recommends"];
+    install.extend(missing.iter().copied());
+    apt(&install)
+}
