@@ -8,6 +8,7 @@
 mod config_cmd;
 mod mad;
 mod simulate;
+mod watch;
 
 use clap::{Parser, Subcommand};
 
@@ -33,6 +34,8 @@ enum Command {
     /// Check a deployment configuration file.
     #[command(subcommand)]
     Config(config_cmd::ConfigCommand),
+    /// Watch port and fabric events (port up/down, LID/SM changes, SA traps 64/65).
+    Watch(watch::Args),
 }
 
 fn main() {
@@ -45,6 +48,7 @@ fn main() {
         Command::Simulate(args) => simulate::run(args),
         Command::Mad(cmd) => mad::run(cmd),
         Command::Config(cmd) => config_cmd::run(cmd),
+        Command::Watch(args) => watch::run(args),
     };
     if let Err(err) = result {
         eprintln!("apm: {err:#}");

@@ -1,0 +1,911 @@
+//! `apm watch`: user-level port and fabric events (seed 002), each once, with the port's
+//! state read back after it.
+//!
+//! Sources:
+//! - every RDMA device and port (or those named) through provider-verbs: its QP-control
+//!   facet reports the unaffiliated async events (port active/down, LID, SM, P_Key and GID
+//!   change, client reregister, device fatal) as engine inputs, and the port is queried
+//!   again (`ibv_query_port`: state, LID, SM LID, LMC) when one arrives;
+//! - SA notices (trap 64 GID in service, trap 65 GID out of service) through umad-sa on
+//!   every active InfiniBand port whose SA answers the subscription; subscribed again
+//!   after a client reregister or an SM change (the SA forgot us);
+//! - or, with `--sim`, the simulated fabric of provider-sim: one `apm_core::Manager` per
+//!   watched host, its unaffiliated event stream, in virtual time (a whole scenario
+//!   plays in moments).
+//!
+//! Each event is printed once. soft-RoCE (rxe) raises `PORT_ACTIVE` twice about 1 ms
+//! apart for one link up: an event identical (same device, port and kind) to the previous
+//! event of its port within `--dedup-ms` (default 50 ms) is dropped. A different event in
+//! between (down, then active again) always shows.
+//!
+//! This module only observes: it never modifies a port or a QP.
+
+use anyhow::{bail, Context as _};
+use apm_core::{FabricEventKind, Gid, Input, PortEvent, QpControl, Time};
+use provider_sim::{PolicyKind, RunConfig, Scenario, Sim, SimProvider};
+use provider_verbs::ffi::{Context, LinkLayer, PortState, Verbs, VerbsError};
+use provider_verbs::VerbsQpControl;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// Arguments of `apm watch`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// One JSON object per line instead of human-readable lines.
+    #[arg(long)]
+    json: bool,
+    /// Run this shell command (`sh -c`) for every event, one at a time in event order,
+    /// with the event in APM_EVENT, APM_DEVICE, APM_PORT, APM_TIME, APM_STATE, APM_LID,
+    /// APM_SM_LID, APM_LMC, APM_GID, APM_SOURCE (unknown values are empty).
+    #[arg(long, value_name = "CMD")]
+    exec: Option<String>,
+    /// Only this device (repeatable). In `--sim`, devices are hosts: h0, h1, ...
+    #[arg(long = "device", value_name = "NAME")]
+    devices: Vec<String>,
+    /// Only this port number (repeatable). Events without a port (device fatal, SA
+    /// notices in `--sim`) always pass.
+    #[arg(long = "port", value_name = "N")]
+    ports: Vec<u8>,
+    /// Only events of this kind (repeatable, or comma-separated): port_active, port_down,
+    /// lid_change, sm_change, client_reregister, pkey_change, gid_change, device_fatal,
+    /// gid_in_service, gid_out_of_service.
+    #[arg(long = "event", value_name = "KIND", value_delimiter = ',', value_parser = EventKind::parse)]
+    events: Vec<EventKind>,
+    /// Watch the simulated fabric instead of this machine's devices (works anywhere).
+    #[arg(long)]
+    sim: bool,
+    /// With `--sim`: the scenario (TOML, see provider-sim/scenarios/). Default: the
+    /// built-in dual-rail scenario.
+    #[arg(long, value_name = "FILE", requires = "sim")]
+    scenario: Option<PathBuf>,
+    /// With `--sim`: the simulation's seed.
+    #[arg(long, default_value_t = 1, requires = "sim")]
+    seed: u64,
+    /// Do not subscribe for SA notices (traps 64/65).
+    #[arg(long)]
+    no_sa: bool,
+    /// Drop an event identical to the previous one of its port within this many ms.
+    #[arg(long, value_name = "MS", default_value_t = 50)]
+    dedup_ms: u64,
+    /// Stop after this many events (after filtering).
+    #[arg(long, value_name = "N")]
+    count: Option<u64>,
+    /// Stop after this many seconds (virtual seconds with `--sim`, which otherwise ends
+    /// with its scenario).
+    #[arg(long, value_name = "SECS")]
+    timeout: Option<f64>,
+}
+
+/// The kinds of events `apm watch` reports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum EventKind {
+    /// `IBV_EVENT_PORT_ACTIVE`.
+    PortActive,
+    /// `IBV_EVENT_PORT_ERR`.
+    PortDown,
+    /// `IBV_EVENT_LID_CHANGE`.
+    LidChange,
+    /// `IBV_EVENT_SM_CHANGE`.
+    SmChange,
+    /// `IBV_EVENT_CLIENT_REREGISTER`.
+    ClientReregister,
+    /// `IBV_EVENT_PKEY_CHANGE`.
+    PkeyChange,
+    /// `IBV_EVENT_GID_CHANGE`.
+    GidChange,
+    /// `IBV_EVENT_DEVICE_FATAL`.
+    DeviceFatal,
+    /// SA trap 64.
+    GidInService,
+    /// SA trap 65.
+    GidOutOfService,
+}
+
+const KINDS: [EventKind; 10] = [
+    EventKind::PortActive,
+    EventKind::PortDown,
+    EventKind::LidChange,
+    EventKind::SmChange,
+    EventKind::ClientReregister,
+    EventKind::PkeyChange,
+    EventKind::GidChange,
+    EventKind::DeviceFatal,
+    EventKind::GidInService,
+    EventKind::GidOutOfService,
+];
+
+impl EventKind {
+    /// The name in output, `--event` and `APM_EVENT`.
+    pub fn name(self) -> &'static str {
+        match self {
+            EventKind::PortActive => "port_active",
+            EventKind::PortDown => "port_down",
+            EventKind::LidChange => "lid_change",
+            EventKind::SmChange => "sm_change",
+            EventKind::ClientReregister => "client_reregister",
+            EventKind::PkeyChange => "pkey_change",
+            EventKind::GidChange => "gid_change",
+            EventKind::DeviceFatal => "device_fatal",
+            EventKind::GidInService => "gid_in_service",
+            EventKind::GidOutOfService => "gid_out_of_service",
+        }
+    }
+
+    fn parse(s: &str) -> Result<EventKind, String> {
+        let want = s.trim().replace('-', "_").to_ascii_lowercase();
+        KINDS.into_iter().find(|k| k.name() == want).ok_or_else(|| {
+            let names: Vec<&str> = KINDS.iter().map(|k| k.name()).collect();
+            format!("unknown event kind {s:?}; one of {}", names.join(", "))
+        })
+    }
+
+    fn of_port_event(e: PortEvent) -> EventKind {
+        match e {
+            PortEvent::Active => EventKind::PortActive,
+            PortEvent::Down => EventKind::PortDown,
+            PortEvent::LidChange => EventKind::LidChange,
+            PortEvent::SmChange => EventKind::SmChange,
+            PortEvent::ClientReregister => EventKind::ClientReregister,
+            PortEvent::PkeyChange => EventKind::PkeyChange,
+            PortEvent::GidChange => EventKind::GidChange,
+        }
+    }
+}
+
+/// An event as a source saw it, before read-back, filters and de-duplication.
+#[derive(Clone, Debug)]
+struct Raw {
+    device: String,
+    port: Option<u8>,
+    kind: EventKind,
+    /// The remote GID of an SA notice.
+    gid: Option<Gid>,
+    source: &'static str,
+}
+
+/// A port's state read back after an event.
+#[derive(Clone, Debug, Default)]
+struct PortNow {
+    state: Option<String>,
+    lid: Option<u16>,
+    sm_lid: Option<u16>,
+    lmc: Option<u8>,
+    gid: Option<Gid>,
+}
+
+/// One output line.
+#[derive(Debug, Serialize)]
+struct Line {
+    /// RFC 3339 UTC for devices; `+SECONDS` of virtual time for `--sim`.
+    time: String,
+    /// Since the watch started (virtual with `--sim`).
+    elapsed_ms: f64,
+    event: &'static str,
+    device: String,
+    port: Option<u8>,
+    state: Option<String>,
+    lid: Option<u16>,
+    sm_lid: Option<u16>,
+    lmc: Option<u8>,
+    /// The remote GID of an SA notice, else the port's GID 0.
+    gid: Option<String>,
+    /// verbs, sa or sim.
+    source: &'static str,
+}
+
+/// Run `apm watch`.
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.sim {
+        watch_sim(&args)
+    } else {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("starting the tokio runtime")?;
+        rt.block_on(watch_devices(&args))
+    }
+}
+
+/// Filters, de-duplication, output and `--exec`, shared by every source.
+struct Sink<'a> {
+    args: &'a Args,
+    /// Per (device, port): the last event kind and when.
+    last: BTreeMap<(String, Option<u8>), (EventKind, Duration)>,
+    shown: u64,
+}
+
+impl<'a> Sink<'a> {
+    fn new(args: &'a Args) -> Self {
+        Sink {
+            args,
+            last: BTreeMap::new(),
+            shown: 0,
+        }
+    }
+
+    fn passes(&self, raw: &Raw) -> bool {
+        let a = self.args;
+        (a.devices.is_empty() || a.devices.contains(&raw.device))
+            && (a.ports.is_empty() || raw.port.is_none_or(|p| a.ports.contains(&p)))
+            && (a.events.is_empty() || a.events.contains(&raw.kind))
+    }
+
+    /// True when this is a repeat of its port's previous event within the window.
+    fn duplicate(&mut self, raw: &Raw, elapsed: Duration) -> bool {
+        // SA notices de-duplicate on the GID they are about (two ports of a device on
+        // one subnet both receive the Report).
+        let key = match raw.gid {
+            Some(g) => (format!("{} gid {g}", raw.device), None),
+            None => (raw.device.clone(), raw.port),
+        };
+        let window = Duration::from_millis(self.args.dedup_ms);
+        let dup = self
+            .last
+            .get(&key)
+            .is_some_and(|(k, t)| *k == raw.kind && elapsed.saturating_sub(*t) <= window);
+        self.last.insert(key, (raw.kind, elapsed));
+        dup
+    }
+
+    /// Handle one event; false once `--count` events were shown.
+    async fn event(&mut self, raw: Raw, now: PortNow, time: String, elapsed: Duration) -> bool {
+        if self.duplicate(&raw, elapsed) {
+            tracing::debug!(
+                device = raw.device,
+                port = raw.port,
+                kind = raw.kind.name(),
+                "duplicate dropped"
+            );
+            return true;
+        }
+        if !self.passes(&raw) {
+            return true;
+        }
+        let line = Line {
+            time,
+            elapsed_ms: elapsed.as_secs_f64() * 1000.0,
+            event: raw.kind.name(),
+            device: raw.device,
+            port: raw.port,
+            state: now.state,
+            lid: now.lid,
+            sm_lid: now.sm_lid,
+            lmc: now.lmc,
+            gid: raw.gid.or(now.gid).map(|g| g.to_string()),
+            source: raw.source,
+        };
+        let text = if self.args.json {
+            // A struct of strings and numbers always serializes.
+            serde_json::to_string(&line).unwrap_or_default()
+        } else {
+            human(&line)
+        };
+        {
+            let mut out = std::io::stdout().lock();
+            // A closed stdout (`apm watch | head`) ends the watch.
+            if writeln!(out, "{text}").and_then(|()| out.flush()).is_err() {
+                return false;
+            }
+        }
+        if let Some(cmd) = &self.args.exec {
+            exec(cmd, &line).await;
+        }
+        self.shown += 1;
+        self.args.count.is_none_or(|n| self.shown < n)
+    }
+}
+
+fn human(l: &Line) -> String {
+    let mut s = format!("{} {}", l.time, l.device);
+    if let Some(p) = l.port {
+        s += &format!(" port {p}");
+    }
+    s += &format!(" {}", l.event);
+    let opt = |v: Option<u16>| v.map_or("-".to_owned(), |v| v.to_string());
+    if l.state.is_some() || l.lid.is_some() {
+        s += &format!(
+            " state={} lid={} sm_lid={} lmc={}",
+            l.state.as_deref().unwrap_or("-"),
+            opt(l.lid),
+            opt(l.sm_lid),
+            l.lmc.map_or("-".to_owned(), |v| v.to_string())
+        );
+    }
+    if let Some(g) = &l.gid {
+        s += &format!(" gid={g}");
+    }
+    s += &format!(" ({})", l.source);
+    s
+}
+
+/// Run `--exec` for one event and wait for it (events stay in order).
+async fn exec(cmd: &str, l: &Line) {
+    let opt = |v: Option<String>| v.unwrap_or_default();
+    let env: Vec<(&str, String)> = vec![
+        ("APM_EVENT", l.event.to_owned()),
+        ("APM_DEVICE", l.device.clone()),
+        ("APM_PORT", opt(l.port.map(|p| p.to_string()))),
+        ("APM_TIME", l.time.clone()),
+        ("APM_STATE", opt(l.state.clone())),
+        ("APM_LID", opt(l.lid.map(|v| v.to_string()))),
+        ("APM_SM_LID", opt(l.sm_lid.map(|v| v.to_string()))),
+        ("APM_LMC", opt(l.lmc.map(|v| v.to_string()))),
+        ("APM_GID", opt(l.gid.clone())),
+        ("APM_SOURCE", l.source.to_owned()),
+    ];
+    let cmd = cmd.to_owned();
+    let result = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("sh")
+            .arg("-c")
+            .arg(&cmd)
+            .envs(env)
+            .status()
+    })
+    .await;
+    match result {
+        Ok(Ok(st)) if st.success() => {}
+        Ok(Ok(st)) => eprintln!("apm watch: --exec command exited with {st}"),
+        Ok(Err(e)) => eprintln!("apm watch: could not run --exec command: {e}"),
+        Err(e) => eprintln!("apm watch: --exec task failed: {e}"),
+    }
+}
+
+fn port_state_name(s: PortState) -> String {
+    match s {
+        PortState::Nop => "nop".into(),
+        PortState::Down => "down".into(),
+        PortState::Init => "init".into(),
+        PortState::Armed => "armed".into(),
+        PortState::Active => "active".into(),
+        PortState::ActiveDefer => "active_defer".into(),
+        PortState::Other(v) => format!("unknown({v})"),
+        other => format!("{other:?}").to_ascii_lowercase(),
+    }
+}
+
+/// The port read back through verbs (`ibv_query_port`, GID 0).
+fn read_back(ctx: &Context, port: u8) -> PortNow {
+    match ctx.query_port(port) {
+        Ok(p) => PortNow {
+            state: Some(port_state_name(p.state)),
+            lid: Some(p.lid),
+            sm_lid: Some(p.sm_lid),
+            lmc: Some(p.lmc),
+            gid: ctx.query_gid(port, 0).ok().flatten().map(|g| Gid(g.gid)),
+        },
+        Err(e) => {
+            tracing::warn!(device = ctx.name(), port, error = %e, "query_port after the event failed");
+            PortNow::default()
+        }
+    }
+}
+
+/// Wall-clock time as RFC 3339 UTC with milliseconds.
+#[allow(clippy::disallowed_methods)] // the watcher stamps real events with real time
+fn wall_clock() -> String {
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    rfc3339(d)
+}
+
+/// `d` after the Unix epoch as `YYYY-MM-DDTHH:MM:SS.mmmZ` (days to civil date:
+/// Howard Hinnant's algorithm).
+fn rfc3339(d: Duration) -> String {
+    let secs = d.as_secs();
+    let days = i64::try_from(secs / 86_400).unwrap_or(0);
+    let rem = secs % 86_400;
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}.{:03}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60,
+        d.subsec_millis()
+    )
+}
+
+/// What a source hands the watch loop.
+enum Msg {
+    Verbs(Input),
+    Sa {
+        device: String,
+        port: u8,
+        gid: Gid,
+        in_service: bool,
+    },
+}
+
+/// An SA client of one InfiniBand port, kept alive while watching.
+struct SaPort {
+    device: String,
+    port: u8,
+    client: umad_sa::SaClient,
+}
+
+async fn watch_devices(args: &Args) -> anyhow::Result<()> {
+    let verbs = Verbs::load().map_err(|e| match e {
+        VerbsError::LibraryMissing { .. } => anyhow::anyhow!(
+            "{e}\nno RDMA stack here: `apm watch --sim` watches the simulated fabric instead"
+        ),
+        other => anyhow::Error::new(other).context("loading libibverbs"),
+    })?;
+    let all: Vec<String> = verbs
+        .devices()
+        .map_err(|e| {
+            anyhow::anyhow!(
+                "no RDMA devices usable here ({e}): this kernel has no RDMA support or no \
+                 device; `apm watch --sim` watches the simulated fabric instead"
+            )
+        })?
+        .into_iter()
+        .map(|d| d.name)
+        .collect();
+    if all.is_empty() {
+        bail!(
+            "no RDMA device found (ibv_get_device_list is empty): load a driver or create a \
+             soft-RoCE device (`rdma link add rxe0 type rxe netdev eth0`), or try \
+             `apm watch --sim` for the simulated fabric"
+        );
+    }
+    for d in &args.devices {
+        if !all.contains(d) {
+            bail!("no RDMA device {d:?}; devices here: {}", all.join(", "));
+        }
+    }
+    let names: Vec<&String> = all
+        .iter()
+        .filter(|n| args.devices.is_empty() || args.devices.contains(n))
+        .collect();
+    let mut contexts = Vec::new();
+    for n in &names {
+        contexts.push(verbs.open(n).with_context(|| format!("opening {n}"))?);
+    }
+    let facet = VerbsQpControl::new(contexts.clone());
+    let (tx, mut rx) = mpsc::unbounded_channel::<Input>();
+    facet
+        .start(tx)
+        .await
+        .map_err(|e| anyhow::anyhow!("watching async events: {e}"))?;
+    let (msg_tx, mut msgs) = mpsc::unbounded_channel::<Msg>();
+    // The facet's inputs: ports at start (skipped), then events.
+    {
+        let msg_tx = msg_tx.clone();
+        tokio::spawn(async move {
+            while let Some(i) = rx.recv().await {
+                if msg_tx.send(Msg::Verbs(i)).is_err() {
+                    return;
+                }
+            }
+        });
+    }
+    let mut watched = Vec::new();
+    let mut sa_ports: Vec<Arc<SaPort>> = Vec::new();
+    let mut sa_notes = Vec::new();
+    for ctx in &contexts {
+        let ports = ctx
+            .query_device()
+            .with_context(|| format!("querying {}", ctx.name()))?
+            .phys_port_cnt;
+        for port in 1..=ports {
+            if !args.ports.is_empty() && !args.ports.contains(&port) {
+                continue;
+            }
+            watched.push(format!("{} port {port}", ctx.name()));
+            if args.no_sa {
+                continue;
+            }
+            let Ok(p) = ctx.query_port(port) else {
+                continue;
+            };
+            if p.link_layer != LinkLayer::InfiniBand {
+                sa_notes.push(format!("{} port {port}: RoCE, no SA", ctx.name()));
+                continue;
+            }
+            match sa_port(ctx.name(), port, msg_tx.clone()).await {
+                Ok(sa) => sa_ports.push(Arc::new(sa)),
+                Err(e) => {
+                    sa_notes.push(format!("{} port {port}: no SA notices ({e:#})", ctx.name()))
+                }
+            }
+        }
+    }
+    drop(msg_tx);
+    eprintln!("apm watch: watching {}", watched.join(", "));
+    for n in &sa_notes {
+        eprintln!("apm watch: {n}");
+    }
+    if !sa_ports.is_empty() {
+        let list: Vec<String> = sa_ports
+            .iter()
+            .map(|s| format!("{} port {}", s.device, s.port))
+            .collect();
+        eprintln!(
+            "apm watch: SA notices (traps 64/65) through {}",
+            list.join(", ")
+        );
+    }
+
+    #[allow(clippy::disallowed_methods)] // the watcher measures real time
+    let start = std::time::Instant::now();
+    let deadline = args.timeout.map(Duration::from_secs_f64);
+    let mut sink = Sink::new(args);
+    loop {
+        let next = async {
+            match deadline {
+                Some(d) => tokio::time::timeout(d.saturating_sub(start.elapsed()), msgs.recv())
+                    .await
+                    .ok()
+                    .flatten(),
+                None => msgs.recv().await,
+            }
+        };
+        let Some(msg) = next.await else { break };
+        let (raw, now) = match msg {
+            Msg::Verbs(Input::PortEvent { port, event }) => {
+                let Some(ctx) = contexts.get(usize::from(port.device)) else {
+                    continue;
+                };
+                let kind = EventKind::of_port_event(event);
+                if matches!(kind, EventKind::ClientReregister | EventKind::SmChange) {
+                    resubscribe(&sa_ports, ctx.name(), port.port);
+                }
+                (
+                    Raw {
+                        device: ctx.name().to_owned(),
+                        port: Some(port.port),
+                        kind,
+                        gid: None,
+                        source: "verbs",
+                    },
+                    read_back(ctx, port.port),
+                )
+            }
+            Msg::Verbs(Input::DeviceFatal { device }) => {
+                let Some(ctx) = contexts.get(usize::from(device)) else {
+                    continue;
+                };
+                (
+                    Raw {
+                        device: ctx.name().to_owned(),
+                        port: None,
+                        kind: EventKind::DeviceFatal,
+                        gid: None,
+                        source: "verbs",
+                    },
+                    PortNow::default(),
+                )
+            }
+            Msg::Verbs(_) => continue,
+            Msg::Sa {
+                device,
+                port,
+                gid,
+                in_service,
+            } => {
+                let now = contexts
+                    .iter()
+                    .find(|c| c.name() == device)
+                    .map(|c| read_back(c, port))
+                    .unwrap_or_default();
+                (
+                    Raw {
+                        device,
+                        port: Some(port),
+                        kind: if in_service {
+                            EventKind::GidInService
+                        } else {
+                            EventKind::GidOutOfService
+                        },
+                        gid: Some(gid),
+                        source: "sa",
+                    },
+                    now,
+                )
+            }
+        };
+        if !sink.event(raw, now, wall_clock(), start.elapsed()).await {
+            break;
+        }
+    }
+    for sa in &sa_ports {
+        // Best effort: the SA drops subscriptions of ports that leave anyway.
+        let _ =
+            tokio::time::timeout(Duration::from_secs(1), sa.client.unsubscribe_gid_traps()).await;
+    }
+    Ok(())
+}
+
+/// Open `device`/`port` for SA MADs, subscribe for traps 64/65 and forward notices.
+async fn sa_port(device: &str, port: u8, tx: mpsc::UnboundedSender<Msg>) -> anyhow::Result<SaPort> {
+    let opts = umad::PortOptions {
+        agents: vec![umad_sa::SA_AGENT],
+        ..Default::default()
+    };
+    let sel = umad::PortSelector::CaPort {
+        ca: device.to_owned(),
+        port,
+    };
+    let (p, unsolicited) = umad::Port::open(&sel, opts).map_err(anyhow::Error::new)?;
+    let (client, mut notes) =
+        umad_sa::SaClient::new(Arc::new(p), unsolicited, umad_sa::SaOptions::default());
+    client
+        .subscribe_gid_traps()
+        .await
+        .map_err(anyhow::Error::new)?;
+    let dev = device.to_owned();
+    tokio::spawn(async move {
+        while let Some(ev) = notes.recv().await {
+            let (gid, in_service) = match ev {
+                umad_sa::SaEvent::GidInService { gid } => (gid, true),
+                umad_sa::SaEvent::GidOutOfService { gid } => (gid, false),
+                other => {
+                    tracing::debug!(?other, "notice apm watch does not report");
+                    continue;
+                }
+            };
+            let msg = Msg::Sa {
+                device: dev.clone(),
+                port,
+                gid: Gid(gid.0),
+                in_service,
+            };
+            if tx.send(msg).is_err() {
+                return;
+            }
+        }
+    });
+    Ok(SaPort {
+        device: device.to_owned(),
+        port,
+        client,
+    })
+}
+
+/// After a client reregister or SM change the SA has forgotten us: subscribe again.
+fn resubscribe(sa_ports: &[Arc<SaPort>], device: &str, port: u8) {
+    for sa in sa_ports {
+        if sa.device == device && sa.port == port {
+            let sa = Arc::clone(sa);
+            tokio::spawn(async move {
+                if let Err(e) = sa.client.subscribe_gid_traps().await {
+                    eprintln!(
+                        "apm watch: subscribing again through {} port {} failed: {e}",
+                        sa.device, sa.port
+                    );
+                }
+            });
+        }
+    }
+}
+
+/// `--sim`: the scenario under tokio's paused clock, a Manager per watched host.
+fn watch_sim(args: &Args) -> anyhow::Result<()> {
+    let mut scenario = match &args.scenario {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("reading {}", path.display()))?;
+            Scenario::from_toml(&text).with_context(|| format!("in {}", path.display()))?
+        }
+        None => Scenario::default(),
+    };
+    // Connections play no part in what is watched; a few keep the simulation light.
+    scenario.workload.connections = scenario.workload.connections.min(64);
+    let hosts = scenario.topology.hosts;
+    let names: Vec<String> = (0..hosts).map(|h| format!("h{h}")).collect();
+    for d in &args.devices {
+        if !names.contains(d) {
+            bail!(
+                "no host {d:?} in the scenario: devices are hosts h0 .. h{}",
+                hosts.saturating_sub(1)
+            );
+        }
+    }
+    let watched: Vec<usize> = (0..hosts)
+        .filter(|h| args.devices.is_empty() || args.devices.contains(&names[*h]))
+        .collect();
+    let mut cfg = RunConfig::new(PolicyKind::Apm, args.seed);
+    cfg.external_hosts = watched.clone();
+    cfg.sample_ms = 0;
+    let mut policy = apm_core::Policy::default();
+    if args.no_sa {
+        policy.subscribe = false;
+    }
+    cfg.engine_policy = policy.clone();
+    let end = Time::from_millis(match args.timeout {
+        Some(t) if t >= 0.0 => scenario.duration_ms.min((t * 1000.0) as u64),
+        _ => scenario.duration_ms,
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .context("starting the tokio runtime")?;
+    rt.block_on(async move {
+        let sim = Sim::new(&scenario, cfg).map_err(anyhow::Error::msg)?;
+        let shared = SimProvider::share(sim);
+        let (tx, mut rx) = mpsc::unbounded_channel::<(usize, apm_core::FabricEvent)>();
+        let mut handles = Vec::new();
+        for &h in &watched {
+            let provider = Arc::new(shared.for_host(h).stack());
+            let (mgr, handle) = apm_core::Manager::new(provider, policy.clone())?;
+            let mut events = handle.fabric_events();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                while let Ok(ev) = events.recv().await {
+                    if tx.send((h, ev)).is_err() {
+                        return;
+                    }
+                }
+            });
+            tokio::spawn(mgr.run());
+            handles.push(handle);
+        }
+        drop(tx);
+        // The watched hosts run apm as a deployment would: their connections protected.
+        tokio::task::yield_now().await;
+        for (i, &h) in watched.iter().enumerate() {
+            for spec in shared.with_sim(|sim| sim.external_specs(h)) {
+                handles[i].protect(spec).await?;
+            }
+        }
+        eprintln!(
+            "apm watch: simulated fabric \"{}\" ({} virtual s), watching {}",
+            scenario.name,
+            end.as_nanos() as f64 / 1e9,
+            watched
+                .iter()
+                .map(|h| names[*h].as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let mut driver = {
+            let shared = shared.clone();
+            tokio::spawn(async move { shared.drive(end).await })
+        };
+        let mut sink = Sink::new(args);
+        let mut stopped = false;
+        loop {
+            tokio::select! {
+                biased;
+                ev = rx.recv() => {
+                    let Some((h, ev)) = ev else { break };
+                    let Some((raw, now)) = sim_event(&shared, &names, h, &ev.kind) else {
+                        continue;
+                    };
+                    let elapsed = Duration::from_nanos(ev.time.as_nanos());
+                    let time = format!("+{:.6}s", elapsed.as_secs_f64());
+                    if !sink.event(raw, now, time, elapsed).await {
+                        stopped = true;
+                        break;
+                    }
+                }
+                _ = &mut driver => break,
+            }
+        }
+        if !stopped {
+            // Events the Managers published at the very end.
+            while let Ok((h, ev)) = rx.try_recv() {
+                let Some((raw, now)) = sim_event(&shared, &names, h, &ev.kind) else {
+                    continue;
+                };
+                let elapsed = Duration::from_nanos(ev.time.as_nanos());
+                let time = format!("+{:.6}s", elapsed.as_secs_f64());
+                if !sink.event(raw, now, time, elapsed).await {
+                    break;
+                }
+            }
+        }
+        for h in &handles {
+            h.shutdown();
+        }
+        anyhow::Ok(())
+    })
+}
+
+/// A simulated host's fabric event, with its port read back from the simulation.
+fn sim_event(
+    shared: &SimProvider,
+    names: &[String],
+    host: usize,
+    kind: &FabricEventKind,
+) -> Option<(Raw, PortNow)> {
+    let device = names.get(host)?.clone();
+    let (port, kind, gid) = match kind {
+        FabricEventKind::Port { port, event } => {
+            (Some(port.port), EventKind::of_port_event(*event), None)
+        }
+        FabricEventKind::DeviceFatal { .. } => (None, EventKind::DeviceFatal, None),
+        FabricEventKind::RemoteGid { gid, in_service } => (
+            None,
+            if *in_service {
+                EventKind::GidInService
+            } else {
+                EventKind::GidOutOfService
+            },
+            Some(*gid),
+        ),
+        _ => return None,
+    };
+    let now = port.map_or_else(PortNow::default, |p| {
+        shared.with_sim(|sim| sim_port(sim, host, p))
+    });
+    Some((
+        Raw {
+            device,
+            port,
+            kind,
+            gid,
+            source: "sim",
+        },
+        now,
+    ))
+}
+
+fn sim_port(sim: &Sim, host: usize, port: u8) -> PortNow {
+    let fab = sim.fabric();
+    let Some(p) = fab.port_of(host, port).and_then(|id| fab.ports.get(id)) else {
+        return PortNow::default();
+    };
+    PortNow {
+        state: Some(
+            match p.state {
+                provider_sim::fabric::PortState::Down => "down",
+                provider_sim::fabric::PortState::Init => "init",
+                provider_sim::fabric::PortState::Active => "active",
+            }
+            .to_owned(),
+        ),
+        lid: Some(p.lid),
+        // The simulation does not expose which SM a port knows.
+        sm_lid: None,
+        lmc: Some(p.lmc),
+        gid: Some(p.gid),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_formats_known_instants() {
+        assert_eq!(rfc3339(Duration::ZERO), "1970-01-01T00:00:00.000Z");
+        assert_eq!(
+            rfc3339(Duration::from_millis(1_795_000_000_123)),
+            "2026-11-18T11:06:40.123Z"
+        );
+        assert_eq!(
+            rfc3339(Duration::from_secs(951_782_400)),
+            "2000-02-29T00:00:00.000Z"
+        );
+    }
+
+    #[test]
+    fn event_kinds_parse_in_either_spelling() {
+        assert_eq!(EventKind::parse("port-down"), Ok(EventKind::PortDown));
+        assert_eq!(
+            EventKind::parse("GID_OUT_OF_SERVICE"),
+            Ok(EventKind::GidOutOfService)
+        );
+        assert!(EventKind::parse("port_up")
+            .unwrap_err()
+            .contains("port_active"));
+        for k in KINDS {
+            assert_eq!(EventKind::parse(k.name()), Ok(k));
+        }
+    }
+}
