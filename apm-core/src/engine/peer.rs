@@ -159,7 +159,21 @@ impl Engine {
         let from_alt_end =
             armed_alt.is_some_and(|a| from.gid == a.dgid && from.gid != c.primary.dgid);
         let names_primary = path.same_route(&c.primary);
-        if (from_alt_end || names_primary && armed_alt.is_some()) && !c.phase().busy() {
+        // Our own LAP in flight does not matter if the peer has migrated: it proposes
+        // an alternate for a primary that is gone. Drop it rather than let the
+        // collision rules load the peer's LAP over the alternate it migrated to.
+        let own_lap = matches!(
+            c.phase(),
+            Phase::AwaitPeer {
+                msg: PeerMsg::Lap(_),
+                ..
+            }
+        );
+        if (from_alt_end || names_primary && armed_alt.is_some()) && (!c.phase().busy() || own_lap)
+        {
+            if own_lap {
+                self.abort_phase(id);
+            }
             if !deferred {
                 debug!(%id, "LAP suggests the peer migrated: waiting for our PATH_MIG");
                 let at = self.now.plus(Policy::ms(self.policy.lap_defer_ms));
@@ -179,6 +193,9 @@ impl Engine {
                 return;
             }
         }
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
         if names_primary {
             self.answer_lap(id, responder, ApStatus::IsCurrent);
             return;
