@@ -41,6 +41,30 @@ pub struct Config {
     pub lap: LapConfig,
     /// The engine's knobs (`apm_core::Policy`; missing keys take its defaults).
     pub policy: Option<Spanned<Policy>>,
+    /// The simulated fabric, for `provider = "sim"` devices.
+    #[serde(default)]
+    pub sim: SimConfig,
+}
+
+/// The `[sim]` table: the simulated fabric a `provider = "sim"` deployment runs on. Its
+/// devices are the scenario's hosts, `h0`, `h1`, ...
+#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct SimConfig {
+    /// A provider-sim scenario file (TOML); absent: the built-in dual-rail scenario.
+    /// Relative paths are taken from the current directory.
+    pub scenario: Option<Spanned<String>>,
+    /// The simulation's seed. Default 1.
+    pub seed: Option<u64>,
+}
+
+/// The scenario host a simulated device names (`h3` -> 3).
+pub fn sim_host(name: &str) -> Option<usize> {
+    let n = name.strip_prefix('h')?;
+    if n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    n.parse().ok()
 }
 
 /// Which provider crate drives a device.
@@ -237,6 +261,22 @@ impl Config {
             }
             if self.devices[..i].iter().any(|o| o.name.get_ref() == name) {
                 at(d.name.span(), format!("device {name:?} is listed twice"));
+            }
+            let sim = *d.provider.get_ref() == ProviderKind::Sim;
+            if sim && !name.is_empty() && sim_host(name).is_none() {
+                at(
+                    d.name.span(),
+                    format!("simulated device {name:?}: name a scenario host, h0, h1, ..."),
+                );
+            }
+            if self.devices[..i]
+                .iter()
+                .any(|o| (*o.provider.get_ref() == ProviderKind::Sim) != sim)
+            {
+                at(
+                    d.provider.span(),
+                    "simulated and real devices cannot be mixed in one deployment".into(),
+                );
             }
             if let Some(ports) = &d.ports {
                 if ports.get_ref().contains(&0) {

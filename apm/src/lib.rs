@@ -1,8 +1,34 @@
-//! apm as a library: the deployment configuration, and the engine and driver from
-//! `apm-core` re-exported, so an application needs one dependency.
+//! apm as a library: protect RC connections from an application.
+//!
+//! - [`Apm`] ([`deployment`]): start apm for a deployment [`Config`], protect and
+//!   unprotect connections, receive notifications and unaffiliated fabric events, shut
+//!   down. [`SimFabric`] runs it on the simulated fabric anywhere.
+//! - [`config`]: the deployment TOML (`apm config check FILE` validates it).
+//! - [`apm_core`] re-exported (the engine, its types, the `Manager`), so an application
+//!   needs one dependency.
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let config = apm::Config::parse("[[device]]\nname = \"h0\"\nprovider = \"sim\"\n")
+//!     .map_err(|e| format!("{e:?}"))?;
+//! let apm = apm::Apm::start(&config).await?;
+//! let mut events = apm.fabric_events();
+//! apm.sim().expect("simulated").run_for(std::time::Duration::from_secs(1)).await;
+//! // The built-in scenario takes rail A's switch down at 0.5 s: h0's port 1 goes down.
+//! let ev = events.recv().await?;
+//! println!("{ev:?}");
+//! apm.shutdown().await?;
+//! # Ok(())
+//! # }
+//! ```
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod deployment;
 
 pub use apm_core;
 pub use config::{Config, ConfigError};
+pub use deployment::{Apm, SimFabric, StartError};
+/// A simulated fabric's scenario (topology, faults, workload), for [`SimFabric::new`].
+pub use provider_sim::Scenario;
