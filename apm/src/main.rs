@@ -7,8 +7,8 @@
 
 mod config_cmd;
 mod mad;
+mod pingpong;
 mod simulate;
-mod watch;
 
 use clap::{Parser, Subcommand};
 
@@ -34,8 +34,8 @@ enum Command {
     /// Check a deployment configuration file.
     #[command(subcommand)]
     Config(config_cmd::ConfigCommand),
-    /// Watch port and fabric events (port up/down, LID/SM changes, SA traps 64/65).
-    Watch(watch::Args),
+    /// RC ping-pong protected by apm: counts what a path failure costs (real devices).
+    Pingpong(pingpong::Args),
 }
 
 fn main() {
@@ -47,8 +47,8 @@ fn main() {
     let result = match cli.command {
         Command::Simulate(args) => simulate::run(args),
         Command::Mad(cmd) => mad::run(cmd),
+        Command::Pingpong(args) => pingpong::run(args),
         Command::Config(cmd) => config_cmd::run(cmd),
-        Command::Watch(args) => watch::run(args),
     };
     if let Err(err) = result {
         eprintln!("apm: {err:#}");

@@ -145,6 +145,12 @@ struct Inner {
     failed: bool,
     /// When the current stall was last reported (cleared by progress).
     reported_at: Option<Instant>,
+    /// When the last migration ended: the peer may still be moving, so a stall is not
+    /// reported until `3 * stall` later.
+    migrated_at: Option<Instant>,
+    /// Repairs since the last send completed (bounded: a path that keeps failing is
+    /// reported instead).
+    repairs: u32,
     stats: ConnStats,
 }
 
@@ -163,6 +169,8 @@ pub struct RcConn {
     /// `IBV_EVENT_SQ_DRAINED` count, bumped by the facet's event hook.
     drained: AtomicU64,
     drained_notify: tokio::sync::Notify,
+    /// One migration (or repair) at a time.
+    migration: tokio::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for RcConn {
@@ -183,6 +191,10 @@ pub enum Stall {
     Report,
     /// Stalled and already reported recently.
     Reported,
+    /// A send failed right after a migration, on the new path: re-initialise the QP on
+    /// that same path ([`RcConn::repair`]) instead of moving again (the peer is there
+    /// already).
+    Repair,
 }
 
 impl RcConn {
@@ -227,11 +239,14 @@ impl RcConn {
                 last_progress: Instant::now(),
                 failed: false,
                 reported_at: None,
+                migrated_at: None,
+                repairs: 0,
                 stats: ConnStats::default(),
             }),
             pending: Mutex::new(Vec::new()),
             drained: AtomicU64::new(0),
             drained_notify: tokio::sync::Notify::new(),
+            migration: tokio::sync::Mutex::new(()),
         })
     }
 
@@ -478,6 +493,7 @@ impl RcConn {
                 }
                 g.last_progress = Instant::now();
                 g.reported_at = None;
+                g.repairs = 0;
                 if !kick {
                     out.push(Completion {
                         wr_id: id,
@@ -503,11 +519,25 @@ impl RcConn {
     }
 
     /// The progress monitor's check: a failed send reports at once; outstanding sends
-    /// with no completion for `stall` report once, then again every `4 * stall`.
+    /// with no completion for `stall` report once, then again every `4 * stall`. For
+    /// `3 * stall` after a migration only a failed send reports: the peer may still be
+    /// moving its side, and until it has, nothing it receives from us is acknowledged.
     pub fn check_stall(&self, now: Instant, stall: Duration) -> Stall {
         let mut g = self.lock();
         if g.mode == Mode::Migrating {
             return Stall::Healthy;
+        }
+        let settling = g
+            .migrated_at
+            .is_some_and(|t| now.saturating_duration_since(t) < stall * 3);
+        if settling {
+            if g.failed && g.repairs < 2 {
+                g.repairs += 1;
+                return Stall::Repair;
+            }
+            if !g.failed {
+                return Stall::Healthy;
+            }
         }
         let stalled = g.failed
             || (!g.outstanding.is_empty()
@@ -537,6 +567,16 @@ impl RcConn {
         av: AddressVector,
         drain_timeout: Duration,
     ) -> Result<bool, ConnError> {
+        let t0 = Instant::now();
+        let _one = self.migration.lock().await;
+        let waited_for_lock = t0.elapsed();
+        if waited_for_lock > Duration::from_millis(50) {
+            info!(
+                qpn = self.qp_num(),
+                ?waited_for_lock,
+                "waited for another migration"
+            );
+        }
         {
             let mut g = self.lock();
             if g.params.is_none() {
@@ -544,7 +584,9 @@ impl RcConn {
             }
             g.mode = Mode::Migrating;
         }
+        let t_query = Instant::now();
         let state = self.qp.query(QpAttrMask::STATE)?.qp_state;
+        debug!(qpn = self.qp_num(), ?state, query = ?t_query.elapsed(), "migration starts");
         let result = if matches!(state, QpState::Err | QpState::Sqe) || self.lock().failed {
             self.reinit(av).await.map(|()| true)
         } else {
@@ -553,7 +595,20 @@ impl RcConn {
                 Err(e) => {
                     // The QP may have failed under the drain: re-initialising still works.
                     let now = self.qp.query(QpAttrMask::STATE).map(|a| a.qp_state);
-                    if matches!(now, Ok(QpState::Err)) {
+                    if matches!(now, Ok(QpState::Sqd)) {
+                        // The new path was refused (e.g. no route): resume on the old one
+                        // rather than leave the QP drained, and report the failure.
+                        warn!(qpn = self.qp_num(), error = %e, "the new path was refused: resuming on the old one");
+                        let rts = QpAttr {
+                            qp_state: QpState::Rts,
+                            ..QpAttr::default()
+                        };
+                        if self.qp.modify(&rts, QpAttrMask::STATE).is_ok() {
+                            let mut g = self.lock();
+                            let _ = self.post_kick(&mut g);
+                        }
+                        Err(e)
+                    } else if matches!(now, Ok(QpState::Err)) {
                         warn!(qpn = self.qp_num(), error = %e, "drain failed with the QP in ERR: re-initialising");
                         self.reinit(av).await.map(|()| true)
                     } else {
@@ -566,6 +621,7 @@ impl RcConn {
         g.mode = Mode::Running;
         g.last_progress = Instant::now();
         g.reported_at = None;
+        g.migrated_at = Some(Instant::now());
         if result.is_ok() {
             g.failed = false;
             // Sends held during the migration go out now, in order.
@@ -583,6 +639,7 @@ impl RcConn {
     /// route cache flush, SQD -> RTS, one kick.
     async fn drain_and_move(&self, av: AddressVector, timeout: Duration) -> Result<(), ConnError> {
         let before = self.drained.load(Ordering::SeqCst);
+        let t_sqd = Instant::now();
         let sqd = QpAttr {
             qp_state: QpState::Sqd,
             en_sqd_async_notify: true,
@@ -591,6 +648,7 @@ impl RcConn {
         self.qp
             .modify(&sqd, QpAttrMask::STATE | QpAttrMask::EN_SQD_ASYNC_NOTIFY)?;
         let started = Instant::now();
+        let sqd_modify = started.saturating_duration_since(t_sqd);
         let waited = tokio::time::timeout(timeout, async {
             loop {
                 let notified = self.drained_notify.notified();
@@ -609,7 +667,8 @@ impl RcConn {
                 return Err(ConnError::Timeout("waiting for SQ_DRAINED"));
             }
         }
-        debug!(qpn = self.qp_num(), after = ?started.elapsed(), "send queue drained");
+        let drained_after = started.elapsed();
+        debug!(qpn = self.qp_num(), after = ?drained_after, "send queue drained");
         self.qp.modify(
             &QpAttr {
                 ah_attr: av,
@@ -631,6 +690,10 @@ impl RcConn {
         self.post_kick(&mut g)?;
         info!(
             qpn = self.qp_num(),
+            ?sqd_modify,
+            ?drained_after,
+            rest = ?drained_after_end(started, drained_after),
+            event = waited.is_ok(),
             "moved the primary path through SQ-drain"
         );
         Ok(())
@@ -640,6 +703,23 @@ impl RcConn {
     /// AV, own receive PSN) -> RTS (send PSN of the oldest unacknowledged send), flush
     /// the route cache, replay the unacknowledged sends.
     async fn reinit(&self, av: AddressVector) -> Result<(), ConnError> {
+        // rxe moves a QP whose send failed to ERR shortly after the error completion; its
+        // send PSN there is where the requester rolled back to, the oldest unacknowledged
+        // send's. Give it that moment; a QP that stays up is put in ERR here.
+        let until = Instant::now() + Duration::from_millis(200);
+        let mut state = self.qp.query(QpAttrMask::STATE)?.qp_state;
+        while state != QpState::Err && Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            state = self.qp.query(QpAttrMask::STATE)?.qp_state;
+        }
+        let forced = state != QpState::Err;
+        if forced {
+            let err = QpAttr {
+                qp_state: QpState::Err,
+                ..QpAttr::default()
+            };
+            self.qp.modify(&err, QpAttrMask::STATE)?;
+        }
         // Everything flushed must be out of the CQ before RESET wipes it: poll until it
         // has been quiet for a while (the application may poll too; the state is shared).
         let until = Instant::now() + Duration::from_millis(500);
@@ -660,7 +740,7 @@ impl RcConn {
         }
         let q = self
             .qp
-            .query(QpAttrMask::STATE | QpAttrMask::RQ_PSN | QpAttrMask::SQ_PSN)?;
+            .query(QpAttrMask::STATE | QpAttrMask::RQ_PSN | QpAttrMask::SQ_PSN | QpAttrMask::AV)?;
         let params = self
             .lock()
             .params
@@ -680,10 +760,59 @@ impl RcConn {
             }
         }
         let replay: Vec<SendWr> = g.outstanding.drain(..).collect();
-        let first_psn = replay.first().map_or(g.next_psn, |w| w.psn);
+        let counted = replay.first().map_or(g.next_psn, |w| w.psn);
+        // In an ERR reached by itself, rxe's send PSN is the oldest unacknowledged send's
+        // (it rolled back to retry it); trust it over our count, which cannot see how rxe
+        // numbered work around a send that failed in transmission.
+        // A QP we had to put in ERR ourselves was still sending: rxe's send PSN is then
+        // the next new one, and every outstanding send (one PSN each) was numbered before
+        // it (the wait above gave rxe time to process what was posted).
+        let first_psn = match (forced, replay.is_empty()) {
+            (_, true) => counted,
+            (false, false) => q.sq_psn & PSN_MASK,
+            (true, false) => q.sq_psn.wrapping_sub(replay.len() as u32) & PSN_MASK,
+        };
+        if first_psn != counted {
+            warn!(
+                qpn = self.qp_num(),
+                counted,
+                rxe = first_psn,
+                "PSN count differs from rxe's: using rxe's"
+            );
+        }
         drop(g);
-        self.to_rtr(&params, av, q.rq_psn)?;
-        self.to_rts(&params, first_psn)?;
+        let moved = self
+            .to_rtr(&params, av, q.rq_psn)
+            .and_then(|()| self.to_rts(&params, first_psn));
+        if let Err(e) = moved {
+            // The new path is unusable (e.g. no route): put the QP back on the old one
+            // rather than leave it half-initialised, then report the failure.
+            warn!(qpn = self.qp_num(), error = %e, "re-initialisation on the new path failed: back to the old path");
+            let back = self
+                .qp
+                .modify(&reset, QpAttrMask::STATE)
+                .map_err(ConnError::from)
+                .and_then(|()| self.to_init())
+                .and_then(|()| self.to_rtr(&params, q.ah_attr, q.rq_psn))
+                .and_then(|()| self.to_rts(&params, first_psn));
+            let mut g = self.lock();
+            if back.is_ok() {
+                {
+                    let mr = self.mr.lock().unwrap_or_else(PoisonError::into_inner);
+                    for r in &recvs {
+                        self.qp.post_recv(r.wr_id, &mr, r.offset, r.len)?;
+                    }
+                }
+                g.next_psn = first_psn;
+                // Kicks too: each took a PSN, and every later send must keep its own.
+                for wr in &replay {
+                    self.post_now(&mut g, *wr)?;
+                }
+            } else {
+                g.outstanding.extend(replay.iter().copied());
+            }
+            return Err(e);
+        }
         crate::route::flush_route_cache();
         let mut g = self.lock();
         g.stats.reinit_migrations += 1;
@@ -694,13 +823,15 @@ impl RcConn {
         info!(
             qpn = self.qp_num(),
             err_sq_psn = q.sq_psn,
+            forced_err = forced,
             rq_psn = q.rq_psn,
             first_psn,
             replayed = replay.len(),
             reposted_recvs = recvs.len(),
             "re-initialised the QP on the new path"
         );
-        for wr in replay.iter().filter(|w| !w.kick) {
+        // Kicks too: each took a PSN, and every later send must keep its own.
+        for wr in &replay {
             self.post_now(&mut g, *wr)?;
         }
         if g.outstanding.is_empty() {
@@ -709,9 +840,22 @@ impl RcConn {
         Ok(())
     }
 
+    /// The QP failed on the path it was just moved to (e.g. a send the link-down had
+    /// already doomed): re-initialise it on its current path, replaying what was flushed.
+    pub async fn repair(&self, drain_timeout: Duration) -> Result<(), ConnError> {
+        let av = self.qp.query(QpAttrMask::AV)?.ah_attr;
+        self.lock().failed = true;
+        self.migrate(av, drain_timeout).await.map(|_| ())
+    }
+
     fn lock_pending(&self) -> MutexGuard<'_, Vec<Completion>> {
         self.pending.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// Time from the end of the drain to now (AV modify, route flush, SQD->RTS, kick).
+fn drained_after_end(started: Instant, drained_after: Duration) -> Duration {
+    started.elapsed().saturating_sub(drained_after)
 }
 
 fn note_send_error(g: &mut Inner, status: &WcStatus) {

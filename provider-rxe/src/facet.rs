@@ -14,7 +14,10 @@
 //! or a send that failed (a link down puts an rxe QP in ERR within milliseconds), raise
 //! [`QpEvent::PrimaryStalled`] for that connection; the engine then migrates to the
 //! agreed alternate. A stall is reported once, and again every `4 * stall_timeout` while
-//! it lasts. A connection with nothing outstanding is never reported: an idle QP cannot
+//! it lasts. A send that fails within `3 * stall_timeout` after a migration (work the
+//! old path had already doomed) is repaired in place: the QP is re-initialised on its
+//! new path, at most twice in a row, without asking the engine to move again. A
+//! connection with nothing outstanding is never reported: an idle QP cannot
 //! tell a dead path from a quiet one (the peer, which is sending, notices instead).
 
 use crate::conn::RcConn;
@@ -182,22 +185,35 @@ pub fn address_vector(ctx: &Context, path: &Path) -> Result<AddressVector, Provi
     })
 }
 
-/// The index of `gid` in `ctx` port `port`'s GID table, RoCE v2 entries first.
+/// The index of `gid` in `ctx` port `port`'s GID table, a RoCE v2 entry first. Scans
+/// from index 0 and stops at the first RoCE v2 match: rxe's table has 1024 slots, and
+/// reading all of them one by one takes long enough (about a second under emulation) to
+/// matter in a failover.
 pub fn gid_index(ctx: &Context, port: u8, gid: &Gid) -> Result<u8, ProviderError> {
-    let table = ctx.gid_table(port).map_err(|e| ProviderError::Refused {
+    let refused = |e: provider_verbs::VerbsError| ProviderError::Refused {
         operation: "query GID table".into(),
         detail: e.to_string(),
-    })?;
-    let pick = table
-        .iter()
-        .filter(|e| e.gid == gid.0)
-        .max_by_key(|e| e.gid_type == GidType::RoceV2)
-        .ok_or_else(|| ProviderError::Refused {
-            operation: "find source GID".into(),
-            detail: format!("{gid} is not in {} port {port}'s GID table", ctx.name()),
-        })?;
-    u8::try_from(pick.index)
-        .map_err(|_| ProviderError::Io(format!("GID index {} > 255", pick.index)))
+    };
+    let len = ctx.query_port(port).map_err(refused)?.gid_tbl_len;
+    let mut fallback = None;
+    for i in 0..u32::try_from(len).unwrap_or(0).min(256) {
+        let Some(e) = ctx.query_gid(port, i).map_err(refused)? else {
+            continue;
+        };
+        if e.gid != gid.0 {
+            continue;
+        }
+        let index = u8::try_from(e.index)
+            .map_err(|_| ProviderError::Io(format!("GID index {} > 255", e.index)))?;
+        if e.gid_type == GidType::RoceV2 {
+            return Ok(index);
+        }
+        fallback.get_or_insert(index);
+    }
+    fallback.ok_or_else(|| ProviderError::Refused {
+        operation: "find source GID".into(),
+        detail: format!("{gid} is not in {} port {port}'s GID table", ctx.name()),
+    })
 }
 
 #[async_trait]
@@ -206,6 +222,7 @@ impl QpControl for RxeQpControl {
         self.verbs.start(sink.clone()).await?;
         let conns = self.conns.clone();
         let stall = self.config.stall_timeout;
+        let drain = self.config.drain_timeout;
         let tick = (stall / 4).max(Duration::from_millis(5));
         let task = tokio::spawn(async move {
             loop {
@@ -214,12 +231,23 @@ impl QpControl for RxeQpControl {
                 let all: Vec<(ConnId, Arc<RcConn>)> =
                     lock(&conns).iter().map(|(k, v)| (*k, v.clone())).collect();
                 for (conn, rc) in all {
-                    if rc.check_stall(now, stall) == crate::conn::Stall::Report {
-                        info!(%conn, qpn = rc.qp_num(), "no send progress: primary path stalled");
-                        let event = QpEvent::PrimaryStalled;
-                        if sink.send(Input::QpEvent { conn, event }).is_err() {
-                            return;
+                    match rc.check_stall(now, stall) {
+                        crate::conn::Stall::Report => {
+                            info!(%conn, qpn = rc.qp_num(), "no send progress: primary path stalled");
+                            let event = QpEvent::PrimaryStalled;
+                            if sink.send(Input::QpEvent { conn, event }).is_err() {
+                                return;
+                            }
                         }
+                        crate::conn::Stall::Repair => {
+                            info!(%conn, qpn = rc.qp_num(), "send failed on the new path: repairing in place");
+                            tokio::spawn(async move {
+                                if let Err(e) = rc.repair(drain).await {
+                                    warn!(%conn, error = %e, "repair failed");
+                                }
+                            });
+                        }
+                        _ => {}
                     }
                 }
             }

@@ -8,6 +8,9 @@
 //! generation; the IPv6 one is bumped too for link-local and global IPv6 GIDs. This needs
 //! `CAP_NET_ADMIN`; without it the migration still runs and a warning says why traffic
 //! may not follow.
+//!
+//! [`warm_neighbour`] keeps the peer's MAC address resolved on alternate paths, so that
+//! the address-vector change of a migration does not wait for ARP.
 
 use tracing::warn;
 
@@ -29,4 +32,19 @@ pub fn flush_route_cache() -> bool {
         }
     }
     ok
+}
+
+/// Make the kernel resolve the peer's link-layer address on the path from `local` to
+/// `remote` now, by sending one empty UDP datagram (to the discard port, 9) from `local`.
+///
+/// Moving a QP's address vector resolves the destination MAC (ARP or neighbour
+/// discovery) inside `ibv_modify_qp`; with a cold neighbour cache that takes long (about
+/// a second was seen under emulation), all of it added to the failover. Warming the
+/// alternate paths ahead of time, and again now and then (entries expire), keeps it out.
+/// Best effort: errors are ignored.
+pub fn warm_neighbour(local: std::net::IpAddr, remote: std::net::IpAddr) {
+    if let Ok(s) = std::net::UdpSocket::bind((local, 0)) {
+        let _ = s.set_nonblocking(true);
+        let _ = s.send_to(&[], (remote, 9));
+    }
 }

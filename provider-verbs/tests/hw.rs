@@ -667,3 +667,484 @@ fn facet_reports_ports_and_events_and_refuses_hw_apm_on_roce() {
     });
     wait_for_gid(&ctxs[0], 1);
 }
+
+// ---------------------------------------------------------------- software failover
+
+/// The two-rail layout of a protected RoCE connection in one network namespace: VLANs 10
+/// and 20 on the veth pair `vA`<->`vB` (rxe0 on `vA`, rxe1 on `vB`); each VLAN's IPv4
+/// addresses become RoCE v2 GIDs of the device on its parent. Two local addresses talk
+/// over the wire only with `rp_filter` 0, `accept_local` 1, the `local` table rule moved
+/// below per-source rules for locally generated packets (`iif lo`), and each source
+/// address routed through its VLAN. Idempotent: earlier tests toggle `vA`, which also
+/// removes the per-source routes.
+const RAILS: [(u16, &str, &str); 2] = [
+    (10, "10.0.10.1", "10.0.10.2"),
+    (20, "10.0.20.1", "10.0.20.2"),
+];
+
+fn ip_quiet(args: &[&str]) -> bool {
+    std::process::Command::new("/usr/bin/ip")
+        .args(args)
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+fn sysctl(path: &str, value: &str) {
+    let p = format!("/proc/sys/net/ipv4/conf/{path}");
+    std::fs::write(&p, value).unwrap_or_else(|e| panic!("write {p}: {e}"));
+}
+
+fn rail_routes(vlan: u16, a: &str, b: &str) {
+    for (dev, src, dst, table) in [
+        (format!("vA.{vlan}"), a, b, 100 + u32::from(vlan)),
+        (format!("vB.{vlan}"), b, a, 200 + u32::from(vlan)),
+    ] {
+        let table = table.to_string();
+        ip(&[
+            "route", "replace", dst, "dev", &dev, "src", src, "table", &table,
+        ]);
+        if !rule_present(src, &table) {
+            ip(&[
+                "rule", "add", "pref", "100", "from", src, "iif", "lo", "lookup", &table,
+            ]);
+        }
+    }
+}
+
+fn rule_present(src: &str, table: &str) -> bool {
+    std::process::Command::new("/usr/bin/ip")
+        .args(["rule", "show"])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout).lines().any(|l| {
+                l.contains(&format!("from {src} ")) && l.contains(&format!("lookup {table}"))
+            })
+        })
+        .unwrap_or(false)
+}
+
+fn setup_rails() {
+    for (vlan, a, b) in RAILS {
+        for (parent, addr) in [("vA", a), ("vB", b)] {
+            let dev = format!("{parent}.{vlan}");
+            if !ip_quiet(&["link", "show", &dev]) {
+                ip(&[
+                    "link",
+                    "add",
+                    "link",
+                    parent,
+                    "name",
+                    &dev,
+                    "type",
+                    "vlan",
+                    "id",
+                    &vlan.to_string(),
+                ]);
+                ip(&["addr", "add", &format!("{addr}/24"), "dev", &dev]);
+            }
+            ip(&["link", "set", &dev, "up"]);
+        }
+    }
+    for dev in [
+        "all", "default", "vA", "vB", "vA.10", "vA.20", "vB.10", "vB.20", "lo",
+    ] {
+        sysctl(&format!("{dev}/rp_filter"), "0");
+        sysctl(&format!("{dev}/accept_local"), "1");
+    }
+    if !rule_present_pref("1000", "local") {
+        ip(&["rule", "add", "pref", "1000", "lookup", "local"]);
+    }
+    let _ = ip_quiet(&["rule", "del", "pref", "0"]);
+    for (vlan, a, b) in RAILS {
+        rail_routes(vlan, a, b);
+    }
+}
+
+fn rule_present_pref(pref: &str, table: &str) -> bool {
+    std::process::Command::new("/usr/bin/ip")
+        .args(["rule", "show"])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout).lines().any(|l| {
+                l.starts_with(&format!("{pref}:")) && l.contains(&format!("lookup {table}"))
+            })
+        })
+        .unwrap_or(false)
+}
+
+fn tc(args: &[&str]) {
+    let out = std::process::Command::new("/usr/sbin/tc")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("tc {}: {e}", args.join(" ")));
+    assert!(
+        out.status.success(),
+        "tc {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+fn tx_packets(dev: &str) -> u64 {
+    std::fs::read_to_string(format!("/sys/class/net/{dev}/statistics/tx_packets"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Packets `dev` sends in `window` (is traffic on this rail?).
+fn rail_rate(dev: &str, window: Duration) -> u64 {
+    let before = tx_packets(dev);
+    std::thread::sleep(window);
+    tx_packets(dev).saturating_sub(before)
+}
+
+/// Wait until both devices list every rail address as a GID.
+fn wait_for_rail_gids(v: &Verbs) {
+    let until = Instant::now() + Duration::from_secs(10);
+    for (dev, side) in [("rxe0", 1usize), ("rxe1", 2)] {
+        let ctx = v.open(dev).expect("open");
+        for (_, a, b) in RAILS {
+            let addr: std::net::IpAddr = if side == 1 { a } else { b }.parse().expect("ip");
+            while ctx
+                .find_gid(1, addr, GidType::RoceV2)
+                .ok()
+                .flatten()
+                .is_none()
+            {
+                assert!(
+                    Instant::now() < until,
+                    "{dev}: no GID for {addr} after 10 s"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
+
+/// A running `apm pingpong` with its stderr lines forwarded.
+struct Pingpong {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    log: Vec<String>,
+    name: &'static str,
+}
+
+impl Pingpong {
+    fn start(apm: &str, name: &'static str, args: &[&str]) -> Pingpong {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(apm)
+            .arg("pingpong")
+            .args(args)
+            .env("APM_LOG", "warn,provider_rxe=info")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {apm}: {e}"));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let err = child.stderr.take().expect("piped");
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        Pingpong {
+            child,
+            lines: rx,
+            log: Vec::new(),
+            name,
+        }
+    }
+
+    /// Wait for a stderr line containing `what`; returns when it came.
+    fn wait_for(&mut self, what: &str, limit: Duration) -> Instant {
+        let until = Instant::now() + limit;
+        loop {
+            let left = until.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(l) => {
+                    println!("  [{}] {l}", self.name);
+                    let hit = l.contains(what);
+                    self.log.push(l);
+                    if hit {
+                        return Instant::now();
+                    }
+                }
+                Err(_) => panic!(
+                    "{}: no line with {what:?} within {limit:?}; log so far:\n{}",
+                    self.name,
+                    self.log.join("\n")
+                ),
+            }
+        }
+    }
+
+    /// Stop sending: close stdin (the run ends once both sides have stopped).
+    fn stop(&mut self) {
+        drop(self.child.stdin.take());
+    }
+
+    /// Wait for the report (JSON on stdout).
+    fn finish(mut self, limit: Duration) -> serde_json::Value {
+        self.stop();
+        let until = Instant::now() + limit;
+        loop {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            if Instant::now() > until {
+                let _ = self.child.kill();
+                panic!("{}: did not finish within {limit:?}", self.name);
+            }
+            while let Ok(l) = self.lines.try_recv() {
+                println!("  [{}] {l}", self.name);
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        while let Ok(l) = self.lines.try_recv() {
+            println!("  [{}] {l}", self.name);
+        }
+        let out = self.child.wait_with_output().expect("wait");
+        let text = String::from_utf8_lossy(&out.stdout);
+        let last = text.lines().last().unwrap_or("");
+        serde_json::from_str(last)
+            .unwrap_or_else(|e| panic!("{}: no JSON report ({e}); stdout: {text}", self.name))
+    }
+}
+
+#[test]
+#[ignore = "needs RDMA devices: run `cargo xtask hwtest` (or `--vm`)"]
+fn software_failover_keeps_every_message_through_cut_and_link_down() {
+    if !link_toggle_allowed() {
+        println!("SKIPPED: cuts rails; set APM_HWTEST_LINK_TOGGLE=1 (hwtest --vm does)");
+        return;
+    }
+    let Some(apm) = std::env::var("APM_BIN")
+        .ok()
+        .filter(|p| std::path::Path::new(p).is_file())
+    else {
+        println!("SKIPPED: APM_BIN does not name the apm binary (hwtest sets it)");
+        return;
+    };
+    let v = verbs();
+    let names = device_names(&v);
+    if netdev_of("rxe0", 1).as_deref() != Some("vA")
+        || netdev_of("rxe1", 1).as_deref() != Some("vB")
+    {
+        println!("SKIPPED: needs the VM layout (rxe0 on vA, rxe1 on vB); devices: {names:?}");
+        return;
+    }
+    let t_setup = Instant::now();
+    setup_rails();
+    wait_for_rail_gids(&v);
+    println!("rails up in {:?}", t_setup.elapsed());
+
+    let common = [
+        "--json",
+        "--until-stdin-eof",
+        "--interval-ms",
+        "2",
+        "--stall-ms",
+        "300",
+        "--control",
+        "127.0.0.1:0",
+    ];
+    let mut server_args = vec![
+        "--device",
+        "rxe1",
+        "--rail",
+        "10.0.10.2",
+        "--rail",
+        "10.0.20.2",
+    ];
+    server_args.extend(["--listen", "127.0.0.1:18515"]);
+    server_args.extend(common);
+    let mut client_args = vec![
+        "--device",
+        "rxe0",
+        "--rail",
+        "10.0.10.1",
+        "--rail",
+        "10.0.20.1",
+    ];
+    client_args.extend(["--connect", "127.0.0.1:18515"]);
+    client_args.extend(common);
+    let mut server = Pingpong::start(&apm, "server", &server_args);
+    let mut client = Pingpong::start(&apm, "client", &client_args);
+    client.wait_for("qpn", Duration::from_secs(60));
+    server.wait_for("qpn", Duration::from_secs(30));
+    std::thread::sleep(Duration::from_millis(1500));
+    let on10 = rail_rate("vA.10", Duration::from_millis(500));
+    println!("before the cut: vA.10 sent {on10} packets in 0.5 s");
+    assert!(on10 > 0, "traffic does not start on rail 10");
+
+    // (a) Silent cut of rail 10 (A's side drops everything it sends).
+    let cut = Instant::now();
+    tc(&[
+        "qdisc", "add", "dev", "vA.10", "root", "netem", "loss", "100%",
+    ]);
+    let moved = client.wait_for("FAILOVER", Duration::from_secs(20));
+    server.wait_for("FAILOVER", Duration::from_secs(20));
+    println!(
+        "(a) netem loss 100% on vA.10: client failover {:?} after the cut",
+        moved - cut
+    );
+    std::thread::sleep(Duration::from_millis(800));
+    let on20 = rail_rate("vA.20", Duration::from_millis(500));
+    println!("(a) after failover: vA.20 sent {on20} packets in 0.5 s");
+    assert!(on20 > 0, "traffic did not move to rail 20");
+
+    // The path returns: traffic stays where it is (apm re-arms rail 10 as the alternate).
+    tc(&["qdisc", "del", "dev", "vA.10", "root"]);
+    std::thread::sleep(Duration::from_millis(500));
+    let back10 = rail_rate("vA.10", Duration::from_millis(500));
+    let still20 = rail_rate("vA.20", Duration::from_millis(500));
+    println!(
+        "rail 10 restored: traffic returns to the original rail: {} (vA.10 {back10}, vA.20 \
+         {still20} packets in 0.5 s); rail 10 is the re-armed alternate",
+        if back10 > still20 { "yes" } else { "no" }
+    );
+
+    // (b) Link down on rail 20: the QP fails into ERR; apm re-initialises it on rail 10.
+    let down = Instant::now();
+    ip(&["link", "set", "vA.20", "down"]);
+    let moved = client.wait_for("FAILOVER", Duration::from_secs(20));
+    server.wait_for("FAILOVER", Duration::from_secs(20));
+    println!(
+        "(b) link vA.20 down: client failover {:?} after the link went down",
+        moved - down
+    );
+    std::thread::sleep(Duration::from_millis(800));
+    let on10 = rail_rate("vA.10", Duration::from_millis(500));
+    println!("(b) after failover: vA.10 sent {on10} packets in 0.5 s (back on the original rail)");
+    assert!(on10 > 0, "traffic did not move back to rail 10");
+    ip(&["link", "set", "vA.20", "up"]);
+    rail_routes(20, "10.0.20.1", "10.0.20.2");
+    std::thread::sleep(Duration::from_millis(1000));
+
+    client.stop();
+    server.stop();
+    let c = client.finish(Duration::from_secs(60));
+    let s = server.finish(Duration::from_secs(60));
+    for (name, r) in [("client", &c), ("server", &s)] {
+        println!(
+            "{name}: sent {} received {} (peer sent {}) lost {} duplicated {} out-of-order {} \
+             longest stall {:.1} ms, stalls {}, failovers {}, drain {} reinit {}, flushed sends \
+             replayed {} receives reposted {}, primary {} (was {})",
+            r["sent"],
+            r["received"],
+            r["peer_sent"],
+            r["lost"],
+            r["duplicated"],
+            r["out_of_order"],
+            r["longest_stall_ms"].as_f64().unwrap_or(-1.0),
+            r["stalls"],
+            r["failovers"],
+            r["drain_migrations"],
+            r["reinit_migrations"],
+            r["flushed_sends_replayed"],
+            r["flushed_recvs_reposted"],
+            r["final_primary"],
+            r["initial_primary"],
+        );
+    }
+    for (name, r, peer) in [("client", &c, &s), ("server", &s, &c)] {
+        assert_eq!(r["lost"], 0, "{name} lost messages");
+        assert_eq!(r["duplicated"], 0, "{name} got duplicates");
+        assert_eq!(r["received"], peer["sent"], "{name} did not receive all");
+        assert!(
+            r["failovers"].as_u64().unwrap_or(0) >= 2,
+            "{name}: two failovers"
+        );
+    }
+}
+
+/// `apm watch` against a real port: one link down and up give exactly one `port_down`
+/// and one `port_active` line (rxe's second PORT_ACTIVE is dropped), each with the port's
+/// state read back after the event.
+#[test]
+#[ignore = "needs RDMA devices: run `cargo xtask hwtest` (or `--vm`)"]
+fn apm_watch_prints_one_line_per_link_event_with_the_state_read_back() {
+    if !link_toggle_allowed() {
+        println!("SKIPPED: takes a link down; set APM_HWTEST_LINK_TOGGLE=1 (hwtest --vm does)");
+        return;
+    }
+    let Some(apm) = std::env::var("APM_BIN")
+        .ok()
+        .filter(|p| std::path::Path::new(p).is_file())
+    else {
+        println!("SKIPPED: APM_BIN does not name the apm binary (hwtest sets it)");
+        return;
+    };
+    let v = verbs();
+    let Some((name, netdev)) = device_names(&v)
+        .into_iter()
+        .find_map(|n| netdev_of(&n, 1).map(|d| (n, d)))
+    else {
+        println!("SKIPPED: no RoCE device with a netdev to take down");
+        return;
+    };
+    let ctx = v.open(&name).expect("open");
+    let mut child = std::process::Command::new(&apm)
+        .args(["watch", "--json", "--device", &name, "--port", "1"])
+        .args(["--timeout", "60"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("apm watch starts");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stderr = child.stderr.take().expect("piped");
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            println!("apm watch (stderr): {line}");
+            let _ = tx.send(line);
+        }
+    });
+    let ready = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("apm watch says what it watches");
+    assert!(ready.contains("watching"), "{ready}");
+    let wait_state = |want: PortState| {
+        let until = Instant::now() + Duration::from_secs(10);
+        while ctx.query_port(1).expect("query_port").state != want {
+            assert!(Instant::now() < until, "{name} port 1 never became {want:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    ip(&["link", "set", &netdev, "down"]);
+    wait_state(PortState::Down);
+    std::thread::sleep(Duration::from_millis(300));
+    ip(&["link", "set", &netdev, "up"]);
+    wait_state(PortState::Active);
+    // rxe's second PORT_ACTIVE comes ~1 ms after the first: give it time to show.
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = child.kill();
+    let out = child.wait_with_output().expect("apm watch output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("apm watch (stdout):\n{stdout}");
+    let lines_of = |event: &str| -> Vec<String> {
+        stdout
+            .lines()
+            .filter(|l| l.contains(&format!("\"event\":\"{event}\"")))
+            .map(str::to_owned)
+            .collect()
+    };
+    let downs = lines_of("port_down");
+    let ups = lines_of("port_active");
+    assert_eq!(downs.len(), 1, "exactly one port_down: {stdout}");
+    assert_eq!(ups.len(), 1, "exactly one port_active: {stdout}");
+    for (l, state) in [(&downs[0], "down"), (&ups[0], "active")] {
+        assert!(l.contains(&format!("\"device\":\"{name}\"")), "{l}");
+        assert!(l.contains("\"port\":1"), "{l}");
+        assert!(l.contains(&format!("\"state\":\"{state}\"")), "{l}");
+        assert!(l.contains("\"source\":\"verbs\""), "{l}");
+        // RoCE: LID 0, SM LID 0, LMC 0, read back all the same.
+        assert!(l.contains("\"lid\":0") && l.contains("\"sm_lid\":0"), "{l}");
+    }
+    wait_for_gid(&ctx, 1);
+}

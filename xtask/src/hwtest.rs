@@ -84,9 +84,11 @@ fn native() -> Result<()> {
     }
     println!("hwtest: devices: {}", devices.join(" "));
     let bin = build_suite()?;
+    let apm = build_apm()?;
     let status = Command::new(&bin)
         .args(["--ignored", "--test-threads=1", "--nocapture"])
         .env("APM_HWTEST", "1")
+        .env("APM_BIN", &apm)
         .status()
         .with_context(|| format!("could not run {}", bin.display()))?;
     if !status.success() {
@@ -111,12 +113,12 @@ fn local_devices() -> Vec<String> {
 fn in_vm(program: Option<Vec<String>>, timeout: Duration) -> Result<()> {
     let t0 = Instant::now();
     vm::ensure_host_packages()?;
-    let (binary, args, env) = match program {
+    let (binary, args, env, extra) = match program {
         Some(p) => {
             let Some((first, rest)) = p.split_first() else {
                 bail!("--run needs a program");
             };
-            (which(first)?, rest.to_vec(), Vec::new())
+            (which(first)?, rest.to_vec(), Vec::new(), Vec::new())
         }
         None => (
             build_suite()?,
@@ -127,7 +129,10 @@ fn in_vm(program: Option<Vec<String>>, timeout: Duration) -> Result<()> {
                 ("APM_HWTEST".to_owned(), "1".to_owned()),
                 // The devices in the VM are the suite's own: it may take links down.
                 ("APM_HWTEST_LINK_TOGGLE".to_owned(), "1".to_owned()),
+                // The failover tests drive `apm pingpong`, shipped next to the suite.
+                ("APM_BIN".to_owned(), "/mnt/apm".to_owned()),
             ],
+            vec![build_apm()?],
         ),
     };
     let prepare_start = Instant::now();
@@ -137,6 +142,7 @@ fn in_vm(program: Option<Vec<String>>, timeout: Duration) -> Result<()> {
     let prepare = prepare_start.elapsed();
     let spec = vm::RunSpec {
         binary,
+        extra_binaries: extra,
         args,
         env,
         setup: VM_SETUP.to_owned(),
@@ -172,36 +178,45 @@ fn in_vm(program: Option<Vec<String>>, timeout: Duration) -> Result<()> {
 
 /// Build the suite's test binary and return its path.
 fn build_suite() -> Result<PathBuf> {
-    eprintln!("$ cargo test -p provider-verbs --test hw --no-run");
+    cargo_executable(
+        &["test", "-p", "provider-verbs", "--test", "hw", "--no-run"],
+        "hw",
+    )
+}
+
+/// Build the `apm` command (the failover tests drive `apm pingpong`) and return its path.
+fn build_apm() -> Result<PathBuf> {
+    cargo_executable(&["build", "-p", "apm", "--bin", "apm"], "apm")
+}
+
+/// Run `cargo <args>` and return the executable of the artifact named `name`.
+fn cargo_executable(args: &[&str], name: &str) -> Result<PathBuf> {
+    eprintln!("$ cargo {}", args.join(" "));
     let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args([
-            "test",
-            "-p",
-            "provider-verbs",
-            "--test",
-            "hw",
-            "--no-run",
-            "--message-format=json-render-diagnostics",
-        ])
+        .args(args)
+        .arg("--message-format=json-render-diagnostics")
         .stderr(std::process::Stdio::inherit())
         .output()
         .context("could not run cargo")?;
     if !out.status.success() {
-        bail!("building the hardware suite failed");
+        bail!("`cargo {}` failed", args.join(" "));
     }
-    // One JSON object per line; the test artifact names its executable. A string search
-    // keeps xtask free of a JSON dependency.
+    // One JSON object per line; the artifact names its executable. A string search keeps
+    // xtask free of a JSON dependency.
+    let want = format!(r#""name":"{name}""#);
     for line in String::from_utf8_lossy(&out.stdout).lines() {
-        if !line.contains(r#""reason":"compiler-artifact""#) || !line.contains(r#""name":"hw""#) {
+        if !line.contains(r#""reason":"compiler-artifact""#) || !line.contains(&want) {
             continue;
         }
         if let Some(rest) = line.split(r#""executable":""#).nth(1) {
             if let Some(path) = rest.split('"').next() {
-                return Ok(PathBuf::from(path));
+                if !path.is_empty() {
+                    return Ok(PathBuf::from(path));
+                }
             }
         }
     }
-    bail!("cargo did not report the hw test executable")
+    bail!("cargo did not report the {name} executable")
 }
 
 fn which(program: &str) -> Result<PathBuf> {

@@ -121,6 +121,9 @@ pub struct Image {
 pub struct RunSpec {
     /// Host binary to run in the guest (copied to the share).
     pub binary: PathBuf,
+    /// More host binaries the run uses (copied to the share as `/mnt/<name>`, with their
+    /// libraries), e.g. the `apm` command the suite drives.
+    pub extra_binaries: Vec<PathBuf>,
     pub args: Vec<String>,
     pub env: Vec<(String, String)>,
     /// Shell commands run in the guest before the binary (device set-up); a failure
@@ -527,13 +530,15 @@ pub fn run(image: &Image, spec: &RunSpec, work: &Path) -> Result<Outcome> {
 
 fn run_in(image: &Image, spec: &RunSpec, work: &Path, share: &Path) -> Result<Outcome> {
     let bin_name = file_name(&spec.binary);
-    copy(&spec.binary, &share.join(&bin_name))?;
-    // The binary's libraries go to the share (the image only has what its own tools
-    // need, e.g. no libgcc_s); the dynamic loader is in the image already.
-    for lib in ldd(&spec.binary)? {
-        let name = file_name(&lib);
-        if !name.starts_with("ld-linux") {
-            copy(&lib, &share.join("lib").join(name))?;
+    for bin in std::iter::once(&spec.binary).chain(&spec.extra_binaries) {
+        copy(bin, &share.join(file_name(bin)))?;
+        // The binary's libraries go to the share (the image only has what its own tools
+        // need, e.g. no libgcc_s); the dynamic loader is in the image already.
+        for lib in ldd(bin)? {
+            let name = file_name(&lib);
+            if !name.starts_with("ld-linux") {
+                copy(&lib, &share.join("lib").join(name))?;
+            }
         }
     }
     let mut script = String::from(
