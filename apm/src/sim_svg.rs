@@ -66,7 +66,7 @@ pub fn render(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
             r.unprotected_ms_total / 1000.0
         );
         // Stacked bands, bottom up: armed, unprotected, failing over, lost.
-        for band in 0..4 {
+        for (band, (_, colour)) in COLOURS.iter().enumerate() {
             let level = |s: &provider_sim::Sample, upto: usize| -> f64 {
                 let v = [s.armed, s.unprotected, s.migrating, s.lost];
                 v[..upto].iter().map(|&n| f64::from(n)).sum()
@@ -82,7 +82,7 @@ pub fn render(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
                 o,
                 r#"<polygon points="{}" fill="{}" stroke="none"/>"#,
                 pts.trim_end(),
-                COLOURS[band].1
+                colour
             );
         }
         let _ = writeln!(

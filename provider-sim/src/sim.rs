@@ -1345,7 +1345,9 @@ impl Sim {
             "retry budget exhausted"
         );
         let host = q.host;
-        let armed_alt = q.alt.filter(|_| c.mode == Mode::Hardware && q.mig == MigState::Armed);
+        let armed_alt = q
+            .alt
+            .filter(|_| c.mode == Mode::Hardware && q.mig == MigState::Armed);
         if let Some(alt) = armed_alt {
             if self.path_ok(&alt) {
                 self.hw_migrate(i, s);
