@@ -9,6 +9,7 @@ mod config_cmd;
 mod mad;
 mod pingpong;
 mod simulate;
+mod watch;
 
 use clap::{Parser, Subcommand};
 
@@ -36,6 +37,8 @@ enum Command {
     Config(config_cmd::ConfigCommand),
     /// RC ping-pong protected by apm: counts what a path failure costs (real devices).
     Pingpong(pingpong::Args),
+    /// Watch port and fabric events (port up/down, LID/SM changes, SA traps 64/65).
+    Watch(watch::Args),
 }
 
 fn main() {
@@ -49,6 +52,7 @@ fn main() {
         Command::Mad(cmd) => mad::run(cmd),
         Command::Pingpong(args) => pingpong::run(args),
         Command::Config(cmd) => config_cmd::run(cmd),
+        Command::Watch(args) => watch::run(args),
     };
     if let Err(err) = result {
         eprintln!("apm: {err:#}");
