@@ -1062,3 +1062,91 @@ fn software_failover_keeps_every_message_through_cut_and_link_down() {
         );
     }
 }
+
+/// `apm watch` against a real port: one link down and up give exactly one `port_down`
+/// and one `port_active` line (rxe's second PORT_ACTIVE is dropped), each with the port's
+/// state read back after the event.
+#[test]
+#[ignore = "needs RDMA devices: run `cargo xtask hwtest` (or `--vm`)"]
+fn apm_watch_prints_one_line_per_link_event_with_the_state_read_back() {
+    if !link_toggle_allowed() {
+        println!("SKIPPED: takes a link down; set APM_HWTEST_LINK_TOGGLE=1 (hwtest --vm does)");
+        return;
+    }
+    let Some(apm) = std::env::var("APM_BIN")
+        .ok()
+        .filter(|p| std::path::Path::new(p).is_file())
+    else {
+        println!("SKIPPED: APM_BIN does not name the apm binary (hwtest sets it)");
+        return;
+    };
+    let v = verbs();
+    let Some((name, netdev)) = device_names(&v)
+        .into_iter()
+        .find_map(|n| netdev_of(&n, 1).map(|d| (n, d)))
+    else {
+        println!("SKIPPED: no RoCE device with a netdev to take down");
+        return;
+    };
+    let ctx = v.open(&name).expect("open");
+    let mut child = std::process::Command::new(&apm)
+        .args(["watch", "--json", "--device", &name, "--port", "1"])
+        .args(["--timeout", "60"])
+        // Debug logs show the duplicates dropped (rxe's second PORT_ACTIVE).
+        .env("APM_LOG", "apm=debug")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("apm watch starts");
+    let (tx, rx) = std::sync::mpsc::channel::<String>();
+    let stderr = child.stderr.take().expect("piped");
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(stderr).lines().map_while(Result::ok) {
+            println!("apm watch (stderr): {line}");
+            let _ = tx.send(line);
+        }
+    });
+    let ready = rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("apm watch says what it watches");
+    assert!(ready.contains("watching"), "{ready}");
+    let wait_state = |want: PortState| {
+        let until = Instant::now() + Duration::from_secs(10);
+        while ctx.query_port(1).expect("query_port").state != want {
+            assert!(Instant::now() < until, "{name} port 1 never became {want:?}");
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
+    ip(&["link", "set", &netdev, "down"]);
+    wait_state(PortState::Down);
+    std::thread::sleep(Duration::from_millis(300));
+    ip(&["link", "set", &netdev, "up"]);
+    wait_state(PortState::Active);
+    // rxe's second PORT_ACTIVE comes ~1 ms after the first: give it time to show.
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = child.kill();
+    let out = child.wait_with_output().expect("apm watch output");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    println!("apm watch (stdout):\n{stdout}");
+    let lines_of = |event: &str| -> Vec<String> {
+        stdout
+            .lines()
+            .filter(|l| l.contains(&format!("\"event\":\"{event}\"")))
+            .map(str::to_owned)
+            .collect()
+    };
+    let downs = lines_of("port_down");
+    let ups = lines_of("port_active");
+    assert_eq!(downs.len(), 1, "exactly one port_down: {stdout}");
+    assert_eq!(ups.len(), 1, "exactly one port_active: {stdout}");
+    for (l, state) in [(&downs[0], "down"), (&ups[0], "active")] {
+        assert!(l.contains(&format!("\"device\":\"{name}\"")), "{l}");
+        assert!(l.contains("\"port\":1"), "{l}");
+        assert!(l.contains(&format!("\"state\":\"{state}\"")), "{l}");
+        assert!(l.contains("\"source\":\"verbs\""), "{l}");
+        // RoCE: LID 0, SM LID 0, LMC 0, read back all the same.
+        assert!(l.contains("\"lid\":0") && l.contains("\"sm_lid\":0"), "{l}");
+    }
+    wait_for_gid(&ctx, 1);
+}
