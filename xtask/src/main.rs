@@ -8,6 +8,7 @@
 
 mod apt;
 mod bench;
+mod capi;
 mod chaos;
 mod codegen;
 mod fuzz;
@@ -26,6 +27,7 @@ Commands:
   test      everything CI checks: fmt, clippy, docs, all tests, the real-peer beds
   hwtest    the hardware suite on this machine's RDMA devices, or in a VM with --vm
   codegen   regenerate provider-verbs' libibverbs bindings from rdma-core's headers
+  capi-header  regenerate apm-capi/include/apm.h (cbindgen, installed when missing)
   ibsim     the OpenSM-over-ibsim bed: [--shell] [TEST-NAME-FILTER]
   bench     the benchmarks (criterion): cargo bench per crate, extra args passed on
   chaos     the simulator's long chaos run: [--seeds N (10000)] [--start S]
@@ -42,6 +44,7 @@ fn main() -> Result<()> {
         "test" => test(&rest),
         "hwtest" => hwtest::main(&rest),
         "codegen" => codegen::main(&rest),
+        "capi-header" => capi::main(&rest),
         "ibsim" => ibsim::ibsim(&rest),
         "bench" => bench::main(&rest),
         "chaos" => chaos::main(&rest),
@@ -78,6 +81,8 @@ fn test(_args: &[String]) -> Result<()> {
     // provider-verbs' layout and freshness tests need rdma-core's headers; the VM run
     // below needs qemu and the guest userspace: install them first.
     vm::ensure_host_packages()?;
+    // apm-capi's test checks the committed C header against cbindgen's output.
+    capi::ensure_cbindgen()?;
     util::run("cargo", &["test", "--workspace"])?;
     // Real peers: OpenSM over ibsim (installs its Debian packages when missing).
     ibsim::ibsim(&[])?;

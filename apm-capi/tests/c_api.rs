@@ -1,0 +1,172 @@
+//! The C ABI on the host: called from Rust, and from a C program compiled with gcc
+//! against the committed header and the cdylib (on the simulated fabric); and the
+//! committed header checked against cbindgen's output.
+// The test calls the C ABI as C would: through raw pointers.
+#![allow(unsafe_code)]
+
+use apm_capi::*;
+use std::ffi::{CStr, CString};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn crate_dir() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// target/<profile>, where cargo put libapm_capi.so (this test is in its deps/).
+fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary");
+    exe.parent()
+        .and_then(|d| d.parent())
+        .expect("target/<profile>")
+        .to_path_buf()
+}
+
+fn last_error() -> String {
+    // SAFETY: apm_last_error never returns NULL and the string lives until the next
+    // failing call on this thread.
+    unsafe { CStr::from_ptr(apm_last_error()) }
+        .to_string_lossy()
+        .into_owned()
+}
+
+#[test]
+fn rust_calls_through_the_abi() {
+    let mut m: *mut ApmManager = std::ptr::null_mut();
+    let bad = CString::new("[[device]]\nname = \"x\"\nprovider = \"sim\"\n").unwrap();
+    // SAFETY: valid C string and out pointer.
+    let st = unsafe { apm_manager_new_from_str(bad.as_ptr(), &mut m) };
+    assert_eq!(st, ApmStatus::Config);
+    assert!(last_error().contains("line 2"), "{}", last_error());
+    assert!(m.is_null());
+    // SAFETY: NULL arguments are checked, never dereferenced.
+    unsafe {
+        assert_eq!(
+            apm_manager_new_from_str(std::ptr::null(), &mut m),
+            ApmStatus::InvalidArgument
+        );
+        assert_eq!(
+            apm_unprotect(std::ptr::null_mut(), 1),
+            ApmStatus::InvalidArgument
+        );
+        assert_eq!(apm_notification_fd(std::ptr::null_mut()), -1);
+        apm_manager_destroy(std::ptr::null_mut());
+    }
+
+    let ok = CString::new("[[device]]\nname = \"h1\"\nprovider = \"sim\"\n").unwrap();
+    // SAFETY: valid C string and out pointer; the manager is used on this thread only
+    // and destroyed once at the end.
+    unsafe {
+        assert_eq!(apm_manager_new_from_str(ok.as_ptr(), &mut m), ApmStatus::Ok);
+        let mut n = 0usize;
+        assert_eq!(apm_sim_connection_count(m, &mut n), ApmStatus::Ok);
+        assert!(n > 0);
+        let mut info = std::mem::MaybeUninit::<ApmConnInfo>::uninit();
+        assert_eq!(apm_sim_connection(m, 0, info.as_mut_ptr()), ApmStatus::Ok);
+        let info = info.assume_init();
+        assert_eq!(apm_protect(m, std::ptr::null_mut(), &info), ApmStatus::Ok);
+        // A real QP handed to a simulated deployment is refused, not ignored.
+        let fake_qp = std::ptr::NonNull::<IbvQp>::dangling().as_ptr();
+        assert_eq!(apm_protect(m, fake_qp, &info), ApmStatus::Unsupported);
+        assert_eq!(
+            apm_sim_connection(m, n + 5, std::ptr::null_mut()),
+            ApmStatus::InvalidArgument
+        );
+        assert_eq!(apm_sim_run_for(m, 200), ApmStatus::Ok);
+        let mut note = std::mem::MaybeUninit::<ApmNotification>::uninit();
+        assert_eq!(apm_next_notification(m, note.as_mut_ptr()), ApmStatus::Ok);
+        let note = note.assume_init();
+        assert_eq!(note.conn_id, info.id);
+        assert_eq!(note.kind, ApmNotificationKind::Protected);
+        assert_eq!(apm_unprotect(m, info.id), ApmStatus::Ok);
+        assert_eq!(apm_unprotect(m, info.id), ApmStatus::Engine);
+        apm_manager_destroy(m);
+    }
+}
+
+#[test]
+fn a_c_program_runs_against_the_header_and_the_cdylib() {
+    let dir = profile_dir();
+    let lib = dir.join("libapm_capi.so");
+    assert!(lib.is_file(), "{} (built by cargo test)", lib.display());
+    let out_dir = std::env::temp_dir().join(format!("apm-capi-{}", std::process::id()));
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let exe = out_dir.join("sim_test");
+    let cc = Command::new("gcc")
+        .args(["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(crate_dir().join("tests/c/sim_test.c"))
+        .arg("-I")
+        .arg(crate_dir().join("include"))
+        .arg("-L")
+        .arg(&dir)
+        .arg("-lapm_capi")
+        .output()
+        .expect("gcc runs (install gcc)");
+    assert!(
+        cc.status.success(),
+        "gcc: {}",
+        String::from_utf8_lossy(&cc.stderr)
+    );
+    let run = Command::new(&exe)
+        .env("LD_LIBRARY_PATH", &dir)
+        .output()
+        .expect("the C test runs");
+    let _ = std::fs::remove_dir_all(&out_dir);
+    let stdout = String::from_utf8_lossy(&run.stdout);
+    println!("{stdout}");
+    assert!(
+        run.status.success(),
+        "C test failed: {stdout}{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(stdout.contains("ok"));
+}
+
+/// cbindgen, if installed (`cargo install cbindgen`; `cargo xtask capi-header` does it).
+fn cbindgen() -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::env::split_paths(&std::env::var_os("PATH")?).collect();
+    if let Some(home) = std::env::var_os("CARGO_HOME") {
+        dirs.push(PathBuf::from(home).join("bin"));
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        dirs.push(PathBuf::from(home).join(".cargo/bin"));
+    }
+    dirs.into_iter()
+        .map(|d| d.join("cbindgen"))
+        .find(|p| p.is_file())
+}
+
+#[test]
+fn the_committed_header_is_current() {
+    let committed = std::fs::read_to_string(crate_dir().join("include/apm.h"))
+        .expect("include/apm.h is committed");
+    let Some(cbindgen) = cbindgen() else {
+        println!(
+            "SKIPPED: cbindgen is not installed (`cargo xtask capi-header` installs it and \
+             regenerates include/apm.h)"
+        );
+        return;
+    };
+    let out = Command::new(cbindgen)
+        .current_dir(crate_dir())
+        .args([
+            "--config",
+            "cbindgen.toml",
+            "--crate",
+            "apm-capi",
+            "--quiet",
+        ])
+        .output()
+        .expect("cbindgen runs");
+    assert!(
+        out.status.success(),
+        "cbindgen: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let fresh = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        fresh == committed,
+        "apm-capi/include/apm.h is stale: run `cargo xtask capi-header` and commit it"
+    );
+}
