@@ -7,7 +7,8 @@
 //! RoCE NICs) the connection is protected by software path migration (provider-rxe) with
 //! apm's peer messages over UDP (cm-lap); each `--rail` is one local IP address whose
 //! RoCE v2 GID is a path, the first one the primary. On InfiniBand it is protected by
-//! hardware APM (provider-verbs), with the alternate path through `--alt-port`.
+//! hardware APM (provider-verbs), with the alternate path through `--alt-port` (or the
+//! port's next LID with LMC > 0); that mode has not met InfiniBand hardware yet.
 //!
 //! Every failover apm performs is printed as it happens; at the end each side prints
 //! what it sent, received, lost (numbers that never arrived), duplicated (numbers that

@@ -15,7 +15,11 @@
 //!   already in ERR (a link down does that within milliseconds): collect the flushes,
 //!   RESET->INIT (receives posted again)->RTR (new AV, own receive PSN)->RTS (send PSN =
 //!   the oldest unacknowledged send's), replay the unacknowledged sends with their
-//!   original PSNs so the peer's responder drops what it already has.
+//!   original PSNs so the peer's responder drops what it already has. That PSN is
+//!   rxe's own when the QP failed by itself (it rolled back to retry), and rxe's next
+//!   PSN minus the outstanding sends when apm had to fail it; a send that fails right
+//!   after a migration (work the dead path had doomed) is repaired in place the same
+//!   way, on the new path.
 //! - [`facet`]: [`RxeQpControl`], the `QpControl` facet: port and QP events through
 //!   provider-verbs, software migration, the progress monitor that reports a stalled
 //!   primary (rxe with `retry_cnt` 7 retries forever, so a dead path never errors), and
