@@ -46,6 +46,10 @@ pub struct Args {
         default_value = "apm,hw-only,reload-local"
     )]
     policies: Vec<String>,
+    /// Let the simulated hosts' engines log through `--log` (off by default: thousands
+    /// of engines warning about the faults the scenario injects drown the report).
+    #[arg(long)]
+    engine_logs: bool,
 }
 
 /// One policy's figures in the JSON document: exactly the fields of the issue.
@@ -103,6 +107,7 @@ pub fn run_all(
     seed: u64,
     policies: &[PolicyKind],
     progress: Option<&indicatif::ProgressBar>,
+    engine_logs: bool,
 ) -> anyhow::Result<Vec<RunReport>> {
     // Build first so that errors surface before any thread starts.
     let mut sims = Vec::new();
@@ -120,13 +125,21 @@ pub fn run_all(
                 let bar = progress.cloned();
                 scope.spawn(move || {
                     let mut last = 0u64;
-                    sim.run_with_progress(50, |t| {
-                        let ms = t.as_nanos() / 1_000_000;
-                        if let Some(b) = &bar {
-                            b.inc(ms.saturating_sub(last));
-                        }
-                        last = ms;
-                    })
+                    let run = move || {
+                        sim.run_with_progress(50, |t| {
+                            let ms = t.as_nanos() / 1_000_000;
+                            if let Some(b) = &bar {
+                                b.inc(ms.saturating_sub(last));
+                            }
+                            last = ms;
+                        })
+                    };
+                    if engine_logs {
+                        run()
+                    } else {
+                        let quiet = tracing::subscriber::NoSubscriber::default();
+                        tracing::subscriber::with_default(quiet, run)
+                    }
                 })
             })
             .collect();
@@ -165,7 +178,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
         b
     });
-    let reports = run_all(&scenario, args.seed, &policies, bar.as_ref())?;
+    let reports = run_all(
+        &scenario,
+        args.seed,
+        &policies,
+        bar.as_ref(),
+        args.engine_logs,
+    )?;
     if let Some(b) = bar {
         b.finish_and_clear();
     }
