@@ -402,3 +402,65 @@ fn manager_end_to_end_on_tokio_paused_clock() {
         }
     });
 }
+
+#[test]
+fn manager_end_to_end_sm_failover_then_remote_failure() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        // One message a second: the far side of h3:2 can only learn from trap 65, which
+        // the new SM sends only to those who subscribed again after ClientReregister.
+        let s = small(vec![
+            Fault::SmFailover {
+                at_ms: 100,
+                subnet: 1,
+            },
+            Fault::PortDown {
+                at_ms: 1500,
+                port: "h3:2".into(),
+            },
+        ]);
+        let mut cfg = RunConfig::new(PolicyKind::Apm, 11);
+        cfg.external_hosts = (0..4).collect();
+        cfg.check = true;
+        let shared = provider_sim::SimProvider::share(Sim::new(&s, cfg).unwrap());
+        let mut handles = Vec::new();
+        for h in 0..4 {
+            let p = std::sync::Arc::new(shared.for_host(h).stack());
+            let (mgr, handle) = apm_core::Manager::new(p, apm_core::Policy::default()).unwrap();
+            tokio::spawn(mgr.run());
+            handles.push(handle);
+        }
+        tokio::task::yield_now().await;
+        for (h, handle) in handles.iter().enumerate() {
+            for spec in shared.with_sim(|sim| sim.external_specs(h)) {
+                handle.protect(spec).await.unwrap();
+            }
+        }
+        shared.drive(Time::from_millis(1400)).await;
+        let mut subs = 0;
+        for h in &handles {
+            subs += h.stats().await.unwrap().subscriptions;
+        }
+        assert!(
+            subs >= 8 + 4,
+            "every port subscribed, rail B again after failover"
+        );
+        let hit = shared.with_sim(|sim| conns_via(sim, 3, 2));
+        assert!(!hit.is_empty());
+        shared.drive(Time::from_millis(1530)).await;
+        shared.with_sim(|sim| {
+            for &i in &hit {
+                assert_ne!(sim.conn_state(i), Some(ConnState::Migrating), "conn{i}");
+                assert_ne!(sim.conn_state(i), Some(ConnState::Lost), "conn{i}");
+            }
+            assert!(sim.violations().is_empty(), "{:?}", sim.violations());
+        });
+        for h in &handles {
+            h.shutdown();
+        }
+    });
+}
