@@ -61,3 +61,30 @@ pub fn main(_args: &[String]) -> Result<()> {
     );
     Ok(())
 }
+
+/// Build `apm-capi/examples/rc_rxe.c` against the header and the cdylib (for the
+/// hardware suite in the VM, which runs it on rxe) and return the executable's path.
+/// The cdylib is found through an rpath, so `ldd` (and the VM's library copy) see it.
+pub fn build_c_example() -> Result<std::path::PathBuf> {
+    crate::util::run("cargo", &["build", "-p", "apm-capi"])?;
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(
+        || std::path::PathBuf::from("target"),
+        std::path::PathBuf::from,
+    );
+    let dir = std::env::current_dir()?.join(target).join("debug");
+    let exe = dir.join("rc_rxe");
+    let status = Command::new("gcc")
+        .args(["-std=gnu11", "-Wall", "-Wextra", "-Werror", "-o"])
+        .arg(&exe)
+        .arg("apm-capi/examples/rc_rxe.c")
+        .args(["-I", "apm-capi/include", "-libverbs", "-L"])
+        .arg(&dir)
+        .arg("-lapm_capi")
+        .arg(format!("-Wl,-rpath,{}", dir.display()))
+        .status()
+        .context("could not run gcc")?;
+    if !status.success() {
+        bail!("building apm-capi/examples/rc_rxe.c failed");
+    }
+    Ok(exe)
+}

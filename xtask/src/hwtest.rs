@@ -131,8 +131,10 @@ fn in_vm(program: Option<Vec<String>>, timeout: Duration) -> Result<()> {
                 ("APM_HWTEST_LINK_TOGGLE".to_owned(), "1".to_owned()),
                 // The failover tests drive `apm pingpong`, shipped next to the suite.
                 ("APM_BIN".to_owned(), "/mnt/apm".to_owned()),
+                // apm-capi's C example (its own RC QPs handed to apm), shipped likewise.
+                ("APM_C_EXAMPLE".to_owned(), "/mnt/rc_rxe".to_owned()),
             ],
-            vec![build_apm()?],
+            vec![build_apm()?, crate::capi::build_c_example()?],
         ),
     };
     let prepare_start = Instant::now();
