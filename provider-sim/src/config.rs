@@ -374,10 +374,12 @@ impl Fault {
                 up_ms,
                 count,
                 ..
-            } => at_ms + u64::from(*count) * down_ms + u64::from(count.saturating_sub(1)) * up_ms,
+            } => at_ms
+                .saturating_add(u64::from(*count).saturating_mul(*down_ms))
+                .saturating_add(u64::from(count.saturating_sub(1)).saturating_mul(*up_ms)),
             Fault::MadLoss {
                 at_ms, duration_ms, ..
-            } => at_ms + duration_ms,
+            } => at_ms.saturating_add(*duration_ms),
             f => f.at_ms(),
         }
     }
@@ -460,7 +462,41 @@ impl Scenario {
         if self.duration_ms == 0 {
             return Err(invalid("duration_ms = 0: nothing to simulate"));
         }
+        // Times are kept in nanoseconds: cap every duration far below where that
+        // overflows (a million seconds is eleven days of simulated time).
+        const MAX_MS: u64 = 1_000_000_000;
         let f = &self.fabric;
+        let times: [(&str, u64); 13] = [
+            ("duration_ms", self.duration_ms),
+            (
+                "workload.message_interval_ms",
+                self.workload.message_interval_ms,
+            ),
+            ("fabric.hop_latency_us", f.hop_latency_us),
+            ("fabric.mad_processing_us", f.mad_processing_us),
+            ("fabric.command_latency_us", f.command_latency_us),
+            ("fabric.event_latency_us", f.event_latency_us),
+            ("fabric.sweep_interval_ms", f.sweep_interval_ms),
+            ("fabric.trap_sweep_delay_ms", f.trap_sweep_delay_ms),
+            ("fabric.report_timeout_ms", f.report_timeout_ms),
+            ("fabric.sm_failover_ms", f.sm_failover_ms),
+            ("fabric.sa_timeout_ms", f.sa_timeout_ms),
+            ("fabric.report_retries", u64::from(f.report_retries)),
+            ("fabric.sa_tries", u64::from(f.sa_tries)),
+        ];
+        for (name, v) in times {
+            if v > MAX_MS {
+                return Err(invalid(format!("{name} = {v}: too large for a simulation")));
+            }
+        }
+        for fault in &self.faults {
+            if fault.end_ms() > MAX_MS {
+                return Err(invalid(format!(
+                    "a fault at {} ms ends after {MAX_MS} ms: too late for a simulation",
+                    fault.at_ms()
+                )));
+            }
+        }
         if f.ack_timeout > 31 || f.ack_timeout == 0 {
             return Err(invalid(format!(
                 "fabric.ack_timeout = {}: use 1..=31",
@@ -486,6 +522,11 @@ impl Scenario {
         if let Some(r) = &self.random_faults {
             if r.end_ms < r.start_ms {
                 return Err(invalid("random_faults.end_ms is before start_ms"));
+            }
+            if r.end_ms > MAX_MS || r.max_outage_ms > MAX_MS || r.count > 100_000 {
+                return Err(invalid(
+                    "random_faults: too many or too late for a simulation",
+                ));
             }
         }
         Ok(())
@@ -602,7 +643,7 @@ fn generate_faults(fabric: &crate::fabric::Fabric, r: &RandomFaults, seed: u64) 
                     count,
                 });
             }
-            3 => {
+            3 if fabric.num_links() > 0 => {
                 let link = fabric.link_name(rng.below(fabric.num_links() as u64) as usize);
                 out.push(Fault::LinkDown {
                     at_ms: at,
@@ -610,7 +651,7 @@ fn generate_faults(fabric: &crate::fabric::Fabric, r: &RandomFaults, seed: u64) 
                 });
                 out.push(Fault::LinkUp { at_ms: back, link });
             }
-            4 => {
+            4 if fabric.num_switches() > 0 => {
                 let switch = fabric.switch_name(rng.below(fabric.num_switches() as u64) as usize);
                 out.push(Fault::SwitchDown {
                     at_ms: at,
@@ -635,10 +676,12 @@ fn generate_faults(fabric: &crate::fabric::Fabric, r: &RandomFaults, seed: u64) 
                     });
                 }
             }
-            _ => out.push(Fault::DeviceFatal {
+            6 => out.push(Fault::DeviceFatal {
                 at_ms: at,
                 host: format!("h{}", rng.below(fabric.num_hosts() as u64)),
             }),
+            // A link or switch fault drawn for a fabric without any: nothing to break.
+            _ => {}
         }
     }
     out
@@ -651,6 +694,18 @@ mod tests {
     #[test]
     fn default_validates() {
         Scenario::default().validate().unwrap();
+    }
+
+    #[test]
+    fn absurd_numbers_are_errors_not_overflows() {
+        for text in [
+            "duration_ms = 18446744073709551615\n",
+            "[fabric]\nhop_latency_us = 18446744073709551615\n",
+            "[[faults]]\nkind = \"port_flap\"\nat_ms = 1\nport = \"h1:1\"\ndown_ms = 18446744073709551615\nup_ms = 1\ncount = 9\n",
+            "[random_faults]\nend_ms = 18446744073709551615\n",
+        ] {
+            assert!(Scenario::from_toml(text).is_err(), "{text}");
+        }
     }
 
     #[test]
