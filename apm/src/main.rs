@@ -36,6 +36,7 @@ enum Command {
     #[command(subcommand)]
     Config(config_cmd::ConfigCommand),
     /// RC ping-pong protected by apm: counts what a path failure costs (real devices).
+    #[command(long_about = pingpong::LONG_ABOUT)]
     Pingpong(pingpong::Args),
     /// Watch port and fabric events (port up/down, LID/SM changes, SA traps 64/65).
     Watch(watch::Args),

@@ -35,10 +35,9 @@ use std::time::{Duration, Instant};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 
-/// Arguments of `apm pingpong`.
-#[derive(Debug, ClapArgs)]
-#[command(
-    long_about = "Send numbered messages both ways over one RC connection protected by apm, \
+/// The long help of `apm pingpong` (main.rs puts it on the subcommand).
+pub const LONG_ABOUT: &str =
+    "Send numbered messages both ways over one RC connection protected by apm, \
 and count what a path failure costs.\n\n\
 Start the server first, then the client with --connect. Both sides exchange their QP \
 number, first PSN, rail addresses and apm control address over TCP (like \
@@ -50,8 +49,10 @@ the alternate in software and tells the peer over UDP (--control). Cut a rail wi
 `tc qdisc add dev <rail> root netem loss 100%` or `ip link set <rail> down` to see it.\n\n\
 InfiniBand: hardware APM; the alternate path leaves through --alt-port.\n\n\
 At the end each side prints sent, received, lost, duplicated and the longest stall \
-(--json: one JSON object on stdout; failover lines go to stderr)."
-)]
+(--json: one JSON object on stdout; failover lines go to stderr).";
+
+/// Arguments of `apm pingpong`.
+#[derive(Debug, ClapArgs)]
 pub struct Args {
     /// Connect to a server at this TCP address (client); without it, be the server.
     #[arg(long, value_name = "HOST:PORT")]
