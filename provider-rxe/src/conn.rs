@@ -524,34 +524,15 @@ impl RcConn {
     /// moving its side, and until it has, nothing it receives from us is acknowledged.
     pub fn check_stall(&self, now: Instant, stall: Duration) -> Stall {
         let mut g = self.lock();
-        if g.mode == Mode::Migrating {
-            return Stall::Healthy;
-        }
-        let settling = g
-            .migrated_at
-            .is_some_and(|t| now.saturating_duration_since(t) < stall * 3);
-        if settling {
-            if g.failed && g.repairs < 2 {
-                g.repairs += 1;
-                return Stall::Repair;
-            }
-            if !g.failed {
-                return Stall::Healthy;
-            }
-        }
-        let stalled = g.failed
-            || (!g.outstanding.is_empty()
-                && now.saturating_duration_since(g.last_progress) > stall);
-        if !stalled {
-            return Stall::Healthy;
-        }
-        match g.reported_at {
-            Some(at) if now.saturating_duration_since(at) < stall * 4 => Stall::Reported,
-            _ => {
-                g.reported_at = Some(now);
-                Stall::Report
-            }
-        }
+        let g = &mut *g;
+        let view = StallView {
+            migrating: g.mode == Mode::Migrating,
+            failed: g.failed,
+            outstanding: !g.outstanding.is_empty(),
+            last_progress: g.last_progress,
+            migrated_at: g.migrated_at,
+        };
+        stall_verdict(&view, now, stall, &mut g.reported_at, &mut g.repairs)
     }
 
     /// Record an `IBV_EVENT_SQ_DRAINED` for this QP (the facet's event hook calls it).
@@ -761,17 +742,7 @@ impl RcConn {
         }
         let replay: Vec<SendWr> = g.outstanding.drain(..).collect();
         let counted = replay.first().map_or(g.next_psn, |w| w.psn);
-        // In an ERR reached by itself, rxe's send PSN is the oldest unacknowledged send's
-        // (it rolled back to retry it); trust it over our count, which cannot see how rxe
-        // numbered work around a send that failed in transmission.
-        // A QP we had to put in ERR ourselves was still sending: rxe's send PSN is then
-        // the next new one, and every outstanding send (one PSN each) was numbered before
-        // it (the wait above gave rxe time to process what was posted).
-        let first_psn = match (forced, replay.is_empty()) {
-            (_, true) => counted,
-            (false, false) => q.sq_psn & PSN_MASK,
-            (true, false) => q.sq_psn.wrapping_sub(replay.len() as u32) & PSN_MASK,
-        };
+        let first_psn = replay_psn(forced, replay.len(), q.sq_psn, counted);
         if first_psn != counted {
             warn!(
                 qpn = self.qp_num(),
@@ -853,6 +824,73 @@ impl RcConn {
     }
 }
 
+/// What the stall verdict looks at.
+#[derive(Debug, Clone, Copy)]
+struct StallView {
+    migrating: bool,
+    failed: bool,
+    outstanding: bool,
+    last_progress: Instant,
+    migrated_at: Option<Instant>,
+}
+
+/// The progress monitor's rule (see [`RcConn::check_stall`]); updates when the stall was
+/// reported and how many repairs ran.
+fn stall_verdict(
+    v: &StallView,
+    now: Instant,
+    stall: Duration,
+    reported_at: &mut Option<Instant>,
+    repairs: &mut u32,
+) -> Stall {
+    if v.migrating {
+        return Stall::Healthy;
+    }
+    let settling = v
+        .migrated_at
+        .is_some_and(|t| now.saturating_duration_since(t) < stall * 3);
+    if settling {
+        if v.failed && *repairs < 2 {
+            *repairs += 1;
+            return Stall::Repair;
+        }
+        if !v.failed {
+            return Stall::Healthy;
+        }
+    }
+    let stalled =
+        v.failed || (v.outstanding && now.saturating_duration_since(v.last_progress) > stall);
+    if !stalled {
+        return Stall::Healthy;
+    }
+    match *reported_at {
+        Some(at) if now.saturating_duration_since(at) < stall * 4 => Stall::Reported,
+        _ => {
+            *reported_at = Some(now);
+            Stall::Report
+        }
+    }
+}
+
+/// The PSN the oldest of `outstanding` unacknowledged sends is replayed with after a
+/// re-initialisation. In an ERR the QP reached by itself, rxe's send PSN (`rxe_sq_psn`)
+/// is that send's (rxe rolled back to retry it): it is trusted over our own count, which
+/// cannot see how rxe numbered work around a send that failed in transmission. A QP apm
+/// had to put in ERR (`forced`) was still sending: rxe's send PSN is then the next new
+/// one, and every outstanding send (one PSN each) was numbered before it. With nothing
+/// outstanding our count (`counted`, the next PSN) is exact.
+fn replay_psn(forced: bool, outstanding: usize, rxe_sq_psn: u32, counted: u32) -> u32 {
+    if outstanding == 0 {
+        return counted & PSN_MASK;
+    }
+    if forced {
+        let n = u32::try_from(outstanding).unwrap_or(u32::MAX);
+        rxe_sq_psn.wrapping_sub(n) & PSN_MASK
+    } else {
+        rxe_sq_psn & PSN_MASK
+    }
+}
+
 /// Time from the end of the drain to now (AV modify, route flush, SQD->RTS, kick).
 fn drained_after_end(started: Instant, drained_after: Duration) -> Duration {
     started.elapsed().saturating_sub(drained_after)
@@ -874,5 +912,126 @@ fn mtu_bytes(m: Mtu) -> usize {
         Mtu::Mtu2048 => 2048,
         Mtu::Mtu4096 => 4096,
         _ => 256,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const STALL: Duration = Duration::from_millis(300);
+
+    fn view(t0: Instant) -> StallView {
+        StallView {
+            migrating: false,
+            failed: false,
+            outstanding: true,
+            last_progress: t0,
+            migrated_at: None,
+        }
+    }
+
+    #[test]
+    fn outstanding_sends_without_progress_report_once_then_every_four_timeouts() {
+        let t0 = Instant::now();
+        let v = view(t0);
+        let (mut rep, mut repairs) = (None, 0);
+        let at = |ms| t0 + Duration::from_millis(ms);
+        assert_eq!(
+            stall_verdict(&v, at(200), STALL, &mut rep, &mut repairs),
+            Stall::Healthy
+        );
+        assert_eq!(
+            stall_verdict(&v, at(301), STALL, &mut rep, &mut repairs),
+            Stall::Report
+        );
+        assert_eq!(
+            stall_verdict(&v, at(900), STALL, &mut rep, &mut repairs),
+            Stall::Reported
+        );
+        assert_eq!(
+            stall_verdict(&v, at(1502), STALL, &mut rep, &mut repairs),
+            Stall::Report
+        );
+        // Nothing outstanding: an idle QP is never reported.
+        let idle = StallView {
+            outstanding: false,
+            ..v
+        };
+        let mut rep = None;
+        assert_eq!(
+            stall_verdict(&idle, at(5000), STALL, &mut rep, &mut repairs),
+            Stall::Healthy
+        );
+        // During a migration: never.
+        let moving = StallView {
+            migrating: true,
+            failed: true,
+            ..v
+        };
+        assert_eq!(
+            stall_verdict(&moving, at(5000), STALL, &mut rep, &mut repairs),
+            Stall::Healthy
+        );
+    }
+
+    #[test]
+    fn a_failed_send_reports_at_once_but_is_repaired_right_after_a_migration() {
+        let t0 = Instant::now();
+        let at = |ms| t0 + Duration::from_millis(ms);
+        let failed = StallView {
+            failed: true,
+            last_progress: at(0),
+            ..view(t0)
+        };
+        let (mut rep, mut repairs) = (None, 0);
+        assert_eq!(
+            stall_verdict(&failed, at(1), STALL, &mut rep, &mut repairs),
+            Stall::Report
+        );
+        // Just moved: settle (no report for a slow peer), repair a failure in place, twice
+        // at most, then report.
+        let moved = StallView {
+            failed: false,
+            migrated_at: Some(at(1000)),
+            ..view(t0)
+        };
+        let (mut rep, mut repairs) = (None, 0);
+        assert_eq!(
+            stall_verdict(&moved, at(1800), STALL, &mut rep, &mut repairs),
+            Stall::Healthy
+        );
+        let broke = StallView {
+            failed: true,
+            ..moved
+        };
+        assert_eq!(
+            stall_verdict(&broke, at(1100), STALL, &mut rep, &mut repairs),
+            Stall::Repair
+        );
+        assert_eq!(
+            stall_verdict(&broke, at(1200), STALL, &mut rep, &mut repairs),
+            Stall::Repair
+        );
+        assert_eq!(
+            stall_verdict(&broke, at(1300), STALL, &mut rep, &mut repairs),
+            Stall::Report
+        );
+        // After the settling time a slow path is reported as usual.
+        let mut rep = None;
+        assert_eq!(
+            stall_verdict(&moved, at(1901), STALL, &mut rep, &mut repairs),
+            Stall::Report
+        );
+    }
+
+    #[test]
+    fn replay_psn_follows_rxe_and_wraps_at_24_bits() {
+        // Seen on rxe: an ERR reached by itself reports the oldest unacknowledged PSN.
+        assert_eq!(replay_psn(false, 12, 5_142_147, 5_142_147), 5_142_147);
+        // Seen on rxe: a QP failed by apm reports the next new PSN (14 sends out).
+        assert_eq!(replay_psn(true, 14, 8_777_353, 8_777_338), 8_777_339);
+        assert_eq!(replay_psn(true, 3, 1, 0), 0x00FF_FFFE);
+        assert_eq!(replay_psn(false, 0, 77, 0x0100_0005), 5);
     }
 }

@@ -299,3 +299,49 @@ impl QpControl for RxeQpControl {
         self.verbs.query_qp(conn).await
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use apm_core::{Lid, PortKey};
+
+    #[tokio::test]
+    async fn hardware_apm_is_refused_with_a_reason() {
+        let facet = RxeQpControl::new(Vec::new(), RxeConfig::default());
+        let path = crate::roce_path(
+            PortKey::new(0, 1),
+            "10.0.10.1".parse().expect("ip"),
+            "10.0.10.2".parse().expect("ip"),
+            3,
+            14,
+        );
+        let conn = ConnId(1);
+        let errs = [
+            facet.load_alternate(conn, path).await.err(),
+            facet.set_rearm(conn).await.err(),
+            facet.force_migrate(conn).await.err(),
+        ];
+        for e in errs {
+            match e {
+                Some(ProviderError::Unsupported {
+                    provider,
+                    operation,
+                }) => {
+                    assert_eq!(provider, "provider-rxe");
+                    assert!(
+                        operation.contains("RoCE has no hardware APM"),
+                        "{operation}"
+                    );
+                    assert!(operation.contains("MigrationMode::Software"), "{operation}");
+                }
+                other => panic!("expected Unsupported, got {other:?}"),
+            }
+        }
+        // Unknown connections are named, not guessed.
+        assert_eq!(
+            facet.software_migrate(conn, path).await,
+            Err(ProviderError::UnknownConnection(conn))
+        );
+        assert_eq!(path.dlid, Lid::from_wire(0));
+    }
+}
