@@ -44,7 +44,8 @@ typedef enum ApmNotificationKind {
   APM_NOTIFICATION_KIND_LOST = 5,
 } ApmNotificationKind;
 
-// The C side's handle.
+// The C side's handle. Not thread-safe: call the functions on one manager from one
+// thread at a time (different managers are independent).
 typedef struct ApmManager ApmManager;
 
 // libibverbs' `struct ibv_qp`, opaque here: apm-capi does not depend on verbs.h.

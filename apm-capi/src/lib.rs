@@ -168,7 +168,8 @@ pub struct IbvQp {
     _private: [u8; 0],
 }
 
-/// The C side's handle.
+/// The C side's handle. Not thread-safe: call the functions on one manager from one
+/// thread at a time (different managers are independent).
 pub struct ApmManager {
     rt: tokio::runtime::Runtime,
     apm: Option<Apm>,

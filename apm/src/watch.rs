@@ -73,12 +73,20 @@ pub struct Args {
     #[arg(long, value_name = "MS", default_value_t = 50)]
     dedup_ms: u64,
     /// Stop after this many events (after filtering).
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
     count: Option<u64>,
     /// Stop after this many seconds (virtual seconds with `--sim`, which otherwise ends
     /// with its scenario).
-    #[arg(long, value_name = "SECS")]
+    #[arg(long, value_name = "SECS", value_parser = seconds)]
     timeout: Option<f64>,
+}
+
+/// A non-negative, finite number of seconds.
+fn seconds(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(v) if v.is_finite() && (0.0..=1e9).contains(&v) => Ok(v),
+        _ => Err(format!("{s:?} is not a number of seconds (0 or more)")),
+    }
 }
 
 /// The kinds of events `apm watch` reports.

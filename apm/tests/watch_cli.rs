@@ -153,6 +153,11 @@ fn bad_arguments_are_clear_errors() {
     let (ok, _, err) = apm(&["watch", "--sim", "--event", "port_up"]);
     assert!(!ok);
     assert!(err.contains("port_active"), "{err}");
+    let (ok, _, err) = apm(&["watch", "--sim", "--timeout=-1"]);
+    assert!(!ok);
+    assert!(err.contains("seconds"), "{err}");
+    let (ok, _, err) = apm(&["watch", "--sim", "--count", "0"]);
+    assert!(!ok, "{err}");
     let (ok, _, err) = apm(&["watch", "--sim", "--device", "h99"]);
     assert!(!ok);
     assert!(err.contains("h99"), "{err}");
