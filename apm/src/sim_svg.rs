@@ -28,7 +28,20 @@ fn esc(s: &str) -> String {
 
 /// The whole SVG document.
 pub fn render(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
-    let height = TOP + reports.len() as f64 * (PANEL_H + GAP) + 30.0;
+    // Faults are numbered on the plot and listed under it: a dashed line alone says
+    // that something happened, not what.
+    let faults: Vec<(f64, &str)> = reports
+        .first()
+        .map(|r| {
+            r.timeline
+                .iter()
+                .filter(|(_, text)| !text.starts_with("SM "))
+                .map(|(t, text)| (*t, text.as_str()))
+                .collect()
+        })
+        .unwrap_or_default();
+    let key_top = TOP + reports.len() as f64 * (PANEL_H + GAP) + 10.0;
+    let height = key_top + faults.len() as f64 * 16.0 + 20.0;
     let plot_w = W - LEFT - RIGHT;
     let dur = scenario.duration_ms.max(1) as f64;
     let x = |t_ms: f64| LEFT + plot_w * (t_ms / dur).clamp(0.0, 1.0);
@@ -98,17 +111,17 @@ pub fn render(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
             LEFT - 5.0,
             bottom
         );
-        // Faults as dashed lines.
-        for (t, text) in &r.timeline {
-            if text.starts_with("SM ") {
-                continue;
-            }
+        // Faults as numbered dashed lines (the key under the plots says what each is).
+        for (n, (t, text)) in faults.iter().enumerate() {
             let fx = x(*t);
             let _ = writeln!(
                 o,
-                r##"<line x1="{fx:.1}" y1="{top}" x2="{fx:.1}" y2="{bottom}" stroke="#222" stroke-dasharray="3,3"><title>{:.0} ms: {}</title></line>"##,
+                r##"<line x1="{fx:.1}" y1="{top}" x2="{fx:.1}" y2="{bottom}" stroke="#222" stroke-dasharray="3,3"><title>{:.0} ms: {}</title></line><text x="{:.1}" y="{}" font-size="11" fill="#222">{}</text>"##,
                 t,
-                esc(text)
+                esc(text),
+                fx + 3.0,
+                top + 12.0,
+                n + 1
             );
         }
         // Time axis: one tick per second.
@@ -123,6 +136,16 @@ pub fn render(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
             );
             sec += 1;
         }
+    }
+    for (n, (t, text)) in faults.iter().enumerate() {
+        let _ = writeln!(
+            o,
+            r#"<text x="{LEFT}" y="{:.1}">{}. at {:.0} ms: {}</text>"#,
+            key_top + 12.0 + n as f64 * 16.0,
+            n + 1,
+            t,
+            esc(text)
+        );
     }
     o.push_str("</svg>\n");
     o
