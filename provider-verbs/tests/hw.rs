@@ -1080,6 +1080,10 @@ fn software_failover_keeps_every_message_through_cut_and_link_down() {
             r["failovers"].as_u64().unwrap_or(0) >= 2,
             "{name}: two failovers"
         );
+        let rearms = r["events"]
+            .as_array()
+            .map_or(0, |e| e.iter().filter(|e| e["kind"] == "rearmed").count());
+        assert!(rearms >= 1, "{name}: never re-armed after a failover");
     }
 }
 
