@@ -86,9 +86,18 @@ fn rust_calls_through_the_abi() {
 
 #[test]
 fn a_c_program_runs_against_the_header_and_the_cdylib() {
-    let dir = profile_dir();
-    let lib = dir.join("libapm_capi.so");
-    assert!(lib.is_file(), "{} (built by cargo test)", lib.display());
+    // Cargo copies the cdylib up to target/<profile>/ only when the library itself is a
+    // requested target; under `cargo test` on a fresh tree it stays in deps/.
+    let profile = profile_dir();
+    let dir = [profile.clone(), profile.join("deps")]
+        .into_iter()
+        .find(|d| d.join("libapm_capi.so").is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "libapm_capi.so is in neither {} nor its deps/ (cargo test builds it)",
+                profile.display()
+            )
+        });
     let out_dir = std::env::temp_dir().join(format!("apm-capi-{}", std::process::id()));
     std::fs::create_dir_all(&out_dir).unwrap();
     let exe = out_dir.join("sim_test");
