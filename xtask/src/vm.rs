@@ -153,33 +153,7 @@ pub struct Outcome {
 
 /// Install the host packages the runner needs, when any is missing (Debian only).
 pub fn ensure_host_packages() -> Result<()> {
-    let missing: Vec<&str> = HOST_PACKAGES
-        .iter()
-        .copied()
-        .filter(|p| !package_installed(p))
-        .collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    eprintln!("hwtest --vm: installing {}", missing.join(" "));
-    if Command::new("apt-get").arg("--version").output().is_err() {
-        bail!(
-            "the VM runner needs these Debian packages and apt-get is not available: {}",
-            missing.join(" ")
-        );
-    }
-    crate::util::run("apt-get", &["update", "-qq"])?;
-    let mut args = vec!["install", "-y", "-qq", "--no-install-recommends"];
-    args.extend(missing.iter().copied());
-    crate::util::run_env("apt-get", &args, &[("DEBIAN_FRONTEND", "noninteractive")])
-}
-
-fn package_installed(name: &str) -> bool {
-    Command::new("dpkg-query")
-        .args(["-W", "-f=${Status}", name])
-        .output()
-        .map(|o| o.status.success() && String::from_utf8_lossy(&o.stdout).contains("ok installed"))
-        .unwrap_or(false)
+    crate::apt::ensure(HOST_PACKAGES, "the VM runner")
 }
 
 /// Build (or reuse from the cache) the guest kernel and initramfs.
