@@ -1,13 +1,18 @@
-//! Userspace CM LAP/APR exchange: protocol engine and transports.
+//! Userspace CM LAP/APR exchange: the transports that carry apm-core's peer messages.
 //!
-//! So far: the libibumad transport ([`umad_transport`]: CM class 0x07 or a vendor class
-//! with an OUI) and the engine's peer facet on it ([`peer_channel`]: apm-core's LAP,
-//! APR and MRA to and from the wire, senders named by the SA). apm-core's engine runs
-//! the exchange (timeouts, retries, sender checks); a sans-IO engine of this crate's
-//! own and the UDP transport for RoCE are still to come in its issue. Nothing here
-//! answers a LAP by itself.
+//! - [`umad_transport`] and [`peer_channel`]: LAP, APR and MRA as CM MADs on libibumad,
+//!   on CM class 0x07 (only where no kernel CM holds it) or a vendor class with apm's
+//!   OUI (the default on stock Linux, whose ib_cm owns class 0x07); senders are named
+//!   by the SA from the source LID, never by the payload.
+//! - [`udp`] and [`apm_msg`]: the same messages plus software-migration requests as
+//!   vendor MADs in UDP datagrams, for RoCE; senders named by the source address.
+//!
+//! The exchange itself (timeouts, retransmission, duplicates, sender checks, every
+//! APStatus) is apm-core's engine: a channel only carries, and never answers a LAP by
+//! itself. An answer travels with its LAP's transaction id (`answer_tids`).
 #![forbid(unsafe_code)]
 
+mod answer_tids;
 pub mod apm_msg;
 pub mod peer_channel;
 pub mod udp;

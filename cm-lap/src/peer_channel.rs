@@ -7,6 +7,7 @@
 //! (the SA, [`umad_sa::SaClient`], in production) and drops messages from LIDs nobody
 //! owns. It never answers a LAP itself: the engine decides, this only carries.
 
+use crate::answer_tids::AnswerTids;
 use crate::umad_transport::{Incoming, TransportError, UmadCmTransport};
 use apm_core::{
     ApStatus, Apr, Gid, Input, InputSink, Lap, Lid, Mra, Path, PeerAddr, PeerChannel, PeerMsg,
@@ -86,8 +87,6 @@ impl SourceGid for SaSourceGid {
 
 /// Remembers the TID of the last LAP from each sender comm ID, so that the APR or MRA
 /// answering it carries the same TID (as the CM protocol has it).
-type LapTids = Arc<Mutex<BTreeMap<u32, u64>>>;
-
 /// The engine's peer channel on one local port.
 pub struct UmadPeerChannel {
     transport: UmadCmTransport,
@@ -97,7 +96,7 @@ pub struct UmadPeerChannel {
     routes: BTreeMap<[u8; 16], u16>,
     /// Other local ports whose messages this transport carries.
     carried: std::collections::BTreeSet<PortKey>,
-    lap_tids: LapTids,
+    lap_tids: AnswerTids,
 }
 
 impl std::fmt::Debug for UmadPeerChannel {
@@ -127,7 +126,7 @@ impl UmadPeerChannel {
             sources,
             routes: BTreeMap::new(),
             carried: std::collections::BTreeSet::new(),
-            lap_tids: Arc::new(Mutex::new(BTreeMap::new())),
+            lap_tids: AnswerTids::default(),
         }
     }
 
@@ -172,7 +171,7 @@ impl PeerChannel for UmadPeerChannel {
         };
         let port = self.port;
         let sources = Arc::clone(&self.sources);
-        let tids = Arc::clone(&self.lap_tids);
+        let tids = self.lap_tids.clone();
         tokio::spawn(async move {
             while let Some(m) = rx.recv().await {
                 let Some(msg) = to_peer_msg(&m.body, port) else {
@@ -186,11 +185,7 @@ impl PeerChannel for UmadPeerChannel {
                     );
                     continue;
                 };
-                if let PeerMsg::Lap(l) = &msg {
-                    tids.lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .insert(l.sender_comm_id, m.tid);
-                }
+                tids.record(&msg, m.tid);
                 let from = PeerAddr {
                     gid,
                     lid: Lid::from_wire(m.from.lid),
@@ -209,19 +204,9 @@ impl PeerChannel for UmadPeerChannel {
         }
         let body = from_peer_msg(&msg).map_err(|e| self.refused(e.to_string()))?;
         // An answer reuses its LAP's TID; a LAP (and a resent one) gets a fresh one.
-        let answered = match &msg {
-            PeerMsg::Apr(a) => Some(a.receiver_comm_id),
-            PeerMsg::Mra(m) => Some(m.receiver_comm_id),
-            _ => None,
-        };
-        let tid = answered
-            .and_then(|c| {
-                self.lap_tids
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .get(&c)
-                    .copied()
-            })
+        let tid = self
+            .lap_tids
+            .for_answer(&msg)
             .unwrap_or_else(|| self.transport.next_tid());
         let dlid = self.routes.get(&to.gid.0).copied().unwrap_or(to.lid.get());
         self.transport

@@ -23,6 +23,7 @@
 //! UDP may lose or reorder datagrams: the engine retransmits LAP and Migrate until
 //! answered, and this channel adds nothing of its own.
 
+use crate::answer_tids::AnswerTids;
 use crate::apm_msg;
 use crate::umad_transport::DEFAULT_VENDOR_CLASS;
 use apm_core::{
@@ -82,8 +83,6 @@ impl PeerMap {
 
 /// Remembers the TID of the last LAP per sender comm id, so that its APR or MRA carries
 /// the same TID (as the CM protocol has it).
-type LapTids = Arc<Mutex<BTreeMap<u32, u64>>>;
-
 /// apm's peer channel over UDP on one local (RoCE) port.
 pub struct UdpPeerChannel {
     socket: Arc<UdpSocket>,
@@ -91,7 +90,7 @@ pub struct UdpPeerChannel {
     class: u8,
     oui: [u8; 3],
     peers: Arc<Mutex<PeerMap>>,
-    lap_tids: LapTids,
+    lap_tids: AnswerTids,
     next_tid: AtomicU64,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
@@ -129,7 +128,7 @@ impl UdpPeerChannel {
             class: DEFAULT_VENDOR_CLASS,
             oui: UDP_DEFAULT_OUI,
             peers: Arc::new(Mutex::new(PeerMap::default())),
-            lap_tids: Arc::new(Mutex::new(BTreeMap::new())),
+            lap_tids: AnswerTids::default(),
             next_tid: AtomicU64::new(1),
             task: Mutex::new(None),
         })
@@ -203,12 +202,7 @@ impl PeerChannel for UdpPeerChannel {
                     debug!(%from, len, "malformed or foreign datagram: dropped");
                     continue;
                 };
-                if let PeerMsg::Lap(l) = &msg {
-                    lap_tids
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .insert(l.sender_comm_id, tid);
-                }
+                lap_tids.record(&msg, tid);
                 debug!(%from, %gid, ?msg, "peer message");
                 let from = PeerAddr {
                     gid,
@@ -241,19 +235,9 @@ impl PeerChannel for UdpPeerChannel {
         let Some(addr) = self.lock_peers().addr_of(&to.gid) else {
             return Err(refused(format!("no UDP address for GID {}", to.gid)));
         };
-        let answered = match &msg {
-            PeerMsg::Apr(a) => Some(a.receiver_comm_id),
-            PeerMsg::Mra(m) => Some(m.receiver_comm_id),
-            _ => None,
-        };
-        let tid = answered
-            .and_then(|c| {
-                self.lap_tids
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .get(&c)
-                    .copied()
-            })
+        let tid = self
+            .lap_tids
+            .for_answer(&msg)
             .unwrap_or_else(|| self.next_tid.fetch_add(1, Ordering::Relaxed));
         let wire =
             apm_msg::encode(self.class, self.oui, tid, &msg).map_err(|e| refused(e.to_string()))?;
@@ -462,6 +446,6 @@ mod tests {
             Some(Input::PeerMessage { msg, .. }) => assert_eq!(msg, apr),
             other => panic!("expected the APR, got {other:?}"),
         }
-        assert_eq!(b.lap_tids.lock().expect("ok").get(&11), Some(&1));
+        assert_eq!(b.lap_tids.get(11), Some(1));
     }
 }
