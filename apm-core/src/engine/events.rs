@@ -267,17 +267,7 @@ impl Engine {
                     }
                     MigrationMode::Software => {
                         debug!(%id, to = %alt, "primary down: software migration");
-                        let op = CommandOp::SoftwareMigrate {
-                            conn: id,
-                            path: alt,
-                        };
-                        let cmd = self.issue(op, Pending::Conn(id));
-                        let phase = Phase::SwMigrating {
-                            cmd,
-                            path: alt,
-                            responder: None,
-                        };
-                        self.replace_phase(id, phase);
+                        self.start_sw_migration(id, alt, None);
                     }
                 }
             }
@@ -292,6 +282,28 @@ impl Engine {
                 self.need_rearm(id);
             }
         }
+    }
+
+    /// Move `id` to `path` in software, dropping whatever it was doing; `responder` is
+    /// the peer whose request this answers (None when we move first).
+    pub(super) fn start_sw_migration(
+        &mut self,
+        id: ConnId,
+        path: Path,
+        responder: Option<Responder>,
+    ) {
+        let cmd = self.issue(
+            CommandOp::SoftwareMigrate { conn: id, path },
+            Pending::Conn(id),
+        );
+        self.replace_phase(
+            id,
+            Phase::SwMigrating {
+                cmd,
+                path,
+                responder,
+            },
+        );
     }
 
     /// The alternate (or the path being negotiated) of `id` is dead: find another.

@@ -448,20 +448,8 @@ impl Engine {
             self.send_migrate_ack(id, r, false);
             return;
         }
-        self.abort_phase(id);
         self.stats.migrations_forced += 1;
-        let cmd = self.issue(
-            CommandOp::SoftwareMigrate { conn: id, path },
-            Pending::Conn(id),
-        );
-        self.set_phase(
-            id,
-            Phase::SwMigrating {
-                cmd,
-                path,
-                responder: Some(r),
-            },
-        );
+        self.start_sw_migration(id, path, Some(r));
     }
 
     pub(super) fn send_migrate_ack(&mut self, id: ConnId, r: Responder, ok: bool) {
