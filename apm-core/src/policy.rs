@@ -63,6 +63,12 @@ pub struct Policy {
     /// A `PATH_MIG` within this long after a forced migration is that migration's own
     /// event, not a new one. Default 100 ms.
     pub forced_event_grace_ms: u64,
+    /// A remote GID out of service for this long is checked with an SA PathRecord query
+    /// (the SA routes only to ports that are up): the trap 64 that should have brought
+    /// it back may have been lost (a Report given up, a subscription gone). Doubled
+    /// after each check that finds it still unreachable, up to 60 s. 0 disables.
+    /// Default 5000 ms.
+    pub remote_recheck_ms: u64,
     /// What a LAP from a source that is not the connection's peer gets. Default reject.
     pub unexpected_lap: UnexpectedLap,
 }
@@ -85,6 +91,7 @@ impl Default for Policy {
             subscribe: true,
             subscribe_retry_ms: 1000,
             forced_event_grace_ms: 100,
+            remote_recheck_ms: 5000,
             unexpected_lap: UnexpectedLap::Reject,
         }
     }

@@ -194,6 +194,7 @@ impl Engine {
         let now = self.now;
         let h = self.remotes.entry(gid).or_insert_with(|| Health::new(true));
         if in_service {
+            self.rechecks.remove(&gid);
             if let Some(usable_at) = h.recover(now, &policy) {
                 info!(%gid, held_until = %usable_at, "remote GID in service");
                 // Its LIDs may have changed (trap 64 follows a sweep).
@@ -207,7 +208,61 @@ impl Engine {
         } else if h.fail(now, &policy) {
             info!(%gid, "remote GID out of service");
             self.invalidate_cache(|k| k.1 == gid);
+            self.schedule_recheck(gid, policy.remote_recheck_ms);
             self.path_failed(|p| p.dgid == gid);
+        }
+    }
+
+    /// Check `gid` again with the SA in `interval_ms` (0: never).
+    fn schedule_recheck(&mut self, gid: Gid, interval_ms: u64) {
+        if interval_ms == 0 {
+            return;
+        }
+        let due = self.now.plus(Policy::ms(interval_ms));
+        self.rechecks.insert(gid, (due, interval_ms));
+        self.timers.schedule(due, TimerKey::RemoteRecheck(gid));
+    }
+
+    /// Ask the SA, through every usable InfiniBand port, for paths to `gid`, which has
+    /// been out of service for a while: a lost trap 64 must not keep it dead forever.
+    pub(super) fn recheck_remote(&mut self, gid: Gid) {
+        if self.remotes.get(&gid).is_none_or(|h| h.up) {
+            self.rechecks.remove(&gid);
+            return;
+        }
+        let ports: Vec<PortKey> = self
+            .ports
+            .iter()
+            .filter(|(_, p)| {
+                p.info.link_layer == LinkLayer::InfiniBand && p.health.usable(self.now)
+            })
+            .map(|(k, _)| *k)
+            .collect();
+        let interval = self
+            .rechecks
+            .get(&gid)
+            .map_or(self.policy.remote_recheck_ms, |(_, i)| *i);
+        // Until an answer says otherwise, the next check is due a doubled interval later.
+        self.schedule_recheck(gid, interval.saturating_mul(2).min(60_000));
+        for port in ports {
+            debug!(%gid, %port, "asking the SA whether an out-of-service GID is back");
+            self.stats.path_queries += 1;
+            self.issue(
+                CommandOp::ResolvePaths { port, dgid: gid },
+                Pending::Recheck(gid),
+            );
+        }
+    }
+
+    /// An answer to [`Engine::recheck_remote`]: any path means the SA routes to `gid`
+    /// again, so it is in service.
+    pub(super) fn recheck_done(&mut self, gid: Gid, result: Result<CommandOutcome, ProviderError>) {
+        let reachable =
+            matches!(&result, Ok(CommandOutcome::Paths(p)) if p.iter().any(|p| p.dgid == gid));
+        let still_down = self.remotes.get(&gid).is_some_and(|h| !h.up);
+        if reachable && still_down {
+            info!(%gid, "the SA routes to a GID held out of service: it is back (trap 64 lost?)");
+            self.remote_gid(gid, true);
         }
     }
 

@@ -142,6 +142,8 @@ enum Pending {
     Send,
     Resolve(PortKey, Gid),
     Subscribe(PortKey),
+    /// A PathRecord query checking whether an out-of-service remote GID is back.
+    Recheck(Gid),
 }
 
 /// The path-protection engine. See the module documentation.
@@ -155,6 +157,8 @@ pub struct Engine {
     by_comm_id: BTreeMap<u32, ConnId>,
     ports: BTreeMap<PortKey, LocalPort>,
     remotes: BTreeMap<Gid, Health>,
+    /// Remote GIDs out of service awaiting an SA recheck: (when it is due, interval).
+    rechecks: BTreeMap<Gid, (Time, u64)>,
     cache: BTreeMap<(PortKey, Gid), CacheEntry>,
     pending: PendingTable<Pending>,
     timers: Timers,
@@ -175,6 +179,7 @@ impl Engine {
             by_comm_id: BTreeMap::new(),
             ports: BTreeMap::new(),
             remotes: BTreeMap::new(),
+            rechecks: BTreeMap::new(),
             cache: BTreeMap::new(),
             pending: PendingTable::new(1),
             timers: Timers::default(),
@@ -369,6 +374,11 @@ impl Engine {
                     }
                 }
                 TimerKey::Subscribe(port) => self.subscribe(port),
+                TimerKey::RemoteRecheck(gid) => {
+                    if self.rechecks.get(&gid).is_some_and(|(due, _)| *due == at) {
+                        self.recheck_remote(gid);
+                    }
+                }
             }
         }
         // Stale entries pile up when many connections re-schedule; sweep them now and

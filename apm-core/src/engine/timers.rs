@@ -18,6 +18,8 @@ pub(crate) enum TimerKey {
     RemoteHold(Gid),
     /// Retry a subscription through a port.
     Subscribe(PortKey),
+    /// Ask the SA whether a remote GID held out of service is reachable again.
+    RemoteRecheck(Gid),
 }
 
 #[derive(Debug, Default)]

@@ -93,8 +93,10 @@ pub struct Node {
     pub log: Vec<Output>,
     /// Outputs not yet carried out.
     queue: Vec<Output>,
-    /// QP mig state per connection as a tiny QP model sees it.
+    /// Command names this node's provider refuses.
     pub fail_ops: Vec<&'static str>,
+    /// GIDs this node's SA has no path to (down ports).
+    pub unreachable: Vec<Gid>,
 }
 
 impl Node {
@@ -111,6 +113,7 @@ impl Node {
             log: Vec::new(),
             queue: Vec::new(),
             fail_ops: Vec::new(),
+            unreachable: Vec::new(),
         };
         n.drain();
         n
@@ -317,12 +320,15 @@ impl Pair {
                     Ok(CommandOutcome::Done)
                 }
                 CommandOp::SetRearm { .. } => Ok(CommandOutcome::MigState(MigState::Armed)),
-                CommandOp::ResolvePaths { port, dgid } => Ok(CommandOutcome::Paths(
-                    all_paths(name)
-                        .into_iter()
-                        .filter(|p| p.port == *port && p.dgid == *dgid)
-                        .collect(),
-                )),
+                CommandOp::ResolvePaths { port, dgid } => {
+                    let unreachable = self.node(name).unreachable.contains(dgid);
+                    Ok(CommandOutcome::Paths(
+                        all_paths(name)
+                            .into_iter()
+                            .filter(|p| p.port == *port && p.dgid == *dgid && !unreachable)
+                            .collect(),
+                    ))
+                }
                 _ => Ok(CommandOutcome::Done),
             }
         };

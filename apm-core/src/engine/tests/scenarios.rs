@@ -643,3 +643,39 @@ fn passive_side_that_refused_a_lap_proposes_as_soon_as_the_path_is_back() {
     p.run_for(1);
     assert_armed(&p, 1, path('a', 2, 2));
 }
+
+#[test]
+fn a_lost_trap_64_is_made_good_by_asking_the_sa() {
+    let mut p = Pair::new();
+    p.protect(1);
+    p.run_for(1000);
+    // B's port 2 goes out of service (trap 65 at A); the trap 64 that should follow its
+    // return is lost, and meanwhile the SA cannot route there either.
+    p.a.unreachable.push(gid('b', 2));
+    p.input(
+        'a',
+        Input::RemoteGid {
+            gid: gid('b', 2),
+            in_service: false,
+        },
+    );
+    p.run_for(6000);
+    let queries = |p: &Pair| {
+        p.a.op_names()
+            .iter()
+            .filter(|o| **o == "resolve_paths")
+            .count()
+    };
+    let after_first = queries(&p);
+    assert!(after_first >= 1, "the SA was asked after remote_recheck_ms");
+    let a = p.a.status(1);
+    assert!(a.alternate.is_none_or(|x| x.dgid != gid('b', 2)) || a.protection != Protection::Armed);
+    // Still unreachable: the next check comes a doubled interval later, not at once.
+    p.run_for(5000);
+    assert_eq!(queries(&p), after_first, "no new check before 10 s");
+    // The port is back but its trap 64 never comes; the next check finds paths.
+    p.a.unreachable.clear();
+    p.run_for(6000);
+    assert!(queries(&p) > after_first);
+    assert_armed(&p, 1, path('a', 2, 2));
+}
