@@ -318,25 +318,30 @@ impl End {
 const PSN_A: u32 = 0x1000;
 const PSN_B: u32 = 0x2000;
 
+/// RESET -> INIT on `port`, with remote read and write allowed.
+fn qp_to_init(me: &End, port: u8) {
+    let init = QpAttr {
+        qp_state: QpState::Init,
+        pkey_index: 0,
+        port_num: port,
+        qp_access_flags: sys::IBV_ACCESS_REMOTE_WRITE | sys::IBV_ACCESS_REMOTE_READ,
+        ..QpAttr::default()
+    };
+    me.qp
+        .modify(
+            &init,
+            QpAttrMask::STATE
+                | QpAttrMask::PKEY_INDEX
+                | QpAttrMask::PORT
+                | QpAttrMask::ACCESS_FLAGS,
+        )
+        .expect("RESET->INIT");
+}
+
 /// Move both QPs RESET -> INIT -> RTR -> RTS, each pointing at the other.
 fn connect(a: &End, b: &End) {
     for (me, peer, my_psn, peer_psn) in [(a, b, PSN_A, PSN_B), (b, a, PSN_B, PSN_A)] {
-        let init = QpAttr {
-            qp_state: QpState::Init,
-            pkey_index: 0,
-            port_num: me.port,
-            qp_access_flags: sys::IBV_ACCESS_REMOTE_WRITE | sys::IBV_ACCESS_REMOTE_READ,
-            ..QpAttr::default()
-        };
-        me.qp
-            .modify(
-                &init,
-                QpAttrMask::STATE
-                    | QpAttrMask::PKEY_INDEX
-                    | QpAttrMask::PORT
-                    | QpAttrMask::ACCESS_FLAGS,
-            )
-            .expect("RESET->INIT");
+        qp_to_init(me, me.port);
         let mtu = if me.mtu == Mtu::Mtu256 || peer.mtu == Mtu::Mtu256 {
             Mtu::Mtu256
         } else {
@@ -1518,22 +1523,7 @@ fn ib_connect(a: &End, b: &End, plan: &IbPlan, load_alt: bool) {
     for (me, peer, side, my_psn, peer_psn) in
         [(a, b, &plan.a, PSN_A, PSN_B), (b, a, &plan.b, PSN_B, PSN_A)]
     {
-        let init = QpAttr {
-            qp_state: QpState::Init,
-            pkey_index: 0,
-            port_num: side.port,
-            qp_access_flags: sys::IBV_ACCESS_REMOTE_WRITE | sys::IBV_ACCESS_REMOTE_READ,
-            ..QpAttr::default()
-        };
-        me.qp
-            .modify(
-                &init,
-                QpAttrMask::STATE
-                    | QpAttrMask::PKEY_INDEX
-                    | QpAttrMask::PORT
-                    | QpAttrMask::ACCESS_FLAGS,
-            )
-            .expect("RESET->INIT");
+        qp_to_init(me, side.port);
         let mut rtr = QpAttr {
             qp_state: QpState::Rtr,
             path_mtu: plan.mtu,
