@@ -338,6 +338,30 @@ fn qp_to_init(me: &End, port: u8) {
         .expect("RESET->INIT");
 }
 
+/// RTR -> RTS with send PSN `psn` and local ACK timeout `timeout` (retries unlimited).
+fn qp_to_rts(me: &End, psn: u32, timeout: u8) {
+    let rts = QpAttr {
+        qp_state: QpState::Rts,
+        sq_psn: psn,
+        timeout,
+        retry_cnt: 7,
+        rnr_retry: 7,
+        max_rd_atomic: 1,
+        ..QpAttr::default()
+    };
+    me.qp
+        .modify(
+            &rts,
+            QpAttrMask::STATE
+                | QpAttrMask::SQ_PSN
+                | QpAttrMask::TIMEOUT
+                | QpAttrMask::RETRY_CNT
+                | QpAttrMask::RNR_RETRY
+                | QpAttrMask::MAX_QP_RD_ATOMIC,
+        )
+        .expect("RTR->RTS");
+}
+
 /// Move both QPs RESET -> INIT -> RTR -> RTS, each pointing at the other.
 fn connect(a: &End, b: &End) {
     for (me, peer, my_psn, peer_psn) in [(a, b, PSN_A, PSN_B), (b, a, PSN_B, PSN_A)] {
@@ -369,26 +393,7 @@ fn connect(a: &End, b: &End) {
                     | QpAttrMask::MIN_RNR_TIMER,
             )
             .expect("INIT->RTR");
-        let rts = QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn: my_psn,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 1,
-            ..QpAttr::default()
-        };
-        me.qp
-            .modify(
-                &rts,
-                QpAttrMask::STATE
-                    | QpAttrMask::SQ_PSN
-                    | QpAttrMask::TIMEOUT
-                    | QpAttrMask::RETRY_CNT
-                    | QpAttrMask::RNR_RETRY
-                    | QpAttrMask::MAX_QP_RD_ATOMIC,
-            )
-            .expect("RTR->RTS");
+        qp_to_rts(me, my_psn, 14);
     }
     for e in [a, b] {
         let q = e.qp.query(QpAttrMask::STATE).expect("query_qp");
@@ -1551,26 +1556,7 @@ fn ib_connect(a: &End, b: &End, plan: &IbPlan, load_alt: bool) {
         me.qp
             .modify(&rtr, mask)
             .unwrap_or_else(|e| panic!("INIT->RTR (alternate path: {load_alt}): {e}"));
-        let rts = QpAttr {
-            qp_state: QpState::Rts,
-            sq_psn: my_psn,
-            timeout: IB_ACK_TIMEOUT,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            max_rd_atomic: 1,
-            ..QpAttr::default()
-        };
-        me.qp
-            .modify(
-                &rts,
-                QpAttrMask::STATE
-                    | QpAttrMask::SQ_PSN
-                    | QpAttrMask::TIMEOUT
-                    | QpAttrMask::RETRY_CNT
-                    | QpAttrMask::RNR_RETRY
-                    | QpAttrMask::MAX_QP_RD_ATOMIC,
-            )
-            .expect("RTR->RTS");
+        qp_to_rts(me, my_psn, IB_ACK_TIMEOUT);
     }
 }
 
