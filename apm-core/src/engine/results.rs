@@ -145,7 +145,10 @@ impl Engine {
                     c.armed = false;
                 }
                 self.update_protection(id, UnprotectedReason::ModifyFailed);
-                self.need_rearm(id);
+                // A QP that failed under the move (a software migration cannot bring
+                // back a QP in ERR whose work the application owns) is lost; one still
+                // working is re-armed: the query's answer decides (`reconcile`).
+                self.query(id);
             }
             (Phase::Querying { .. }, Ok(CommandOutcome::Qp(snap))) => {
                 self.set_phase(id, Phase::Idle);

@@ -97,6 +97,8 @@ pub struct Node {
     pub fail_ops: Vec<&'static str>,
     /// GIDs this node's SA has no path to (down ports).
     pub unreachable: Vec<Gid>,
+    /// Connections whose QP a query finds in ERR.
+    pub dead_qps: Vec<ConnId>,
 }
 
 impl Node {
@@ -114,6 +116,7 @@ impl Node {
             queue: Vec::new(),
             fail_ops: Vec::new(),
             unreachable: Vec::new(),
+            dead_qps: Vec::new(),
         };
         n.drain();
         n
@@ -320,6 +323,25 @@ impl Pair {
                     Ok(CommandOutcome::Done)
                 }
                 CommandOp::SetRearm { .. } => Ok(CommandOutcome::MigState(MigState::Armed)),
+                CommandOp::QueryQp { conn } => {
+                    let node = self.node(name);
+                    let status = node.engine.connection(*conn);
+                    let dead = node.dead_qps.contains(conn);
+                    match status {
+                        Some(st) => Ok(CommandOutcome::Qp(QpSnapshot {
+                            operational: !dead,
+                            mig_state: if st.protection == crate::Protection::Armed {
+                                MigState::Armed
+                            } else {
+                                MigState::Migrated
+                            },
+                            primary_port: st.primary.port,
+                            primary_dlid: st.primary.dlid,
+                            primary_dgid: st.primary.dgid,
+                        })),
+                        None => Err(ProviderError::UnknownConnection(*conn)),
+                    }
+                }
                 CommandOp::ResolvePaths { port, dgid } => {
                     let unreachable = self.node(name).unreachable.contains(dgid);
                     Ok(CommandOutcome::Paths(
