@@ -19,13 +19,19 @@
 //! new path, at most twice in a row, without asking the engine to move again. A
 //! connection with nothing outstanding is never reported: an idle QP cannot
 //! tell a dead path from a quiet one (the peer, which is sending, notices instead).
+//!
+//! **Application-owned QPs** ([`RxeQpControl::adopt`]) migrate through
+//! [`AdoptedQp`]: the same SQ drain, without the monitor (apm does not see their
+//! completions). The application reports what it sees with
+//! [`RxeQpControl::report_stall`], which raises the same `PrimaryStalled`.
 
+use crate::adopt::AdoptedQp;
 use crate::conn::RcConn;
 use apm_core::{
     ConnId, Gid, Input, InputSink, MigState, Path, ProviderError, QpControl, QpEvent, QpSnapshot,
 };
 use async_trait::async_trait;
-use provider_verbs::ffi::{AddressVector, AsyncEventKind, Context, EventElement, GidType};
+use provider_verbs::ffi::{AddressVector, AsyncEventKind, Context, EventElement, GidType, Qp};
 use provider_verbs::VerbsQpControl;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -54,7 +60,25 @@ impl Default for RxeConfig {
     }
 }
 
-type Conns = Arc<Mutex<BTreeMap<ConnId, Arc<RcConn>>>>;
+type Conns = Arc<Mutex<BTreeMap<ConnId, Managed>>>;
+
+/// A connection under this facet.
+#[derive(Clone, Debug)]
+enum Managed {
+    /// apm posts and polls its work ([`RcConn`]).
+    Own(Arc<RcConn>),
+    /// The application does ([`AdoptedQp`]).
+    Adopted(Arc<AdoptedQp>),
+}
+
+impl Managed {
+    fn context(&self) -> &Context {
+        match self {
+            Managed::Own(rc) => rc.context(),
+            Managed::Adopted(a) => a.qp().context(),
+        }
+    }
+}
 
 /// The RoCE QP-control facet (see the module docs).
 pub struct RxeQpControl {
@@ -62,6 +86,8 @@ pub struct RxeQpControl {
     conns: Conns,
     config: RxeConfig,
     monitor: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The engine's input, once started (for stalls the application reports).
+    sink: Mutex<Option<InputSink>>,
 }
 
 impl std::fmt::Debug for RxeQpControl {
@@ -86,7 +112,7 @@ impl Drop for RxeQpControl {
     }
 }
 
-fn lock(conns: &Conns) -> std::sync::MutexGuard<'_, BTreeMap<ConnId, Arc<RcConn>>> {
+fn lock(conns: &Conns) -> std::sync::MutexGuard<'_, BTreeMap<ConnId, Managed>> {
     // Single inserts and removes: a poisoned map is still consistent.
     conns.lock().unwrap_or_else(PoisonError::into_inner)
 }
@@ -106,8 +132,10 @@ impl RxeQpControl {
                 return;
             };
             for c in lock(&hook_conns).values() {
-                if c.qp_num() == qpn && c.context().name() == dev {
-                    c.sq_drained();
+                if let Managed::Own(c) = c {
+                    if c.qp_num() == qpn && c.context().name() == dev {
+                        c.sq_drained();
+                    }
                 }
             }
         }));
@@ -116,19 +144,64 @@ impl RxeQpControl {
             conns,
             config,
             monitor: Mutex::new(None),
+            sink: Mutex::new(None),
         }
     }
 
     /// Put `rc` under this facet as connection `conn`.
     pub fn register(&self, conn: ConnId, rc: Arc<RcConn>) -> Result<(), ProviderError> {
+        self.insert(conn, rc.qp().clone(), Managed::Own(rc))
+    }
+
+    /// Put an application's QP (from [`Qp::adopt`]) under this facet as connection
+    /// `conn`, for software migration through [`AdoptedQp`]. Refused when the QP is not
+    /// connected or does not allow remote writes (see [`AdoptedQp::new`]).
+    pub fn adopt(&self, conn: ConnId, qp: Arc<Qp>) -> Result<(), ProviderError> {
+        let adopted = AdoptedQp::new(qp.clone()).map_err(|e| ProviderError::Refused {
+            operation: "adopt the application's QP".into(),
+            detail: e.to_string(),
+        })?;
+        self.insert(conn, qp, Managed::Adopted(Arc::new(adopted)))
+    }
+
+    fn insert(&self, conn: ConnId, qp: Arc<Qp>, managed: Managed) -> Result<(), ProviderError> {
+        let mut conns = lock(&self.conns);
+        if conns.contains_key(&conn) {
+            return Err(ProviderError::Refused {
+                operation: "register".into(),
+                detail: format!("connection {conn} is already registered"),
+            });
+        }
         self.verbs
-            .register(conn, rc.qp().clone())
+            .register(conn, qp)
             .map_err(|e| ProviderError::Refused {
                 operation: "register".into(),
                 detail: e.to_string(),
             })?;
-        lock(&self.conns).insert(conn, rc);
+        conns.insert(conn, managed);
         Ok(())
+    }
+
+    /// The application saw its sends on `conn` stop completing: tell the engine, as the
+    /// progress monitor does for apm's own connections (it then moves the connection to
+    /// its agreed alternate, telling the peer). Refused for unknown connections and
+    /// before the facet started.
+    pub fn report_stall(&self, conn: ConnId) -> Result<(), ProviderError> {
+        if !lock(&self.conns).contains_key(&conn) {
+            return Err(ProviderError::UnknownConnection(conn));
+        }
+        let sink = self
+            .sink
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+            .ok_or_else(|| ProviderError::Io("the facet has not started".into()))?;
+        info!(%conn, "the application reports its sends stalled");
+        sink.send(Input::QpEvent {
+            conn,
+            event: QpEvent::PrimaryStalled,
+        })
+        .map_err(|_| ProviderError::Io("the engine has stopped".into()))
     }
 
     /// Forget connection `conn`.
@@ -142,7 +215,7 @@ impl RxeQpControl {
         self.verbs.device_index(name)
     }
 
-    fn conn(&self, conn: ConnId) -> Result<Arc<RcConn>, ProviderError> {
+    fn conn(&self, conn: ConnId) -> Result<Managed, ProviderError> {
         lock(&self.conns)
             .get(&conn)
             .cloned()
@@ -220,6 +293,7 @@ pub fn gid_index(ctx: &Context, port: u8, gid: &Gid) -> Result<u8, ProviderError
 impl QpControl for RxeQpControl {
     async fn start(&self, sink: InputSink) -> Result<(), ProviderError> {
         self.verbs.start(sink.clone()).await?;
+        *self.sink.lock().unwrap_or_else(PoisonError::into_inner) = Some(sink.clone());
         let conns = self.conns.clone();
         let stall = self.config.stall_timeout;
         let drain = self.config.drain_timeout;
@@ -228,8 +302,14 @@ impl QpControl for RxeQpControl {
             loop {
                 tokio::time::sleep(tick).await;
                 let now = Instant::now();
-                let all: Vec<(ConnId, Arc<RcConn>)> =
-                    lock(&conns).iter().map(|(k, v)| (*k, v.clone())).collect();
+                // Only apm's own connections: it sees their completions.
+                let all: Vec<(ConnId, Arc<RcConn>)> = lock(&conns)
+                    .iter()
+                    .filter_map(|(k, v)| match v {
+                        Managed::Own(rc) => Some((*k, rc.clone())),
+                        Managed::Adopted(_) => None,
+                    })
+                    .collect();
                 for (conn, rc) in all {
                     match rc.check_stall(now, stall) {
                         crate::conn::Stall::Report => {
@@ -276,9 +356,27 @@ impl QpControl for RxeQpControl {
     }
 
     async fn software_migrate(&self, conn: ConnId, path: Path) -> Result<(), ProviderError> {
-        let rc = self.conn(conn)?;
-        let av = address_vector(rc.context(), &path)?;
+        let managed = self.conn(conn)?;
+        let av = address_vector(managed.context(), &path)?;
         let started = Instant::now();
+        let rc = match managed {
+            Managed::Own(rc) => rc,
+            Managed::Adopted(a) => {
+                return match a.migrate(av, self.config.drain_timeout).await {
+                    Ok(()) => {
+                        info!(%conn, to = %path, took = ?started.elapsed(), "software migration of the application's QP done");
+                        Ok(())
+                    }
+                    Err(e) => {
+                        warn!(%conn, to = %path, error = %e, "software migration of the application's QP failed");
+                        Err(ProviderError::Refused {
+                            operation: "software path migration".into(),
+                            detail: e.to_string(),
+                        })
+                    }
+                };
+            }
+        };
         match rc.migrate(av, self.config.drain_timeout).await {
             Ok(reinit) => {
                 info!(%conn, to = %path, reinit, took = ?started.elapsed(), "software migration done");

@@ -24,6 +24,9 @@
 //!   provider-verbs, software migration, the progress monitor that reports a stalled
 //!   primary (rxe with `retry_cnt` 7 retries forever, so a dead path never errors), and
 //!   a clear refusal of hardware-APM operations.
+//! - [`adopt`]: [`AdoptedQp`], the SQ-drain migration of a QP the application owns
+//!   (created, posted and polled by the application, handed over through
+//!   [`RxeQpControl::adopt`]): no replay, no monitor; a QP already in ERR is lost.
 //! - [`route`]: the route cache flush rxe needs after an address vector moves.
 //! - [`roce_path`]: an engine path between two IP addresses (RoCE v2 GIDs).
 //!
@@ -32,10 +35,12 @@
 #![allow(clippy::disallowed_methods)]
 #![forbid(unsafe_code)]
 
+pub mod adopt;
 pub mod conn;
 pub mod facet;
 pub mod route;
 
+pub use adopt::{AdoptedQp, KICK_WR_ID};
 pub use conn::{Completion, ConnError, ConnStats, ConnectParams, RcConn};
 pub use facet::{address_vector, gid_index, RxeConfig, RxeQpControl};
 

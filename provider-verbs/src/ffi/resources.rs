@@ -687,9 +687,12 @@ impl Pd {
         // SAFETY: the QP was just created.
         let qp_num = unsafe { (*qp).qp_num };
         Ok(Qp {
-            pd: self.clone(),
-            _send_cq: send_cq.clone(),
-            _recv_cq: recv_cq.clone(),
+            ctx: self.inner.ctx.clone(),
+            owned: Some(QpOwner {
+                _pd: self.clone(),
+                _send_cq: send_cq.clone(),
+                _recv_cq: recv_cq.clone(),
+            }),
             qp,
             qp_num,
         })
@@ -747,13 +750,24 @@ pub struct QpCaps {
     pub max_recv_wr: u32,
 }
 
-/// An RC queue pair.
+/// An RC queue pair: one apm created ([`Pd::create_rc_qp`]) or one an application
+/// created and handed over ([`Qp::adopt`]).
 pub struct Qp {
-    pd: Pd,
-    _send_cq: Cq,
-    _recv_cq: Cq,
+    /// apm's own context on the QP's device: the library's entry points and the
+    /// device's name. An adopted QP belongs to the application's context; its verbs go
+    /// through that one (`qp->context`), never through this.
+    ctx: Context,
+    /// Set when apm created the QP: what must outlive it, and the duty to destroy it.
+    owned: Option<QpOwner>,
     qp: *mut sys::ibv_qp,
     qp_num: u32,
+}
+
+/// What an apm-created QP keeps alive (dropped after the QP is destroyed).
+struct QpOwner {
+    _pd: Pd,
+    _send_cq: Cq,
+    _recv_cq: Cq,
 }
 
 // SAFETY: QP verbs are thread-safe in libibverbs; the pointer is freed only in Drop.
@@ -763,9 +777,13 @@ unsafe impl Sync for Qp {}
 
 impl Drop for Qp {
     fn drop(&mut self) {
-        // SAFETY: created by us; its CQs and PD are kept alive by the fields, which drop
+        if self.owned.is_none() {
+            // Adopted: the application destroys its QP, not apm.
+            return;
+        }
+        // SAFETY: created by us; its CQs and PD are kept alive by `owned`, which drops
         // after this.
-        let rc = unsafe { (self.pd.inner.ctx.inner.verbs.lib.ibv_destroy_qp)(self.qp) };
+        let rc = unsafe { (self.ctx.inner.verbs.lib.ibv_destroy_qp)(self.qp) };
         if rc != 0 {
             tracing::warn!(qpn = self.qp_num, rc, "ibv_destroy_qp failed");
         }
@@ -776,19 +794,81 @@ impl std::fmt::Debug for Qp {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Qp")
             .field("qpn", &self.qp_num)
+            .field("adopted", &self.owned.is_none())
             .finish_non_exhaustive()
     }
 }
 
 impl Qp {
+    /// Take an application's RC QP under apm's control without owning it: apm modifies,
+    /// queries and posts to it, and never destroys it. `ctx` is apm's own context on the
+    /// same device (checked by name).
+    ///
+    /// # Safety
+    /// `raw` is a live `struct ibv_qp *` created through the same libibverbs this
+    /// process loaded (`Verbs::load` finds the one already mapped), and it stays valid
+    /// until this `Qp` and every clone of its `Arc` are dropped.
+    pub unsafe fn adopt(ctx: &Context, raw: *mut std::ffi::c_void) -> Result<Qp> {
+        let qp = raw.cast::<sys::ibv_qp>();
+        if qp.is_null() {
+            return Err(VerbsError::InvalidArgument("the QP pointer is NULL"));
+        }
+        // SAFETY: a live QP per the contract; its context and device are live with it.
+        let (qp_type, qp_num, device) = unsafe {
+            let qctx = (*qp).context;
+            if qctx.is_null() || (*qctx).device.is_null() {
+                return Err(VerbsError::InvalidArgument("the QP has no device context"));
+            }
+            ((*qp).qp_type, (*qp).qp_num, (*qctx).device)
+        };
+        if qp_type != sys::IBV_QPT_RC {
+            return Err(VerbsError::InvalidArgument(
+                "only RC QPs can be protected (this one is another type)",
+            ));
+        }
+        // SAFETY: a live device; the name is a NUL-terminated string owned by it.
+        let name = unsafe {
+            let p = (ctx.inner.verbs.lib.ibv_get_device_name)(device);
+            if p.is_null() {
+                String::new()
+            } else {
+                std::ffi::CStr::from_ptr(p).to_string_lossy().into_owned()
+            }
+        };
+        if name != ctx.name() {
+            return Err(VerbsError::InvalidArgument(
+                "the QP is on another device than the context given for it",
+            ));
+        }
+        Ok(Qp {
+            ctx: ctx.clone(),
+            owned: None,
+            qp,
+            qp_num,
+        })
+    }
+
+    /// Whether the application owns this QP ([`Qp::adopt`]).
+    pub fn is_adopted(&self) -> bool {
+        self.owned.is_none()
+    }
+
     /// The QP number.
     pub fn qp_num(&self) -> u32 {
         self.qp_num
     }
 
-    /// The device this QP is on.
+    /// The device this QP is on (apm's context on it).
     pub fn context(&self) -> &Context {
-        &self.pd.inner.ctx
+        &self.ctx
+    }
+
+    /// The operations table of the QP's own context (the application's, when adopted).
+    fn ops(&self) -> &sys::ibv_context_ops {
+        // SAFETY: a live QP's context lives at least as long as the QP, which outlives
+        // `self` per the constructors' contracts; the ops table is never written after
+        // the device is opened.
+        unsafe { &(*(*self.qp).context).ops }
     }
 
     /// `ibv_modify_qp` with the attributes `mask` names.
@@ -826,8 +906,7 @@ impl Qp {
             num_sge: 1,
         };
         let mut bad = std::ptr::null_mut();
-        // SAFETY: reading the ops table of a live context.
-        let Some(post) = (unsafe { (*self.context().raw()).ops.post_recv }) else {
+        let Some(post) = self.ops().post_recv else {
             return Err(VerbsError::Unsupported("the provider has no post_recv"));
         };
         // SAFETY: live QP; `wr` and `sge` live through the call (the provider copies
@@ -857,13 +936,36 @@ impl Qp {
         } else {
             sys::IBV_WR_SEND
         };
-        self.post_send_raw(wr_id, Some(sge), opcode, imm, None)
+        self.post_send_raw(wr_id, Some(sge), opcode, imm, None, true)
     }
 
     /// Post a signalled 0-byte RDMA WRITE: the "kick" that makes a QP send what it holds
     /// (rxe sends work posted in SQD, or rolled back by a drain, only at the next post).
+    /// The peer's QP must allow remote writes (a 0-byte write carries no key, but the
+    /// opcode is checked).
     pub fn post_kick(&self, wr_id: u64) -> Result<()> {
-        self.post_send_raw(wr_id, None, sys::IBV_WR_RDMA_WRITE, None, Some((0, 0)))
+        self.post_send_raw(
+            wr_id,
+            None,
+            sys::IBV_WR_RDMA_WRITE,
+            None,
+            Some((0, 0)),
+            true,
+        )
+    }
+
+    /// [`Qp::post_kick`], unsignalled: on an application's QP created with
+    /// `sq_sig_all = 0` it leaves nothing in the application's CQ (with `sq_sig_all = 1`
+    /// its completion carries `wr_id`).
+    pub fn post_kick_unsignaled(&self, wr_id: u64) -> Result<()> {
+        self.post_send_raw(
+            wr_id,
+            None,
+            sys::IBV_WR_RDMA_WRITE,
+            None,
+            Some((0, 0)),
+            false,
+        )
     }
 
     fn post_send_raw(
@@ -873,6 +975,7 @@ impl Qp {
         opcode: u32,
         imm: Option<u32>,
         rdma: Option<(u64, u32)>,
+        signaled: bool,
     ) -> Result<()> {
         let mut sge = sge;
         // SAFETY: ibv_send_wr is plain data (integers, pointers, unions of them); all-zero
@@ -885,7 +988,7 @@ impl Qp {
             wr.num_sge = 1;
         }
         wr.opcode = opcode;
-        wr.send_flags = sys::IBV_SEND_SIGNALED;
+        wr.send_flags = if signaled { sys::IBV_SEND_SIGNALED } else { 0 };
         if let Some(i) = imm {
             wr.__bindgen_anon_1.imm_data = i.to_be();
         }
@@ -893,8 +996,7 @@ impl Qp {
             wr.wr.rdma = sys::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr, rkey };
         }
         let mut bad = std::ptr::null_mut();
-        // SAFETY: reading the ops table of a live context.
-        let Some(post) = (unsafe { (*self.context().raw()).ops.post_send }) else {
+        let Some(post) = self.ops().post_send else {
             return Err(VerbsError::Unsupported("the provider has no post_send"));
         };
         // SAFETY: live QP; `wr` and `sge` live through the call (the provider copies
@@ -907,6 +1009,6 @@ impl Qp {
     }
 
     fn lib(&self) -> &sys::IbvLib {
-        &self.pd.inner.ctx.inner.verbs.lib
+        &self.ctx.inner.verbs.lib
     }
 }
