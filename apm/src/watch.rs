@@ -9,6 +9,9 @@
 //! - SA notices (trap 64 GID in service, trap 65 GID out of service) through umad-sa on
 //!   every active InfiniBand port whose SA answers the subscription; subscribed again
 //!   after a client reregister or an SM change (the SA forgot us);
+//! - or SA notices alone (`--source sa`, or where libibverbs lists no device but
+//!   libibumad lists ports): the umad ports themselves, without libibverbs
+//!   ([`sa_only`]); this is how `apm watch` runs on the ibsim bed (`--ibsim-bed`);
 //! - or, with `--sim`, the simulated fabric of provider-sim: one `apm_core::Manager` per
 //!   watched host, its unaffiliated event stream, in virtual time (a whole scenario
 //!   plays in moments).
@@ -33,6 +36,21 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
+mod sa_only;
+
+/// Where `apm watch` takes its events from (not with `--sim`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Source {
+    /// libibverbs when it lists a device; otherwise SA notices alone through the umad
+    /// ports, if libibumad lists any.
+    Auto,
+    /// libibverbs' devices only: port events, and SA notices on their InfiniBand ports.
+    Verbs,
+    /// SA notices (traps 64/65) alone, through the umad ports (libibumad): no libibverbs,
+    /// no port events.
+    Sa,
+}
+
 /// Arguments of `apm watch`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -44,11 +62,13 @@ pub struct Args {
     /// APM_SM_LID, APM_LMC, APM_GID, APM_SOURCE (unknown values are empty).
     #[arg(long, value_name = "CMD")]
     exec: Option<String>,
-    /// Only this device (repeatable). In `--sim`, devices are hosts: h0, h1, ...
+    /// Only this device (repeatable). In `--sim`, devices are hosts: h0, h1, ...; with
+    /// SA notices alone, libibumad's CA names (`ibsim0` under the simulator).
     #[arg(long = "device", value_name = "NAME")]
     devices: Vec<String>,
     /// Only this port number (repeatable). Events without a port (device fatal, SA
-    /// notices in `--sim`) always pass.
+    /// notices in `--sim`) always pass. With SA notices alone, subscribes only through
+    /// these ports.
     #[arg(long = "port", value_name = "N")]
     ports: Vec<u8>,
     /// Only events of this kind (repeatable, or comma-separated): port_active, port_down,
@@ -66,9 +86,17 @@ pub struct Args {
     /// With `--sim`: the simulation's seed.
     #[arg(long, default_value_t = 1, requires = "sim")]
     seed: u64,
+    /// Where events come from (not with `--sim`).
+    #[arg(long, value_enum, default_value_t = Source::Auto, conflicts_with = "sim")]
+    source: Source,
     /// Do not subscribe for SA notices (traps 64/65).
     #[arg(long)]
     no_sa: bool,
+    /// For the ibsim test bed of `cargo xtask ibsim` only, and refused anywhere else
+    /// (libumad2sim.so must be preloaded and APM_IBSIM_SOCKNAME set): SA notices alone,
+    /// the umad ports opened as a NOT_ACTIVE SM so that the simulator delivers Reports.
+    #[arg(long, conflicts_with_all = ["sim", "no_sa"])]
+    ibsim_bed: bool,
     /// Drop an event identical to the previous one of its port within this many ms.
     #[arg(long, value_name = "MS", default_value_t = 50)]
     dedup_ms: u64,
@@ -444,7 +472,9 @@ struct SaPort {
     client: umad_sa::SaClient,
 }
 
-async fn watch_devices(args: &Args) -> anyhow::Result<()> {
+/// libibverbs and the names of its devices, or why there are none (the errors the
+/// verbs path has always given).
+fn open_verbs() -> anyhow::Result<(Verbs, Vec<String>)> {
     let verbs = Verbs::load().map_err(|e| match e {
         VerbsError::LibraryMissing { .. } => anyhow::anyhow!(
             "{e}\nno RDMA stack here: `apm watch --sim` watches the simulated fabric instead"
@@ -469,6 +499,26 @@ async fn watch_devices(args: &Args) -> anyhow::Result<()> {
              `apm watch --sim` for the simulated fabric"
         );
     }
+    Ok((verbs, all))
+}
+
+async fn watch_devices(args: &Args) -> anyhow::Result<()> {
+    if args.ibsim_bed {
+        if args.source == Source::Verbs {
+            bail!(
+                "--ibsim-bed watches SA notices alone: it cannot be combined with --source verbs"
+            );
+        }
+        return sa_only::watch(args, None).await;
+    }
+    if args.source == Source::Sa {
+        return sa_only::watch(args, None).await;
+    }
+    let (verbs, all) = match open_verbs() {
+        Ok(v) => v,
+        Err(e) if args.source == Source::Auto => return sa_only::fallback(args, e).await,
+        Err(e) => return Err(e),
+    };
     for d in &args.devices {
         if !all.contains(d) {
             bail!("no RDMA device {d:?}; devices here: {}", all.join(", "));
@@ -552,16 +602,9 @@ async fn watch_devices(args: &Args) -> anyhow::Result<()> {
     let deadline = args.timeout.map(Duration::from_secs_f64);
     let mut sink = Sink::new(args);
     loop {
-        let next = async {
-            match deadline {
-                Some(d) => tokio::time::timeout(d.saturating_sub(start.elapsed()), msgs.recv())
-                    .await
-                    .ok()
-                    .flatten(),
-                None => msgs.recv().await,
-            }
+        let Some(msg) = next_msg(&mut msgs, start, deadline).await else {
+            break;
         };
-        let Some(msg) = next.await else { break };
         let (raw, now) = match msg {
             Msg::Verbs(Input::PortEvent { port, event }) => {
                 let Some(ctx) = contexts.get(usize::from(port.device)) else {
@@ -609,38 +652,77 @@ async fn watch_devices(args: &Args) -> anyhow::Result<()> {
                     .find(|c| c.name() == device)
                     .map(|c| read_back(c, port))
                     .unwrap_or_default();
-                (
-                    Raw {
-                        device,
-                        port: Some(port),
-                        kind: if in_service {
-                            EventKind::GidInService
-                        } else {
-                            EventKind::GidOutOfService
-                        },
-                        gid: Some(gid),
-                        source: "sa",
-                    },
-                    now,
-                )
+                (sa_raw(device, port, gid, in_service), now)
             }
         };
         if !sink.event(raw, now, wall_clock(), start.elapsed()).await {
             break;
         }
     }
-    for sa in &sa_ports {
+    unsubscribe_all(&sa_ports).await;
+    Ok(())
+}
+
+/// The next message, or `None` when every source ended or `--timeout` passed.
+async fn next_msg(
+    msgs: &mut mpsc::UnboundedReceiver<Msg>,
+    start: std::time::Instant,
+    deadline: Option<Duration>,
+) -> Option<Msg> {
+    match deadline {
+        Some(d) => tokio::time::timeout(d.saturating_sub(start.elapsed()), msgs.recv())
+            .await
+            .ok()
+            .flatten(),
+        None => msgs.recv().await,
+    }
+}
+
+/// An SA notice as an event of the port it arrived on.
+fn sa_raw(device: String, port: u8, gid: Gid, in_service: bool) -> Raw {
+    Raw {
+        device,
+        port: Some(port),
+        kind: if in_service {
+            EventKind::GidInService
+        } else {
+            EventKind::GidOutOfService
+        },
+        gid: Some(gid),
+        source: "sa",
+    }
+}
+
+/// Unsubscribe every SA client before leaving.
+async fn unsubscribe_all(sa_ports: &[Arc<SaPort>]) {
+    for sa in sa_ports {
         // Best effort: the SA drops subscriptions of ports that leave anyway.
         let _ =
             tokio::time::timeout(Duration::from_secs(1), sa.client.unsubscribe_gid_traps()).await;
     }
-    Ok(())
 }
 
 /// Open `device`/`port` for SA MADs, subscribe for traps 64/65 and forward notices.
 async fn sa_port(device: &str, port: u8, tx: mpsc::UnboundedSender<Msg>) -> anyhow::Result<SaPort> {
+    let sa = open_sa_port(device, port, umad::TestBedMode::Off, tx)?;
+    sa.client
+        .subscribe_gid_traps()
+        .await
+        .map_err(anyhow::Error::new)?;
+    Ok(sa)
+}
+
+/// Open `device`/`port` for SA MADs (in `testbed` mode) and forward its notices to `tx`;
+/// not subscribed yet.
+fn open_sa_port(
+    device: &str,
+    port: u8,
+    testbed: umad::TestBedMode,
+    tx: mpsc::UnboundedSender<Msg>,
+) -> anyhow::Result<SaPort> {
     let opts = umad::PortOptions {
         agents: vec![umad_sa::SA_AGENT],
+        testbed,
         ..Default::default()
     };
     let sel = umad::PortSelector::CaPort {
@@ -650,10 +732,6 @@ async fn sa_port(device: &str, port: u8, tx: mpsc::UnboundedSender<Msg>) -> anyh
     let (p, unsolicited) = umad::Port::open(&sel, opts).map_err(anyhow::Error::new)?;
     let (client, mut notes) =
         umad_sa::SaClient::new(Arc::new(p), unsolicited, umad_sa::SaOptions::default());
-    client
-        .subscribe_gid_traps()
-        .await
-        .map_err(anyhow::Error::new)?;
     let dev = device.to_owned();
     tokio::spawn(async move {
         while let Some(ev) = notes.recv().await {

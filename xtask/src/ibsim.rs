@@ -38,7 +38,7 @@ const PACKAGES: &[(&str, &str)] = &[
 const UMAD2SIM: &str = "/usr/lib/x86_64-linux-gnu/umad2sim/libumad2sim.so";
 
 /// The packages whose integration test target named `ibsim` holds bed tests.
-const BED_PACKAGES: &[&str] = &["umad", "umad-sa", "cm-lap"];
+const BED_PACKAGES: &[&str] = &["umad", "umad-sa", "cm-lap", "apm"];
 
 /// OpenSM reaches SUBNET UP in ~0.1 s on this fabric; anything near this bound is broken.
 const SUBNET_UP_TIMEOUT: Duration = Duration::from_secs(20);
