@@ -139,18 +139,62 @@ impl<Q: QpControl, C: PeerChannel, F: FabricService> Provider for Stack<Q, C, F>
     }
 }
 
+/// A shared QP facet is a QP facet: a deployment keeps one handle to register QPs with
+/// and gives the other to its [`Stack`].
+#[async_trait]
+impl<T: QpControl + ?Sized> QpControl for std::sync::Arc<T> {
+    async fn start(&self, sink: InputSink) -> Result<(), ProviderError> {
+        (**self).start(sink).await
+    }
+    async fn load_alternate(&self, conn: ConnId, path: Path) -> Result<(), ProviderError> {
+        (**self).load_alternate(conn, path).await
+    }
+    async fn set_rearm(&self, conn: ConnId) -> Result<MigState, ProviderError> {
+        (**self).set_rearm(conn).await
+    }
+    async fn force_migrate(&self, conn: ConnId) -> Result<(), ProviderError> {
+        (**self).force_migrate(conn).await
+    }
+    async fn software_migrate(&self, conn: ConnId, path: Path) -> Result<(), ProviderError> {
+        (**self).software_migrate(conn, path).await
+    }
+    async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError> {
+        (**self).query_qp(conn).await
+    }
+}
+
 /// A fabric facet for deployments without an SA (RoCE, static paths): resolves the
 /// paths it was given and reports subscriptions as unsupported (the engine then stops
-/// asking).
+/// asking). Clones share one table, so a deployment can [`StaticPaths::add`] the paths
+/// of each connection it protects.
 #[derive(Debug, Default, Clone)]
 pub struct StaticPaths {
-    paths: Vec<Path>,
+    paths: std::sync::Arc<std::sync::Mutex<Vec<Path>>>,
 }
 
 impl StaticPaths {
     /// A fabric that knows exactly `paths`.
     pub fn new(paths: Vec<Path>) -> Self {
-        StaticPaths { paths }
+        StaticPaths {
+            paths: std::sync::Arc::new(std::sync::Mutex::new(paths)),
+        }
+    }
+
+    /// Learn more paths (ones already known are not repeated).
+    pub fn add(&self, paths: impl IntoIterator<Item = Path>) {
+        let mut known = self.lock();
+        for p in paths {
+            if !known.contains(&p) {
+                known.push(p);
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Path>> {
+        // Whole pushes only: a poisoned table is still consistent.
+        self.paths
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
@@ -162,7 +206,7 @@ impl FabricService for StaticPaths {
 
     async fn resolve_paths(&self, port: PortKey, dgid: Gid) -> Result<Vec<Path>, ProviderError> {
         Ok(self
-            .paths
+            .lock()
             .iter()
             .filter(|p| p.port == port && p.dgid == dgid)
             .copied()
