@@ -7,24 +7,35 @@
 //! the providers the configuration names.
 //!
 //! Which deployments can be built here:
-//! - `provider = "sim"`: the simulated fabric of provider-sim ([`SimFabric`]). Fully
-//!   working; it follows tokio's clock, so run it on a runtime with a paused clock to
-//!   play a scenario in moments (see the examples in `apm/examples/`).
-//! - `provider = "verbs"` and `provider = "rxe"`: [`StartError::Unsupported`] for now,
-//!   after checking that the RDMA stack is there at all ([`StartError::Unavailable`]).
-//!   provider-verbs, umad-sa and cm-lap each provide their facet, but protecting a QP
-//!   needs the QP's handle registered with the QP facet, which this API does not take
-//!   yet. Nothing is faked: a deployment that cannot be built says so.
+//! - `provider = "sim"`: the simulated fabric of provider-sim ([`SimFabric`]). It
+//!   follows tokio's clock, so run it on a runtime with a paused clock to play a
+//!   scenario in moments (see the examples in `apm/examples/`).
+//! - `provider = "rxe"` (RoCE): provider-rxe's QP facet on every configured device,
+//!   cm-lap's UDP channel on `[lap] udp_listen` (peers from `[[lap.peer]]`), and the
+//!   protected connections' own paths as the fabric (RoCE has no SA). The application
+//!   keeps its QPs and hands each to [`Apm::protect_qp`] ([`Qp::adopt`] wraps an
+//!   `ibv_qp`); apm moves a QP's path with the SQ drain when its port goes down, when
+//!   the peer moves, or when the application reports a stall ([`Apm::report_stall`]).
+//!   Runs in real time: use a normal (multi-thread) runtime.
+//! - `provider = "verbs"` (InfiniBand, hardware APM): [`StartError::Unsupported`] for
+//!   now, after checking that the RDMA stack is there at all
+//!   ([`StartError::Unavailable`]); compose provider-verbs, umad-sa and cm-lap into an
+//!   `apm_core::Stack` directly meanwhile. Nothing is faked: a deployment that cannot
+//!   be built says so.
 //!
+//! This module never reads a clock itself: time is tokio's (and the simulation follows
+//! it).
 //! This module never reads a clock itself: time is tokio's (and the simulation follows
 //! it).
 
 use crate::config::{sim_host, Config, ProviderKind};
 use apm_core::{
-    ConnId, ConnSpec, ConnStatus, FabricEvent, Manager, ManagerError, ManagerHandle, Notification,
-    Time,
+    ConnId, ConnSpec, ConnStatus, FabricEvent, Gid, Manager, ManagerError, ManagerHandle,
+    Notification, PortKey, ProviderError, Stack, StaticPaths, Time,
 };
+use provider_rxe::{RxeConfig, RxeQpControl};
 use provider_sim::{PolicyKind, RunConfig, Scenario, Sim, SimProvider};
+use provider_verbs::ffi::{Context, Qp};
 use std::sync::Arc;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
@@ -186,6 +197,45 @@ pub struct Apm {
     handle: ManagerHandle,
     task: JoinHandle<Result<(), ManagerError>>,
     sim: Option<SimFabric>,
+    devices: Option<Devices>,
+}
+
+/// Why a connection could not be put under protection.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ProtectError {
+    /// The deployment has no QP facet (a simulated one): use [`Apm::protect`].
+    #[error("this deployment has no QP facet to hand a QP to (simulated fabric): use protect")]
+    NoQpFacet,
+    /// The QP facet refused the QP (not connected, no remote write, unknown device, ...).
+    #[error("{0}")]
+    Qp(ProviderError),
+    /// The manager refused the connection.
+    #[error(transparent)]
+    Manager(#[from] ManagerError),
+}
+
+/// What a device deployment keeps to register QPs with.
+#[derive(Debug)]
+struct Devices {
+    contexts: Vec<Context>,
+    facet: QpFacet,
+    /// The fabric facet's path table: each protected connection's paths.
+    paths: StaticPaths,
+}
+
+/// The deployment's QP facet (the other handle is in the manager's [`Stack`]).
+#[derive(Debug)]
+enum QpFacet {
+    Rxe(Arc<RxeQpControl>),
+}
+
+impl QpFacet {
+    fn forget(&self, id: ConnId) {
+        match self {
+            QpFacet::Rxe(f) => f.unregister(id),
+        }
+    }
 }
 
 impl Apm {
@@ -213,17 +263,64 @@ impl Apm {
                         .into(),
                 })
             }
-            ProviderKind::Rxe => {
-                check_rdma_stack()?;
-                Err(StartError::Unsupported {
-                    provider: "rxe",
-                    reason: "software migration needs each connection as a provider-rxe \
-                             RcConn registered with RxeQpControl next to cm-lap's UDP \
-                             channel; compose apm_core::Stack from those crates directly"
-                        .into(),
-                })
+            ProviderKind::Rxe => Apm::start_rxe(config).await,
+        }
+    }
+
+    /// A RoCE deployment: provider-rxe's facet on every configured device, cm-lap's UDP
+    /// channel on `[lap] udp_listen` with the `[[lap.peer]]` table, and the paths of the
+    /// protected connections as the fabric (RoCE has no SA).
+    async fn start_rxe(config: &Config) -> Result<Apm, StartError> {
+        if let Some(d) = config
+            .devices
+            .iter()
+            .find(|d| *d.provider.get_ref() != ProviderKind::Rxe)
+        {
+            return Err(StartError::Unsupported {
+                provider: "rxe",
+                reason: format!(
+                    "device {:?} is not rxe: one provider kind per deployment (run one apm \
+                     per kind)",
+                    d.name.get_ref()
+                ),
+            });
+        }
+        let contexts = open_devices(config)?;
+        let listen = config
+            .lap
+            .udp_listen
+            .as_ref()
+            .map(|a| *a.get_ref())
+            .ok_or_else(|| {
+                StartError::Unavailable(
+                    "RoCE needs [lap] udp_listen for apm's peer messages".into(),
+                )
+            })?;
+        let first_port = config.devices[0]
+            .ports
+            .as_ref()
+            .and_then(|p| p.get_ref().first().copied())
+            .unwrap_or(1);
+        let udp = cm_lap::udp::UdpPeerChannel::bind(listen, PortKey::new(0, first_port))
+            .await
+            .map_err(|e| StartError::Unavailable(format!("binding udp_listen {listen}: {e}")))?;
+        for peer in &config.lap.peers {
+            // `Config::parse` checked every GID.
+            if let Ok(gid) = peer.gid.get_ref().parse::<Gid>() {
+                udp.add_peer(gid, *peer.addr.get_ref());
             }
         }
+        let facet = Arc::new(RxeQpControl::new(contexts.clone(), RxeConfig::default()));
+        let paths = StaticPaths::default();
+        let provider = Arc::new(Stack::new(Arc::clone(&facet), udp, paths.clone()));
+        let (manager, handle) = Manager::new(provider, config.engine_policy())?;
+        let mut apm = Apm::run(manager, handle).await?;
+        apm.devices = Some(Devices {
+            contexts,
+            facet: QpFacet::Rxe(facet),
+            paths,
+        });
+        Ok(apm)
     }
 
     /// Start apm for the simulated host `config` names (one device) on a shared
@@ -244,6 +341,14 @@ impl Apm {
         }
         let provider = Arc::new(fabric.shared.for_host(host).stack());
         let (manager, handle) = Manager::new(provider, config.engine_policy())?;
+        Apm::run(manager, handle).await
+    }
+
+    /// Run `manager` and wait until it has taken the ports' state.
+    async fn run<P: apm_core::Provider>(
+        manager: Manager<P>,
+        handle: ManagerHandle,
+    ) -> Result<Apm, StartError> {
         let task = tokio::spawn(manager.run());
         // The manager takes the ports' state before it serves any request: a stats call
         // that returns means it is running (or it failed to start, which the task says).
@@ -257,6 +362,7 @@ impl Apm {
             handle,
             task,
             sim: None,
+            devices: None,
         })
     }
 
@@ -267,9 +373,54 @@ impl Apm {
         self.handle.protect(spec).await
     }
 
-    /// Stop protecting a connection. The QP is left as it is.
+    /// Put a connection whose QP the application owns under protection: `qp` (from
+    /// [`Qp::adopt`], on one of [`Apm::contexts`]) is registered with the deployment's
+    /// QP facet as `spec.id`, then protected. On RoCE apm moves it with the SQ drain
+    /// ([`provider_rxe::AdoptedQp`]: the QP must allow remote writes); a QP already in
+    /// ERR when a path fails is reported lost.
+    pub async fn protect_qp(&self, spec: ConnSpec, qp: Arc<Qp>) -> Result<(), ProtectError> {
+        let devices = self.devices.as_ref().ok_or(ProtectError::NoQpFacet)?;
+        let id = spec.id;
+        match &devices.facet {
+            QpFacet::Rxe(f) => f.adopt(id, qp).map_err(ProtectError::Qp)?,
+        }
+        devices.paths.add(
+            std::iter::once(spec.primary)
+                .chain(spec.agreed_alternate)
+                .chain(spec.candidates.iter().copied()),
+        );
+        if let Err(e) = self.handle.protect(spec).await {
+            devices.facet.forget(id);
+            return Err(ProtectError::Manager(e));
+        }
+        Ok(())
+    }
+
+    /// The application saw the sends of `id` stop completing (no completion for longer
+    /// than it tolerates while work is outstanding): apm moves the connection to its
+    /// agreed alternate, as when it detects a dead path itself. For QPs the application
+    /// owns ([`Apm::protect_qp`]), whose completions apm cannot see.
+    pub fn report_stall(&self, id: ConnId) -> Result<(), ProtectError> {
+        let devices = self.devices.as_ref().ok_or(ProtectError::NoQpFacet)?;
+        match &devices.facet {
+            QpFacet::Rxe(f) => f.report_stall(id).map_err(ProtectError::Qp),
+        }
+    }
+
+    /// The device contexts apm opened (index = the device index of [`PortKey`]s, in the
+    /// configuration's order); empty for a simulated deployment.
+    pub fn contexts(&self) -> &[Context] {
+        self.devices.as_ref().map_or(&[], |d| &d.contexts)
+    }
+
+    /// Stop protecting a connection. The QP is left as it is (and an application's QP
+    /// is no longer touched by apm).
     pub async fn unprotect(&self, id: ConnId) -> Result<(), ManagerError> {
-        self.handle.unprotect(id).await
+        let r = self.handle.unprotect(id).await;
+        if let Some(d) = &self.devices {
+            d.facet.forget(id);
+        }
+        r
     }
 
     /// How a connection stands (`None`: not protected).
@@ -307,6 +458,34 @@ impl Apm {
             Err(_) => Err(ManagerError::Stopped),
         }
     }
+}
+
+/// Open every configured device (in order: device index `i` is `devices[i]`).
+fn open_devices(config: &Config) -> Result<Vec<Context>, StartError> {
+    let verbs =
+        provider_verbs::Verbs::load().map_err(|e| StartError::Unavailable(e.to_string()))?;
+    config
+        .devices
+        .iter()
+        .map(|d| {
+            let name = d.name.get_ref();
+            verbs.open(name).map_err(|e| {
+                let have = verbs
+                    .devices()
+                    .map(|v| {
+                        v.iter()
+                            .map(|d| d.name.clone())
+                            .collect::<Vec<_>>()
+                            .join(", ")
+                    })
+                    .unwrap_or_default();
+                StartError::Unavailable(format!(
+                    "cannot open RDMA device {name:?}: {e} (devices here: {})",
+                    if have.is_empty() { "none" } else { &have }
+                ))
+            })
+        })
+        .collect()
 }
 
 /// Whether libibverbs loads and lists a device.

@@ -29,6 +29,11 @@ pub mod deployment;
 
 pub use apm_core;
 pub use config::{Config, ConfigError};
-pub use deployment::{Apm, SimFabric, StartError};
+pub use deployment::{Apm, ProtectError, SimFabric, StartError};
+/// The work request id of apm's kick on an application's QP after a RoCE migration.
+pub use provider_rxe::KICK_WR_ID;
 /// A simulated fabric's scenario (topology, faults, workload), for [`SimFabric::new`].
 pub use provider_sim::Scenario;
+/// provider-verbs' QP handle ([`Qp::adopt`] wraps an application's `ibv_qp`) and device
+/// context, for [`Apm::protect_qp`].
+pub use provider_verbs::ffi::{Context, Qp};
