@@ -6,6 +6,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+// The `wr_id` of the 0-byte RDMA WRITE apm posts on an application's RoCE QP after
+// moving its path (it restarts the send queue). It is unsignalled: only a QP created
+// with `sq_sig_all = 1` sees its completion, which it should ignore.
+#define APM_KICK_WR_ID 12225302663473941276ull
+
 // Result codes of every `apm_*` function that can fail.
 typedef enum ApmStatus {
   // Success.
@@ -130,7 +135,8 @@ typedef struct ApmNotification {
 } ApmNotification;
 
 // Called with each notification (see `apm_set_callback`), on the thread that runs
-// the manager's work (in a simulated deployment: inside `apm_sim_run_for`).
+// the manager's work: one of apm's own threads in a device deployment (so the callback
+// must be thread-safe), inside `apm_sim_run_for` in a simulated one.
 typedef void (*ApmCallback)(const struct ApmNotification *note, void *user);
 
 #ifdef __cplusplus
@@ -163,14 +169,25 @@ enum ApmStatus apm_manager_new_from_str(const char *config_toml, struct ApmManag
 // be used afterwards.
 void apm_manager_destroy(struct ApmManager *m);
 
-// Put a connection under protection. `qp` is the application's `struct ibv_qp *`; it
-// stays the application's (apm never destroys it). A simulated deployment has no QPs:
-// pass NULL there.
+// Put a connection under protection. `qp` is the application's `struct ibv_qp *`, an
+// RC QP in RTS on the device `info->primary.device` names (the index of its
+// `[[device]]` table); it stays the application's (apm never destroys it, and stops
+// touching it at `apm_unprotect`). On RoCE it must allow `IBV_ACCESS_REMOTE_WRITE`
+// (see `APM_KICK_WR_ID`). A simulated deployment has no QPs: pass NULL there.
 //
 // # Safety
 // `m` is a live manager; `info` points to a valid `ApmConnInfo` (and its candidates);
 // `qp` is NULL or a QP that stays valid until `apm_unprotect` or destroy.
 enum ApmStatus apm_protect(struct ApmManager *m, struct ibv_qp *qp, const struct ApmConnInfo *info);
+
+// The application's sends on `conn_id` stopped completing (outstanding work, no
+// completion for longer than it tolerates): apm moves the connection to its agreed
+// alternate now, telling the peer. apm cannot see an application's completions, so
+// this is how a silent path failure (no port event) reaches it.
+//
+// # Safety
+// `m` is a live manager.
+enum ApmStatus apm_report_stall(struct ApmManager *m, uint64_t conn_id);
 
 // Stop protecting connection `conn_id` (the QP is left as it is).
 //
@@ -198,7 +215,8 @@ enum ApmStatus apm_next_notification(struct ApmManager *m, struct ApmNotificatio
 //
 // # Safety
 // `m` is a live manager; `cb` is safe to call with `user` from the thread that calls
-// apm functions on this manager, until it is replaced or the manager destroyed.
+// apm functions on this manager (simulated deployments) or from any thread (device
+// deployments), until it is replaced or the manager destroyed.
 enum ApmStatus apm_set_callback(struct ApmManager *m, ApmCallback cb, void *user);
 
 // Simulated deployments: advance the fabric by `ms` milliseconds of virtual time (the

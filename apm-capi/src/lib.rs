@@ -12,10 +12,16 @@
 //! - Pointers from C are checked for NULL; everything else about them is the caller's
 //!   contract, stated in each function's `# Safety` section.
 //!
-//! Deployments: what [`apm::Apm`] can build (the simulated fabric today; verbs and rxe
-//! deployments fail at creation with `APM_STATUS_UNSUPPORTED` or `APM_STATUS_UNAVAILABLE`).
-//! A simulated deployment runs on a paused tokio clock and advances only inside
-//! `apm_sim_run_for`, so a C test plays seconds of fabric time in moments.
+//! Deployments: what [`apm::Apm`] can build.
+//! - **rxe (RoCE)**: the application creates, connects, posts to and polls its own RC
+//!   QPs and hands each to `apm_protect`; apm moves a QP's primary path with the SQ
+//!   drain when the path fails (port down, or the application's `apm_report_stall`), and
+//!   tells the peer's apm over UDP, which moves its side. apm runs on its own threads;
+//!   notifications arrive on the fd or the callback at any time.
+//! - **sim**: the simulated fabric on a paused tokio clock, advanced only inside
+//!   `apm_sim_run_for`, so a C test plays seconds of fabric time in moments.
+//! - **verbs (InfiniBand)**: `APM_STATUS_UNSUPPORTED` at creation (after checking the
+//!   stack is there: `APM_STATUS_UNAVAILABLE` otherwise).
 // The FFI layer: raw pointers from C, an eventfd. Every unsafe block says why it is sound.
 #![allow(unsafe_code)]
 
@@ -23,13 +29,18 @@ use apm::apm_core::{
     ConnId, ConnSpec, Gid, Lid, LostReason, MigrationMode, Notification, NotificationKind, Path,
     PortKey, Qpn, Role, UnprotectedReason,
 };
-use apm::{Apm, Config, StartError};
+use apm::{Apm, Config, ProtectError, Qp, StartError};
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use tokio::sync::broadcast;
+
+/// The `wr_id` of the 0-byte RDMA WRITE apm posts on an application's RoCE QP after
+/// moving its path (it restarts the send queue). It is unsignalled: only a QP created
+/// with `sq_sig_all = 1` sees its completion, which it should ignore.
+pub const APM_KICK_WR_ID: u64 = 0xA9A9_0000_0000_4B1C;
 
 /// Result codes of every `apm_*` function that can fail.
 #[repr(C)]
@@ -158,7 +169,8 @@ pub struct ApmNotification {
 }
 
 /// Called with each notification (see `apm_set_callback`), on the thread that runs
-/// the manager's work (in a simulated deployment: inside `apm_sim_run_for`).
+/// the manager's work: one of apm's own threads in a device deployment (so the callback
+/// must be thread-safe), inside `apm_sim_run_for` in a simulated one.
 pub type ApmCallback =
     Option<unsafe extern "C" fn(note: *const ApmNotification, user: *mut c_void)>;
 
@@ -173,19 +185,39 @@ pub struct IbvQp {
 pub struct ApmManager {
     rt: tokio::runtime::Runtime,
     apm: Option<Apm>,
-    notes: broadcast::Receiver<Notification>,
+    /// The notifications, taken by `collect` in a simulated deployment; `None` in a
+    /// device deployment, where a task forwards them as they come.
+    notes: Option<broadcast::Receiver<Notification>>,
+    out: Arc<Delivery>,
+}
+
+/// Where notifications go: the callback if one is set, else the queue behind the fd.
+/// Shared with the forwarding task of a device deployment; the fd is closed when the
+/// last holder drops, so the task never writes to a closed (or reused) descriptor.
+struct Delivery {
     queue: Mutex<VecDeque<ApmNotification>>,
     efd: c_int,
-    callback: Option<(
-        unsafe extern "C" fn(*const ApmNotification, *mut c_void),
-        usize,
-    )>,
+    callback: Mutex<
+        Option<(
+            unsafe extern "C" fn(*const ApmNotification, *mut c_void),
+            usize,
+        )>,
+    >,
+}
+
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        if self.efd >= 0 {
+            // SAFETY: the eventfd was created by us and is closed once, here.
+            unsafe { libc::close(self.efd) };
+        }
+    }
 }
 
 impl std::fmt::Debug for ApmManager {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ApmManager")
-            .field("efd", &self.efd)
+            .field("efd", &self.out.efd)
             .finish_non_exhaustive()
     }
 }
@@ -194,10 +226,6 @@ impl Drop for ApmManager {
     fn drop(&mut self) {
         if let Some(apm) = self.apm.take() {
             let _ = self.rt.block_on(apm.shutdown());
-        }
-        if self.efd >= 0 {
-            // SAFETY: the eventfd was created by us and is closed once, here.
-            unsafe { libc::close(self.efd) };
         }
     }
 }
@@ -237,6 +265,14 @@ fn start_error(e: StartError) -> ApmStatus {
     fail(status, e.to_string())
 }
 
+fn protect_error(e: ProtectError) -> ApmStatus {
+    match e {
+        ProtectError::Manager(e) => manager_error(e),
+        ProtectError::NoQpFacet => fail(ApmStatus::Unsupported, e.to_string()),
+        other => fail(ApmStatus::InvalidArgument, other.to_string()),
+    }
+}
+
 fn manager_error(e: apm::apm_core::ManagerError) -> ApmStatus {
     let status = match e {
         apm::apm_core::ManagerError::Stopped => ApmStatus::Stopped,
@@ -274,12 +310,25 @@ fn create(config_text: &str, out: *mut *mut ApmManager) -> ApmStatus {
             return fail(ApmStatus::Config, msg.join("; "));
         }
     };
-    // The simulated fabric follows tokio's clock: a paused one plays it on demand.
-    let rt = match tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-    {
+    let simulated = config
+        .devices
+        .first()
+        .is_some_and(|d| *d.provider.get_ref() == apm::config::ProviderKind::Sim);
+    let rt = if simulated {
+        // The simulated fabric follows tokio's clock: a paused one plays it on demand.
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+    } else {
+        // Devices work in real time: apm runs on its own threads between calls.
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("apm")
+            .enable_all()
+            .build()
+    };
+    let rt = match rt {
         Ok(rt) => rt,
         Err(e) => return fail(ApmStatus::Io, format!("starting the runtime: {e}")),
     };
@@ -287,22 +336,41 @@ fn create(config_text: &str, out: *mut *mut ApmManager) -> ApmStatus {
         Ok(a) => a,
         Err(e) => return start_error(e),
     };
-    // SAFETY: plain syscall; the fd is owned by the manager and closed in Drop.
+    // SAFETY: plain syscall; the fd is owned by `Delivery` and closed in its Drop.
     let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
     if efd < 0 {
+        let _ = rt.block_on(apm.shutdown());
         return fail(
             ApmStatus::Io,
             format!("eventfd: {}", std::io::Error::last_os_error()),
         );
     }
-    let notes = apm.notifications();
+    let delivery = Arc::new(Delivery {
+        queue: Mutex::new(VecDeque::new()),
+        efd,
+        callback: Mutex::new(None),
+    });
+    let mut notes = apm.notifications();
+    let notes = if simulated {
+        Some(notes)
+    } else {
+        let delivery = Arc::clone(&delivery);
+        rt.spawn(async move {
+            loop {
+                match notes.recv().await {
+                    Ok(n) => delivery.deliver(vec![c_note(&n)]),
+                    Err(broadcast::error::RecvError::Lagged(k)) => tracing_lag(k),
+                    Err(broadcast::error::RecvError::Closed) => return,
+                }
+            }
+        });
+        None
+    };
     let m = Box::new(ApmManager {
         rt,
         apm: Some(apm),
         notes,
-        queue: Mutex::new(VecDeque::new()),
-        efd,
-        callback: None,
+        out: delivery,
     });
     // SAFETY: `out` was checked non-NULL by the callers and points to writable storage.
     unsafe { *out = Box::into_raw(m) };
@@ -473,9 +541,11 @@ unsafe fn spec_of(info: &ApmConnInfo) -> Result<ConnSpec, ApmStatus> {
     })
 }
 
-/// Put a connection under protection. `qp` is the application's `struct ibv_qp *`; it
-/// stays the application's (apm never destroys it). A simulated deployment has no QPs:
-/// pass NULL there.
+/// Put a connection under protection. `qp` is the application's `struct ibv_qp *`, an
+/// RC QP in RTS on the device `info->primary.device` names (the index of its
+/// `[[device]]` table); it stays the application's (apm never destroys it, and stops
+/// touching it at `apm_unprotect`). On RoCE it must allow `IBV_ACCESS_REMOTE_WRITE`
+/// (see `APM_KICK_WR_ID`). A simulated deployment has no QPs: pass NULL there.
 ///
 /// # Safety
 /// `m` is a live manager; `info` points to a valid `ApmConnInfo` (and its candidates);
@@ -496,12 +566,6 @@ pub unsafe extern "C" fn apm_protect(
         let Some(info) = (unsafe { info.as_ref() }) else {
             return fail(ApmStatus::InvalidArgument, "info is NULL");
         };
-        if !qp.is_null() {
-            return fail(
-                ApmStatus::Unsupported,
-                "this deployment has no QP facet to hand an ibv_qp to (simulated fabric): pass NULL",
-            );
-        }
         // SAFETY: per this function's contract.
         let spec = match unsafe { spec_of(info) } {
             Ok(s) => s,
@@ -510,9 +574,66 @@ pub unsafe extern "C" fn apm_protect(
         let Some(apm) = &m.apm else {
             return fail(ApmStatus::Stopped, "the manager has stopped");
         };
-        let r = m.rt.block_on(apm.protect(spec));
+        let r = if qp.is_null() {
+            if !apm.contexts().is_empty() {
+                return fail(
+                    ApmStatus::InvalidArgument,
+                    "qp is NULL: a device deployment protects the application's ibv_qp",
+                );
+            }
+            m.rt.block_on(apm.protect(spec)).map_err(manager_error)
+        } else {
+            if apm.contexts().is_empty() {
+                return fail(
+                    ApmStatus::Unsupported,
+                    "this deployment has no QP facet to hand an ibv_qp to (simulated \
+                     fabric): pass NULL",
+                );
+            }
+            let device = spec.primary.port.device;
+            let Some(ctx) = apm.contexts().get(usize::from(device)) else {
+                return fail(
+                    ApmStatus::InvalidArgument,
+                    format!(
+                        "primary.device {device} is not a configured device (0..{})",
+                        apm.contexts().len()
+                    ),
+                );
+            };
+            // SAFETY: `qp` is a live ibv_qp of this process's libibverbs that stays
+            // valid until unprotect or destroy, per this function's contract.
+            let adopted = match unsafe { Qp::adopt(ctx, qp.cast()) } {
+                Ok(q) => q,
+                Err(e) => return fail(ApmStatus::InvalidArgument, e.to_string()),
+            };
+            m.rt.block_on(apm.protect_qp(spec, Arc::new(adopted)))
+                .map_err(protect_error)
+        };
         m.collect();
-        r.map_or_else(manager_error, |()| ApmStatus::Ok)
+        r.map_or_else(|s| s, |()| ApmStatus::Ok)
+    })
+}
+
+/// The application's sends on `conn_id` stopped completing (outstanding work, no
+/// completion for longer than it tolerates): apm moves the connection to its agreed
+/// alternate now, telling the peer. apm cannot see an application's completions, so
+/// this is how a silent path failure (no port event) reaches it.
+///
+/// # Safety
+/// `m` is a live manager.
+#[no_mangle]
+pub unsafe extern "C" fn apm_report_stall(m: *mut ApmManager, conn_id: u64) -> ApmStatus {
+    guard(|| {
+        // SAFETY: per this function's contract.
+        let m = match unsafe { manager(m) } {
+            Ok(m) => m,
+            Err(s) => return s,
+        };
+        let Some(apm) = &m.apm else {
+            return fail(ApmStatus::Stopped, "the manager has stopped");
+        };
+        apm.report_stall(ConnId(conn_id))
+            .map_or_else(protect_error, |()| ApmStatus::Ok)
     })
 }
 
@@ -546,7 +667,7 @@ pub unsafe extern "C" fn apm_unprotect(m: *mut ApmManager, conn_id: u64) -> ApmS
 #[no_mangle]
 pub unsafe extern "C" fn apm_notification_fd(m: *mut ApmManager) -> c_int {
     // SAFETY: per this function's contract.
-    catch_unwind(|| unsafe { m.as_ref() }.map_or(-1, |m| m.efd)).unwrap_or(-1)
+    catch_unwind(|| unsafe { m.as_ref() }.map_or(-1, |m| m.out.efd)).unwrap_or(-1)
 }
 
 /// Take the oldest pending notification into `*out`: `APM_STATUS_OK`, or `APM_STATUS_AGAIN`
@@ -569,18 +690,18 @@ pub unsafe extern "C" fn apm_next_notification(
             return fail(ApmStatus::InvalidArgument, "out is NULL");
         }
         m.collect();
-        let mut q = m.queue.lock().unwrap_or_else(|p| p.into_inner());
+        let mut q = m.out.queue.lock().unwrap_or_else(|p| p.into_inner());
         match q.pop_front() {
             Some(n) => {
                 // SAFETY: `out` is non-NULL and writable per the contract.
                 unsafe { out.write(n) };
                 if q.is_empty() {
-                    m.drain_fd();
+                    m.out.drain_fd();
                 }
                 ApmStatus::Ok
             }
             None => {
-                m.drain_fd();
+                m.out.drain_fd();
                 ApmStatus::Again
             }
         }
@@ -592,7 +713,8 @@ pub unsafe extern "C" fn apm_next_notification(
 ///
 /// # Safety
 /// `m` is a live manager; `cb` is safe to call with `user` from the thread that calls
-/// apm functions on this manager, until it is replaced or the manager destroyed.
+/// apm functions on this manager (simulated deployments) or from any thread (device
+/// deployments), until it is replaced or the manager destroyed.
 #[no_mangle]
 pub unsafe extern "C" fn apm_set_callback(
     m: *mut ApmManager,
@@ -607,7 +729,7 @@ pub unsafe extern "C" fn apm_set_callback(
         };
         // The pointer is kept as an integer: the manager stays Send-agnostic and the
         // value goes back to C unchanged.
-        m.callback = cb.map(|f| (f, user as usize));
+        *m.out.callback.lock().unwrap_or_else(|p| p.into_inner()) = cb.map(|f| (f, user as usize));
         ApmStatus::Ok
     })
 }
@@ -723,12 +845,15 @@ impl ApmManager {
         Ok(fabric.connections(host))
     }
 
-    /// Move what the manager published into the queue (or to the callback), and make
-    /// the fd readable while the queue holds something.
+    /// Simulated deployments: move what the manager published into the queue (or to
+    /// the callback). Device deployments forward as notifications come.
     fn collect(&mut self) {
+        let Some(notes) = self.notes.as_mut() else {
+            return;
+        };
         let mut fresh = Vec::new();
         loop {
-            match self.notes.try_recv() {
+            match notes.try_recv() {
                 Ok(n) => fresh.push(c_note(&n)),
                 Err(broadcast::error::TryRecvError::Lagged(k)) => {
                     tracing_lag(k);
@@ -736,7 +861,15 @@ impl ApmManager {
                 Err(_) => break,
             }
         }
-        if let Some((cb, user)) = self.callback {
+        self.out.deliver(fresh);
+    }
+}
+
+impl Delivery {
+    /// Hand `fresh` to the callback, or queue it and make the fd readable.
+    fn deliver(&self, fresh: Vec<ApmNotification>) {
+        let callback = *self.callback.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some((cb, user)) = callback {
             for n in &fresh {
                 // SAFETY: the callback and `user` are valid per `apm_set_callback`'s
                 // contract; `n` lives across the call.

@@ -68,6 +68,12 @@ fn rust_calls_through_the_abi() {
         // A real QP handed to a simulated deployment is refused, not ignored.
         let fake_qp = std::ptr::NonNull::<IbvQp>::dangling().as_ptr();
         assert_eq!(apm_protect(m, fake_qp, &info), ApmStatus::Unsupported);
+        // So is a stall report: a simulated deployment has no application QPs.
+        assert_eq!(apm_report_stall(m, info.id), ApmStatus::Unsupported);
+        assert_eq!(
+            apm_report_stall(std::ptr::null_mut(), 1),
+            ApmStatus::InvalidArgument
+        );
         assert_eq!(
             apm_sim_connection(m, n + 5, std::ptr::null_mut()),
             ApmStatus::InvalidArgument
@@ -82,6 +88,31 @@ fn rust_calls_through_the_abi() {
         assert_eq!(apm_unprotect(m, info.id), ApmStatus::Engine);
         apm_manager_destroy(m);
     }
+}
+
+#[test]
+fn the_kick_wr_id_in_the_header_is_the_one_apm_posts() {
+    assert_eq!(APM_KICK_WR_ID, apm::KICK_WR_ID);
+}
+
+#[test]
+fn a_device_deployment_without_the_rdma_stack_or_device_is_refused_with_the_reason() {
+    // This machine (CI) has no rxe device: creation fails with UNAVAILABLE naming what
+    // is missing; nothing half-built is returned.
+    let cfg = CString::new(
+        "[[device]]\nname = \"rxe_absent\"\nprovider = \"rxe\"\n[lap]\nudp_listen = \"127.0.0.1:0\"\n",
+    )
+    .unwrap();
+    let mut m: *mut ApmManager = std::ptr::null_mut();
+    // SAFETY: valid C string and out pointer.
+    let st = unsafe { apm_manager_new_from_str(cfg.as_ptr(), &mut m) };
+    assert_eq!(st, ApmStatus::Unavailable, "{}", last_error());
+    assert!(m.is_null());
+    let e = last_error();
+    assert!(
+        e.contains("libibverbs") || e.contains("rxe_absent"),
+        "the error names what is missing: {e}"
+    );
 }
 
 #[test]

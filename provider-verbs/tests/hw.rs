@@ -1207,14 +1207,12 @@ fn apm_watch_prints_one_line_per_link_event_with_the_state_read_back() {
 }
 
 /// apm-capi's C example on rxe: a C program creates and connects its own RC QPs
-/// (rxe0 <-> rxe1), exchanges messages, and hands the QPs to apm through the C API.
-///
-/// What it shows today, precisely: the QPs work, and apm's library refuses an rxe
-/// deployment with `APM_STATUS_UNSUPPORTED` (provider-rxe migrates only connections whose
-/// sends and receives it numbers itself, `RcConn`; a QP the application posts to
-/// directly cannot be replayed). The example then says "protection NOT active" and exits
-/// 3; this test checks exactly that, so that it fails, and is extended to the path cut,
-/// the day protection becomes active.
+/// (rxe0 <-> rxe1 over rail 10), hands each to its own apm manager through the C API
+/// (rail 20 the agreed alternate), and exchanges 3000 numbered messages each way. Rail 10
+/// is cut silently (netem) at message 1000: the program's watchdog reports the stall,
+/// apm moves both QPs to rail 20 with the SQ drain; at 2000 rail 10 returns, both sides
+/// re-arm it, rail 20 is cut and the connection moves back. Every message must arrive
+/// once and in order, and each side must have migrated exactly twice.
 #[test]
 #[ignore = "needs RDMA devices: run `cargo xtask hwtest` (or `--vm`)"]
 fn c_example_connects_its_own_qps_and_hands_them_to_apm() {
@@ -1225,40 +1223,210 @@ fn c_example_connects_its_own_qps_and_hands_them_to_apm() {
         println!("SKIPPED: APM_C_EXAMPLE does not name the C example (hwtest --vm sets it)");
         return;
     };
-    let v = verbs();
-    let names = device_names(&v);
-    if !names.iter().any(|n| n == "rxe0") || !names.iter().any(|n| n == "rxe1") {
-        println!("SKIPPED: needs rxe0 and rxe1 (the VM layout); devices: {names:?}");
+    if !link_toggle_allowed() {
+        println!("SKIPPED: cuts rails; set APM_HWTEST_LINK_TOGGLE=1 (hwtest --vm does)");
         return;
     }
-    for dev in ["rxe0", "rxe1"] {
-        wait_for_gid(&v.open(dev).expect("open"), 1);
+    let v = verbs();
+    let names = device_names(&v);
+    if netdev_of("rxe0", 1).as_deref() != Some("vA")
+        || netdev_of("rxe1", 1).as_deref() != Some("vB")
+    {
+        println!("SKIPPED: needs the VM layout (rxe0 on vA, rxe1 on vB); devices: {names:?}");
+        return;
     }
-    let out = std::process::Command::new(&example)
-        .args(["rxe0", "rxe1", "100"])
-        .output()
-        .expect("the C example runs");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    println!(
-        "C example (exit {:?}):\n{stdout}{}",
-        out.status.code(),
-        String::from_utf8_lossy(&out.stderr)
+    setup_rails();
+    wait_for_rail_gids(&v);
+    // Whatever happens, the rails are left without loss for the tests after this one.
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            for dev in ["vA.10", "vA.20"] {
+                let _ = std::process::Command::new("/usr/sbin/tc")
+                    .args(["qdisc", "del", "dev", dev, "root"])
+                    .output();
+            }
+        }
+    }
+    let _restore = Restore;
+
+    let mut c = CExample::start(
+        &example,
+        &[
+            "rxe0",
+            "rxe1",
+            "10.0.10.1",
+            "10.0.10.2",
+            "10.0.20.1",
+            "10.0.20.2",
+            "3000",
+            "--pause-at",
+            "1000",
+            "--pause-at",
+            "2000",
+        ],
     );
-    assert!(stdout.contains("connected rxe0 qpn"), "{stdout}");
+    c.wait_for("connected rxe0 qpn", Duration::from_secs(30));
+    c.wait_for("protection active", Duration::from_secs(30));
+
+    // (a) Silent cut of rail 10: nothing tells apm but the application's stall report.
+    c.wait_for("paused at 1000", Duration::from_secs(120));
+    let on10 = rail_rate("vA.10", Duration::from_millis(200));
+    println!("(a) idle on rail 10 before the cut: vA.10 sent {on10} packets in 0.2 s");
+    tc(&[
+        "qdisc", "add", "dev", "vA.10", "root", "netem", "loss", "100%",
+    ]);
+    c.resume();
+    c.wait_for("reporting a stall to apm", Duration::from_secs(30));
+    c.wait_for_all(
+        &[
+            "apm rxe0: conn 1 migrated, primary now 10.0.20.1 -> 10.0.20.2",
+            "apm rxe1: conn 2 migrated, primary now 10.0.20.2 -> 10.0.20.1",
+        ],
+        Duration::from_secs(30),
+    );
+    let on20 = rail_rate("vA.20", Duration::from_millis(300));
+    println!("(a) after the failover: vA.20 sent {on20} packets in 0.3 s");
+    assert!(on20 > 0, "traffic did not move to rail 20");
+
+    // (b) Rail 10 returns: both sides re-arm it as the alternate; then rail 20 is cut
+    // and the connection moves back.
+    c.wait_for("paused at 2000", Duration::from_secs(120));
+    tc(&["qdisc", "del", "dev", "vA.10", "root"]);
+    c.wait_for_all(
+        &[
+            "apm rxe0: conn 1 rearmed, alternate 10.0.10.1 -> 10.0.10.2",
+            "apm rxe1: conn 2 rearmed, alternate 10.0.10.2 -> 10.0.10.1",
+        ],
+        Duration::from_secs(60),
+    );
+    tc(&[
+        "qdisc", "add", "dev", "vA.20", "root", "netem", "loss", "100%",
+    ]);
+    c.resume();
+    c.wait_for_all(
+        &[
+            "apm rxe0: conn 1 migrated, primary now 10.0.10.1 -> 10.0.10.2",
+            "apm rxe1: conn 2 migrated, primary now 10.0.10.2 -> 10.0.10.1",
+        ],
+        Duration::from_secs(30),
+    );
+    let summary = c.wait_for("exchanged 3000 messages each way", Duration::from_secs(120));
     assert!(
-        stdout.contains("exchanged 100 messages each way"),
-        "{stdout}"
+        summary.contains("all arrived once and in order"),
+        "{summary}"
     );
+    assert!(
+        summary.contains("migrations rxe0 2, rxe1 2"),
+        "each side moved twice: {summary}"
+    );
+    let code = c.exit_code(Duration::from_secs(30));
     assert_eq!(
-        out.status.code(),
-        Some(3),
-        "protection is not available for application-owned QPs on rxe yet: expected the \
-         example to say so (exit 3); if it is active now, extend this test to cut a path"
+        code,
+        Some(0),
+        "the C example failed; log:\n{}",
+        c.log.join("\n")
     );
-    assert!(
-        stdout.contains("protection NOT active") && stdout.contains("rxe deployments cannot"),
-        "{stdout}"
-    );
+}
+
+/// The C example, its stdout read line by line.
+struct CExample {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+    log: Vec<String>,
+    /// Lines taken from `lines` and not yet matched by a `wait_for_all`.
+    seen: Vec<String>,
+}
+
+impl CExample {
+    fn start(exe: &str, args: &[&str]) -> CExample {
+        use std::io::BufRead;
+        let mut child = std::process::Command::new(exe)
+            .args(args)
+            .env("APM_LOG", "warn,provider_rxe=info")
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap_or_else(|e| panic!("start {exe}: {e}"));
+        let (tx, rx) = std::sync::mpsc::channel();
+        let out = child.stdout.take().expect("piped");
+        std::thread::spawn(move || {
+            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(l).is_err() {
+                    break;
+                }
+            }
+        });
+        CExample {
+            child,
+            lines: rx,
+            log: Vec::new(),
+            seen: Vec::new(),
+        }
+    }
+
+    fn next_line(&mut self, until: Instant, what: &str) -> String {
+        let left = until.saturating_duration_since(Instant::now());
+        match self.lines.recv_timeout(left) {
+            Ok(l) => {
+                println!("  [c] {l}");
+                self.log.push(l.clone());
+                self.seen.push(l.clone());
+                l
+            }
+            Err(_) => {
+                let _ = self.child.kill();
+                panic!(
+                    "C example: no line with {what:?} in time; output so far:\n{}",
+                    self.log.join("\n")
+                )
+            }
+        }
+    }
+
+    /// Wait for a line containing `what` (seen earlier or coming); returns it.
+    fn wait_for(&mut self, what: &str, limit: Duration) -> String {
+        let until = Instant::now() + limit;
+        if let Some(i) = self.seen.iter().position(|l| l.contains(what)) {
+            return self.seen.remove(i);
+        }
+        loop {
+            let l = self.next_line(until, what);
+            if l.contains(what) {
+                self.seen.pop();
+                return l;
+            }
+        }
+    }
+
+    /// Wait until a line containing each of `all` was printed, in any order.
+    fn wait_for_all(&mut self, all: &[&str], limit: Duration) {
+        for what in all {
+            self.wait_for(what, limit);
+        }
+    }
+
+    /// Press Enter at a pause.
+    fn resume(&mut self) {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().expect("piped stdin");
+        stdin.write_all(b"\n").expect("write to the C example");
+        stdin.flush().expect("flush");
+    }
+
+    fn exit_code(&mut self, limit: Duration) -> Option<i32> {
+        let until = Instant::now() + limit;
+        loop {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st.code();
+            }
+            if Instant::now() > until {
+                let _ = self.child.kill();
+                panic!("the C example did not exit within {limit:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
 }
 
 // ---------------------------------------------------------------- hardware APM (InfiniBand)
