@@ -34,6 +34,7 @@ use async_trait::async_trait;
 use provider_verbs::ffi::{AddressVector, AsyncEventKind, Context, EventElement, GidType, Qp};
 use provider_verbs::VerbsQpControl;
 use std::collections::BTreeMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
@@ -88,6 +89,8 @@ pub struct RxeQpControl {
     monitor: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// The engine's input, once started (for stalls the application reports).
     sink: Mutex<Option<InputSink>>,
+    /// Local/remote address pairs whose neighbour entries are kept resolved.
+    warm: Arc<Mutex<std::collections::BTreeSet<(IpAddr, IpAddr)>>>,
 }
 
 impl std::fmt::Debug for RxeQpControl {
@@ -145,6 +148,22 @@ impl RxeQpControl {
             config,
             monitor: Mutex::new(None),
             sink: Mutex::new(None),
+            warm: Arc::new(Mutex::new(std::collections::BTreeSet::new())),
+        }
+    }
+
+    /// Keep the neighbour (ARP/ND) entries of `paths` resolved, refreshed every
+    /// [`WARM_EVERY`] while the facet runs: a migration onto a path whose peer address
+    /// is not resolved waits for ARP inside the address-vector change (about a second
+    /// on rxe). IPv6 link-local GIDs are skipped (no interface scope in a GID).
+    pub fn keep_warm(&self, paths: impl IntoIterator<Item = Path>) {
+        let mut warm = self.warm.lock().unwrap_or_else(PoisonError::into_inner);
+        for p in paths {
+            if let (Some(l), Some(r)) = (ip_of_gid(&p.sgid), ip_of_gid(&p.dgid)) {
+                if warm.insert((l, r)) {
+                    crate::route::warm_neighbour(l, r);
+                }
+            }
         }
     }
 
@@ -223,6 +242,23 @@ impl RxeQpControl {
     }
 }
 
+/// How often [`RxeQpControl::keep_warm`] refreshes neighbour entries (well inside
+/// Linux's default reachable time of ~30 s).
+pub const WARM_EVERY: Duration = Duration::from_secs(5);
+
+/// The IP address of a RoCE v2 GID (`::ffff:a.b.c.d` is IPv4); `None` for the zero GID
+/// and IPv6 link-local GIDs.
+fn ip_of_gid(gid: &Gid) -> Option<IpAddr> {
+    let v6 = std::net::Ipv6Addr::from(gid.0);
+    if let Some(v4) = v6.to_ipv4_mapped() {
+        return Some(IpAddr::V4(v4));
+    }
+    if v6.is_unspecified() || (v6.segments()[0] & 0xffc0) == 0xfe80 {
+        return None;
+    }
+    Some(IpAddr::V6(v6))
+}
+
 /// The error for every hardware-APM operation.
 fn no_hw_apm(operation: &str) -> ProviderError {
     ProviderError::Unsupported {
@@ -298,10 +334,24 @@ impl QpControl for RxeQpControl {
         let stall = self.config.stall_timeout;
         let drain = self.config.drain_timeout;
         let tick = (stall / 4).max(Duration::from_millis(5));
+        let warm = self.warm.clone();
         let task = tokio::spawn(async move {
+            let mut warmed_at = Instant::now();
             loop {
                 tokio::time::sleep(tick).await;
                 let now = Instant::now();
+                if now.saturating_duration_since(warmed_at) >= WARM_EVERY {
+                    let pairs: Vec<(IpAddr, IpAddr)> = warm
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .iter()
+                        .copied()
+                        .collect();
+                    for (l, r) in pairs {
+                        crate::route::warm_neighbour(l, r);
+                    }
+                    warmed_at = now;
+                }
                 // Only apm's own connections: it sees their completions.
                 let all: Vec<(ConnId, Arc<RcConn>)> = lock(&conns)
                     .iter()
@@ -402,6 +452,21 @@ impl QpControl for RxeQpControl {
 mod tests {
     use super::*;
     use apm_core::{Lid, PortKey};
+
+    #[test]
+    fn neighbours_are_kept_for_ip_gids_only() {
+        let ip = |s: &str| s.parse::<IpAddr>().expect("ip");
+        assert_eq!(
+            ip_of_gid(&crate::gid_of_ip(ip("10.0.20.2"))),
+            Some(ip("10.0.20.2"))
+        );
+        assert_eq!(
+            ip_of_gid(&crate::gid_of_ip(ip("2001:db8::7"))),
+            Some(ip("2001:db8::7"))
+        );
+        assert_eq!(ip_of_gid(&crate::gid_of_ip(ip("fe80::1"))), None);
+        assert_eq!(ip_of_gid(&Gid::default()), None);
+    }
 
     #[tokio::test]
     async fn hardware_apm_is_refused_with_a_reason() {
