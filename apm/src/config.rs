@@ -12,7 +12,7 @@
 //! ports = [1, 2]            # empty or absent: every port
 //!
 //! [sa]
-//! subscribe = true          # traps 64/65 through every InfiniBand port
+//! subscribe = true          # traps 64/65 through every InfiniBand port in use
 //!
 //! [lap]
 //! transport = "vendor"      # vendor (default on IB) | cm | udp (default on RoCE)
@@ -132,7 +132,8 @@ pub struct LapConfig {
     pub transport: Option<Spanned<LapTransport>>,
     /// Vendor class for `vendor` (0x30..=0x4F, classes with an OUI). Default 0x30.
     pub vendor_class: Option<Spanned<u8>>,
-    /// OUI for `vendor` (24 bits). Default: apm's own.
+    /// OUI for `vendor` (24 bits). Default: apm's own, 0x024150 (locally administered;
+    /// the same on every node of a deployment).
     pub oui: Option<Spanned<u32>>,
     /// Address to listen on for `udp`.
     pub udp_listen: Option<Spanned<SocketAddr>>,
@@ -323,7 +324,19 @@ impl Config {
                 );
             }
         }
-        if transport == LapTransport::Udp && self.lap.udp_listen.is_none() {
+        let all_ib = !self.devices.is_empty()
+            && self
+                .devices
+                .iter()
+                .all(|d| *d.provider.get_ref() == ProviderKind::Verbs);
+        if all_ib && transport == LapTransport::Udp {
+            at(
+                transport_span.clone(),
+                "InfiniBand devices carry LAP/APR as MADs: use transport = \"vendor\" (the \
+                 default) or \"cm\"; udp is RoCE's"
+                    .into(),
+            );
+        } else if transport == LapTransport::Udp && self.lap.udp_listen.is_none() {
             at(
                 transport_span,
                 "the udp transport needs udp_listen = \"ADDRESS:PORT\" in [lap]".into(),
@@ -377,6 +390,18 @@ mod tests {
         assert_eq!(
             Config::parse(&ok).expect("valid").lap_transport(),
             LapTransport::Udp
+        );
+    }
+
+    #[test]
+    fn udp_is_refused_on_infiniband() {
+        let es = errors(
+            "[[device]]\nname = \"mlx5_0\"\nprovider = \"verbs\"\n[lap]\ntransport = \"udp\"\nudp_listen = \"0.0.0.0:1\"\n",
+        );
+        assert_eq!(es.len(), 1, "{es:?}");
+        assert!(
+            es[0].starts_with("line 5") && es[0].contains("\"vendor\""),
+            "{es:?}"
         );
     }
 

@@ -17,26 +17,44 @@
 //!   `ibv_qp`); apm moves a QP's path with the SQ drain when its port goes down, when
 //!   the peer moves, or when the application reports a stall ([`Apm::report_stall`]).
 //!   Runs in real time: use a normal (multi-thread) runtime.
-//! - `provider = "verbs"` (InfiniBand, hardware APM): [`StartError::Unsupported`] for
-//!   now, after checking that the RDMA stack is there at all
-//!   ([`StartError::Unavailable`]); compose provider-verbs, umad-sa and cm-lap into an
-//!   `apm_core::Stack` directly meanwhile. Nothing is faked: a deployment that cannot
-//!   be built says so.
+//! - `provider = "verbs"` (InfiniBand, hardware APM): provider-verbs' QP facet
+//!   ([`VerbsQpControl`]) on every configured device, and the umad half of
+//!   [`crate::ib`]: one umad-sa client per configured port (or every port) as the fabric
+//!   (trap 64/65 subscriptions when `[sa] subscribe`, PathRecord queries when
+//!   `[sa] resolve_paths`) and cm-lap's LAP/APR MADs on the `[lap]` channel (a vendor
+//!   class with apm's OUI by default, or CM class 0x07). The application registers each
+//!   QP with [`Apm::protect_qp`]; apm loads alternates, sets REARM and forces
+//!   migrations in the HCA. An SA that cannot be reached at start is not an error: the
+//!   engine retries. Runs in real time: use a normal (multi-thread) runtime. Tested
+//!   without an HCA: the umad half against OpenSM on the ibsim bed, with a test QP
+//!   facet in provider-verbs' place (`apm/tests/ibsim.rs`); provider-verbs' hardware
+//!   APM has its own tests in the hardware suite (`cargo xtask hwtest`), which skip
+//!   without an InfiniBand HCA. A `verbs` deployment on a real HCA has not run on this
+//!   project's machines (none has one).
+//! - Any QP facet of the caller's with the InfiniBand umad half:
+//!   [`Apm::start_with_qp`] / [`Apm::start_with_facets`] (deployments mixing provider
+//!   crates: an application's own QP control, a test facet).
 //!
-//! This module never reads a clock itself: time is tokio's (and the simulation follows
-//! it).
+//! Nothing is faked: a deployment that cannot be built says so
+//! ([`StartError::Unavailable`], [`StartError::Unsupported`]).
+//!
 //! This module never reads a clock itself: time is tokio's (and the simulation follows
 //! it).
 
 use crate::config::{sim_host, Config, ProviderKind};
+use crate::ib::{UmadFacets, UmadOptions};
 use apm_core::{
-    ConnId, ConnSpec, ConnStatus, FabricEvent, Gid, Manager, ManagerError, ManagerHandle,
-    Notification, PortKey, ProviderError, Stack, StaticPaths, Time,
+    ConnId, ConnSpec, ConnStatus, FabricEvent, Gid, Input, InputSink, Manager, ManagerError,
+    ManagerHandle, MigState, MigrationMode, Notification, Path, PortKey, ProviderError, QpControl,
+    QpEvent, QpSnapshot, Stack, StaticPaths, Time,
 };
+use async_trait::async_trait;
 use provider_rxe::{RxeConfig, RxeQpControl};
 use provider_sim::{PolicyKind, RunConfig, Scenario, Sim, SimProvider};
 use provider_verbs::ffi::{Context, Qp};
-use std::sync::Arc;
+use provider_verbs::VerbsQpControl;
+use std::collections::BTreeSet;
+use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
@@ -204,8 +222,13 @@ pub struct Apm {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ProtectError {
-    /// The deployment has no QP facet (a simulated one): use [`Apm::protect`].
-    #[error("this deployment has no QP facet to hand a QP to (simulated fabric): use protect")]
+    /// The deployment has no QP facet of apm's to hand a QP to (a simulated one, or
+    /// one started with the caller's own QP facet, [`Apm::start_with_qp`], where QPs
+    /// are registered with that facet): use [`Apm::protect`].
+    #[error(
+        "this deployment has no QP facet of apm's to hand a QP to (simulated fabric, or the \
+         application's own QP facet): use protect"
+    )]
     NoQpFacet,
     /// The QP facet refused the QP (not connected, no remote write, unknown device, ...).
     #[error("{0}")]
@@ -220,21 +243,90 @@ pub enum ProtectError {
 struct Devices {
     contexts: Vec<Context>,
     facet: QpFacet,
-    /// The fabric facet's path table: each protected connection's paths.
-    paths: StaticPaths,
+    /// The fabric facet's path table, where it is one (RoCE): each protected
+    /// connection's paths. InfiniBand asks the SA.
+    paths: Option<StaticPaths>,
 }
 
 /// The deployment's QP facet (the other handle is in the manager's [`Stack`]).
 #[derive(Debug)]
 enum QpFacet {
     Rxe(Arc<RxeQpControl>),
+    /// provider-verbs (hardware APM); `registered` are the connections of
+    /// [`Apm::protect_qp`], `stall` the engine's input sink ([`Apm::report_stall`]).
+    Verbs {
+        facet: Arc<VerbsQpControl>,
+        stall: StallSink,
+        registered: Mutex<BTreeSet<ConnId>>,
+    },
+    /// The caller's own QP facet ([`Apm::start_with_qp`]): QPs are registered there.
+    External {
+        stall: StallSink,
+    },
 }
 
 impl QpFacet {
     fn forget(&self, id: ConnId) {
         match self {
             QpFacet::Rxe(f) => f.unregister(id),
+            QpFacet::Verbs {
+                facet, registered, ..
+            } => {
+                facet.unregister(id);
+                registered
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .remove(&id);
+            }
+            QpFacet::External { .. } => {}
         }
+    }
+}
+
+/// The engine's input sink, taken when the QP facet starts: how [`Apm::report_stall`]
+/// reaches the engine on InfiniBand.
+type StallSink = Arc<Mutex<Option<InputSink>>>;
+
+fn report_stalled(sink: &StallSink, id: ConnId) -> Result<(), ProviderError> {
+    let sink = sink
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone()
+        .ok_or_else(|| ProviderError::Io("the QP facet has not started".into()))?;
+    tracing::info!(%id, "the application reports its sends stalled");
+    sink.send(Input::QpEvent {
+        conn: id,
+        event: QpEvent::PrimaryStalled,
+    })
+    .map_err(|_| ProviderError::Io("the engine has stopped".into()))
+}
+
+/// A QP facet that also keeps the engine's input sink ([`StallSink`]).
+struct Tapped<Q> {
+    inner: Q,
+    sink: StallSink,
+}
+
+#[async_trait]
+impl<Q: QpControl> QpControl for Tapped<Q> {
+    async fn start(&self, sink: InputSink) -> Result<(), ProviderError> {
+        *self.sink.lock().unwrap_or_else(PoisonError::into_inner) = Some(sink.clone());
+        self.inner.start(sink).await
+    }
+    async fn load_alternate(&self, conn: ConnId, path: Path) -> Result<(), ProviderError> {
+        self.inner.load_alternate(conn, path).await
+    }
+    async fn set_rearm(&self, conn: ConnId) -> Result<MigState, ProviderError> {
+        self.inner.set_rearm(conn).await
+    }
+    async fn force_migrate(&self, conn: ConnId) -> Result<(), ProviderError> {
+        self.inner.force_migrate(conn).await
+    }
+    async fn software_migrate(&self, conn: ConnId, path: Path) -> Result<(), ProviderError> {
+        self.inner.software_migrate(conn, path).await
+    }
+    async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError> {
+        self.inner.query_qp(conn).await
     }
 }
 
@@ -252,19 +344,88 @@ impl Apm {
                 apm.sim = Some(fabric);
                 Ok(apm)
             }
-            ProviderKind::Verbs => {
-                check_rdma_stack()?;
-                Err(StartError::Unsupported {
-                    provider: "verbs",
-                    reason: "protecting an InfiniBand QP needs its handle registered with \
-                             provider-verbs' QP facet (VerbsQpControl::register) next to \
-                             umad-sa and cm-lap; compose apm_core::Stack from those crates \
-                             directly"
-                        .into(),
-                })
-            }
+            ProviderKind::Verbs => Apm::start_verbs(config).await,
             ProviderKind::Rxe => Apm::start_rxe(config).await,
         }
+    }
+
+    /// An InfiniBand deployment: provider-verbs' QP facet on every configured device
+    /// (opened through libibverbs), and the umad half of [`crate::ib`] (one SA client
+    /// and LAP channel per configured port) as the fabric and peer facets.
+    async fn start_verbs(config: &Config) -> Result<Apm, StartError> {
+        if let Some(d) = config
+            .devices
+            .iter()
+            .find(|d| *d.provider.get_ref() != ProviderKind::Verbs)
+        {
+            return Err(StartError::Unsupported {
+                provider: "verbs",
+                reason: format!(
+                    "device {:?} is not verbs: one provider kind per deployment (run one \
+                     apm per kind)",
+                    d.name.get_ref()
+                ),
+            });
+        }
+        let contexts = open_devices(config)?;
+        let umad = UmadFacets::open(config, &UmadOptions::default())?;
+        let facet = Arc::new(VerbsQpControl::new(contexts.clone()));
+        let stall = StallSink::default();
+        let qp = Tapped {
+            inner: Arc::clone(&facet),
+            sink: Arc::clone(&stall),
+        };
+        let (peer, fabric) = umad.into_facets();
+        let provider = Arc::new(Stack::new(qp, peer, fabric));
+        let (manager, handle) = Manager::new(provider, config.engine_policy())?;
+        let mut apm = Apm::run(manager, handle).await?;
+        apm.devices = Some(Devices {
+            contexts,
+            facet: QpFacet::Verbs {
+                facet,
+                stall,
+                registered: Mutex::new(BTreeSet::new()),
+            },
+            paths: None,
+        });
+        Ok(apm)
+    }
+
+    /// Start an InfiniBand deployment on a QP facet of the caller's: `qp` (port events,
+    /// QP operations; its [`PortKey`]s number the devices in the configuration's order)
+    /// with the umad half of [`crate::ib`] for `config`'s devices (which must be
+    /// `provider = "verbs"`: their names are the umad CAs). For deployments that mix
+    /// provider crates, e.g. an application's own QP control. QPs are registered with
+    /// `qp` by the caller, not with [`Apm::protect_qp`]; protect them with
+    /// [`Apm::protect`]. [`Apm::report_stall`] works as on `verbs`.
+    pub async fn start_with_qp<Q: QpControl>(config: &Config, qp: Q) -> Result<Apm, StartError> {
+        let umad = UmadFacets::open(config, &UmadOptions::default())?;
+        Apm::start_with_facets(config, qp, umad).await
+    }
+
+    /// [`Apm::start_with_qp`] with a umad half opened by the caller
+    /// ([`UmadFacets::open`] with its [`UmadOptions`]: umad's test-bed mode, ports
+    /// carried by another port, routes), e.g. on the ibsim bed.
+    pub async fn start_with_facets<Q: QpControl>(
+        config: &Config,
+        qp: Q,
+        umad: UmadFacets,
+    ) -> Result<Apm, StartError> {
+        let stall = StallSink::default();
+        let qp = Tapped {
+            inner: qp,
+            sink: Arc::clone(&stall),
+        };
+        let (peer, fabric) = umad.into_facets();
+        let provider = Arc::new(Stack::new(qp, peer, fabric));
+        let (manager, handle) = Manager::new(provider, config.engine_policy())?;
+        let mut apm = Apm::run(manager, handle).await?;
+        apm.devices = Some(Devices {
+            contexts: Vec::new(),
+            facet: QpFacet::External { stall },
+            paths: None,
+        });
+        Ok(apm)
     }
 
     /// A RoCE deployment: provider-rxe's facet on every configured device, cm-lap's UDP
@@ -318,7 +479,7 @@ impl Apm {
         apm.devices = Some(Devices {
             contexts,
             facet: QpFacet::Rxe(facet),
-            paths,
+            paths: Some(paths),
         });
         Ok(apm)
     }
@@ -377,18 +538,47 @@ impl Apm {
     /// [`Qp::adopt`], on one of [`Apm::contexts`]) is registered with the deployment's
     /// QP facet as `spec.id`, then protected. On RoCE apm moves it with the SQ drain
     /// ([`provider_rxe::AdoptedQp`]: the QP must allow remote writes); a QP already in
-    /// ERR when a path fails is reported lost.
+    /// ERR when a path fails is reported lost. On InfiniBand the HCA migrates it
+    /// (hardware APM: `spec.mode` must be [`MigrationMode::Hardware`]); apm loads its
+    /// alternate path, sets REARM and forces a migration when a path dies. Refused
+    /// ([`ProtectError::NoQpFacet`]) on simulated deployments and on those started with
+    /// the caller's own QP facet.
     pub async fn protect_qp(&self, spec: ConnSpec, qp: Arc<Qp>) -> Result<(), ProtectError> {
         let devices = self.devices.as_ref().ok_or(ProtectError::NoQpFacet)?;
         let id = spec.id;
         match &devices.facet {
             QpFacet::Rxe(f) => f.adopt(id, qp).map_err(ProtectError::Qp)?,
+            QpFacet::Verbs {
+                facet, registered, ..
+            } => {
+                if spec.mode != MigrationMode::Hardware {
+                    return Err(ProtectError::Qp(ProviderError::Unsupported {
+                        provider: "provider-verbs".into(),
+                        operation: "software path migration on InfiniBand (the HCA migrates: \
+                                    protect with mode Hardware)"
+                            .into(),
+                    }));
+                }
+                facet.register(id, qp).map_err(|e| {
+                    ProtectError::Qp(ProviderError::Refused {
+                        operation: "register the QP with provider-verbs".into(),
+                        detail: e.to_string(),
+                    })
+                })?;
+                registered
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(id);
+            }
+            QpFacet::External { .. } => return Err(ProtectError::NoQpFacet),
         }
-        devices.paths.add(
-            std::iter::once(spec.primary)
-                .chain(spec.agreed_alternate)
-                .chain(spec.candidates.iter().copied()),
-        );
+        if let Some(paths) = &devices.paths {
+            paths.add(
+                std::iter::once(spec.primary)
+                    .chain(spec.agreed_alternate)
+                    .chain(spec.candidates.iter().copied()),
+            );
+        }
         if let Err(e) = self.handle.protect(spec).await {
             devices.facet.forget(id);
             return Err(ProtectError::Manager(e));
@@ -399,16 +589,36 @@ impl Apm {
     /// The application saw the sends of `id` stop completing (no completion for longer
     /// than it tolerates while work is outstanding): apm moves the connection to its
     /// agreed alternate, as when it detects a dead path itself. For QPs the application
-    /// owns ([`Apm::protect_qp`]), whose completions apm cannot see.
+    /// owns ([`Apm::protect_qp`]), whose completions apm cannot see. On RoCE that is
+    /// the SQ-drain migration; on InfiniBand a forced migration to the armed alternate
+    /// (the HCA would only migrate by itself once its retries on the primary run out).
+    /// With no armed, healthy alternate the connection is reported unprotected and apm
+    /// looks for one. Refused for connections not registered through
+    /// [`Apm::protect_qp`] (with the caller's own QP facet, [`Apm::start_with_qp`],
+    /// any protected connection) and on simulated deployments.
     pub fn report_stall(&self, id: ConnId) -> Result<(), ProtectError> {
         let devices = self.devices.as_ref().ok_or(ProtectError::NoQpFacet)?;
         match &devices.facet {
             QpFacet::Rxe(f) => f.report_stall(id).map_err(ProtectError::Qp),
+            QpFacet::Verbs {
+                stall, registered, ..
+            } => {
+                let known = registered
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .contains(&id);
+                if !known {
+                    return Err(ProtectError::Qp(ProviderError::UnknownConnection(id)));
+                }
+                report_stalled(stall, id).map_err(ProtectError::Qp)
+            }
+            QpFacet::External { stall } => report_stalled(stall, id).map_err(ProtectError::Qp),
         }
     }
 
     /// The device contexts apm opened (index = the device index of [`PortKey`]s, in the
-    /// configuration's order); empty for a simulated deployment.
+    /// configuration's order); empty for a simulated deployment and for one on the
+    /// caller's own QP facet ([`Apm::start_with_qp`]).
     pub fn contexts(&self) -> &[Context] {
         self.devices.as_ref().map_or(&[], |d| &d.contexts)
     }
@@ -450,7 +660,9 @@ impl Apm {
         self.sim.as_ref()
     }
 
-    /// Stop the manager and wait for it. QPs are left as they are.
+    /// Stop the manager and wait for it. QPs are left as they are. On InfiniBand the
+    /// umad ports stay open until the tokio runtime ends (their SA clients keep
+    /// answering Reports) and the SA subscriptions are not withdrawn.
     pub async fn shutdown(self) -> Result<(), ManagerError> {
         self.handle.shutdown();
         match self.task.await {
@@ -486,19 +698,4 @@ fn open_devices(config: &Config) -> Result<Vec<Context>, StartError> {
             })
         })
         .collect()
-}
-
-/// Whether libibverbs loads and lists a device.
-fn check_rdma_stack() -> Result<(), StartError> {
-    let verbs =
-        provider_verbs::Verbs::load().map_err(|e| StartError::Unavailable(e.to_string()))?;
-    match verbs.devices() {
-        Ok(d) if !d.is_empty() => Ok(()),
-        Ok(_) => Err(StartError::Unavailable(
-            "no RDMA device on this machine".into(),
-        )),
-        Err(e) => Err(StartError::Unavailable(format!(
-            "no RDMA device usable on this machine: {e}"
-        ))),
-    }
 }

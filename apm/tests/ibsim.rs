@@ -1,8 +1,18 @@
-//! Bed tests of `apm watch` against OpenSM over ibsim (`cargo xtask ibsim`): the built
-//! `apm` binary runs as `apm watch --ibsim-bed --json` on a client node (under umad2sim,
-//! which fakes umad and nothing else, so the watch takes SA notices alone), the test
-//! Unlinks and ReLinks another node's port through ibsim's console and checks what the
-//! watch prints: one trap 65 event, then one trap 64 event, for that port's GID.
+//! Bed tests of `apm watch` and of the library's InfiniBand deployment against OpenSM
+//! over ibsim (`cargo xtask ibsim`).
+//!
+//! `apm watch`: the built `apm` binary runs as `apm watch --ibsim-bed --json` on a
+//! client node (under umad2sim, which fakes umad and nothing else, so the watch takes
+//! SA notices alone), the test Unlinks and ReLinks another node's port through ibsim's
+//! console and checks what the watch prints: one trap 65 event, then one trap 64 event,
+//! for that port's GID.
+//!
+//! The library: two node processes (this test binary re-run as `bed_node`) each start
+//! an `apm::Apm` from a deployment TOML (`provider = "verbs"`, ports 1 and 2, the
+//! default vendor-class LAP channel) through `apm::ib::UmadFacets` and
+//! `Apm::start_with_facets`, with a test QP facet standing in for the HCA (the bed has
+//! no verbs device): SA subscriptions, PathRecords and LAP/APR are the real umad half
+//! against OpenSM.
 //!
 //! Skipped with a printed reason outside the bed (`umad::bed::Bed::or_skip`).
 #![allow(clippy::disallowed_methods)] // bed tests measure wall-clock latencies
@@ -14,7 +24,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use umad::bed::Bed;
+use umad::bed::{self, report, Bed};
 
 /// What a watch process wrote: a stdout line (an event) or a stderr line.
 #[derive(Debug)]
@@ -354,4 +364,780 @@ fn ibsim_bed_flag_refused_without_umad2sim() {
     assert!(!out.status.success(), "{err}");
     assert!(err.contains("test-bed mode refused"), "{err}");
     assert!(out.stdout.is_empty());
+}
+
+// ------------------------------------------------------------------ the library on IB
+
+/// Entry point of node processes; a no-op in a normal test run.
+#[test]
+#[ignore = "runs only as a node process of the ibsim bed tests"]
+fn bed_node() {
+    let Some(role) = bed::node_role() else { return };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime"); // a test process without a runtime can do nothing
+    if let Err(e) = rt.block_on(ib_node(&role)) {
+        report(&format!("FAIL {e}"));
+        std::process::exit(1);
+    }
+}
+
+/// One simulated QP as an HCA keeps it: migration state, primary, alternate.
+#[derive(Debug, Clone, Copy)]
+struct QpState {
+    mig: apm::apm_core::MigState,
+    primary: apm::apm_core::Path,
+    alt: Option<apm::apm_core::Path>,
+}
+
+/// The test's QP facet (the simulated HCA of a node): its ports, the QPs of the
+/// protected connections, and the port events the test injects (umad2sim delivers no
+/// async events). Every operation on connection 1 is reported.
+struct FakeQp {
+    ports: Vec<apm::apm_core::PortInfo>,
+    qps: std::sync::Mutex<std::collections::BTreeMap<apm::apm_core::ConnId, QpState>>,
+    sink: std::sync::Mutex<Option<apm::apm_core::InputSink>>,
+}
+
+impl FakeQp {
+    fn with_qp<T>(
+        &self,
+        conn: apm::apm_core::ConnId,
+        f: impl FnOnce(&mut QpState) -> T,
+    ) -> Result<T, apm::apm_core::ProviderError> {
+        self.qps
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(&conn)
+            .map(f)
+            .ok_or(apm::apm_core::ProviderError::UnknownConnection(conn))
+    }
+
+    fn port_event(&self, port: u8, event: apm::apm_core::PortEvent) {
+        let sink = self.sink.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        if let Some(s) = sink {
+            let _ = s.send(apm::apm_core::Input::PortEvent {
+                port: apm::apm_core::PortKey::new(0, port),
+                event,
+            });
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl apm::apm_core::QpControl for FakeQp {
+    async fn start(
+        &self,
+        sink: apm::apm_core::InputSink,
+    ) -> Result<(), apm::apm_core::ProviderError> {
+        for p in &self.ports {
+            let _ = sink.send(apm::apm_core::Input::PortInfo(p.clone()));
+        }
+        *self.sink.lock().unwrap_or_else(|p| p.into_inner()) = Some(sink);
+        Ok(())
+    }
+    async fn load_alternate(
+        &self,
+        conn: apm::apm_core::ConnId,
+        path: apm::apm_core::Path,
+    ) -> Result<(), apm::apm_core::ProviderError> {
+        self.with_qp(conn, |q| q.alt = Some(path))?;
+        report(&format!(
+            "LOAD_ALT port={} dlid={}",
+            path.port.port, path.dlid
+        ));
+        Ok(())
+    }
+    async fn set_rearm(
+        &self,
+        conn: apm::apm_core::ConnId,
+    ) -> Result<apm::apm_core::MigState, apm::apm_core::ProviderError> {
+        use apm::apm_core::MigState;
+        // The peer's packets already carry MigReq=0: REARM becomes ARMED at once.
+        let m = self.with_qp(conn, |q| {
+            q.mig = if q.alt.is_some() {
+                MigState::Armed
+            } else {
+                MigState::Migrated
+            };
+            q.mig
+        })?;
+        report(&format!("REARM -> {m:?}"));
+        Ok(m)
+    }
+    async fn force_migrate(
+        &self,
+        conn: apm::apm_core::ConnId,
+    ) -> Result<(), apm::apm_core::ProviderError> {
+        let p = self.with_qp(conn, |q| {
+            if let Some(alt) = q.alt.take() {
+                q.primary = alt;
+            }
+            q.mig = apm::apm_core::MigState::Migrated;
+            q.primary
+        })?;
+        report(&format!(
+            "FORCED primary port={} dlid={}",
+            p.port.port, p.dlid
+        ));
+        Ok(())
+    }
+    async fn software_migrate(
+        &self,
+        _conn: apm::apm_core::ConnId,
+        _path: apm::apm_core::Path,
+    ) -> Result<(), apm::apm_core::ProviderError> {
+        Err(apm::apm_core::ProviderError::Unsupported {
+            provider: "test HCA".into(),
+            operation: "software migration".into(),
+        })
+    }
+    async fn query_qp(
+        &self,
+        conn: apm::apm_core::ConnId,
+    ) -> Result<apm::apm_core::QpSnapshot, apm::apm_core::ProviderError> {
+        self.with_qp(conn, |q| apm::apm_core::QpSnapshot {
+            operational: true,
+            mig_state: q.mig,
+            primary_port: q.primary.port,
+            primary_dlid: q.primary.dlid,
+            primary_dgid: q.primary.dgid,
+        })
+    }
+}
+
+/// A node's settings, `key=value;...` in its role: `config=` the deployment TOML's
+/// path, `role=active|passive`, `me2=<guid>:<lid>` this node's port 2 (umad2sim shows
+/// a node's port 1 only), `peer1=<guid>:<lid>` and `peer2=<guid>:<lid>` the peer's
+/// ports. Without `peer1`, the node protects nothing (port 1 only, no path queries).
+struct NodeArgs {
+    config: String,
+    active: bool,
+    me2: (u64, u16),
+    peer: Option<((u64, u16), (u64, u16))>,
+}
+
+fn parse_node_args(role: &str) -> Result<NodeArgs, String> {
+    let mut kv = std::collections::BTreeMap::new();
+    for item in role.split(';').filter(|s| !s.is_empty()) {
+        let (k, v) = item.split_once('=').ok_or(format!("bad setting {item}"))?;
+        kv.insert(k, v);
+    }
+    let get = |k: &str| kv.get(k).copied().ok_or(format!("no {k}= in {role}"));
+    let pair = |k: &str| -> Result<(u64, u16), String> {
+        let v = get(k)?;
+        let (g, l) = v.split_once(':').ok_or(format!("{k}: want guid:lid"))?;
+        Ok((
+            u64::from_str_radix(g, 16).map_err(|e| format!("{k}: {e}"))?,
+            l.parse().map_err(|e| format!("{k}: {e}"))?,
+        ))
+    };
+    if !kv.contains_key("peer1") {
+        return Ok(NodeArgs {
+            config: get("config")?.to_owned(),
+            active: false,
+            me2: (0, 0),
+            peer: None,
+        });
+    }
+    Ok(NodeArgs {
+        config: get("config")?.to_owned(),
+        active: get("role")? == "active",
+        me2: pair("me2")?,
+        peer: Some((pair("peer1")?, pair("peer2")?)),
+    })
+}
+
+/// A node running `apm::Apm` on the deployment TOML: the umad half from
+/// `apm::ib::UmadFacets` (umad's test-bed mode, port 2 carried by port 1, messages for
+/// the peer's port 2 routed to its port 1), the test's QP facet for the HCA.
+///
+/// Reports `READY`; takes `protect`, `port <n> down|up` (the HCA's PORT_ERR and
+/// PORT_ACTIVE), `stall` (`Apm::report_stall` for connection 1) and `stats`; reports
+/// the QP operations, the engine's SA inputs (`INPUT`) and the notifications (`NOTE`).
+async fn ib_node(role: &str) -> Result<(), String> {
+    use apm::apm_core::{
+        ConnId, ConnSpec, FabricEventKind, FabricService, Gid, LinkLayer, MigState, MigrationMode,
+        NotificationKind, PortEvent, PortInfo, PortKey, Qpn, Role,
+    };
+    use apm::ib::{UmadFacets, UmadOptions};
+    let a = parse_node_args(role)?;
+    let text = std::fs::read_to_string(&a.config).map_err(|e| format!("{}: {e}", a.config))?;
+    let config = apm::Config::parse(&text).map_err(|e| format!("{e:?}"))?;
+    let Some((peer1, peer2)) = a.peer else {
+        return quiet_node(&config).await;
+    };
+    let (key1, key2) = (PortKey::new(0, 1), PortKey::new(0, 2));
+    let opts = UmadOptions {
+        testbed: umad::TestBedMode::IbsimOnly,
+        carried: vec![(key2, Gid::from_guid(a.me2.0))],
+        routes: vec![(Gid::from_guid(peer2.0), peer1.1)],
+        ..Default::default()
+    };
+    // Without port 2 carried, the deployment names what is missing: umad2sim shows a
+    // node's port 1 only.
+    let alone = UmadOptions {
+        carried: Vec::new(),
+        ..opts.clone()
+    };
+    match UmadFacets::open(&config, &alone) {
+        Ok(_) => return Err("port 2 without a umad port was accepted".into()),
+        Err(e) => report(&format!("UNCARRIED {e}")),
+    }
+    let facets = UmadFacets::open(&config, &opts).map_err(|e| e.to_string())?;
+    let uses: Vec<String> = facets
+        .ports()
+        .iter()
+        .map(|p| format!("{}/{} via {}", p.device, p.port, p.carrier))
+        .collect();
+    report(&format!(
+        "UMAD {:?} ports {}",
+        facets.channel(),
+        uses.join(", ")
+    ));
+    let me = facets
+        .umad_ports()
+        .first()
+        .ok_or("no umad port opened")?
+        .info()
+        .clone();
+
+    // The connection as the application would have set it up: its primary from port 2
+    // to the peer's port 2 (rail B), every other path the SA knows to the peer's ports
+    // as candidates.
+    let mut paths = Vec::new();
+    for local in [key1, key2] {
+        for g in [peer1.0, peer2.0] {
+            let p = facets
+                .fabric()
+                .resolve_paths(local, Gid::from_guid(g))
+                .await
+                .map_err(|e| format!("paths from {local} to {g:x}: {e}"))?;
+            paths.push(p);
+        }
+    }
+    let primary = *paths[3]
+        .first()
+        .ok_or("no path from port 2 to the peer's port 2")?;
+    let candidates: Vec<_> = paths
+        .iter()
+        .flatten()
+        .copied()
+        .filter(|p| *p != primary)
+        .collect();
+    let (mine, theirs) = if a.active {
+        (0x1000, 0x2000)
+    } else {
+        (0x2000, 0x1000)
+    };
+    let qpn = |base: u32| Qpn::new(base / 0x10 + 1).ok_or("qpn");
+    let spec = ConnSpec {
+        id: ConnId(1),
+        role: if a.active {
+            Role::Active
+        } else {
+            Role::Passive
+        },
+        mode: MigrationMode::Hardware,
+        local_qpn: qpn(mine)?,
+        remote_qpn: qpn(theirs)?,
+        local_comm_id: mine + 1,
+        remote_comm_id: theirs + 1,
+        primary,
+        agreed_alternate: None,
+        candidates,
+    };
+    let port1 = PortInfo {
+        key: key1,
+        gids: vec![Gid(me.gid)],
+        lid: apm::apm_core::Lid::from_wire(me.lid),
+        lmc: me.lmc,
+        active: true,
+        link_layer: LinkLayer::InfiniBand,
+    };
+    let port2 = PortInfo {
+        key: key2,
+        gids: vec![Gid::from_guid(a.me2.0)],
+        lid: apm::apm_core::Lid::from_wire(a.me2.1),
+        ..port1.clone()
+    };
+    let qp = std::sync::Arc::new(FakeQp {
+        ports: vec![port1, port2],
+        qps: std::sync::Mutex::new(std::collections::BTreeMap::from([(
+            ConnId(1),
+            QpState {
+                mig: MigState::Migrated,
+                primary,
+                alt: None,
+            },
+        )])),
+        sink: std::sync::Mutex::new(None),
+    });
+    let apm = apm::Apm::start_with_facets(&config, std::sync::Arc::clone(&qp), facets)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut notes = apm.notifications();
+    let mut inputs = apm.fabric_events();
+    report(&format!(
+        "READY lid={} primary port={} dlid={} candidates={}",
+        me.lid,
+        primary.port.port,
+        primary.dlid,
+        spec.candidates.len()
+    ));
+    let mut spec = Some(spec);
+    let mut commands = stdin_commands();
+    let until = tokio::time::Instant::now() + Duration::from_secs(90);
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep_until(until) => break,
+            c = commands.recv() => {
+                let Some(c) = c else { break };
+                let w: Vec<&str> = c.split_whitespace().collect();
+                match w[..] {
+                    ["protect"] => {
+                        let s = spec.take().ok_or("protected twice")?;
+                        apm.protect(s).await.map_err(|e| e.to_string())?;
+                        report("PROTECTING");
+                    }
+                    ["port", n, ev] => {
+                        let n: u8 = n.parse().map_err(|_| format!("bad port {n}"))?;
+                        let ev = if ev == "down" { PortEvent::Down } else { PortEvent::Active };
+                        qp.port_event(n, ev);
+                    }
+                    ["stall"] => match apm.report_stall(ConnId(1)) {
+                        Ok(()) => report("STALL reported"),
+                        Err(e) => report(&format!("STALL refused: {e}")),
+                    },
+                    ["stats"] => {
+                        let s = apm.handle().stats().await.map_err(|e| e.to_string())?;
+                        report(&format!(
+                            "STATS laps_sent={} aprs_sent={} forced={} subscriptions={}",
+                            s.laps_sent, s.aprs_sent, s.migrations_forced, s.subscriptions
+                        ));
+                    }
+                    _ => report(&format!("FAIL unknown command {c}")),
+                }
+            }
+            ev = inputs.recv() => {
+                if let Ok(apm::apm_core::FabricEvent { kind: FabricEventKind::RemoteGid { gid, in_service }, .. }) = ev {
+                    report(&format!("INPUT remote {:x} {}", gid.guid(), if in_service { "in" } else { "out" }));
+                }
+            }
+            n = notes.recv() => {
+                let Ok(n) = n else { continue };
+                let what = match n.kind {
+                    NotificationKind::Protected { alternate } => {
+                        format!("Protected alt port={} dlid={}", alternate.port.port, alternate.dlid)
+                    }
+                    NotificationKind::Rearmed { alternate } => {
+                        format!("Rearmed alt port={} dlid={}", alternate.port.port, alternate.dlid)
+                    }
+                    NotificationKind::Migrated { primary, forced } => {
+                        format!("Migrated forced={forced} primary port={} dlid={}", primary.port.port, primary.dlid)
+                    }
+                    other => format!("{other:?}"),
+                };
+                report(&format!("NOTE {what}"));
+            }
+        }
+    }
+    apm.shutdown().await.map_err(|e| e.to_string())
+}
+
+/// A node that protects nothing: `Apm` on the TOML's ports with a test QP facet that
+/// reports port 1; reports `READY` once started and the engine's SA inputs (`INPUT`)
+/// until stdin closes; `stats` reports the subscriptions the engine asked for.
+async fn quiet_node(config: &apm::Config) -> Result<(), String> {
+    use apm::apm_core::{FabricEventKind, Gid, LinkLayer, PortInfo, PortKey};
+    let opts = apm::ib::UmadOptions {
+        testbed: umad::TestBedMode::IbsimOnly,
+        ..Default::default()
+    };
+    let t0 = tokio::time::Instant::now();
+    let facets = apm::ib::UmadFacets::open(config, &opts).map_err(|e| e.to_string())?;
+    let me = facets
+        .umad_ports()
+        .first()
+        .ok_or("no umad port opened")?
+        .info()
+        .clone();
+    let qp = FakeQp {
+        ports: vec![PortInfo {
+            key: PortKey::new(0, 1),
+            gids: vec![Gid(me.gid)],
+            lid: apm::apm_core::Lid::from_wire(me.lid),
+            lmc: me.lmc,
+            active: true,
+            link_layer: LinkLayer::InfiniBand,
+        }],
+        qps: std::sync::Mutex::new(std::collections::BTreeMap::new()),
+        sink: std::sync::Mutex::new(None),
+    };
+    let apm = apm::Apm::start_with_facets(config, qp, facets)
+        .await
+        .map_err(|e| e.to_string())?;
+    let mut inputs = apm.fabric_events();
+    report(&format!(
+        "READY in {:.1} ms",
+        t0.elapsed().as_secs_f64() * 1e3
+    ));
+    let mut commands = stdin_commands();
+    loop {
+        tokio::select! {
+            c = commands.recv() => {
+                let Some(c) = c else { break };
+                if c == "stats" {
+                    let s = apm.handle().stats().await.map_err(|e| e.to_string())?;
+                    report(&format!("STATS subscriptions={}", s.subscriptions));
+                }
+            }
+            ev = inputs.recv() => {
+                if let Ok(apm::apm_core::FabricEvent { kind: FabricEventKind::RemoteGid { gid, in_service }, .. }) = ev {
+                    report(&format!("INPUT remote {:x} {}", gid.guid(), if in_service { "in" } else { "out" }));
+                }
+            }
+        }
+    }
+    apm.shutdown().await.map_err(|e| e.to_string())
+}
+
+/// Lines from stdin (commands of the parent test), as an async stream.
+fn stdin_commands() -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// OpenSM's port GUID -> base LID (its guid2lid cache file in the bed directory).
+fn guid2lid(bed: &Bed) -> std::collections::BTreeMap<u64, u16> {
+    let text = std::fs::read_to_string(bed.scratch.join("guid2lid")).unwrap_or_default();
+    let num = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+    text.lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((num(f.first()?)?, u16::try_from(num(f.get(1)?)?).ok()?))
+        })
+        .collect()
+}
+
+/// The first report starting with each of `prefixes`, in whatever order they come.
+fn expect_all(
+    n: &mut bed::NodeProc,
+    prefixes: &[&str],
+    timeout: Duration,
+) -> Vec<(Instant, String)> {
+    let deadline = Instant::now() + timeout;
+    let mut got: Vec<Option<(Instant, String)>> = vec![None; prefixes.len()];
+    while got.iter().any(Option::is_none) {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let (t, l) = n
+            .expect("", left)
+            .unwrap_or_else(|e| panic!("{e}; still waiting for {prefixes:?}, got {got:?}"));
+        for (i, p) in prefixes.iter().enumerate() {
+            if got[i].is_none() && l.starts_with(p) {
+                got[i] = Some((t, l.clone()));
+            }
+        }
+    }
+    got.into_iter().flatten().collect()
+}
+
+/// The engine's counters of a node (its `STATS` report) as name -> value.
+fn node_stats(n: &mut bed::NodeProc) -> std::collections::BTreeMap<String, u64> {
+    n.send("stats").unwrap();
+    let (_, l) = n.expect("STATS", Duration::from_secs(5)).unwrap();
+    println!("[{}] {l}", n.node);
+    l.split_whitespace()
+        .filter_map(|kv| kv.split_once('='))
+        .filter_map(|(k, v)| Some((k.to_owned(), v.parse().ok()?)))
+        .collect()
+}
+
+/// The library's InfiniBand deployment between two nodes, from a deployment TOML:
+/// H2 (active) and H3 (passive) each start `apm::Apm` with the umad half built by
+/// `apm::ib::UmadFacets` (one SA client and vendor-class LAP channel on port 1, port 2
+/// carried by it) and a test QP facet; their connection's primary runs H2 port 2 <->
+/// H3 port 2 (rail B).
+/// 1. Protect: both arm a rail A alternate through a LAP/APR exchange, with paths the
+///    SA returned.
+/// 2. `Unlink "H2"[2]`: H3's engine learns it from the SA (trap 65) and forces the
+///    migration (the passive side); H2 forces it from its PORT_ERR (injected with the
+///    Unlink). Both re-arm through another LAP/APR exchange.
+/// 3. `Apm::report_stall` on H2 forces the migration to its new alternate.
+///
+/// Before that, each node checks that the same TOML without port 2 carried is refused
+/// with the port named (umad2sim lists a node's port 1 only).
+#[test]
+fn library_ib_deployment_arms_and_migrates_on_unlink() {
+    let Some(bed) = Bed::or_skip("library_ib_deployment_arms_and_migrates_on_unlink") else {
+        return;
+    };
+    let (h2, h3) = (bed.nodes[0].clone(), bed.nodes[1].clone());
+    let ports = bed.hca_ports();
+    let lids = guid2lid(&bed);
+    let port = |node: &str, n: u8| {
+        let g = ports[&(node.to_owned(), n)];
+        (g, lids[&g])
+    };
+    let spawn = |me: &str, peer: &str, role: &str, policy: &str| {
+        let config = bed.scratch.join(format!("apm-{me}.toml"));
+        // The deployment as an operator would write it for an HCA named ibsim0 (the
+        // name umad2sim gives every node's CA); `[lap]` left at its default (vendor
+        // class 0x30 with apm's OUI).
+        let toml = format!(
+            "[[device]]\nname = \"ibsim0\"\nprovider = \"verbs\"\nports = [1, 2]\n\n\
+             [sa]\nsubscribe = true\n\n[policy]\n{policy}"
+        );
+        std::fs::write(&config, toml).unwrap();
+        let (me2, peer1, peer2) = (port(me, 2), port(peer, 1), port(peer, 2));
+        let args = format!(
+            "config={};role={role};me2={:x}:{};peer1={:x}:{};peer2={:x}:{}",
+            config.display(),
+            me2.0,
+            me2.1,
+            peer1.0,
+            peer1.1,
+            peer2.0,
+            peer2.1
+        );
+        bed.spawn_node(me, "bed_node", &args).unwrap()
+    };
+    // H2's LAP for a new alternate reaches H3 about 1 ms after the Unlink, trap 65
+    // follows OpenSM's sweep a few ms later: H3 waits up to 500 ms before it would move
+    // on the LAP's account, so that what is tested is the migration on the SA notice.
+    let mut passive = spawn(&h3, &h2, "passive", "lap_defer_ms = 500\n");
+    let mut active = spawn(&h2, &h3, "active", "");
+    for n in [&mut passive, &mut active] {
+        let (_, e) = n.expect("UNCARRIED", Duration::from_secs(10)).unwrap();
+        assert!(
+            e.contains("device \"ibsim0\" has no umad port 2 (its umad ports: 1)"),
+            "{e}"
+        );
+        let (_, u) = n.expect("UMAD", Duration::from_secs(10)).unwrap();
+        println!("{}: {u}", n.node);
+        assert!(
+            u.contains("Vendor { class: 48, oui: [2, 65, 80] }")
+                && u.contains("ibsim0/1 via dev0/1")
+                && u.contains("ibsim0/2 via dev0/1"),
+            "{u}"
+        );
+        let (_, r) = n.expect("READY", Duration::from_secs(10)).unwrap();
+        println!("{}: {r}", n.node);
+        assert!(r.contains("primary port=2"), "{r}");
+    }
+
+    // 1. Armed through LAP/APR on rail A.
+    let t0 = Instant::now();
+    passive.send("protect").unwrap();
+    passive
+        .expect("PROTECTING", Duration::from_secs(5))
+        .unwrap();
+    active.send("protect").unwrap();
+    let (ta, prot) = active
+        .expect("NOTE Protected", Duration::from_secs(10))
+        .unwrap();
+    let (tp, pprot) = passive
+        .expect("NOTE Protected", Duration::from_secs(10))
+        .unwrap();
+    println!(
+        "armed: {h2} {prot} after {:.1} ms, {h3} {pprot} after {:.1} ms",
+        ms(ta - t0),
+        ms(tp - t0)
+    );
+    assert!(prot.contains("alt port=1"), "{h2}: {prot}");
+    assert!(pprot.contains("alt port=1"), "{h3}: {pprot}");
+
+    // 2. Unlink H2's primary port.
+    let mark = bed.log_mark();
+    let t0 = Instant::now();
+    bed.console(&format!("Unlink \"{h2}\"[2]")).unwrap();
+    active.send("port 2 down").unwrap();
+    let want = format!("INPUT remote {:x} out", port(&h2, 2).0);
+    let got = expect_all(
+        &mut passive,
+        &[&want, "FORCED", "NOTE Migrated", "NOTE Rearmed"],
+        Duration::from_secs(10),
+    );
+    let [(t_in, _), (t_f3, f3), (_, m3), (t_r3, r3)] = &got[..] else {
+        unreachable!("expect_all returns one report per prefix")
+    };
+    assert!(m3.contains("forced=true"), "{m3}");
+    assert!(f3.contains("port=1"), "{h3}: {f3}");
+    let got = expect_all(
+        &mut active,
+        &["FORCED", "NOTE Rearmed"],
+        Duration::from_secs(10),
+    );
+    let [(t_f2, f2), (t_r2, r2)] = &got[..] else {
+        unreachable!("expect_all returns one report per prefix")
+    };
+    println!(
+        "Unlink {h2}[2] -> {h3} trap 65 input {:.2} ms, {h3} forced migration {:.2} ms \
+         ({f3}), {h2} forced migration {:.2} ms ({f2})",
+        ms(*t_in - t0),
+        ms(*t_f3 - t0),
+        ms(*t_f2 - t0)
+    );
+    println!(
+        "re-armed by LAP/APR: {h2} {r2} at {:.1} ms, {h3} {r3} at {:.1} ms",
+        ms(*t_r2 - t0),
+        ms(*t_r3 - t0)
+    );
+    assert!(
+        *t_f3 - t0 < Duration::from_millis(300),
+        "{h3} did not migrate on the SA notice"
+    );
+    bed.wait_log_after(mark, "\"GID out of service\"", Duration::from_secs(1))
+        .expect("OpenSM logged no trap 65");
+    let s3 = node_stats(&mut passive);
+    assert_eq!(s3["forced"], 1, "{s3:?}");
+    assert!(s3["aprs_sent"] >= 2, "{s3:?}");
+
+    // 3. The application reports a stall on H2: a forced migration to its alternate.
+    let _ = active.drain();
+    let t0 = Instant::now();
+    active.send("stall").unwrap();
+    let got = expect_all(
+        &mut active,
+        &["STALL reported", "FORCED", "NOTE Migrated"],
+        Duration::from_secs(5),
+    );
+    println!(
+        "report_stall -> {h2} {} after {:.2} ms",
+        got[1].1,
+        ms(got[1].0 - t0)
+    );
+    assert!(got[2].1.contains("forced=true"), "{}", got[2].1);
+    let s2 = node_stats(&mut active);
+    assert_eq!(s2["forced"], 2, "{s2:?}");
+    assert!(s2["laps_sent"] >= 2, "{s2:?}");
+    assert!(
+        !bed.opensm_log().contains("ERR 1A06"),
+        "a Report went unanswered"
+    );
+}
+
+/// An OpenSM started by a test; stopped by PID when dropped.
+struct OwnSm(Child);
+
+impl Drop for OwnSm {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-TERM", &self.0.id().to_string()])
+            .status();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// An SA that cannot be reached when the deployment starts is not an error: with the
+/// bed's OpenSM stopped, H2 starts `apm::Apm` from its TOML (every umad port, one SA
+/// client); its engine's subscriptions time out and are retried (`subscribe_retry_ms`
+/// from the TOML). Once an OpenSM runs again, an Unlink of H4's port 2 reaches H2's
+/// engine as trap 65.
+#[test]
+fn library_ib_deployment_starts_without_an_sa() {
+    let Some(bed) = Bed::or_skip("library_ib_deployment_starts_without_an_sa") else {
+        return;
+    };
+    let (h2, h4) = (bed.nodes[0].clone(), bed.nodes[2].clone());
+    let victim = bed.hca_ports()[&(h4.clone(), 2)];
+    // Stop the bed's OpenSM (`cargo xtask ibsim` reaps it).
+    let mark = bed.log_mark();
+    let st = Command::new("kill")
+        .args(["-TERM", &bed.opensm_pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(st.success());
+    bed.wait_log_after(mark, "Exiting SM", Duration::from_secs(10))
+        .expect("OpenSM did not exit");
+
+    let config = bed.scratch.join(format!("apm-{h2}.toml"));
+    std::fs::write(
+        &config,
+        "[[device]]\nname = \"ibsim0\"\nprovider = \"verbs\"\n\n[policy]\nsubscribe_retry_ms = 200\n",
+    )
+    .unwrap();
+    let mut n = bed
+        .spawn_node(&h2, "bed_node", &format!("config={}", config.display()))
+        .unwrap();
+    let (_, r) = n.expect("READY", Duration::from_secs(10)).unwrap();
+    println!("{h2} started with no SA: {r}");
+    // Let a few subscription attempts fail (traps 64 and 65: up to 1.6 s each).
+    std::thread::sleep(Duration::from_secs(3));
+    let s = node_stats(&mut n);
+    assert!(
+        s["subscriptions"] >= 2,
+        "the engine did not retry its subscription: {s:?}"
+    );
+
+    let mark = bed.log_mark();
+    let out = std::fs::File::create(bed.scratch.join("opensm-own.out")).unwrap();
+    let sm = OwnSm(
+        Command::new("opensm")
+            .arg("-F")
+            .arg(&bed.opensm_conf)
+            .arg("-f")
+            .arg(&bed.opensm_log)
+            .current_dir(&bed.scratch)
+            .env("LD_PRELOAD", &bed.umad2sim)
+            .env("SIM_HOST", &bed.sm_node)
+            .env("IBSIM_SOCKNAME", &bed.sockname)
+            .env("OSM_TMP_DIR", &bed.scratch)
+            .env("OSM_CACHE_DIR", &bed.scratch)
+            .stdin(Stdio::null())
+            .stdout(out.try_clone().unwrap())
+            .stderr(out)
+            .spawn()
+            .expect("opensm runs"),
+    );
+    bed.wait_log_after(mark, "SUBNET UP", Duration::from_secs(10))
+        .expect("the new OpenSM reached no SUBNET UP");
+    let up = Instant::now();
+
+    // Unlink/ReLink H4's port 2 until the engine hears of it (its subscription is
+    // retried every ~1 s: a 800 ms timeout, then 200 ms).
+    let want = format!("INPUT remote {victim:x} out");
+    let mut rounds = 0;
+    let got = loop {
+        rounds += 1;
+        assert!(
+            up.elapsed() < Duration::from_secs(10),
+            "no trap 65 at {h2} within 10 s of the SM's return ({rounds} rounds)"
+        );
+        let mark = bed.log_mark();
+        bed.console(&format!("Unlink \"{h4}\"[2]")).unwrap();
+        bed.wait_log_after(mark, "SUBNET UP", Duration::from_secs(2))
+            .expect("no sweep after Unlink");
+        if let Ok(l) = n.expect(&want, Duration::from_millis(300)) {
+            break l;
+        }
+        let mark = bed.log_mark();
+        bed.console(&format!("ReLink \"{h4}\"[2]")).unwrap();
+        bed.wait_log_after(mark, "SUBNET UP", Duration::from_secs(2))
+            .expect("no sweep after ReLink");
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    println!(
+        "{h2}: {} {:.0} ms after the SM's SUBNET UP ({rounds} Unlink rounds)",
+        got.1,
+        ms(got.0 - up)
+    );
+    drop(n);
+    drop(sm);
 }
