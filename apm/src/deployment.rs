@@ -65,8 +65,9 @@ pub enum StartError {
     /// The configuration names no device.
     #[error("the configuration names no device")]
     NoDevice,
-    /// A deployment of this kind cannot be built by this library (yet).
-    #[error("{provider} deployments cannot be built by the apm library yet: {reason}")]
+    /// This library cannot build the deployment as configured (mixed provider kinds,
+    /// a LAP transport the link layer cannot carry, ...).
+    #[error("this {provider} deployment cannot be built by the apm library: {reason}")]
     Unsupported {
         /// The provider kind (`verbs`, `rxe`).
         provider: &'static str,
