@@ -20,8 +20,13 @@
 //!   notifications arrive on the fd or the callback at any time.
 //! - **sim**: the simulated fabric on a paused tokio clock, advanced only inside
 //!   `apm_sim_run_for`, so a C test plays seconds of fabric time in moments.
-//! - **verbs (InfiniBand)**: `APM_STATUS_UNSUPPORTED` at creation (after checking the
-//!   stack is there: `APM_STATUS_UNAVAILABLE` otherwise).
+//! - **verbs (InfiniBand)**: the application's QP is registered with provider-verbs'
+//!   facet and migrated by the HCA (hardware APM: `software = 0`); apm arms its
+//!   alternate with LAP/APR and SA paths. Built and tested against OpenSM on the ibsim
+//!   bed with a test QP facet; never run on an HCA.
+//!
+//! Without the RDMA stack or the configured device, creation fails with
+//! `APM_STATUS_UNAVAILABLE` and the reason.
 // The FFI layer: raw pointers from C, an eventfd. Every unsafe block says why it is sound.
 #![allow(unsafe_code)]
 

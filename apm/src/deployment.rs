@@ -548,7 +548,15 @@ impl Apm {
         let devices = self.devices.as_ref().ok_or(ProtectError::NoQpFacet)?;
         let id = spec.id;
         match &devices.facet {
-            QpFacet::Rxe(f) => f.adopt(id, qp).map_err(ProtectError::Qp)?,
+            QpFacet::Rxe(f) => {
+                f.adopt(id, qp).map_err(ProtectError::Qp)?;
+                // A move onto an unresolved neighbour waits for ARP (~1 s on rxe).
+                f.keep_warm(
+                    std::iter::once(spec.primary)
+                        .chain(spec.agreed_alternate)
+                        .chain(spec.candidates.iter().copied()),
+                );
+            }
             QpFacet::Verbs {
                 facet, registered, ..
             } => {
