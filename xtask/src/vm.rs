@@ -143,6 +143,8 @@ pub struct Outcome {
     /// The serial console (kernel and init messages).
     pub console: String,
     pub timed_out: bool,
+    /// The guest never reached its init within [`BOOT_TIMEOUT`] (qemu was killed).
+    pub boot_hung: bool,
     /// qemu start to the guest's "booted" marker.
     pub boot: Option<Duration>,
     /// "booted" marker to "done" marker.
@@ -491,8 +493,27 @@ pub fn ldd(obj: &Path) -> Result<Vec<PathBuf>> {
     Ok(libs)
 }
 
-/// Boot a VM from `image`, run `spec` inside, and power off.
+/// A guest that has not reached init by now is stuck: TCG boots it in ~10 s (~30 s
+/// with both host cores busy). Seen once in a CI run: the kernel silent after
+/// "Booting from ROM..." for 300 s, with the same image that booted before and after.
+pub const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// Boot a VM from `image`, run `spec` inside, and power off. A boot that hangs before
+/// init ([`BOOT_TIMEOUT`]) is retried once, and said so: nothing of the test had run.
 pub fn run(image: &Image, spec: &RunSpec, work: &Path) -> Result<Outcome> {
+    let first = run_once(image, spec, work)?;
+    if !first.boot_hung {
+        return Ok(first);
+    }
+    eprintln!(
+        "hwtest --vm: the guest did not reach init within {BOOT_TIMEOUT:?} (console:\n{}); \
+         booting once more",
+        first.console.trim_end()
+    );
+    run_once(image, spec, work)
+}
+
+fn run_once(image: &Image, spec: &RunSpec, work: &Path) -> Result<Outcome> {
     let share = work.join("share");
     let _ = std::fs::remove_dir_all(work);
     std::fs::create_dir_all(share.join("lib"))?;
@@ -590,11 +611,16 @@ fn run_in(image: &Image, spec: &RunSpec, work: &Path, share: &Path) -> Result<Ou
     let mut console = String::new();
     let (mut booted, mut done) = (None, None);
     let mut timed_out = false;
+    let mut boot_hung = false;
     let mut exited = false;
     loop {
         let now = Instant::now();
         if now >= deadline {
             timed_out = true;
+            break;
+        }
+        if booted.is_none() && now >= start + BOOT_TIMEOUT.min(spec.timeout) {
+            boot_hung = true;
             break;
         }
         match rx.recv_timeout((deadline - now).min(Duration::from_millis(200))) {
@@ -614,6 +640,9 @@ fn run_in(image: &Image, spec: &RunSpec, work: &Path, share: &Path) -> Result<Ou
                 break;
             }
         }
+    }
+    if boot_hung {
+        eprintln!("hwtest --vm: no init after {BOOT_TIMEOUT:?}: killing qemu (pid {pid})");
     }
     if timed_out {
         eprintln!(
@@ -653,7 +682,8 @@ fn run_in(image: &Image, spec: &RunSpec, work: &Path, share: &Path) -> Result<Ou
         exit_code,
         output,
         console,
-        timed_out,
+        timed_out: timed_out || boot_hung,
+        boot_hung,
         boot: booted.map(|b| b - start),
         run: booted
             .zip(done)
