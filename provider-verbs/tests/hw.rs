@@ -848,36 +848,48 @@ fn wait_for_rail_gids(v: &Verbs) {
     }
 }
 
-/// A running `apm pingpong` with its stderr lines forwarded.
-struct Pingpong {
+/// A child process whose stdout or stderr is read line by line on a thread, so that a
+/// test can wait for lines while the process runs. Every line is echoed with the
+/// child's name and kept in `log`.
+struct ChildLines {
     child: std::process::Child,
     lines: std::sync::mpsc::Receiver<String>,
     log: Vec<String>,
     name: &'static str,
 }
 
-impl Pingpong {
-    fn start(apm: &str, name: &'static str, args: &[&str]) -> Pingpong {
+impl ChildLines {
+    /// Start `cmd` with stdin piped, and read its stderr (`stderr`; stdout is piped
+    /// too, for the caller to collect at exit) or its stdout (stderr goes to the test's).
+    fn spawn(mut cmd: std::process::Command, name: &'static str, stderr: bool) -> ChildLines {
         use std::io::BufRead;
-        let mut child = std::process::Command::new(apm)
-            .arg("pingpong")
-            .args(args)
-            .env("APM_LOG", "warn,provider_rxe=info")
+        let mut child = cmd
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped())
+            .stderr(if stderr {
+                std::process::Stdio::piped()
+            } else {
+                std::process::Stdio::inherit()
+            })
             .spawn()
-            .unwrap_or_else(|e| panic!("start {apm}: {e}"));
+            .unwrap_or_else(|e| panic!("start {name}: {e}"));
         let (tx, rx) = std::sync::mpsc::channel();
-        let err = child.stderr.take().expect("piped");
+        let stream: Box<dyn std::io::Read + Send> = if stderr {
+            Box::new(child.stderr.take().expect("piped"))
+        } else {
+            Box::new(child.stdout.take().expect("piped"))
+        };
         std::thread::spawn(move || {
-            for l in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            for l in std::io::BufReader::new(stream)
+                .lines()
+                .map_while(Result::ok)
+            {
                 if tx.send(l).is_err() {
                     break;
                 }
             }
         });
-        Pingpong {
+        ChildLines {
             child,
             lines: rx,
             log: Vec::new(),
@@ -885,59 +897,120 @@ impl Pingpong {
         }
     }
 
-    /// Wait for a stderr line containing `what`; returns when it came.
-    fn wait_for(&mut self, what: &str, limit: Duration) -> Instant {
-        let until = Instant::now() + limit;
-        loop {
-            let left = until.saturating_duration_since(Instant::now());
-            match self.lines.recv_timeout(left) {
-                Ok(l) => {
-                    println!("  [{}] {l}", self.name);
-                    let hit = l.contains(what);
-                    self.log.push(l);
-                    if hit {
-                        return Instant::now();
-                    }
-                }
-                Err(_) => panic!(
-                    "{}: no line with {what:?} within {limit:?}; log so far:\n{}",
+    /// The next line, before `until`; panics with the log so far when none comes.
+    fn next_line(&mut self, until: Instant, waiting_for: &str) -> String {
+        let left = until.saturating_duration_since(Instant::now());
+        match self.lines.recv_timeout(left) {
+            Ok(l) => {
+                println!("  [{}] {l}", self.name);
+                self.log.push(l.clone());
+                l
+            }
+            Err(_) => {
+                let _ = self.child.kill();
+                panic!(
+                    "{}: no line with {waiting_for:?} in time; log so far:\n{}",
                     self.name,
                     self.log.join("\n")
-                ),
+                )
             }
         }
     }
 
+    /// Read lines until one contains `what`; returns when it came, and the line.
+    fn wait_for(&mut self, what: &str, limit: Duration) -> (Instant, String) {
+        let until = Instant::now() + limit;
+        loop {
+            let l = self.next_line(until, what);
+            if l.contains(what) {
+                return (Instant::now(), l);
+            }
+        }
+    }
+
+    /// How many lines were read so far (for [`ChildLines::wait_for_all_since`]).
+    fn mark(&self) -> usize {
+        self.log.len()
+    }
+
+    /// Wait until, since `mark`, a line containing each of `all` was printed, in any
+    /// order (lines already read count).
+    fn wait_for_all_since(&mut self, mark: usize, all: &[&str], limit: Duration) {
+        let until = Instant::now() + limit;
+        loop {
+            let since = self.log.get(mark..).unwrap_or(&[]);
+            let Some(missing) = all.iter().find(|w| !since.iter().any(|l| l.contains(*w))) else {
+                return;
+            };
+            self.next_line(until, missing);
+        }
+    }
+
+    /// Write a line to the child's stdin.
+    fn write_line(&mut self, line: &str) {
+        use std::io::Write;
+        let stdin = self.child.stdin.as_mut().expect("piped stdin");
+        writeln!(stdin, "{line}").expect("write to the child");
+        stdin.flush().expect("flush");
+    }
+
+    /// Close the child's stdin.
+    fn close_stdin(&mut self) {
+        drop(self.child.stdin.take());
+    }
+
+    /// Wait for the child to exit (killed after `limit`), echoing what it still prints.
+    fn wait_exit(&mut self, limit: Duration) -> std::process::ExitStatus {
+        let until = Instant::now() + limit;
+        loop {
+            while let Ok(l) = self.lines.try_recv() {
+                println!("  [{}] {l}", self.name);
+                self.log.push(l);
+            }
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st;
+            }
+            if Instant::now() > until {
+                let _ = self.child.kill();
+                panic!("{}: did not exit within {limit:?}", self.name);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+/// A running `apm pingpong`: its stderr lines as they come, its JSON report at the end.
+struct Pingpong(ChildLines);
+
+impl Pingpong {
+    fn start(apm: &str, name: &'static str, args: &[&str]) -> Pingpong {
+        let mut cmd = std::process::Command::new(apm);
+        cmd.arg("pingpong")
+            .args(args)
+            .env("APM_LOG", "warn,provider_rxe=info");
+        Pingpong(ChildLines::spawn(cmd, name, true))
+    }
+
+    /// Wait for a stderr line containing `what`; returns when it came.
+    fn wait_for(&mut self, what: &str, limit: Duration) -> Instant {
+        self.0.wait_for(what, limit).0
+    }
+
     /// Stop sending: close stdin (the run ends once both sides have stopped).
     fn stop(&mut self) {
-        drop(self.child.stdin.take());
+        self.0.close_stdin();
     }
 
     /// Wait for the report (JSON on stdout).
     fn finish(mut self, limit: Duration) -> serde_json::Value {
         self.stop();
-        let until = Instant::now() + limit;
-        loop {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            if Instant::now() > until {
-                let _ = self.child.kill();
-                panic!("{}: did not finish within {limit:?}", self.name);
-            }
-            while let Ok(l) = self.lines.try_recv() {
-                println!("  [{}] {l}", self.name);
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        while let Ok(l) = self.lines.try_recv() {
-            println!("  [{}] {l}", self.name);
-        }
-        let out = self.child.wait_with_output().expect("wait");
+        self.0.wait_exit(limit);
+        let name = self.0.name;
+        let out = self.0.child.wait_with_output().expect("wait");
         let text = String::from_utf8_lossy(&out.stdout);
         let last = text.lines().last().unwrap_or("");
         serde_json::from_str(last)
-            .unwrap_or_else(|e| panic!("{}: no JSON report ({e}); stdout: {text}", self.name))
+            .unwrap_or_else(|e| panic!("{name}: no JSON report ({e}); stdout: {text}"))
     }
 }
 
@@ -1250,22 +1323,21 @@ fn c_example_connects_its_own_qps_and_hands_them_to_apm() {
     }
     let _restore = Restore;
 
-    let mut c = CExample::start(
-        &example,
-        &[
-            "rxe0",
-            "rxe1",
-            "10.0.10.1",
-            "10.0.10.2",
-            "10.0.20.1",
-            "10.0.20.2",
-            "3000",
-            "--pause-at",
-            "1000",
-            "--pause-at",
-            "2000",
-        ],
-    );
+    let mut cmd = std::process::Command::new(&example);
+    cmd.env("APM_LOG", "warn,provider_rxe=info").args([
+        "rxe0",
+        "rxe1",
+        "10.0.10.1",
+        "10.0.10.2",
+        "10.0.20.1",
+        "10.0.20.2",
+        "3000",
+        "--pause-at",
+        "1000",
+        "--pause-at",
+        "2000",
+    ]);
+    let mut c = ChildLines::spawn(cmd, "c", false);
     c.wait_for("connected rxe0 qpn", Duration::from_secs(30));
     c.wait_for("protection active", Duration::from_secs(30));
 
@@ -1276,9 +1348,11 @@ fn c_example_connects_its_own_qps_and_hands_them_to_apm() {
     tc(&[
         "qdisc", "add", "dev", "vA.10", "root", "netem", "loss", "100%",
     ]);
-    c.resume();
+    c.write_line("");
     c.wait_for("reporting a stall to apm", Duration::from_secs(30));
-    c.wait_for_all(
+    let mark = c.mark();
+    c.wait_for_all_since(
+        mark,
         &[
             "apm rxe0: conn 1 migrated, primary now 10.0.20.1 -> 10.0.20.2",
             "apm rxe1: conn 2 migrated, primary now 10.0.20.2 -> 10.0.20.1",
@@ -1289,11 +1363,14 @@ fn c_example_connects_its_own_qps_and_hands_them_to_apm() {
     println!("(a) after the failover: vA.20 sent {on20} packets in 0.3 s");
     assert!(on20 > 0, "traffic did not move to rail 20");
 
-    // (b) Rail 10 returns: both sides re-arm it as the alternate; then rail 20 is cut
-    // and the connection moves back.
+    // (b) Rail 10 returns: both sides re-arm it as the alternate (the re-arm may have
+    // come already, before the pause: apm cannot see a RoCE rail die, so it re-arms a
+    // path once its hold-down ends); then rail 20 is cut and the connection moves back.
+    let mark = c.mark();
     c.wait_for("paused at 2000", Duration::from_secs(120));
     tc(&["qdisc", "del", "dev", "vA.10", "root"]);
-    c.wait_for_all(
+    c.wait_for_all_since(
+        mark,
         &[
             "apm rxe0: conn 1 rearmed, alternate 10.0.10.1 -> 10.0.10.2",
             "apm rxe1: conn 2 rearmed, alternate 10.0.10.2 -> 10.0.10.1",
@@ -1303,15 +1380,17 @@ fn c_example_connects_its_own_qps_and_hands_them_to_apm() {
     tc(&[
         "qdisc", "add", "dev", "vA.20", "root", "netem", "loss", "100%",
     ]);
-    c.resume();
-    c.wait_for_all(
+    c.write_line("");
+    let mark = c.mark();
+    c.wait_for_all_since(
+        mark,
         &[
             "apm rxe0: conn 1 migrated, primary now 10.0.10.1 -> 10.0.10.2",
             "apm rxe1: conn 2 migrated, primary now 10.0.10.2 -> 10.0.10.1",
         ],
         Duration::from_secs(30),
     );
-    let summary = c.wait_for("exchanged 3000 messages each way", Duration::from_secs(120));
+    let (_, summary) = c.wait_for("exchanged 3000 messages each way", Duration::from_secs(120));
     assert!(
         summary.contains("all arrived once and in order"),
         "{summary}"
@@ -1320,113 +1399,13 @@ fn c_example_connects_its_own_qps_and_hands_them_to_apm() {
         summary.contains("migrations rxe0 2, rxe1 2"),
         "each side moved twice: {summary}"
     );
-    let code = c.exit_code(Duration::from_secs(30));
+    let status = c.wait_exit(Duration::from_secs(30));
     assert_eq!(
-        code,
+        status.code(),
         Some(0),
         "the C example failed; log:\n{}",
         c.log.join("\n")
     );
-}
-
-/// The C example, its stdout read line by line.
-struct CExample {
-    child: std::process::Child,
-    lines: std::sync::mpsc::Receiver<String>,
-    log: Vec<String>,
-    /// Lines taken from `lines` and not yet matched by a `wait_for_all`.
-    seen: Vec<String>,
-}
-
-impl CExample {
-    fn start(exe: &str, args: &[&str]) -> CExample {
-        use std::io::BufRead;
-        let mut child = std::process::Command::new(exe)
-            .args(args)
-            .env("APM_LOG", "warn,provider_rxe=info")
-            .stdin(std::process::Stdio::piped())
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .unwrap_or_else(|e| panic!("start {exe}: {e}"));
-        let (tx, rx) = std::sync::mpsc::channel();
-        let out = child.stdout.take().expect("piped");
-        std::thread::spawn(move || {
-            for l in std::io::BufReader::new(out).lines().map_while(Result::ok) {
-                if tx.send(l).is_err() {
-                    break;
-                }
-            }
-        });
-        CExample {
-            child,
-            lines: rx,
-            log: Vec::new(),
-            seen: Vec::new(),
-        }
-    }
-
-    fn next_line(&mut self, until: Instant, what: &str) -> String {
-        let left = until.saturating_duration_since(Instant::now());
-        match self.lines.recv_timeout(left) {
-            Ok(l) => {
-                println!("  [c] {l}");
-                self.log.push(l.clone());
-                self.seen.push(l.clone());
-                l
-            }
-            Err(_) => {
-                let _ = self.child.kill();
-                panic!(
-                    "C example: no line with {what:?} in time; output so far:\n{}",
-                    self.log.join("\n")
-                )
-            }
-        }
-    }
-
-    /// Wait for a line containing `what` (seen earlier or coming); returns it.
-    fn wait_for(&mut self, what: &str, limit: Duration) -> String {
-        let until = Instant::now() + limit;
-        if let Some(i) = self.seen.iter().position(|l| l.contains(what)) {
-            return self.seen.remove(i);
-        }
-        loop {
-            let l = self.next_line(until, what);
-            if l.contains(what) {
-                self.seen.pop();
-                return l;
-            }
-        }
-    }
-
-    /// Wait until a line containing each of `all` was printed, in any order.
-    fn wait_for_all(&mut self, all: &[&str], limit: Duration) {
-        for what in all {
-            self.wait_for(what, limit);
-        }
-    }
-
-    /// Press Enter at a pause.
-    fn resume(&mut self) {
-        use std::io::Write;
-        let stdin = self.child.stdin.as_mut().expect("piped stdin");
-        stdin.write_all(b"\n").expect("write to the C example");
-        stdin.flush().expect("flush");
-    }
-
-    fn exit_code(&mut self, limit: Duration) -> Option<i32> {
-        let until = Instant::now() + limit;
-        loop {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                return st.code();
-            }
-            if Instant::now() > until {
-                let _ = self.child.kill();
-                panic!("the C example did not exit within {limit:?}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-    }
 }
 
 // ---------------------------------------------------------------- hardware APM (InfiniBand)
