@@ -506,6 +506,58 @@ fn rc_pair_carries_numbered_messages_both_ways() {
     );
 }
 
+/// provider-rxe's migration of a QP the application owns (`AdoptedQp`), on a real
+/// device: in the middle of 1000 messages each way, A's QP is drained and its address
+/// vector set again (RTS -> SQD, `sq_draining` polled, AV, SQD -> RTS, an unsignalled
+/// kick): every message still arrives once and in order, and the kick leaves nothing in
+/// the application's CQ (the exchange fails on any completion it did not post). Then A's
+/// QP is put in ERR: a migration is refused with the reason, and apm does not touch it.
+#[test]
+#[ignore = "needs RDMA devices: run `cargo xtask hwtest` (or `--vm`)"]
+#[allow(unsafe_code)] // Qp::adopt of the test's own QP, as an application would hand it over
+fn adopted_qp_moves_through_the_sq_drain_and_a_failed_one_is_refused() {
+    let v = verbs();
+    if netdev_of(&device_names(&v)[0], 1).is_none() {
+        println!("SKIPPED: software migration is for RoCE devices (rxe)");
+        return;
+    }
+    let (mut a, mut b) = pair(&v);
+    // SAFETY: the QP is live for the whole test (`a` outlives the adopted handle).
+    let adopted = unsafe { Qp::adopt(&a.ctx, a.qp.as_raw()) }.expect("adopt");
+    assert!(adopted.is_adopted());
+    let adopted =
+        provider_rxe::AdoptedQp::new(Arc::new(adopted)).expect("an RTS QP with remote write");
+    let rt = runtime();
+    let av = b.av_to(&a);
+    let mut took = None;
+    exchange_with(&mut a, &mut b, 1000, 400, |_, _| {
+        let t0 = Instant::now();
+        rt.block_on(adopted.migrate(av, Duration::from_secs(2)))
+            .expect("migration under traffic");
+        took = Some(t0.elapsed());
+    });
+    assert_eq!(adopted.migrations(), 1);
+    println!(
+        "adopted QP {}: SQ-drain move under traffic in {:?}; 1000 messages each way, in order",
+        a.qp.qp_num(),
+        took.expect("the hook ran")
+    );
+    let err = QpAttr {
+        qp_state: QpState::Err,
+        ..QpAttr::default()
+    };
+    a.qp.modify(&err, QpAttrMask::STATE).expect("RTS->ERR");
+    let refused = rt
+        .block_on(adopted.migrate(av, Duration::from_secs(2)))
+        .expect_err("a QP in ERR cannot be moved without its work");
+    assert!(refused.to_string().contains("error state"), "{refused}");
+    assert_eq!(
+        a.qp.query(QpAttrMask::STATE).expect("query").qp_state,
+        QpState::Err,
+        "apm left the failed QP alone"
+    );
+}
+
 #[test]
 #[ignore = "needs RDMA devices: run `cargo xtask hwtest` (or `--vm`)"]
 fn hardware_apm_on_roce_is_refused_up_front() {

@@ -853,6 +853,12 @@ impl Qp {
         self.owned.is_none()
     }
 
+    /// The `struct ibv_qp *` (for [`Qp::adopt`] elsewhere, or a C library). Valid while
+    /// this `Qp` lives; using it is the caller's unsafe business.
+    pub fn as_raw(&self) -> *mut std::ffi::c_void {
+        self.qp.cast()
+    }
+
     /// The QP number.
     pub fn qp_num(&self) -> u32 {
         self.qp_num
