@@ -24,7 +24,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-use umad::bed::{self, report, Bed};
+use umad::bed::{self, logged_gid, ms, report, stdin_commands, Bed};
 
 /// What a watch process wrote: a stdout line (an event) or a stderr line.
 #[derive(Debug)]
@@ -166,13 +166,6 @@ fn gid_of(guid: u64) -> Ipv6Addr {
     Ipv6Addr::from((0xfe80_u128 << 112) | u128::from(guid))
 }
 
-/// The GID in OpenSM's `Reporting Informational Notice "GID out of service",
-/// GID:fe80::...` log line.
-fn logged_gid(line: &str) -> Option<Ipv6Addr> {
-    let g = line.split("GID:").nth(1)?.split_whitespace().next()?;
-    g.trim_end_matches(',').parse().ok()
-}
-
 fn str_of<'a>(v: &'a serde_json::Value, k: &str) -> &'a str {
     v.get(k)
         .and_then(|x| x.as_str())
@@ -201,10 +194,6 @@ fn check_event(v: &serde_json::Value, kind: &str, gid: Ipv6Addr, bed: &Bed) {
     assert!(num_of(v, "sm_lid") > 0, "{v}");
     assert_eq!(num_of(v, "lmc"), u64::from(bed.lmc), "{v}");
     assert!(str_of(v, "time").ends_with('Z'), "RFC 3339 UTC: {v}");
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }
 
 /// `apm watch` on a client node prints exactly one `gid_out_of_service` event (trap 65)
@@ -803,64 +792,6 @@ async fn quiet_node(config: &apm::Config) -> Result<(), String> {
     apm.shutdown().await.map_err(|e| e.to_string())
 }
 
-/// Lines from stdin (commands of the parent test), as an async stream.
-fn stdin_commands() -> tokio::sync::mpsc::UnboundedReceiver<String> {
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
-/// OpenSM's port GUID -> base LID (its guid2lid cache file in the bed directory).
-fn guid2lid(bed: &Bed) -> std::collections::BTreeMap<u64, u16> {
-    let text = std::fs::read_to_string(bed.scratch.join("guid2lid")).unwrap_or_default();
-    let num = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
-    text.lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            Some((num(f.first()?)?, u16::try_from(num(f.get(1)?)?).ok()?))
-        })
-        .collect()
-}
-
-/// The first report starting with each of `prefixes`, in whatever order they come.
-fn expect_all(
-    n: &mut bed::NodeProc,
-    prefixes: &[&str],
-    timeout: Duration,
-) -> Vec<(Instant, String)> {
-    let deadline = Instant::now() + timeout;
-    let mut got: Vec<Option<(Instant, String)>> = vec![None; prefixes.len()];
-    while got.iter().any(Option::is_none) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let (t, l) = n
-            .expect("", left)
-            .unwrap_or_else(|e| panic!("{e}; still waiting for {prefixes:?}, got {got:?}"));
-        for (i, p) in prefixes.iter().enumerate() {
-            if got[i].is_none() && l.starts_with(p) {
-                got[i] = Some((t, l.clone()));
-            }
-        }
-    }
-    got.into_iter().flatten().collect()
-}
-
-/// The engine's counters of a node (its `STATS` report) as name -> value.
-fn node_stats(n: &mut bed::NodeProc) -> std::collections::BTreeMap<String, u64> {
-    n.send("stats").unwrap();
-    let (_, l) = n.expect("STATS", Duration::from_secs(5)).unwrap();
-    println!("[{}] {l}", n.node);
-    l.split_whitespace()
-        .filter_map(|kv| kv.split_once('='))
-        .filter_map(|(k, v)| Some((k.to_owned(), v.parse().ok()?)))
-        .collect()
-}
-
 /// The library's InfiniBand deployment between two nodes, from a deployment TOML:
 /// H2 (active) and H3 (passive) each start `apm::Apm` with the umad half built by
 /// `apm::ib::UmadFacets` (one SA client and vendor-class LAP channel on port 1, port 2
@@ -882,10 +813,10 @@ fn library_ib_deployment_arms_and_migrates_on_unlink() {
     };
     let (h2, h3) = (bed.nodes[0].clone(), bed.nodes[1].clone());
     let ports = bed.hca_ports();
-    let lids = guid2lid(&bed);
+    let lids = bed.guid2lid();
     let port = |node: &str, n: u8| {
         let g = ports[&(node.to_owned(), n)];
-        (g, lids[&g])
+        (g, lids[&g].0)
     };
     let spawn = |me: &str, peer: &str, role: &str, policy: &str| {
         let config = bed.scratch.join(format!("apm-{me}.toml"));
@@ -961,23 +892,18 @@ fn library_ib_deployment_arms_and_migrates_on_unlink() {
     bed.console(&format!("Unlink \"{h2}\"[2]")).unwrap();
     active.send("port 2 down").unwrap();
     let want = format!("INPUT remote {:x} out", port(&h2, 2).0);
-    let got = expect_all(
-        &mut passive,
+    let got = passive.expect_all(
         &[&want, "FORCED", "NOTE Migrated", "NOTE Rearmed"],
         Duration::from_secs(10),
     );
     let [(t_in, _), (t_f3, f3), (_, m3), (t_r3, r3)] = &got[..] else {
-        unreachable!("expect_all returns one report per prefix")
+        unreachable!("NodeProc::expect_all returns one report per prefix")
     };
     assert!(m3.contains("forced=true"), "{m3}");
     assert!(f3.contains("port=1"), "{h3}: {f3}");
-    let got = expect_all(
-        &mut active,
-        &["FORCED", "NOTE Rearmed"],
-        Duration::from_secs(10),
-    );
+    let got = active.expect_all(&["FORCED", "NOTE Rearmed"], Duration::from_secs(10));
     let [(t_f2, f2), (t_r2, r2)] = &got[..] else {
-        unreachable!("expect_all returns one report per prefix")
+        unreachable!("NodeProc::expect_all returns one report per prefix")
     };
     println!(
         "Unlink {h2}[2] -> {h3} trap 65 input {:.2} ms, {h3} forced migration {:.2} ms \
@@ -997,7 +923,7 @@ fn library_ib_deployment_arms_and_migrates_on_unlink() {
     );
     bed.wait_log_after(mark, "\"GID out of service\"", Duration::from_secs(1))
         .expect("OpenSM logged no trap 65");
-    let s3 = node_stats(&mut passive);
+    let s3 = passive.stats();
     assert_eq!(s3["forced"], 1, "{s3:?}");
     assert!(s3["aprs_sent"] >= 2, "{s3:?}");
 
@@ -1005,8 +931,7 @@ fn library_ib_deployment_arms_and_migrates_on_unlink() {
     let _ = active.drain();
     let t0 = Instant::now();
     active.send("stall").unwrap();
-    let got = expect_all(
-        &mut active,
+    let got = active.expect_all(
         &["STALL reported", "FORCED", "NOTE Migrated"],
         Duration::from_secs(5),
     );
@@ -1016,7 +941,7 @@ fn library_ib_deployment_arms_and_migrates_on_unlink() {
         ms(got[1].0 - t0)
     );
     assert!(got[2].1.contains("forced=true"), "{}", got[2].1);
-    let s2 = node_stats(&mut active);
+    let s2 = active.stats();
     assert_eq!(s2["forced"], 2, "{s2:?}");
     assert!(s2["laps_sent"] >= 2, "{s2:?}");
     assert!(
@@ -1080,7 +1005,7 @@ fn library_ib_deployment_starts_without_an_sa() {
     println!("{h2} started with no SA: {r}");
     // Let a few subscription attempts fail (traps 64 and 65: up to 1.6 s each).
     std::thread::sleep(Duration::from_secs(3));
-    let s = node_stats(&mut n);
+    let s = n.stats();
     assert!(
         s["subscriptions"] >= 2,
         "the engine did not retry its subscription: {s:?}"

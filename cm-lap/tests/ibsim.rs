@@ -15,7 +15,7 @@ use ib_mad::cm::{ApStatus, Apr, CmBody, Lap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc::UnboundedReceiver;
-use umad::bed::{self, report, Bed};
+use umad::bed::{self, ms, report, stdin_commands, Bed};
 use umad::{split_by_class, AgentSpec, Dest, Port, PortOptions, PortSelector, TestBedMode};
 
 /// A test OUI (the IEEE's "private" block is not needed on a simulated fabric).
@@ -620,19 +620,6 @@ impl apm_core::QpControl for SharedQp {
     }
 }
 
-/// Lines from stdin (commands of the parent test), as an async stream.
-fn stdin_commands() -> UnboundedReceiver<String> {
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
-}
-
 /// Answer every LAP with APR(Success), comm IDs swapped, same TID, to the sender.
 async fn answer(t: &UmadCmTransport, mut rx: UnboundedReceiver<Incoming>) {
     let until = tokio::time::Instant::now() + Duration::from_secs(60);
@@ -708,18 +695,6 @@ fn lap_apr_round_trip() {
     sender.expect("DONE", Duration::from_secs(5)).unwrap();
 }
 
-/// OpenSM's port GUID -> base LID (its guid2lid cache file in the bed directory).
-fn guid2lid(bed: &Bed) -> std::collections::BTreeMap<u64, u16> {
-    let text = std::fs::read_to_string(bed.scratch.join("guid2lid")).unwrap_or_default();
-    let num = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
-    text.lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            Some((num(f.first()?)?, u16::try_from(num(f.get(1)?)?).ok()?))
-        })
-        .collect()
-}
-
 /// Two engine nodes of one bed: H2 (active) and H3 (passive), protecting `n`
 /// connections whose primaries run port 2 to port 2 (rail B), their MADs on port 1.
 struct Pair {
@@ -733,9 +708,9 @@ struct Pair {
 fn start_pair(bed: &Bed, n: u32, active_policy: &str, passive_policy: &str) -> Pair {
     let (a, p) = (&bed.nodes[0], &bed.nodes[1]);
     let ports = bed.hca_ports();
-    let lids = guid2lid(bed);
+    let lids = bed.guid2lid();
     let g = [(a, 1), (a, 2), (p, 1), (p, 2)].map(|(node, pn)| ports[&(node.clone(), pn)]);
-    let l = g.map(|guid| lids[&guid]);
+    let l = g.map(|guid| lids[&guid].0);
     let args = |role: &str, me: usize, them: usize, policy: &str| {
         format!(
             "engine:role={role};n={n};from=2;dst={:x};peer={:x};route={:x}:{},{:x}:{};me2={:x}:{}{policy}",
@@ -777,44 +752,6 @@ impl Pair {
             .unwrap();
         self.active.send("protect").unwrap();
     }
-}
-
-/// The engine's counters of a node (its `STATS` report) as name -> value.
-fn stats(n: &mut bed::NodeProc) -> std::collections::BTreeMap<String, u64> {
-    n.send("stats").unwrap();
-    let (_, l) = n.expect("STATS", Duration::from_secs(5)).unwrap();
-    println!("[{}] {l}", n.node);
-    l.split_whitespace()
-        .filter_map(|kv| kv.split_once('='))
-        .filter_map(|(k, v)| Some((k.to_owned(), v.parse().ok()?)))
-        .collect()
-}
-
-/// The first report starting with each of `prefixes`, in whatever order they come
-/// (reports from different tasks of a node interleave).
-fn expect_all(
-    n: &mut bed::NodeProc,
-    prefixes: &[&str],
-    timeout: Duration,
-) -> Vec<(Instant, String)> {
-    let deadline = Instant::now() + timeout;
-    let mut got: Vec<Option<(Instant, String)>> = vec![None; prefixes.len()];
-    while got.iter().any(Option::is_none) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let (t, l) = n
-            .expect("", left)
-            .unwrap_or_else(|e| panic!("{e}; still waiting for {prefixes:?}, got {got:?}"));
-        for (i, p) in prefixes.iter().enumerate() {
-            if got[i].is_none() && l.starts_with(p) {
-                got[i] = Some((t, l.clone()));
-            }
-        }
-    }
-    got.into_iter().flatten().collect()
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
 }
 
 /// End to end with two real engines (seeds 000 and 001 on the real management stack).
@@ -869,23 +806,20 @@ fn two_engines_unlink_relink_rearm() {
     bed.console(&format!("Unlink \"{h2}\"[2]")).unwrap();
     pair.active.send("port 2 down").unwrap();
     let want = format!("INPUT remote {:x} out", pair.guids[1]);
-    let got = expect_all(
-        &mut pair.passive,
+    let got = pair.passive.expect_all(
         &[&want, "FORCED", "NOTE Migrated", "NOTE Rearmed"],
         Duration::from_secs(10),
     );
     let [(t_in, _), (t_f3, f3), (_, m3), (t_r3, r3)] = &got[..] else {
-        unreachable!("expect_all returns one report per prefix")
+        unreachable!("NodeProc::expect_all returns one report per prefix")
     };
     let (t_in, t_f3, t_r3) = (*t_in, *t_f3, *t_r3);
     assert!(m3.contains("forced=true"), "{m3}");
-    let got = expect_all(
-        &mut pair.active,
-        &["FORCED", "NOTE Rearmed"],
-        Duration::from_secs(10),
-    );
+    let got = pair
+        .active
+        .expect_all(&["FORCED", "NOTE Rearmed"], Duration::from_secs(10));
     let [(t_f2, f2), (t_r2, r2)] = &got[..] else {
-        unreachable!("expect_all returns one report per prefix")
+        unreachable!("NodeProc::expect_all returns one report per prefix")
     };
     let (t_f2, t_r2) = (*t_f2, *t_r2);
     println!(
@@ -913,7 +847,7 @@ fn two_engines_unlink_relink_rearm() {
         .expect("OpenSM logged no trap 65");
 
     // ReLink: the alternate goes back to rail B on both sides, by LAP/APR.
-    let (b2, b3) = (stats(&mut pair.active), stats(&mut pair.passive));
+    let (b2, b3) = (pair.active.stats(), pair.passive.stats());
     let t0 = Instant::now();
     bed.console(&format!("ReLink \"{h2}\"[2]")).unwrap();
     pair.active.send("port 2 up").unwrap();
@@ -937,8 +871,8 @@ fn two_engines_unlink_relink_rearm() {
         "ReLink {h2}[2] -> {h3} engine input (trap 64) {:.2} ms",
         ms(t_in - t0)
     );
-    let s2 = stats(&mut pair.active);
-    let s3 = stats(&mut pair.passive);
+    let s2 = pair.active.stats();
+    let s3 = pair.passive.stats();
     let d = |a: &std::collections::BTreeMap<String, u64>,
              b: &std::collections::BTreeMap<String, u64>,
              k: &str| a[k] - b[k];
@@ -978,7 +912,7 @@ fn two_engines_unlink_relink_rearm() {
             && !l.starts_with("REARM")),
         "the stranger's LAP changed {h3}'s QP: {after:?}"
     );
-    let s3b = stats(&mut pair.passive);
+    let s3b = pair.passive.stats();
     assert_eq!(s3b["strangers"], 1, "{s3b:?}");
     assert_eq!(s3b["arms"], s3["arms"], "{s3b:?}");
     assert!(
@@ -1015,8 +949,8 @@ fn two_engines_arm_through_mad_loss() {
         ms(ta - t0),
         ms(tp - t0)
     );
-    let s2 = stats(&mut pair.active);
-    let s3 = stats(&mut pair.passive);
+    let s2 = pair.active.stats();
+    let s3 = pair.passive.stats();
     let retx = s2["lap_retransmits"] + s3["lap_retransmits"];
     println!(
         "LAP retransmits: active {}, passive {}; LAPs sent {} + {}; APRs sent {} + {}; MRAs {} + {}",
@@ -1068,11 +1002,11 @@ fn rearm_storm_sa_queries() {
     e.expect("READY", Duration::from_secs(10)).unwrap();
     // Let the engine's own subscription (at start) finish before counting.
     std::thread::sleep(Duration::from_millis(200));
-    let before = stats(&mut e);
+    let before = e.stats();
     let t0 = Instant::now();
     e.send("protect").unwrap();
     let (t1, _) = e.expect("ALL ARMED", Duration::from_secs(20)).unwrap();
-    let after = stats(&mut e);
+    let after = e.stats();
     let d = |k: &str| after[k] - before[k];
     println!(
         "rearm of {n} connections to {} destinations: {:.1} ms, {} engine path queries, \

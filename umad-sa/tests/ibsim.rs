@@ -9,7 +9,7 @@ use apm_core::FabricService;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use umad::bed::{self, report, Bed};
+use umad::bed::{self, logged_gid, ms, report, stdin_commands, Bed};
 use umad::{Port, PortOptions, PortSelector, TestBedMode};
 use umad_sa::{SaClient, SaEvent, SaFabric, SaOptions, SA_AGENT};
 
@@ -26,19 +26,6 @@ fn bed_node() {
         report(&format!("FAIL {e}"));
         std::process::exit(1);
     }
-}
-
-/// Lines from stdin (commands of the parent test), as an async stream.
-fn stdin_commands() -> tokio::sync::mpsc::UnboundedReceiver<String> {
-    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
-    std::thread::spawn(move || {
-        for line in std::io::stdin().lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
 }
 
 fn hex(b: &[u8]) -> String {
@@ -238,13 +225,6 @@ async fn fabric_node(
     Ok(())
 }
 
-/// The GID (hex) in OpenSM's "GID out of service"/"GID in service" log line.
-fn logged_gid(line: &str) -> Option<String> {
-    let g = line.split("GID:").nth(1)?.split_whitespace().next()?;
-    let ip: std::net::Ipv6Addr = g.trim_end_matches(',').parse().ok()?;
-    Some(hex(&ip.octets()))
-}
-
 /// OpenSM accepts Set(InformInfo) for traps 64 and 65 (the GetResp is checked inside).
 #[test]
 fn subscription_accepted() {
@@ -282,7 +262,9 @@ fn unlink_relink_traps() {
         let line = bed
             .wait_log_after(mark, "\"GID out of service\"", Duration::from_secs(1))
             .expect("OpenSM logged no trap 65");
-        let gid = logged_gid(&line).expect("GID in OpenSM's log line");
+        let gid = hex(&logged_gid(&line)
+            .expect("GID in OpenSM's log line")
+            .octets());
         assert!(
             gid.ends_with(&format!("{guid:016x}")),
             "trap for {gid}, not {victim}[2]"
@@ -411,10 +393,6 @@ fn subscription_refreshed_after_opensm_restart() {
     );
 }
 
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e3
-}
-
 /// The fabric facet the engine uses: a rearm storm of 3 connections to each of 2
 /// destinations costs 2 SA path queries (cache); Unlink of one destination port becomes
 /// an `Input::RemoteGid { in_service: false }` for the engine and drops only that
@@ -489,19 +467,6 @@ fn sa_queries_survive_mad_loss() {
     assert!(r.ends_with("timeouts=0 pending=0"), "{r}");
 }
 
-/// OpenSM's port GUID -> LID range table (its guid2lid cache file in the bed directory).
-fn guid2lid(bed: &Bed) -> BTreeMap<u64, (u16, u16)> {
-    let text = std::fs::read_to_string(bed.scratch.join("guid2lid")).unwrap_or_default();
-    let num = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
-    text.lines()
-        .filter_map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            let (g, lo, hi) = (num(f.first()?)?, num(f.get(1)?)?, num(f.get(2)?)?);
-            Some((g, (u16::try_from(lo).ok()?, u16::try_from(hi).ok()?)))
-        })
-        .collect()
-}
-
 /// With LMC 1, PathRecord queries from one port return, for every other HCA port, every
 /// SLID x DLID combination (2 x 2), all reversible, with the LIDs OpenSM assigned.
 #[test]
@@ -510,7 +475,7 @@ fn path_records_every_lmc_path() {
         return;
     };
     assert_eq!(bed.lmc, 1, "the bed runs OpenSM with LMC 1");
-    let lids = guid2lid(&bed);
+    let lids = bed.guid2lid();
     // HCA ports have LMC 1 (two LIDs); switch management ports have one.
     let hca: Vec<u64> = lids
         .iter()

@@ -7,11 +7,16 @@
 //! the tests run or fail. Node processes are the test binary itself, re-executed with
 //! `LD_PRELOAD` and `SIM_HOST`: the parent test never loads umad2sim.
 //!
-//! Node processes report to their parent with stdout lines starting with [`REPORT`].
+//! Node processes report to their parent with stdout lines starting with [`REPORT`] and
+//! take its commands from stdin ([`stdin_commands`], [`NodeProc::send`]). The rest is
+//! what several crates' bed tests read alike: OpenSM's LIDs ([`Bed::guid2lid`]) and
+//! logged GIDs ([`logged_gid`]), a node's reports in any order ([`NodeProc::expect_all`])
+//! and its `STATS` counters ([`NodeProc::stats`]), latencies in ms ([`ms`]).
 #![allow(clippy::disallowed_methods)] // a test driver: it measures wall-clock latencies
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
+use std::net::Ipv6Addr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -129,6 +134,21 @@ impl Bed {
             }
         }
         out
+    }
+
+    /// OpenSM's port GUID -> (base LID, last LID) of the port's LID range, from its
+    /// guid2lid cache file in the bed directory (the two are equal with LMC 0 and for
+    /// switch management ports).
+    pub fn guid2lid(&self) -> BTreeMap<u64, (u16, u16)> {
+        let text = std::fs::read_to_string(self.scratch.join("guid2lid")).unwrap_or_default();
+        let num = |s: &str| u64::from_str_radix(s.trim_start_matches("0x"), 16).ok();
+        let lid = |s: Option<&&str>| u16::try_from(num(s?)?).ok();
+        text.lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                Some((num(f.first()?)?, (lid(f.get(1))?, lid(f.get(2))?)))
+            })
+            .collect()
     }
 
     /// The current length of OpenSM's log, to search only what is logged after it.
@@ -269,6 +289,32 @@ pub fn report(line: &str) {
     let _ = out.flush();
 }
 
+/// In a node process: the command lines its parent test sends ([`NodeProc::send`]), as
+/// an async stream (a thread reads stdin until it closes or the receiver is dropped).
+pub fn stdin_commands() -> tokio::sync::mpsc::UnboundedReceiver<String> {
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    std::thread::spawn(move || {
+        for line in std::io::stdin().lines().map_while(Result::ok) {
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// The GID in OpenSM's `Reporting Informational Notice "GID out of service",
+/// GID:fe80::...` log lines (and their "GID in service" twins).
+pub fn logged_gid(line: &str) -> Option<Ipv6Addr> {
+    let g = line.split("GID:").nth(1)?.split_whitespace().next()?;
+    g.trim_end_matches(',').parse().ok()
+}
+
+/// A duration in milliseconds, for printing latencies.
+pub fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
 /// A node process started by [`Bed::spawn_node`]; killed (by its PID) when dropped.
 #[derive(Debug)]
 pub struct NodeProc {
@@ -300,6 +346,39 @@ impl NodeProc {
                 }
             }
         }
+    }
+
+    /// The first report starting with each of `prefixes`, in that order, whatever order
+    /// they come in (reports from different tasks of a node interleave; other reports
+    /// are skipped). Panics, naming what is still missing, when `timeout` passes first.
+    pub fn expect_all(&mut self, prefixes: &[&str], timeout: Duration) -> Vec<(Instant, String)> {
+        let deadline = Instant::now() + timeout;
+        let mut got: Vec<Option<(Instant, String)>> = vec![None; prefixes.len()];
+        while got.iter().any(Option::is_none) {
+            let left = deadline.saturating_duration_since(Instant::now());
+            let (t, l) = self
+                .expect("", left)
+                .unwrap_or_else(|e| panic!("{e}; still waiting for {prefixes:?}, got {got:?}"));
+            for (i, p) in prefixes.iter().enumerate() {
+                if got[i].is_none() && l.starts_with(p) {
+                    got[i] = Some((t, l.clone()));
+                }
+            }
+        }
+        got.into_iter().flatten().collect()
+    }
+
+    /// The engine counters of a node whose entry answers the command `stats` with a
+    /// `STATS name=value ...` report, as name -> value (printed too). Panics when the
+    /// node does not answer within 5 s.
+    pub fn stats(&mut self) -> BTreeMap<String, u64> {
+        self.send("stats").unwrap();
+        let (_, l) = self.expect("STATS", Duration::from_secs(5)).unwrap();
+        println!("[{}] {l}", self.node);
+        l.split_whitespace()
+            .filter_map(|kv| kv.split_once('='))
+            .filter_map(|(k, v)| Some((k.to_owned(), v.parse().ok()?)))
+            .collect()
     }
 
     /// Send one command line to the node (its stdin).
