@@ -66,9 +66,11 @@ pub struct Policy {
     /// A remote GID out of service for this long is checked with an SA PathRecord query
     /// (the SA routes only to ports that are up): the trap 64 that should have brought
     /// it back may have been lost (a Report given up, a subscription gone). Doubled
-    /// after each check that finds it still unreachable, up to 60 s. 0 disables.
-    /// Default 5000 ms.
+    /// after each check that finds it still unreachable, up to `remote_recheck_max_ms`.
+    /// 0 disables. Default 5000 ms.
     pub remote_recheck_ms: u64,
+    /// The longest interval between those checks. Default 60 000 ms.
+    pub remote_recheck_max_ms: u64,
     /// What a LAP from a source that is not the connection's peer gets. Default reject.
     pub unexpected_lap: UnexpectedLap,
 }
@@ -92,6 +94,7 @@ impl Default for Policy {
             subscribe_retry_ms: 1000,
             forced_event_grace_ms: 100,
             remote_recheck_ms: 5000,
+            remote_recheck_max_ms: 60_000,
             unexpected_lap: UnexpectedLap::Reject,
         }
     }
@@ -144,6 +147,13 @@ impl Policy {
                 field: "hold_down_max_ms",
                 value: self.hold_down_max_ms,
                 why: "must be at least hold_down_base_ms",
+            });
+        }
+        if self.remote_recheck_ms > 0 && self.remote_recheck_max_ms < self.remote_recheck_ms {
+            return Err(PolicyError::OutOfRange {
+                field: "remote_recheck_max_ms",
+                value: self.remote_recheck_max_ms,
+                why: "must be at least remote_recheck_ms",
             });
         }
         if self.lap_max_tries > 32 {

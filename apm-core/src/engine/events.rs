@@ -243,20 +243,35 @@ impl Engine {
             .get(&gid)
             .map_or(self.policy.remote_recheck_ms, |(_, i)| *i);
         // Until an answer says otherwise, the next check is due a doubled interval later.
-        self.schedule_recheck(gid, interval.saturating_mul(2).min(60_000));
+        let next = interval
+            .saturating_mul(2)
+            .min(self.policy.remote_recheck_max_ms.max(interval));
+        self.schedule_recheck(gid, next);
+        let due = self.rechecks.get(&gid).map_or(Time::ZERO, |r| r.0);
         for port in ports {
             debug!(%gid, %port, "asking the SA whether an out-of-service GID is back");
             self.stats.path_queries += 1;
             self.issue(
                 CommandOp::ResolvePaths { port, dgid: gid },
-                Pending::Recheck(gid),
+                Pending::Recheck(gid, due),
             );
         }
     }
 
     /// An answer to [`Engine::recheck_remote`]: any path means the SA routes to `gid`
-    /// again, so it is in service.
-    pub(super) fn recheck_done(&mut self, gid: Gid, result: Result<CommandOutcome, ProviderError>) {
+    /// again, so it is in service, unless a notice about `gid` came after the question
+    /// left (the SA's answer is then older than what the SM said last: a port that came
+    /// back and died again must not be revived by the answer about its short life).
+    pub(super) fn recheck_done(
+        &mut self,
+        gid: Gid,
+        due: Time,
+        result: Result<CommandOutcome, ProviderError>,
+    ) {
+        if self.rechecks.get(&gid).map(|r| r.0) != Some(due) {
+            debug!(%gid, "an SA recheck answer older than the last notice: ignored");
+            return;
+        }
         let reachable =
             matches!(&result, Ok(CommandOutcome::Paths(p)) if p.iter().any(|p| p.dgid == gid));
         let still_down = self.remotes.get(&gid).is_some_and(|h| !h.up);

@@ -142,8 +142,10 @@ enum Pending {
     Send,
     Resolve(PortKey, Gid),
     Subscribe(PortKey),
-    /// A PathRecord query checking whether an out-of-service remote GID is back.
-    Recheck(Gid),
+    /// A PathRecord query checking whether an out-of-service remote GID is back, and
+    /// when the next check was due as it left (a different due date when the answer
+    /// comes means a notice or a newer check came meanwhile: the answer is stale).
+    Recheck(Gid, Time),
 }
 
 /// The path-protection engine. See the module documentation.

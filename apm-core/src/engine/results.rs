@@ -27,7 +27,7 @@ impl Engine {
             }
             Pending::Subscribe(port) => self.subscribe_done(port, result),
             Pending::Resolve(port, gid) => self.resolve_done(port, gid, result),
-            Pending::Recheck(gid) => self.recheck_done(gid, result),
+            Pending::Recheck(gid, due) => self.recheck_done(gid, due, result),
             Pending::Conn(conn) => self.conn_command_done(conn, id, result),
         }
     }

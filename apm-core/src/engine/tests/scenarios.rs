@@ -718,3 +718,72 @@ fn a_lost_trap_64_is_made_good_by_asking_the_sa() {
     assert!(queries(&p) > after_first);
     assert_armed(&p, 1, path('a', 2, 2));
 }
+
+#[test]
+fn an_sa_recheck_answer_older_than_the_last_notice_is_ignored() {
+    let mut p = Pair::new();
+    p.protect(1);
+    p.run_for(1000);
+    let dead = gid('b', 2);
+    p.input(
+        'a',
+        Input::RemoteGid {
+            gid: dead,
+            in_service: false,
+        },
+    );
+    p.run_for(100);
+    // The recheck's question leaves and is held (not answered by the bench).
+    let t = p.now.plus(std::time::Duration::from_millis(
+        Policy::default().remote_recheck_ms,
+    ));
+    p.a.engine.handle_timeout(t);
+    let mut question = None;
+    while let Some(out) = p.a.engine.poll_output() {
+        if let Output::Command(Command {
+            id,
+            op: CommandOp::ResolvePaths { dgid, .. },
+        }) = out
+        {
+            if dgid == dead {
+                question = Some(id);
+            }
+        }
+    }
+    let id = question.expect("the SA recheck asked about the GID");
+    // Meanwhile the port came back and died again: trap 64, then trap 65.
+    let ms = |k: u64| t.plus(std::time::Duration::from_millis(k));
+    for (k, in_service) in [(1, true), (2, false)] {
+        p.a.engine
+            .handle_input(
+                ms(k),
+                Input::RemoteGid {
+                    gid: dead,
+                    in_service,
+                },
+            )
+            .expect("notice");
+    }
+    // The answer describes the port's short life in between: paths. It is stale.
+    p.a.engine
+        .handle_input(
+            ms(3),
+            Input::CommandDone {
+                id,
+                result: Ok(CommandOutcome::Paths(vec![path('a', 2, 2)])),
+            },
+        )
+        .expect("answer");
+    // Past any flap hold-down, with nothing else said about the GID (questions the
+    // engine asks now go unanswered), the last notice still stands: out of service.
+    let later = ms(Policy::default().hold_down_max_ms + 1000);
+    while let Some(next) = p.a.engine.poll_timeout().filter(|n| *n <= later) {
+        p.a.engine.handle_timeout(next);
+        while p.a.engine.poll_output().is_some() {}
+    }
+    p.a.engine.handle_timeout(later);
+    assert!(
+        !p.a.engine.path_usable(&path('a', 2, 2)),
+        "a stale SA answer revived a GID the SM has since said is out of service"
+    );
+}
