@@ -11,13 +11,17 @@ use crate::rng::Rng;
 use crate::sim::{RunConfig, Sim};
 use apm_core::Policy;
 
-/// The engine policy chaos runs use: the defaults with the hold-down and re-arm backoff
-/// capped at 2 s, so that "armed again within a bound after the faults stop" can be
-/// checked within seconds of simulated time rather than minutes.
+/// The engine policy chaos runs use: the defaults with the hold-down, the re-arm backoff
+/// and the SA recheck of an out-of-service GID (1 s, doubling) capped at 2 s, so that
+/// "armed again within a bound after the faults stop" can be checked within seconds of
+/// simulated time rather than minutes, for every connection: a host that missed the
+/// SM's last notice is not excused, its engine must find out from the SA.
 pub fn chaos_policy() -> Policy {
     Policy {
         hold_down_max_ms: 2000,
         rearm_retry_max_ms: 2000,
+        remote_recheck_ms: 1000,
+        remote_recheck_max_ms: 2000,
         ..Policy::default()
     }
 }

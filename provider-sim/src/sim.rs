@@ -136,6 +136,10 @@ struct Host {
     /// path known dead" invariant).
     known_down_ports: BTreeSet<u8>,
     known_dead_gids: BTreeSet<Gid>,
+    /// Notices about each GID delivered so far (to tell an SA answer from a stale one).
+    notices: BTreeMap<Gid, u64>,
+    /// Outstanding PathRecord queries: the GID asked about and `notices` at the time.
+    path_queries: BTreeMap<CommandId, (Gid, u64)>,
 }
 
 #[derive(Clone, Debug)]
@@ -307,12 +311,6 @@ pub struct Sim {
     digest: u64,
     /// Last time a fault happened (for the "re-armed within a bound" check).
     last_fault: Time,
-    /// (host, GID) pairs about which a host missed the SM's last word for good: a Report
-    /// given up after its retries, or one that arrived after a newer one and
-    /// contradicts the SM's current view. No protocol lets the host recover that
-    /// knowledge, so the "re-armed within a bound" invariant excuses the connections
-    /// that depend on it.
-    missed_notices: BTreeSet<(usize, Gid)>,
     /// Hosts whose inputs go to an external driver instead of a controller: the sink
     /// once attached, and what arrived before that.
     external: BTreeMap<usize, External>,
@@ -383,7 +381,6 @@ impl Sim {
             last_fault: Time::ZERO,
             external: BTreeMap::new(),
             external_specs: BTreeMap::new(),
-            missed_notices: BTreeSet::new(),
             fab,
             cfg,
         };
@@ -402,6 +399,8 @@ impl Sim {
                 report_resps_sent: 0,
                 known_down_ports: BTreeSet::new(),
                 known_dead_gids: BTreeSet::new(),
+                notices: BTreeMap::new(),
+                path_queries: BTreeMap::new(),
             });
         }
         // The subnets come up before anything else happens.
@@ -873,7 +872,20 @@ impl Sim {
                 // The engine takes a message from a GID as proof that it is in service.
                 self.hosts[host].known_dead_gids.remove(&from.gid);
             }
+            Input::CommandDone { id, result } => {
+                // The SA routing to a GID, in an answer to a question asked after the
+                // last notice about it, tells the host it is back (the engine's recheck
+                // takes it so).
+                if let Some((gid, seq)) = self.hosts[host].path_queries.remove(id) {
+                    let routed = matches!(result, Ok(CommandOutcome::Paths(p)) if p.iter().any(|p| p.dgid == gid));
+                    let h = &mut self.hosts[host];
+                    if routed && h.notices.get(&gid).copied().unwrap_or(0) == seq {
+                        h.known_dead_gids.remove(&gid);
+                    }
+                }
+            }
             Input::RemoteGid { gid, in_service } => {
+                *self.hosts[host].notices.entry(*gid).or_insert(0) += 1;
                 if *in_service {
                     self.hosts[host].known_dead_gids.remove(gid);
                 } else {
@@ -924,6 +936,11 @@ impl Sim {
         while let Some(out) = self.hosts[host].ctl.poll_output() {
             match out {
                 Output::Command(cmd) => {
+                    if let CommandOp::ResolvePaths { dgid, .. } = cmd.op {
+                        let h = &mut self.hosts[host];
+                        let seq = h.notices.get(&dgid).copied().unwrap_or(0);
+                        h.path_queries.insert(cmd.id, (dgid, seq));
+                    }
                     let (delay, result) = self.execute(host, cmd.op);
                     self.raise(host, delay, Input::CommandDone { id: cmd.id, result });
                 }
@@ -1791,8 +1808,8 @@ impl Sim {
         }
         let r = self.sms[s].reports.remove(&tid).expect("present above");
         self.c.reports_abandoned += 1;
-        let host = self.fab.ports[r.sub].host;
-        self.missed_notices.insert((host, r.gid));
+        // The host missed the SM's last word about r.gid for good; its engine finds out
+        // by asking the SA again (`remote_recheck_ms`), which the settle bound covers.
         // OpenSM would log ERR 1A06 here. When every transmission reached the subscriber
         // and its answers had a route back, a host did not answer a Report it received.
         let m = self.sms[s].master_port();
@@ -1838,14 +1855,9 @@ impl Sim {
                 );
             }
         }
-        let current = self
-            .fab
-            .port_by_gid(&r.gid)
-            .map(|p| self.sms[s].in_service[p]);
-        if current.is_some_and(|c| c != r.in_service) {
-            // A resend overtaken by a newer Report about the same GID: stale.
-            self.missed_notices.insert((host, r.gid));
-        }
+        // A resend overtaken by a newer Report about the same GID is stale, and the host
+        // believes it: its engine's SA recheck corrects an out-of-service GID that is
+        // back (the settle bound covers it).
         if self.hosts[host].seen_reports.insert((s, epoch, tid)) {
             self.feed(
                 host,
@@ -2026,12 +2038,7 @@ impl Sim {
                     }
                 }
             }
-            let missed = |h: usize, other: usize| {
-                (1..=self.fab.ports_per_host())
-                    .filter_map(|n| self.fab.port_of(other, n))
-                    .any(|p| self.missed_notices.contains(&(h, self.fab.ports[p].gid)))
-            };
-            if healthy && !missed(ha, hb) && !missed(hb, ha) {
+            if healthy {
                 out.push(i);
             }
         }
@@ -2165,7 +2172,9 @@ impl Sim {
     /// How long after the last fault every connection with a healthy alternate must be
     /// armed again: the longest hold-down, the longest re-arm backoff, a whole LAP
     /// exchange with its retries, an SA query with its retries, a sweep period and the
-    /// Report retries, plus a second of slack.
+    /// Report retries, the longest interval between SA rechecks of an out-of-service
+    /// GID (for a host that missed the SM's last notice) with its query, plus a second
+    /// of slack.
     pub fn settle_bound(&self) -> Time {
         let p = &self.cfg.engine_policy;
         let lap_total: u64 = (0..p.lap_max_tries)
@@ -2180,6 +2189,11 @@ impl Sim {
             + self.p.sweep_interval_ms
             + reports
             + p.subscribe_retry_ms
+            + if p.remote_recheck_ms > 0 {
+                p.remote_recheck_max_ms + sa
+            } else {
+                0
+            }
             + 1000)
     }
 }
