@@ -8,6 +8,8 @@
 //!   channel, fabric service) that deployments compose with [`Stack`].
 //! - [`Manager`] drives an engine with a provider on tokio: the only async part.
 //! - [`Policy`] holds every knob with its documented default.
+//! - `testing` (feature `testing`) holds fakes for other crates' tests: a QP facet that
+//!   simulates an HCA's QPs.
 #![forbid(unsafe_code)]
 
 pub mod engine;
@@ -15,6 +17,8 @@ pub mod io;
 pub mod manager;
 pub mod policy;
 pub mod provider;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod types;
 
 pub use engine::{ConnStatus, Engine, EngineError, Protection, Stats};

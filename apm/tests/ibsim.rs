@@ -17,6 +17,7 @@
 //! Skipped with a printed reason outside the bed (`umad::bed::Bed::or_skip`).
 #![allow(clippy::disallowed_methods)] // bed tests measure wall-clock latencies
 
+use apm::apm_core::testing::{notification_line, paired_conn_spec, remote_gid_line, FakeQp};
 use std::io::{BufRead, BufReader};
 use std::net::Ipv6Addr;
 use std::path::Path;
@@ -141,14 +142,7 @@ impl Watch {
 
     /// Wait for the process to end by itself; whether it succeeded.
     fn wait(&mut self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                return st.success();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        false
+        bed::wait_exit(&mut self.child, timeout).is_some_and(|st| st.success())
     }
 }
 
@@ -253,10 +247,7 @@ fn watch_prints_one_event_per_unlink_and_relink() {
         extra.is_empty(),
         "duplicate or unexpected events: {extra:?}"
     );
-    assert!(
-        !bed.opensm_log().contains("ERR 1A06"),
-        "a Report went unanswered"
-    );
+    bed.assert_reports_answered();
     for (i, (down, up)) in lat.iter().enumerate() {
         println!(
             "round {i}: Unlink -> apm watch gid_out_of_service line {:.2} ms, ReLink -> \
@@ -361,139 +352,7 @@ fn ibsim_bed_flag_refused_without_umad2sim() {
 #[test]
 #[ignore = "runs only as a node process of the ibsim bed tests"]
 fn bed_node() {
-    let Some(role) = bed::node_role() else { return };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime"); // a test process without a runtime can do nothing
-    if let Err(e) = rt.block_on(ib_node(&role)) {
-        report(&format!("FAIL {e}"));
-        std::process::exit(1);
-    }
-}
-
-/// One simulated QP as an HCA keeps it: migration state, primary, alternate.
-#[derive(Debug, Clone, Copy)]
-struct QpState {
-    mig: apm::apm_core::MigState,
-    primary: apm::apm_core::Path,
-    alt: Option<apm::apm_core::Path>,
-}
-
-/// The test's QP facet (the simulated HCA of a node): its ports, the QPs of the
-/// protected connections, and the port events the test injects (umad2sim delivers no
-/// async events). Every operation on connection 1 is reported.
-struct FakeQp {
-    ports: Vec<apm::apm_core::PortInfo>,
-    qps: std::sync::Mutex<std::collections::BTreeMap<apm::apm_core::ConnId, QpState>>,
-    sink: std::sync::Mutex<Option<apm::apm_core::InputSink>>,
-}
-
-impl FakeQp {
-    fn with_qp<T>(
-        &self,
-        conn: apm::apm_core::ConnId,
-        f: impl FnOnce(&mut QpState) -> T,
-    ) -> Result<T, apm::apm_core::ProviderError> {
-        self.qps
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .get_mut(&conn)
-            .map(f)
-            .ok_or(apm::apm_core::ProviderError::UnknownConnection(conn))
-    }
-
-    fn port_event(&self, port: u8, event: apm::apm_core::PortEvent) {
-        let sink = self.sink.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if let Some(s) = sink {
-            let _ = s.send(apm::apm_core::Input::PortEvent {
-                port: apm::apm_core::PortKey::new(0, port),
-                event,
-            });
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl apm::apm_core::QpControl for FakeQp {
-    async fn start(
-        &self,
-        sink: apm::apm_core::InputSink,
-    ) -> Result<(), apm::apm_core::ProviderError> {
-        for p in &self.ports {
-            let _ = sink.send(apm::apm_core::Input::PortInfo(p.clone()));
-        }
-        *self.sink.lock().unwrap_or_else(|p| p.into_inner()) = Some(sink);
-        Ok(())
-    }
-    async fn load_alternate(
-        &self,
-        conn: apm::apm_core::ConnId,
-        path: apm::apm_core::Path,
-    ) -> Result<(), apm::apm_core::ProviderError> {
-        self.with_qp(conn, |q| q.alt = Some(path))?;
-        report(&format!(
-            "LOAD_ALT port={} dlid={}",
-            path.port.port, path.dlid
-        ));
-        Ok(())
-    }
-    async fn set_rearm(
-        &self,
-        conn: apm::apm_core::ConnId,
-    ) -> Result<apm::apm_core::MigState, apm::apm_core::ProviderError> {
-        use apm::apm_core::MigState;
-        // The peer's packets already carry MigReq=0: REARM becomes ARMED at once.
-        let m = self.with_qp(conn, |q| {
-            q.mig = if q.alt.is_some() {
-                MigState::Armed
-            } else {
-                MigState::Migrated
-            };
-            q.mig
-        })?;
-        report(&format!("REARM -> {m:?}"));
-        Ok(m)
-    }
-    async fn force_migrate(
-        &self,
-        conn: apm::apm_core::ConnId,
-    ) -> Result<(), apm::apm_core::ProviderError> {
-        let p = self.with_qp(conn, |q| {
-            if let Some(alt) = q.alt.take() {
-                q.primary = alt;
-            }
-            q.mig = apm::apm_core::MigState::Migrated;
-            q.primary
-        })?;
-        report(&format!(
-            "FORCED primary port={} dlid={}",
-            p.port.port, p.dlid
-        ));
-        Ok(())
-    }
-    async fn software_migrate(
-        &self,
-        _conn: apm::apm_core::ConnId,
-        _path: apm::apm_core::Path,
-    ) -> Result<(), apm::apm_core::ProviderError> {
-        Err(apm::apm_core::ProviderError::Unsupported {
-            provider: "test HCA".into(),
-            operation: "software migration".into(),
-        })
-    }
-    async fn query_qp(
-        &self,
-        conn: apm::apm_core::ConnId,
-    ) -> Result<apm::apm_core::QpSnapshot, apm::apm_core::ProviderError> {
-        self.with_qp(conn, |q| apm::apm_core::QpSnapshot {
-            operational: true,
-            mig_state: q.mig,
-            primary_port: q.primary.port,
-            primary_dlid: q.primary.dlid,
-            primary_dgid: q.primary.dgid,
-        })
-    }
+    bed::run_node(|role| async move { ib_node(&role).await });
 }
 
 /// A node's settings, `key=value;...` in its role: `config=` the deployment TOML's
@@ -547,8 +406,7 @@ fn parse_node_args(role: &str) -> Result<NodeArgs, String> {
 /// the QP operations, the engine's SA inputs (`INPUT`) and the notifications (`NOTE`).
 async fn ib_node(role: &str) -> Result<(), String> {
     use apm::apm_core::{
-        ConnId, ConnSpec, FabricEventKind, FabricService, Gid, LinkLayer, MigState, MigrationMode,
-        NotificationKind, PortEvent, PortInfo, PortKey, Qpn, Role,
+        ConnId, FabricService, Gid, LinkLayer, PortEvent, PortInfo, PortKey, Role,
     };
     use apm::ib::{UmadFacets, UmadOptions};
     let a = parse_node_args(role)?;
@@ -615,28 +473,12 @@ async fn ib_node(role: &str) -> Result<(), String> {
         .copied()
         .filter(|p| *p != primary)
         .collect();
-    let (mine, theirs) = if a.active {
-        (0x1000, 0x2000)
+    let role = if a.active {
+        Role::Active
     } else {
-        (0x2000, 0x1000)
+        Role::Passive
     };
-    let qpn = |base: u32| Qpn::new(base / 0x10 + 1).ok_or("qpn");
-    let spec = ConnSpec {
-        id: ConnId(1),
-        role: if a.active {
-            Role::Active
-        } else {
-            Role::Passive
-        },
-        mode: MigrationMode::Hardware,
-        local_qpn: qpn(mine)?,
-        remote_qpn: qpn(theirs)?,
-        local_comm_id: mine + 1,
-        remote_comm_id: theirs + 1,
-        primary,
-        agreed_alternate: None,
-        candidates,
-    };
+    let spec = paired_conn_spec(1, role, primary, candidates).ok_or("qpn")?;
     let port1 = PortInfo {
         key: key1,
         gids: vec![Gid(me.gid)],
@@ -651,18 +493,11 @@ async fn ib_node(role: &str) -> Result<(), String> {
         lid: apm::apm_core::Lid::from_wire(a.me2.1),
         ..port1.clone()
     };
-    let qp = std::sync::Arc::new(FakeQp {
-        ports: vec![port1, port2],
-        qps: std::sync::Mutex::new(std::collections::BTreeMap::from([(
-            ConnId(1),
-            QpState {
-                mig: MigState::Migrated,
-                primary,
-                alt: None,
-            },
-        )])),
-        sink: std::sync::Mutex::new(None),
-    });
+    // The simulated HCA: every QP operation (connection 1's) is reported.
+    let qp = std::sync::Arc::new(
+        FakeQp::new(vec![port1, port2]).on_operation(|op| report(&op.to_string())),
+    );
+    qp.add_qp(ConnId(1), primary);
     let apm = apm::Apm::start_with_facets(&config, std::sync::Arc::clone(&qp), facets)
         .await
         .map_err(|e| e.to_string())?;
@@ -693,7 +528,7 @@ async fn ib_node(role: &str) -> Result<(), String> {
                     ["port", n, ev] => {
                         let n: u8 = n.parse().map_err(|_| format!("bad port {n}"))?;
                         let ev = if ev == "down" { PortEvent::Down } else { PortEvent::Active };
-                        qp.port_event(n, ev);
+                        qp.port_event(PortKey::new(0, n), ev);
                     }
                     ["stall"] => match apm.report_stall(ConnId(1)) {
                         Ok(()) => report("STALL reported"),
@@ -710,25 +545,13 @@ async fn ib_node(role: &str) -> Result<(), String> {
                 }
             }
             ev = inputs.recv() => {
-                if let Ok(apm::apm_core::FabricEvent { kind: FabricEventKind::RemoteGid { gid, in_service }, .. }) = ev {
-                    report(&format!("INPUT remote {:x} {}", gid.guid(), if in_service { "in" } else { "out" }));
+                if let Some(l) = ev.ok().and_then(|e| remote_gid_line(&e.kind)) {
+                    report(&format!("INPUT {l}"));
                 }
             }
             n = notes.recv() => {
                 let Ok(n) = n else { continue };
-                let what = match n.kind {
-                    NotificationKind::Protected { alternate } => {
-                        format!("Protected alt port={} dlid={}", alternate.port.port, alternate.dlid)
-                    }
-                    NotificationKind::Rearmed { alternate } => {
-                        format!("Rearmed alt port={} dlid={}", alternate.port.port, alternate.dlid)
-                    }
-                    NotificationKind::Migrated { primary, forced } => {
-                        format!("Migrated forced={forced} primary port={} dlid={}", primary.port.port, primary.dlid)
-                    }
-                    other => format!("{other:?}"),
-                };
-                report(&format!("NOTE {what}"));
+                report(&format!("NOTE {}", notification_line(&n.kind)));
             }
         }
     }
@@ -739,7 +562,7 @@ async fn ib_node(role: &str) -> Result<(), String> {
 /// reports port 1; reports `READY` once started and the engine's SA inputs (`INPUT`)
 /// until stdin closes; `stats` reports the subscriptions the engine asked for.
 async fn quiet_node(config: &apm::Config) -> Result<(), String> {
-    use apm::apm_core::{FabricEventKind, Gid, LinkLayer, PortInfo, PortKey};
+    use apm::apm_core::{Gid, LinkLayer, PortInfo, PortKey};
     let opts = apm::ib::UmadOptions {
         testbed: umad::TestBedMode::IbsimOnly,
         ..Default::default()
@@ -752,18 +575,14 @@ async fn quiet_node(config: &apm::Config) -> Result<(), String> {
         .ok_or("no umad port opened")?
         .info()
         .clone();
-    let qp = FakeQp {
-        ports: vec![PortInfo {
-            key: PortKey::new(0, 1),
-            gids: vec![Gid(me.gid)],
-            lid: apm::apm_core::Lid::from_wire(me.lid),
-            lmc: me.lmc,
-            active: true,
-            link_layer: LinkLayer::InfiniBand,
-        }],
-        qps: std::sync::Mutex::new(std::collections::BTreeMap::new()),
-        sink: std::sync::Mutex::new(None),
-    };
+    let qp = FakeQp::new(vec![PortInfo {
+        key: PortKey::new(0, 1),
+        gids: vec![Gid(me.gid)],
+        lid: apm::apm_core::Lid::from_wire(me.lid),
+        lmc: me.lmc,
+        active: true,
+        link_layer: LinkLayer::InfiniBand,
+    }]);
     let apm = apm::Apm::start_with_facets(config, qp, facets)
         .await
         .map_err(|e| e.to_string())?;
@@ -783,8 +602,8 @@ async fn quiet_node(config: &apm::Config) -> Result<(), String> {
                 }
             }
             ev = inputs.recv() => {
-                if let Ok(apm::apm_core::FabricEvent { kind: FabricEventKind::RemoteGid { gid, in_service }, .. }) = ev {
-                    report(&format!("INPUT remote {:x} {}", gid.guid(), if in_service { "in" } else { "out" }));
+                if let Some(l) = ev.ok().and_then(|e| remote_gid_line(&e.kind)) {
+                    report(&format!("INPUT {l}"));
                 }
             }
         }
@@ -867,11 +686,7 @@ fn library_ib_deployment_arms_and_migrates_on_unlink() {
 
     // 1. Armed through LAP/APR on rail A.
     let t0 = Instant::now();
-    passive.send("protect").unwrap();
-    passive
-        .expect("PROTECTING", Duration::from_secs(5))
-        .unwrap();
-    active.send("protect").unwrap();
+    bed::protect_passive_first(&mut passive, &mut active);
     let (ta, prot) = active
         .expect("NOTE Protected", Duration::from_secs(10))
         .unwrap();
@@ -944,30 +759,7 @@ fn library_ib_deployment_arms_and_migrates_on_unlink() {
     let s2 = active.stats();
     assert_eq!(s2["forced"], 2, "{s2:?}");
     assert!(s2["laps_sent"] >= 2, "{s2:?}");
-    assert!(
-        !bed.opensm_log().contains("ERR 1A06"),
-        "a Report went unanswered"
-    );
-}
-
-/// An OpenSM started by a test; stopped by PID when dropped.
-struct OwnSm(Child);
-
-impl Drop for OwnSm {
-    fn drop(&mut self) {
-        let _ = Command::new("kill")
-            .args(["-TERM", &self.0.id().to_string()])
-            .status();
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.0.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
+    bed.assert_reports_answered();
 }
 
 /// An SA that cannot be reached when the deployment starts is not an error: with the
@@ -982,15 +774,8 @@ fn library_ib_deployment_starts_without_an_sa() {
     };
     let (h2, h4) = (bed.nodes[0].clone(), bed.nodes[2].clone());
     let victim = bed.hca_ports()[&(h4.clone(), 2)];
-    // Stop the bed's OpenSM (`cargo xtask ibsim` reaps it).
-    let mark = bed.log_mark();
-    let st = Command::new("kill")
-        .args(["-TERM", &bed.opensm_pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(st.success());
-    bed.wait_log_after(mark, "Exiting SM", Duration::from_secs(10))
-        .expect("OpenSM did not exit");
+    // Stop the bed's OpenSM (`cargo xtask ibsim` reaps it); another starts below.
+    bed.stop_opensm(Duration::from_secs(10)).unwrap();
 
     let config = bed.scratch.join(format!("apm-{h2}.toml"));
     std::fs::write(
@@ -1011,28 +796,7 @@ fn library_ib_deployment_starts_without_an_sa() {
         "the engine did not retry its subscription: {s:?}"
     );
 
-    let mark = bed.log_mark();
-    let out = std::fs::File::create(bed.scratch.join("opensm-own.out")).unwrap();
-    let sm = OwnSm(
-        Command::new("opensm")
-            .arg("-F")
-            .arg(&bed.opensm_conf)
-            .arg("-f")
-            .arg(&bed.opensm_log)
-            .current_dir(&bed.scratch)
-            .env("LD_PRELOAD", &bed.umad2sim)
-            .env("SIM_HOST", &bed.sm_node)
-            .env("IBSIM_SOCKNAME", &bed.sockname)
-            .env("OSM_TMP_DIR", &bed.scratch)
-            .env("OSM_CACHE_DIR", &bed.scratch)
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .expect("opensm runs"),
-    );
-    bed.wait_log_after(mark, "SUBNET UP", Duration::from_secs(10))
-        .expect("the new OpenSM reached no SUBNET UP");
+    let sm = bed.start_opensm(Duration::from_secs(10)).unwrap();
     let up = Instant::now();
 
     // Unlink/ReLink H4's port 2 until the engine hears of it (its subscription is

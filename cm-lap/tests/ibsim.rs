@@ -10,6 +10,7 @@
 //! LAP), one of them drives a rearm storm against stub peers to count SA queries.
 #![allow(clippy::disallowed_methods)] // bed tests measure wall-clock latencies
 
+use apm_core::testing::{notification_line, paired_conn_spec, remote_gid_line, FakeQp};
 use cm_lap::umad_transport::{CmChannel, Incoming, UmadCmTransport, DEFAULT_VENDOR_CLASS};
 use ib_mad::cm::{ApStatus, Apr, CmBody, Lap};
 use std::sync::Arc;
@@ -31,21 +32,12 @@ const ROUNDS: usize = 50;
 #[test]
 #[ignore = "runs only as a node process of the ibsim bed tests"]
 fn bed_node() {
-    let Some(role) = bed::node_role() else { return };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .expect("tokio runtime"); // a test process without a runtime can do nothing
-    let run = async {
+    bed::run_node(|role| async move {
         match role.strip_prefix("engine:") {
             Some(args) => engine_node(args).await,
             None => node(&role).await,
         }
-    };
-    if let Err(e) = rt.block_on(run) {
-        report(&format!("FAIL {e}"));
-        std::process::exit(1);
-    }
+    });
 }
 
 async fn node(role: &str) -> Result<(), String> {
@@ -126,138 +118,8 @@ async fn node(role: &str) -> Result<(), String> {
     Ok(())
 }
 
-/// One simulated QP as hardware would keep it: migration state, primary, alternate.
-#[derive(Debug, Clone, Copy)]
-struct QpState {
-    mig: apm_core::MigState,
-    primary: apm_core::Path,
-    alt: Option<apm_core::Path>,
-}
-
-/// The QP side of an engine node (the simulated HCA): the QPs of the protected
-/// connections, the node's ports, and the port events the test injects for the HCA
-/// (umad2sim delivers no async events). Operations on connection 1 are reported to the
-/// test; all are counted.
-struct FakeQp {
-    ports: Vec<apm_core::PortInfo>,
-    qps: std::sync::Mutex<std::collections::BTreeMap<apm_core::ConnId, QpState>>,
-    sink: std::sync::Mutex<Option<apm_core::InputSink>>,
-}
-
 /// The connection whose every QP operation is reported.
 const WATCHED: apm_core::ConnId = apm_core::ConnId(1);
-
-impl FakeQp {
-    fn qps(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::BTreeMap<apm_core::ConnId, QpState>> {
-        // Plain data: a poisoned lock still holds consistent QPs.
-        self.qps.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn with_qp<T>(
-        &self,
-        conn: apm_core::ConnId,
-        f: impl FnOnce(&mut QpState) -> T,
-    ) -> Result<T, apm_core::ProviderError> {
-        self.qps()
-            .get_mut(&conn)
-            .map(f)
-            .ok_or_else(|| apm_core::ProviderError::Io(format!("no QP for {conn}")))
-    }
-
-    /// A port event of the simulated HCA.
-    fn port_event(&self, port: u8, event: apm_core::PortEvent) {
-        let sink = self.sink.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        if let Some(s) = sink {
-            let _ = s.send(apm_core::Input::PortEvent {
-                port: apm_core::PortKey::new(0, port),
-                event,
-            });
-        }
-    }
-}
-
-#[async_trait::async_trait]
-impl apm_core::QpControl for FakeQp {
-    async fn start(&self, sink: apm_core::InputSink) -> Result<(), apm_core::ProviderError> {
-        for p in &self.ports {
-            let _ = sink.send(apm_core::Input::PortInfo(p.clone()));
-        }
-        *self.sink.lock().unwrap_or_else(|p| p.into_inner()) = Some(sink);
-        Ok(())
-    }
-    async fn load_alternate(
-        &self,
-        conn: apm_core::ConnId,
-        path: apm_core::Path,
-    ) -> Result<(), apm_core::ProviderError> {
-        self.with_qp(conn, |q| q.alt = Some(path))?;
-        if conn == WATCHED {
-            report(&format!(
-                "LOAD_ALT port={} dlid={}",
-                path.port.port, path.dlid
-            ));
-        }
-        Ok(())
-    }
-    async fn set_rearm(
-        &self,
-        conn: apm_core::ConnId,
-    ) -> Result<apm_core::MigState, apm_core::ProviderError> {
-        // The peer's packets already carry MigReq=0: REARM becomes ARMED at once.
-        let m = self.with_qp(conn, |q| {
-            q.mig = if q.alt.is_some() {
-                apm_core::MigState::Armed
-            } else {
-                apm_core::MigState::Migrated
-            };
-            q.mig
-        })?;
-        if conn == WATCHED {
-            report(&format!("REARM -> {m:?}"));
-        }
-        Ok(m)
-    }
-    async fn force_migrate(&self, conn: apm_core::ConnId) -> Result<(), apm_core::ProviderError> {
-        let p = self.with_qp(conn, |q| {
-            if let Some(alt) = q.alt.take() {
-                q.primary = alt;
-            }
-            q.mig = apm_core::MigState::Migrated;
-            q.primary
-        })?;
-        if conn == WATCHED {
-            report(&format!(
-                "FORCED primary port={} dlid={}",
-                p.port.port, p.dlid
-            ));
-        }
-        Ok(())
-    }
-    async fn software_migrate(
-        &self,
-        _conn: apm_core::ConnId,
-        _path: apm_core::Path,
-    ) -> Result<(), apm_core::ProviderError> {
-        Err(apm_core::ProviderError::Unsupported {
-            provider: "test QP".into(),
-            operation: "software migration".into(),
-        })
-    }
-    async fn query_qp(
-        &self,
-        conn: apm_core::ConnId,
-    ) -> Result<apm_core::QpSnapshot, apm_core::ProviderError> {
-        self.with_qp(conn, |q| apm_core::QpSnapshot {
-            operational: true,
-            mig_state: q.mig,
-            primary_port: q.primary.port,
-            primary_dlid: q.primary.dlid,
-            primary_dgid: q.primary.dgid,
-        })
-    }
-}
 
 /// Settings of an engine node, from its role string `engine:key=value;...`.
 #[derive(Debug)]
@@ -363,7 +225,7 @@ fn stats_line(
 /// (`INPUT`), connection 1's QP operations and notifications (`NOTE`), and
 /// `ALL ARMED` each time every connection is armed again.
 async fn engine_node(args: &str) -> Result<(), String> {
-    use apm_core::{ConnId, ConnSpec, FabricService, Gid, MigrationMode, PortKey, Qpn, Role};
+    use apm_core::{ConnId, FabricService, Gid, PortKey, Role};
     let a = parse_engine_args(args)?;
     let opts = PortOptions {
         agents: vec![
@@ -441,8 +303,20 @@ async fn engine_node(args: &str) -> Result<(), String> {
             paths.insert((l.port, g), p);
         }
     }
+    // The QP side (the simulated HCA): the QPs of the protected connections, the
+    // node's ports, and the port events the test injects (umad2sim delivers no async
+    // events). Operations on connection 1 are reported to the test.
+    let qp = Arc::new(FakeQp::new(ports).on_operation(|op| {
+        if op.conn() == WATCHED {
+            report(&op.to_string());
+        }
+    }));
+    let role = if a.active {
+        Role::Active
+    } else {
+        Role::Passive
+    };
     let mut specs = Vec::new();
-    let mut qps = std::collections::BTreeMap::new();
     for k in 1..=a.n {
         let dst = a.dst[(k as usize - 1) % a.dst.len()];
         let primary = *paths
@@ -459,43 +333,10 @@ async fn engine_node(args: &str) -> Result<(), String> {
         } else {
             Vec::new()
         };
-        let (mine, theirs) = if a.active {
-            (0x1000, 0x2000)
-        } else {
-            (0x2000, 0x1000)
-        };
-        let qpn = |base: u32| Qpn::new(base / 0x10 + k).ok_or("qpn");
-        specs.push(ConnSpec {
-            id: ConnId(u64::from(k)),
-            role: if a.active {
-                Role::Active
-            } else {
-                Role::Passive
-            },
-            mode: MigrationMode::Hardware,
-            local_qpn: qpn(mine)?,
-            remote_qpn: qpn(theirs)?,
-            local_comm_id: mine + k,
-            remote_comm_id: theirs + k,
-            primary,
-            agreed_alternate: None,
-            candidates,
-        });
-        qps.insert(
-            ConnId(u64::from(k)),
-            QpState {
-                mig: apm_core::MigState::Migrated,
-                primary,
-                alt: None,
-            },
-        );
+        specs.push(paired_conn_spec(k, role, primary, candidates).ok_or("qpn")?);
+        qp.add_qp(ConnId(u64::from(k)), primary);
     }
-    let qp = Arc::new(FakeQp {
-        ports,
-        qps: std::sync::Mutex::new(qps),
-        sink: std::sync::Mutex::new(None),
-    });
-    let stack = apm_core::Stack::new(SharedQp(Arc::clone(&qp)), peer, fabric);
+    let stack = apm_core::Stack::new(Arc::clone(&qp), peer, fabric);
     let stack = Arc::new(stack);
     let (mgr, handle) =
         apm_core::Manager::new(Arc::clone(&stack), a.policy.clone()).map_err(|e| e.to_string())?;
@@ -531,7 +372,7 @@ async fn engine_node(args: &str) -> Result<(), String> {
                     ["port", n, ev] => {
                         let n: u8 = n.parse().map_err(|_| format!("bad port {n}"))?;
                         let ev = if ev == "down" { apm_core::PortEvent::Down } else { apm_core::PortEvent::Active };
-                        qp.port_event(n, ev);
+                        qp.port_event(PortKey::new(0, n), ev);
                     }
                     ["stats"] => {
                         let s = handle.stats().await.map_err(|e| e.to_string())?;
@@ -541,8 +382,8 @@ async fn engine_node(args: &str) -> Result<(), String> {
                 }
             }
             ev = inputs.recv() => {
-                if let Ok(apm_core::FabricEvent { kind: apm_core::FabricEventKind::RemoteGid { gid, in_service }, .. }) = ev {
-                    report(&format!("INPUT remote {:x} {}", gid.guid(), if in_service { "in" } else { "out" }));
+                if let Some(l) = ev.ok().and_then(|e| remote_gid_line(&e.kind)) {
+                    report(&format!("INPUT {l}"));
                 }
             }
             n = notes.recv() => {
@@ -558,19 +399,7 @@ async fn engine_node(args: &str) -> Result<(), String> {
                     _ => {}
                 }
                 if n.conn == WATCHED {
-                    let what = match n.kind {
-                        apm_core::NotificationKind::Protected { alternate } => {
-                            format!("Protected alt port={} dlid={}", alternate.port.port, alternate.dlid)
-                        }
-                        apm_core::NotificationKind::Rearmed { alternate } => {
-                            format!("Rearmed alt port={} dlid={}", alternate.port.port, alternate.dlid)
-                        }
-                        apm_core::NotificationKind::Migrated { primary, forced } => {
-                            format!("Migrated forced={forced} primary port={} dlid={}", primary.port.port, primary.dlid)
-                        }
-                        other => format!("{other:?}"),
-                    };
-                    report(&format!("NOTE {what}"));
+                    report(&format!("NOTE {}", notification_line(&n.kind)));
                 }
                 if !was_all && armed.len() == a.n as usize {
                     report(&format!("ALL ARMED n={}", a.n));
@@ -579,45 +408,6 @@ async fn engine_node(args: &str) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-/// The simulated QPs shared between the engine's stack and the node's command loop.
-struct SharedQp(Arc<FakeQp>);
-
-#[async_trait::async_trait]
-impl apm_core::QpControl for SharedQp {
-    async fn start(&self, sink: apm_core::InputSink) -> Result<(), apm_core::ProviderError> {
-        self.0.start(sink).await
-    }
-    async fn load_alternate(
-        &self,
-        conn: apm_core::ConnId,
-        path: apm_core::Path,
-    ) -> Result<(), apm_core::ProviderError> {
-        self.0.load_alternate(conn, path).await
-    }
-    async fn set_rearm(
-        &self,
-        conn: apm_core::ConnId,
-    ) -> Result<apm_core::MigState, apm_core::ProviderError> {
-        self.0.set_rearm(conn).await
-    }
-    async fn force_migrate(&self, conn: apm_core::ConnId) -> Result<(), apm_core::ProviderError> {
-        self.0.force_migrate(conn).await
-    }
-    async fn software_migrate(
-        &self,
-        conn: apm_core::ConnId,
-        path: apm_core::Path,
-    ) -> Result<(), apm_core::ProviderError> {
-        self.0.software_migrate(conn, path).await
-    }
-    async fn query_qp(
-        &self,
-        conn: apm_core::ConnId,
-    ) -> Result<apm_core::QpSnapshot, apm_core::ProviderError> {
-        self.0.query_qp(conn).await
-    }
 }
 
 /// Answer every LAP with APR(Success), comm IDs swapped, same TID, to the sender.
@@ -743,14 +533,8 @@ fn start_pair(bed: &Bed, n: u32, active_policy: &str, passive_policy: &str) -> P
 }
 
 impl Pair {
-    /// Protect on the passive side first (a LAP for a connection not yet protected gets
-    /// "invalid comm ID"), then on the active side.
     fn protect(&mut self) {
-        self.passive.send("protect").unwrap();
-        self.passive
-            .expect("PROTECTING", Duration::from_secs(5))
-            .unwrap();
-        self.active.send("protect").unwrap();
+        bed::protect_passive_first(&mut self.passive, &mut self.active);
     }
 }
 
@@ -915,10 +699,7 @@ fn two_engines_unlink_relink_rearm() {
     let s3b = pair.passive.stats();
     assert_eq!(s3b["strangers"], 1, "{s3b:?}");
     assert_eq!(s3b["arms"], s3["arms"], "{s3b:?}");
-    assert!(
-        !bed.opensm_log().contains("ERR 1A06"),
-        "a Report went unanswered"
-    );
+    bed.assert_reports_answered();
 }
 
 /// With ibsim dropping half the MADs through H3's port 1 (`Error`), 20 connections

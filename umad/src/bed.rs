@@ -7,18 +7,23 @@
 //! the tests run or fail. Node processes are the test binary itself, re-executed with
 //! `LD_PRELOAD` and `SIM_HOST`: the parent test never loads umad2sim.
 //!
-//! Node processes report to their parent with stdout lines starting with [`REPORT`] and
-//! take its commands from stdin ([`stdin_commands`], [`NodeProc::send`]). The rest is
-//! what several crates' bed tests read alike: OpenSM's LIDs ([`Bed::guid2lid`]) and
-//! logged GIDs ([`logged_gid`]), a node's reports in any order ([`NodeProc::expect_all`])
-//! and its `STATS` counters ([`NodeProc::stats`]), latencies in ms ([`ms`]).
+//! A node entry runs its work through [`run_node`]. Node processes report to their
+//! parent with stdout lines starting with [`REPORT`] and take its commands from stdin
+//! ([`stdin_commands`], [`NodeProc::send`]). Tests that need the SM gone for a while
+//! stop the bed's OpenSM and start another ([`Bed::stop_opensm`],
+//! [`Bed::start_opensm`]). The rest is what several crates' bed tests read alike:
+//! OpenSM's LIDs ([`Bed::guid2lid`]) and logged GIDs ([`logged_gid`]), a node's reports
+//! in any order ([`NodeProc::expect_all`]) and its `STATS` counters
+//! ([`NodeProc::stats`]), protecting a pair of engine nodes ([`protect_passive_first`]),
+//! OpenSM's unanswered Reports ([`Bed::assert_reports_answered`]), a child's exit
+//! ([`wait_exit`]), latencies in ms ([`ms`]).
 #![allow(clippy::disallowed_methods)] // a test driver: it measures wall-clock latencies
 
 use std::collections::BTreeMap;
 use std::io::{BufRead, BufReader, Write};
 use std::net::Ipv6Addr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -177,11 +182,17 @@ impl Bed {
         }
     }
 
-    /// Restart the SM: stop the bed's OpenSM (SIGTERM by PID; `cargo xtask ibsim` reaps
-    /// it), start a new one on the same node with the same configuration, log and cache
-    /// (so LIDs stay), and wait for its SUBNET UP. The new one is stopped when the
-    /// returned handle is dropped.
+    /// Restart the SM: [`Bed::stop_opensm`], then [`Bed::start_opensm`] (the same node,
+    /// configuration, log and cache, so LIDs stay), each within `timeout`. The new one is
+    /// stopped when the returned handle is dropped.
     pub fn restart_opensm(&self, timeout: Duration) -> Result<OpenSm, String> {
+        self.stop_opensm(timeout)?;
+        self.start_opensm(timeout)
+    }
+
+    /// Stop the bed's OpenSM (SIGTERM by PID; `cargo xtask ibsim` reaps it) and wait
+    /// until it logs its exit.
+    pub fn stop_opensm(&self, timeout: Duration) -> Result<(), String> {
         let pid = self.opensm_pid.to_string();
         let before = self.log_mark();
         let st = Command::new("kill")
@@ -195,9 +206,19 @@ impl Bed {
         if self.wait_log_after(before, "Exiting SM", timeout).is_none() {
             return Err("OpenSM did not exit".into());
         }
+        Ok(())
+    }
+
+    /// Start an OpenSM as the bed starts its own (on [`Bed::sm_node`], with
+    /// [`Bed::opensm_conf`], logging to [`Bed::opensm_log`], its cache in
+    /// [`Bed::scratch`]; stdout and stderr in `opensm-<n>.out` there) and wait for its
+    /// SUBNET UP. It is stopped when the returned handle is dropped. The bed's own
+    /// OpenSM must be stopped first ([`Bed::stop_opensm`]).
+    pub fn start_opensm(&self, timeout: Duration) -> Result<OpenSm, String> {
+        static SEQ: AtomicU32 = AtomicU32::new(0);
         let mark = self.log_mark();
-        let out = std::fs::File::create(self.scratch.join("opensm-restarted.out"))
-            .map_err(|e| e.to_string())?;
+        let name = format!("opensm-{}.out", SEQ.fetch_add(1, Ordering::Relaxed));
+        let out = std::fs::File::create(self.scratch.join(name)).map_err(|e| e.to_string())?;
         let err = out.try_clone().map_err(|e| e.to_string())?;
         let child = Command::new("opensm")
             .arg("-F")
@@ -217,8 +238,17 @@ impl Bed {
             .map_err(|e| format!("starting opensm: {e}"))?;
         let sm = OpenSm { child };
         self.wait_log_after(mark, "SUBNET UP", timeout)
-            .ok_or("the restarted OpenSM reached no SUBNET UP")?;
+            .ok_or("the started OpenSM reached no SUBNET UP")?;
         Ok(sm)
+    }
+
+    /// Panics with OpenSM's `ERR 1A06` line if it logged one: a Report (a trap it
+    /// forwarded to a subscriber) that went unanswered.
+    pub fn assert_reports_answered(&self) {
+        let log = self.opensm_log();
+        if let Some(l) = log.lines().find(|l| l.contains("ERR 1A06")) {
+            panic!("a Report went unanswered: {l}");
+        }
     }
 
     /// Start the current test binary as a node process on `node`, running the test
@@ -280,6 +310,54 @@ impl Bed {
 /// The role this process plays when it was started by [`Bed::spawn_node`], if any.
 pub fn node_role() -> Option<String> {
     std::env::var("APM_IBSIM_ROLE").ok()
+}
+
+/// The body of a bed test's node entry (the `#[ignore]`d test [`Bed::spawn_node`]
+/// names): outside a node process nothing; inside one, `node(role)` on a
+/// current-thread tokio runtime, an error reported as `FAIL <error>` and the process
+/// ended with status 1.
+pub fn run_node<F, Fut>(node: F)
+where
+    F: FnOnce(String) -> Fut,
+    Fut: std::future::Future<Output = Result<(), String>>,
+{
+    let Some(role) = node_role() else { return };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime"); // a test process without a runtime can do nothing
+    if let Err(e) = rt.block_on(node(role)) {
+        report(&format!("FAIL {e}"));
+        std::process::exit(1);
+    }
+}
+
+/// Wait up to `timeout` for `child` to exit by itself: its status, or `None` while it
+/// still runs.
+pub fn wait_exit(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(Some(st)) = child.try_wait() {
+            return Some(st);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Protect the connections of two engine nodes, whose entries take the command
+/// `protect` and answer it with a `PROTECTING` report: on the passive side first (an
+/// active side's LAP for a connection the passive side does not protect yet gets
+/// "invalid comm ID"), then, once it answered, on the active side. Panics when the
+/// passive node does not answer within 5 s.
+pub fn protect_passive_first(passive: &mut NodeProc, active: &mut NodeProc) {
+    passive.send("protect").unwrap();
+    passive
+        .expect("PROTECTING", Duration::from_secs(5))
+        .unwrap();
+    active.send("protect").unwrap();
 }
 
 /// Report one line to the parent test (see [`REPORT`]).
@@ -399,14 +477,7 @@ impl NodeProc {
 
     /// Wait for the process to exit by itself; its success.
     pub fn wait(mut self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
-        while Instant::now() < deadline {
-            if let Ok(Some(st)) = self.child.try_wait() {
-                return st.success();
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        false
+        wait_exit(&mut self.child, timeout).is_some_and(|st| st.success())
     }
 
     /// The node's working directory name is not needed by callers; its PID is.
@@ -415,7 +486,7 @@ impl NodeProc {
     }
 }
 
-/// An OpenSM started by a test ([`Bed::restart_opensm`]); stopped by PID when dropped.
+/// An OpenSM started by a test ([`Bed::start_opensm`]); stopped by PID when dropped.
 #[derive(Debug)]
 pub struct OpenSm {
     child: Child,
@@ -426,12 +497,8 @@ impl Drop for OpenSm {
         let _ = Command::new("kill")
             .args(["-TERM", &self.child.id().to_string()])
             .status();
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(20));
+        if wait_exit(&mut self.child, Duration::from_secs(2)).is_some() {
+            return;
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
