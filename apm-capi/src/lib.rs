@@ -637,7 +637,7 @@ pub unsafe extern "C" fn apm_report_stall(m: *mut ApmManager, conn_id: u64) -> A
         let Some(apm) = &m.apm else {
             return fail(ApmStatus::Stopped, "the manager has stopped");
         };
-        apm.report_stall(ConnId(conn_id))
+        m.rt.block_on(apm.report_stall(ConnId(conn_id)))
             .map_or_else(protect_error, |()| ApmStatus::Ok)
     })
 }

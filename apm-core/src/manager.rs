@@ -37,6 +37,7 @@ pub enum ManagerError {
 enum Request {
     Protect(ConnSpec, oneshot::Sender<Result<(), EngineError>>),
     Unprotect(ConnId, oneshot::Sender<Result<(), EngineError>>),
+    ReportStall(ConnId, oneshot::Sender<Result<(), EngineError>>),
     Status(ConnId, oneshot::Sender<Option<ConnStatus>>),
     Stats(oneshot::Sender<Stats>),
     Shutdown,
@@ -128,6 +129,20 @@ impl ManagerHandle {
         let (tx, rx) = oneshot::channel();
         self.requests
             .send(Request::Unprotect(id, tx))
+            .map_err(|_| ManagerError::Stopped)?;
+        Ok(rx.await.map_err(|_| ManagerError::Stopped)??)
+    }
+
+    /// The application saw the sends of `id` stop completing (work outstanding, no
+    /// completion for longer than it tolerates): the engine takes it as the primary path
+    /// stalled and moves the connection to its armed alternate (forcing the migration in
+    /// hardware, moving the path in software), telling the peer. For QPs whose
+    /// completions apm cannot see (an application's own), where a dead path that raises
+    /// no port event or notice is noticed only by the application.
+    pub async fn report_stall(&self, id: ConnId) -> Result<(), ManagerError> {
+        let (tx, rx) = oneshot::channel();
+        self.requests
+            .send(Request::ReportStall(id, tx))
             .map_err(|_| ManagerError::Stopped)?;
         Ok(rx.await.map_err(|_| ManagerError::Stopped)??)
     }
@@ -259,6 +274,13 @@ impl<P: Provider> Manager<P> {
                         }
                         Request::Unprotect(id, tx) => {
                             let _ = tx.send(self.engine.handle_input(now, Input::Unprotect(id)));
+                        }
+                        Request::ReportStall(id, tx) => {
+                            let stalled = Input::QpEvent {
+                                conn: id,
+                                event: QpEvent::PrimaryStalled,
+                            };
+                            let _ = tx.send(self.engine.handle_input(now, stalled));
                         }
                         Request::Status(id, tx) => {
                             let _ = tx.send(self.engine.connection(id));
@@ -437,6 +459,44 @@ mod tests {
             handle.protect(spec()).await,
             Err(ManagerError::Stopped)
         ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_stall_the_application_reports_forces_the_migration() {
+        let sink = Arc::new(Mutex::new(None));
+        let ops = Arc::new(Mutex::new(Vec::new()));
+        let provider = Arc::new(mock(sink, ops.clone()));
+        let (manager, handle) = Manager::new(provider, Policy::default()).expect("valid");
+        let mut notes = handle.notifications();
+        tokio::spawn(manager.run());
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        handle.protect(spec()).await.expect("accepted");
+        let n = notes.recv().await.expect("protected");
+        assert!(
+            matches!(n.kind, NotificationKind::Protected { .. }),
+            "{n:?}"
+        );
+        assert!(matches!(
+            handle.report_stall(ConnId(9)).await,
+            Err(ManagerError::Engine(EngineError::UnknownConnection(
+                ConnId(9)
+            )))
+        ));
+        handle
+            .report_stall(spec().id)
+            .await
+            .expect("known connection");
+        let n = notes.recv().await.expect("migrated");
+        assert!(
+            matches!(n.kind, NotificationKind::Migrated { forced: true, .. }),
+            "{n:?}"
+        );
+        let forced = ops
+            .lock()
+            .expect("ok")
+            .iter()
+            .any(|o| matches!(o, CommandOp::ForceMigrate { .. }));
+        assert!(forced, "the HCA was told to migrate");
     }
 
     #[tokio::test(start_paused = true)]

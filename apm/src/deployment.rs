@@ -44,17 +44,14 @@
 use crate::config::{sim_host, Config, ProviderKind};
 use crate::ib::{UmadFacets, UmadOptions};
 use apm_core::{
-    ConnId, ConnSpec, ConnStatus, FabricEvent, Gid, Input, InputSink, Manager, ManagerError,
-    ManagerHandle, MigState, MigrationMode, Notification, Path, PortKey, ProviderError, QpControl,
-    QpEvent, QpSnapshot, Stack, StaticPaths, Time,
+    ConnId, ConnSpec, ConnStatus, FabricEvent, Gid, Manager, ManagerError, ManagerHandle,
+    MigrationMode, Notification, PortKey, ProviderError, QpControl, Stack, StaticPaths, Time,
 };
-use async_trait::async_trait;
 use provider_rxe::{RxeConfig, RxeQpControl};
 use provider_sim::{PolicyKind, RunConfig, Scenario, Sim, SimProvider};
 use provider_verbs::ffi::{Context, Qp};
 use provider_verbs::VerbsQpControl;
-use std::collections::BTreeSet;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
 
@@ -253,81 +250,19 @@ struct Devices {
 #[derive(Debug)]
 enum QpFacet {
     Rxe(Arc<RxeQpControl>),
-    /// provider-verbs (hardware APM); `registered` are the connections of
-    /// [`Apm::protect_qp`], `stall` the engine's input sink ([`Apm::report_stall`]).
-    Verbs {
-        facet: Arc<VerbsQpControl>,
-        stall: StallSink,
-        registered: Mutex<BTreeSet<ConnId>>,
-    },
+    /// provider-verbs (hardware APM).
+    Verbs(Arc<VerbsQpControl>),
     /// The caller's own QP facet ([`Apm::start_with_qp`]): QPs are registered there.
-    External {
-        stall: StallSink,
-    },
+    External,
 }
 
 impl QpFacet {
     fn forget(&self, id: ConnId) {
         match self {
             QpFacet::Rxe(f) => f.unregister(id),
-            QpFacet::Verbs {
-                facet, registered, ..
-            } => {
-                facet.unregister(id);
-                registered
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .remove(&id);
-            }
-            QpFacet::External { .. } => {}
+            QpFacet::Verbs(f) => f.unregister(id),
+            QpFacet::External => {}
         }
-    }
-}
-
-/// The engine's input sink, taken when the QP facet starts: how [`Apm::report_stall`]
-/// reaches the engine on InfiniBand.
-type StallSink = Arc<Mutex<Option<InputSink>>>;
-
-fn report_stalled(sink: &StallSink, id: ConnId) -> Result<(), ProviderError> {
-    let sink = sink
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .clone()
-        .ok_or_else(|| ProviderError::Io("the QP facet has not started".into()))?;
-    tracing::info!(%id, "the application reports its sends stalled");
-    sink.send(Input::QpEvent {
-        conn: id,
-        event: QpEvent::PrimaryStalled,
-    })
-    .map_err(|_| ProviderError::Io("the engine has stopped".into()))
-}
-
-/// A QP facet that also keeps the engine's input sink ([`StallSink`]).
-struct Tapped<Q> {
-    inner: Q,
-    sink: StallSink,
-}
-
-#[async_trait]
-impl<Q: QpControl> QpControl for Tapped<Q> {
-    async fn start(&self, sink: InputSink) -> Result<(), ProviderError> {
-        *self.sink.lock().unwrap_or_else(PoisonError::into_inner) = Some(sink.clone());
-        self.inner.start(sink).await
-    }
-    async fn load_alternate(&self, conn: ConnId, path: Path) -> Result<(), ProviderError> {
-        self.inner.load_alternate(conn, path).await
-    }
-    async fn set_rearm(&self, conn: ConnId) -> Result<MigState, ProviderError> {
-        self.inner.set_rearm(conn).await
-    }
-    async fn force_migrate(&self, conn: ConnId) -> Result<(), ProviderError> {
-        self.inner.force_migrate(conn).await
-    }
-    async fn software_migrate(&self, conn: ConnId, path: Path) -> Result<(), ProviderError> {
-        self.inner.software_migrate(conn, path).await
-    }
-    async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError> {
-        self.inner.query_qp(conn).await
     }
 }
 
@@ -371,22 +306,13 @@ impl Apm {
         let contexts = open_devices(config)?;
         let umad = UmadFacets::open(config, &UmadOptions::default())?;
         let facet = Arc::new(VerbsQpControl::new(contexts.clone()));
-        let stall = StallSink::default();
-        let qp = Tapped {
-            inner: Arc::clone(&facet),
-            sink: Arc::clone(&stall),
-        };
         let (peer, fabric) = umad.into_facets();
-        let provider = Arc::new(Stack::new(qp, peer, fabric));
+        let provider = Arc::new(Stack::new(Arc::clone(&facet), peer, fabric));
         let (manager, handle) = Manager::new(provider, config.engine_policy())?;
         let mut apm = Apm::run(manager, handle).await?;
         apm.devices = Some(Devices {
             contexts,
-            facet: QpFacet::Verbs {
-                facet,
-                stall,
-                registered: Mutex::new(BTreeSet::new()),
-            },
+            facet: QpFacet::Verbs(facet),
             paths: None,
         });
         Ok(apm)
@@ -412,18 +338,13 @@ impl Apm {
         qp: Q,
         umad: UmadFacets,
     ) -> Result<Apm, StartError> {
-        let stall = StallSink::default();
-        let qp = Tapped {
-            inner: qp,
-            sink: Arc::clone(&stall),
-        };
         let (peer, fabric) = umad.into_facets();
         let provider = Arc::new(Stack::new(qp, peer, fabric));
         let (manager, handle) = Manager::new(provider, config.engine_policy())?;
         let mut apm = Apm::run(manager, handle).await?;
         apm.devices = Some(Devices {
             contexts: Vec::new(),
-            facet: QpFacet::External { stall },
+            facet: QpFacet::External,
             paths: None,
         });
         Ok(apm)
@@ -557,9 +478,7 @@ impl Apm {
                         .chain(spec.candidates.iter().copied()),
                 );
             }
-            QpFacet::Verbs {
-                facet, registered, ..
-            } => {
+            QpFacet::Verbs(facet) => {
                 if spec.mode != MigrationMode::Hardware {
                     return Err(ProtectError::Qp(ProviderError::Unsupported {
                         provider: "provider-verbs".into(),
@@ -574,12 +493,8 @@ impl Apm {
                         detail: e.to_string(),
                     })
                 })?;
-                registered
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .insert(id);
             }
-            QpFacet::External { .. } => return Err(ProtectError::NoQpFacet),
+            QpFacet::External => return Err(ProtectError::NoQpFacet),
         }
         if let Some(paths) = &devices.paths {
             paths.add(
@@ -597,32 +512,17 @@ impl Apm {
 
     /// The application saw the sends of `id` stop completing (no completion for longer
     /// than it tolerates while work is outstanding): apm moves the connection to its
-    /// agreed alternate, as when it detects a dead path itself. For QPs the application
-    /// owns ([`Apm::protect_qp`]), whose completions apm cannot see. On RoCE that is
-    /// the SQ-drain migration; on InfiniBand a forced migration to the armed alternate
-    /// (the HCA would only migrate by itself once its retries on the primary run out).
-    /// With no armed, healthy alternate the connection is reported unprotected and apm
-    /// looks for one. Refused for connections not registered through
-    /// [`Apm::protect_qp`] (with the caller's own QP facet, [`Apm::start_with_qp`],
-    /// any protected connection) and on simulated deployments.
-    pub fn report_stall(&self, id: ConnId) -> Result<(), ProtectError> {
-        let devices = self.devices.as_ref().ok_or(ProtectError::NoQpFacet)?;
-        match &devices.facet {
-            QpFacet::Rxe(f) => f.report_stall(id).map_err(ProtectError::Qp),
-            QpFacet::Verbs {
-                stall, registered, ..
-            } => {
-                let known = registered
-                    .lock()
-                    .unwrap_or_else(PoisonError::into_inner)
-                    .contains(&id);
-                if !known {
-                    return Err(ProtectError::Qp(ProviderError::UnknownConnection(id)));
-                }
-                report_stalled(stall, id).map_err(ProtectError::Qp)
-            }
-            QpFacet::External { stall } => report_stalled(stall, id).map_err(ProtectError::Qp),
-        }
+    /// agreed alternate, as when it detects a dead path itself
+    /// ([`ManagerHandle::report_stall`]). For QPs the application owns
+    /// ([`Apm::protect_qp`]), whose completions apm cannot see. On RoCE that is the
+    /// SQ-drain migration; on InfiniBand a forced migration to the armed alternate (the
+    /// HCA would only migrate by itself once its retries on the primary run out). With
+    /// no armed, healthy alternate the connection is reported unprotected and apm looks
+    /// for one. Refused for connections that are not protected, and on simulated
+    /// deployments (their QPs are the simulation's).
+    pub async fn report_stall(&self, id: ConnId) -> Result<(), ProtectError> {
+        self.devices.as_ref().ok_or(ProtectError::NoQpFacet)?;
+        Ok(self.handle.report_stall(id).await?)
     }
 
     /// The device contexts apm opened (index = the device index of [`PortKey`]s, in the

@@ -530,7 +530,7 @@ async fn ib_node(role: &str) -> Result<(), String> {
                         let ev = if ev == "down" { PortEvent::Down } else { PortEvent::Active };
                         qp.port_event(PortKey::new(0, n), ev);
                     }
-                    ["stall"] => match apm.report_stall(ConnId(1)) {
+                    ["stall"] => match apm.report_stall(ConnId(1)).await {
                         Ok(()) => report("STALL reported"),
                         Err(e) => report(&format!("STALL refused: {e}")),
                     },

@@ -24,7 +24,7 @@
 //!   with [`ConnError::Invalid`] naming that, and the engine reports the connection lost.
 //! - **No progress monitor**: apm cannot see the completions. Port events and fabric
 //!   notices still drive failover, and the application reports a stall it sees
-//!   ([`crate::RxeQpControl::report_stall`]).
+//!   (`apm_core::ManagerHandle::report_stall`).
 
 use crate::conn::ConnError;
 use provider_verbs::ffi::{AddressVector, Qp, QpAttr, QpAttrMask, QpState};

@@ -22,8 +22,8 @@
 //!
 //! **Application-owned QPs** ([`RxeQpControl::adopt`]) migrate through
 //! [`AdoptedQp`]: the same SQ drain, without the monitor (apm does not see their
-//! completions). The application reports what it sees with
-//! [`RxeQpControl::report_stall`], which raises the same `PrimaryStalled`.
+//! completions). The application reports what it sees through the manager
+//! (`apm_core::ManagerHandle::report_stall`), which raises the same `PrimaryStalled`.
 
 use crate::adopt::AdoptedQp;
 use crate::conn::RcConn;
@@ -87,8 +87,6 @@ pub struct RxeQpControl {
     conns: Conns,
     config: RxeConfig,
     monitor: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    /// The engine's input, once started (for stalls the application reports).
-    sink: Mutex<Option<InputSink>>,
     /// Local/remote address pairs whose neighbour entries are kept resolved.
     warm: Arc<Mutex<std::collections::BTreeSet<(IpAddr, IpAddr)>>>,
 }
@@ -147,7 +145,6 @@ impl RxeQpControl {
             conns,
             config,
             monitor: Mutex::new(None),
-            sink: Mutex::new(None),
             warm: Arc::new(Mutex::new(std::collections::BTreeSet::new())),
         }
     }
@@ -199,28 +196,6 @@ impl RxeQpControl {
             })?;
         conns.insert(conn, managed);
         Ok(())
-    }
-
-    /// The application saw its sends on `conn` stop completing: tell the engine, as the
-    /// progress monitor does for apm's own connections (it then moves the connection to
-    /// its agreed alternate, telling the peer). Refused for unknown connections and
-    /// before the facet started.
-    pub fn report_stall(&self, conn: ConnId) -> Result<(), ProviderError> {
-        if !lock(&self.conns).contains_key(&conn) {
-            return Err(ProviderError::UnknownConnection(conn));
-        }
-        let sink = self
-            .sink
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .clone()
-            .ok_or_else(|| ProviderError::Io("the facet has not started".into()))?;
-        info!(%conn, "the application reports its sends stalled");
-        sink.send(Input::QpEvent {
-            conn,
-            event: QpEvent::PrimaryStalled,
-        })
-        .map_err(|_| ProviderError::Io("the engine has stopped".into()))
     }
 
     /// Forget connection `conn`.
@@ -329,7 +304,6 @@ pub fn gid_index(ctx: &Context, port: u8, gid: &Gid) -> Result<u8, ProviderError
 impl QpControl for RxeQpControl {
     async fn start(&self, sink: InputSink) -> Result<(), ProviderError> {
         self.verbs.start(sink.clone()).await?;
-        *self.sink.lock().unwrap_or_else(PoisonError::into_inner) = Some(sink.clone());
         let conns = self.conns.clone();
         let stall = self.config.stall_timeout;
         let drain = self.config.drain_timeout;
