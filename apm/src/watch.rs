@@ -16,10 +16,12 @@
 //!   watched host, its unaffiliated event stream, in virtual time (a whole scenario
 //!   plays in moments).
 //!
-//! Each event is printed once. soft-RoCE (rxe) raises `PORT_ACTIVE` twice about 1 ms
-//! apart for one link up: an event identical (same device, port and kind) to the previous
-//! event of its port within `--dedup-ms` (default 50 ms) is dropped. A different event in
-//! between (down, then active again) always shows.
+//! Each event is printed once. soft-RoCE (rxe) raises `PORT_ACTIVE` twice for one link
+//! up, about 1 ms apart (80 ms seen on a loaded machine): an event identical to the
+//! previous event of its port (same device, port and kind, and the same state read back:
+//! state, LID, SM LID, LMC, GID) within `--dedup-ms` (default 1000 ms) is dropped. A
+//! different event in between (down, then active again) always shows, and so does a
+//! repeated kind that changed something (a second LID change to another LID).
 //!
 //! This module only observes: it never modifies a port or a QP.
 
@@ -97,8 +99,9 @@ pub struct Args {
     /// the umad ports opened as a NOT_ACTIVE SM so that the simulator delivers Reports.
     #[arg(long, conflicts_with_all = ["sim", "no_sa"])]
     ibsim_bed: bool,
-    /// Drop an event identical to the previous one of its port within this many ms.
-    #[arg(long, value_name = "MS", default_value_t = 50)]
+    /// Drop an event identical to the previous one of its port (same kind, same state
+    /// read back) within this many ms: rxe's double PORT_ACTIVE.
+    #[arg(long, value_name = "MS", default_value_t = 1000)]
     dedup_ms: u64,
     /// Stop after this many events (after filtering).
     #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..))]
@@ -205,7 +208,7 @@ struct Raw {
 }
 
 /// A port's state read back after an event.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, PartialEq)]
 struct PortNow {
     state: Option<String>,
     lid: Option<u16>,
@@ -251,7 +254,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 struct Sink<'a> {
     args: &'a Args,
     /// Per (device, port): the last event kind and when.
-    last: BTreeMap<(String, Option<u8>), (EventKind, Duration)>,
+    last: BTreeMap<(String, Option<u8>), (EventKind, PortNow, Duration)>,
     shown: u64,
 }
 
@@ -271,8 +274,9 @@ impl<'a> Sink<'a> {
             && (a.events.is_empty() || a.events.contains(&raw.kind))
     }
 
-    /// True when this is a repeat of its port's previous event within the window.
-    fn duplicate(&mut self, raw: &Raw, elapsed: Duration) -> bool {
+    /// True when this is a repeat of its port's previous event (same kind, same state
+    /// read back) within the window.
+    fn duplicate(&mut self, raw: &Raw, now: &PortNow, elapsed: Duration) -> bool {
         // SA notices de-duplicate on the GID they are about (two ports of a device on
         // one subnet both receive the Report).
         let key = match raw.gid {
@@ -280,17 +284,16 @@ impl<'a> Sink<'a> {
             None => (raw.device.clone(), raw.port),
         };
         let window = Duration::from_millis(self.args.dedup_ms);
-        let dup = self
-            .last
-            .get(&key)
-            .is_some_and(|(k, t)| *k == raw.kind && elapsed.saturating_sub(*t) <= window);
-        self.last.insert(key, (raw.kind, elapsed));
+        let dup = self.last.get(&key).is_some_and(|(k, n, t)| {
+            *k == raw.kind && n == now && elapsed.saturating_sub(*t) <= window
+        });
+        self.last.insert(key, (raw.kind, now.clone(), elapsed));
         dup
     }
 
     /// Handle one event; false once `--count` events were shown.
     async fn event(&mut self, raw: Raw, now: PortNow, time: String, elapsed: Duration) -> bool {
-        if self.duplicate(&raw, elapsed) {
+        if self.duplicate(&raw, &now, elapsed) {
             tracing::debug!(
                 device = raw.device,
                 port = raw.port,
@@ -978,6 +981,44 @@ mod tests {
             rfc3339(Duration::from_secs(951_782_400)),
             "2000-02-29T00:00:00.000Z"
         );
+    }
+
+    #[test]
+    fn repeats_are_dropped_only_when_nothing_changed_within_the_window() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            watch: Args,
+        }
+        let args = <Cli as clap::Parser>::try_parse_from(["watch"])
+            .expect("defaults")
+            .watch;
+        let mut sink = Sink::new(&args);
+        let raw = |kind| Raw {
+            device: "rxe0".into(),
+            port: Some(1),
+            kind,
+            gid: None,
+            source: "verbs",
+        };
+        let at = |lid: u16| PortNow {
+            state: Some("active".into()),
+            lid: Some(lid),
+            ..PortNow::default()
+        };
+        let ms = Duration::from_millis;
+        // rxe's second PORT_ACTIVE, even 80 ms later: dropped.
+        assert!(!sink.duplicate(&raw(EventKind::PortActive), &at(0), ms(0)));
+        assert!(sink.duplicate(&raw(EventKind::PortActive), &at(0), ms(80)));
+        // Down then active again: both show.
+        assert!(!sink.duplicate(&raw(EventKind::PortDown), &at(0), ms(100)));
+        assert!(!sink.duplicate(&raw(EventKind::PortActive), &at(0), ms(120)));
+        // Two LID changes to different LIDs: both show; the same LID again does not.
+        assert!(!sink.duplicate(&raw(EventKind::LidChange), &at(5), ms(200)));
+        assert!(!sink.duplicate(&raw(EventKind::LidChange), &at(7), ms(210)));
+        assert!(sink.duplicate(&raw(EventKind::LidChange), &at(7), ms(220)));
+        // Outside the window an identical event shows again.
+        assert!(!sink.duplicate(&raw(EventKind::LidChange), &at(7), ms(5000)));
     }
 
     #[test]
