@@ -278,6 +278,21 @@ impl Config {
                     d.provider.span(),
                     "simulated and real devices cannot be mixed in one deployment".into(),
                 );
+            } else if let Some(o) = self.devices[..i]
+                .iter()
+                .find(|o| o.provider.get_ref() != d.provider.get_ref())
+            {
+                at(
+                    d.provider.span(),
+                    format!(
+                        "device {:?} is {:?} but {:?} is {:?}: one provider kind per \
+                         deployment (run one apm per kind)",
+                        name,
+                        d.provider.get_ref(),
+                        o.name.get_ref(),
+                        o.provider.get_ref()
+                    ),
+                );
             }
             if let Some(ports) = &d.ports {
                 if ports.get_ref().contains(&0) {
@@ -417,6 +432,18 @@ mod tests {
         assert!(
             es.iter()
                 .any(|e| e.starts_with("line 7") && e.contains("0x30..=0x4f")),
+            "{es:?}"
+        );
+    }
+
+    #[test]
+    fn verbs_and_rxe_devices_are_not_mixed() {
+        let es = errors(
+            "[[device]]\nname = \"mlx5_0\"\nprovider = \"verbs\"\n[[device]]\nname = \"rxe0\"\nprovider = \"rxe\"\n[lap]\ntransport = \"udp\"\nudp_listen = \"0.0.0.0:1\"\n",
+        );
+        assert!(
+            es.iter()
+                .any(|e| e.starts_with("line 6") && e.contains("one provider kind per deployment")),
             "{es:?}"
         );
     }

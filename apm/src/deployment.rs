@@ -289,20 +289,7 @@ impl Apm {
     /// (opened through libibverbs), and the umad half of [`crate::ib`] (one SA client
     /// and LAP channel per configured port) as the fabric and peer facets.
     async fn start_verbs(config: &Config) -> Result<Apm, StartError> {
-        if let Some(d) = config
-            .devices
-            .iter()
-            .find(|d| *d.provider.get_ref() != ProviderKind::Verbs)
-        {
-            return Err(StartError::Unsupported {
-                provider: "verbs",
-                reason: format!(
-                    "device {:?} is not verbs: one provider kind per deployment (run one \
-                     apm per kind)",
-                    d.name.get_ref()
-                ),
-            });
-        }
+        one_kind(config, ProviderKind::Verbs, "verbs")?;
         let contexts = open_devices(config)?;
         let umad = UmadFacets::open(config, &UmadOptions::default())?;
         let facet = Arc::new(VerbsQpControl::new(contexts.clone()));
@@ -354,20 +341,7 @@ impl Apm {
     /// channel on `[lap] udp_listen` with the `[[lap.peer]]` table, and the paths of the
     /// protected connections as the fabric (RoCE has no SA).
     async fn start_rxe(config: &Config) -> Result<Apm, StartError> {
-        if let Some(d) = config
-            .devices
-            .iter()
-            .find(|d| *d.provider.get_ref() != ProviderKind::Rxe)
-        {
-            return Err(StartError::Unsupported {
-                provider: "rxe",
-                reason: format!(
-                    "device {:?} is not rxe: one provider kind per deployment (run one apm \
-                     per kind)",
-                    d.name.get_ref()
-                ),
-            });
-        }
+        one_kind(config, ProviderKind::Rxe, "rxe")?;
         let contexts = open_devices(config)?;
         let listen = config
             .lap
@@ -578,6 +552,30 @@ impl Apm {
             Ok(r) => r,
             Err(_) => Err(ManagerError::Stopped),
         }
+    }
+}
+
+/// Refuse a deployment whose devices are not all of `kind` (`Config::parse` already
+/// does; a `Config` built in code may not have been through it).
+pub(crate) fn one_kind(
+    config: &Config,
+    kind: ProviderKind,
+    name: &'static str,
+) -> Result<(), StartError> {
+    match config
+        .devices
+        .iter()
+        .find(|d| *d.provider.get_ref() != kind)
+    {
+        Some(d) => Err(StartError::Unsupported {
+            provider: name,
+            reason: format!(
+                "device {:?} is not {name}: one provider kind per deployment (run one apm per \
+                 kind)",
+                d.name.get_ref()
+            ),
+        }),
+        None => Ok(()),
     }
 }
 

@@ -175,18 +175,10 @@ pub fn plan_ports(
             names.join(", ")
         }
     };
+    crate::deployment::one_kind(config, ProviderKind::Verbs, "verbs")?;
     let mut out = Vec::new();
     for (i, d) in config.devices.iter().enumerate() {
         let name = d.name.get_ref();
-        if *d.provider.get_ref() != ProviderKind::Verbs {
-            return Err(StartError::Unsupported {
-                provider: "verbs",
-                reason: format!(
-                    "device {name:?} is not provider = \"verbs\": one provider kind per \
-                     deployment (run one apm per kind)"
-                ),
-            });
-        }
         let device = u16::try_from(i).map_err(|_| StartError::Unsupported {
             provider: "verbs",
             reason: "more than 65535 devices".into(),
@@ -675,9 +667,11 @@ mod tests {
     #[test]
     fn other_provider_kinds_are_refused() {
         let l = listing(&[("mlx5_0", &[1])]);
-        let c = config(&format!(
+        // `Config::parse` refuses the mix; a Config built in code is checked again here.
+        let c: Config = toml::from_str(&format!(
             "{IB}[[device]]\nname = \"rxe0\"\nprovider = \"rxe\"\n[lap]\ntransport = \"udp\"\nudp_listen = \"0.0.0.0:1\"\n"
-        ));
+        ))
+        .expect("well-formed TOML");
         let e = plan_ports(&c, &l, &[]).unwrap_err();
         assert!(
             matches!(&e, StartError::Unsupported { provider: "verbs", reason } if reason.contains("rxe0")),
