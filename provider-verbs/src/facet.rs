@@ -190,15 +190,32 @@ fn mig_state(m: ffi::MigState) -> Result<MigState, ProviderError> {
     }
 }
 
-/// The engine's path as an address vector on the QP's device.
-fn alt_path(path: &Path) -> hw_apm::AltPath {
+/// The source path bits that make a port with base LID `base` and LMC `lmc` send from
+/// `slid`: its offset in the port's LID range (with LMC > 0 each of a port's LIDs is
+/// routed separately, so an alternate through another LID of the same port must send
+/// from that LID). A source LID of 0 (RoCE, or a path that does not say) is the base LID.
+pub fn src_path_bits(slid: u16, base: u16, lmc: u8) -> Result<u8, String> {
+    if slid == 0 {
+        return Ok(0);
+    }
+    let span = 1u32 << lmc.min(7);
+    let offset = u32::from(slid).wrapping_sub(u32::from(base));
+    if slid < base || offset >= span {
+        return Err(format!(
+            "source LID {slid} is not one of the port's LIDs (base {base}, LMC {lmc})"
+        ));
+    }
+    u8::try_from(offset).map_err(|_| format!("source LID offset {offset} does not fit"))
+}
+
+/// The engine's path as an address vector on the QP's device; `src_path_bits` from
+/// [`src_path_bits`].
+fn alt_path(path: &Path, src_path_bits: u8) -> hw_apm::AltPath {
     hw_apm::AltPath {
         av: ffi::AddressVector {
             dlid: path.dlid.get(),
             sl: path.sl,
-            // Path bits: the offset of the source LID within the port's LMC range is
-            // not known here; 0 selects the base LID, which every port answers to.
-            src_path_bits: 0,
+            src_path_bits,
             static_rate: path.rate,
             port_num: path.port.port,
             is_global: path.hop_limit > 1 || path.dgid != Gid::default(),
@@ -253,7 +270,17 @@ impl QpControl for VerbsQpControl {
 
     async fn load_alternate(&self, conn: ConnId, path: Path) -> Result<(), ProviderError> {
         let qp = self.qp(conn)?;
-        hw_apm::load_alternate(&qp, &alt_path(&path))
+        let port = qp
+            .context()
+            .query_port(path.port.port)
+            .map_err(|e| to_provider("query_port", e))?;
+        let bits = src_path_bits(path.slid.get(), port.lid, port.lmc).map_err(|detail| {
+            ProviderError::Refused {
+                operation: "load alternate path".into(),
+                detail: format!("port {}: {detail}", path.port.port),
+            }
+        })?;
+        hw_apm::load_alternate(&qp, &alt_path(&path, bits))
             .map_err(|e| refine(&qp, to_provider("load alternate path", e)))
     }
 
@@ -384,6 +411,33 @@ async fn pump(
                 // The driver is gone: nobody to tell.
                 return;
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn source_path_bits_select_the_lid_of_the_path() {
+        // LMC 2: LIDs 8..=11 are the port's; each is its offset.
+        assert_eq!(src_path_bits(8, 8, 2), Ok(0));
+        assert_eq!(src_path_bits(9, 8, 2), Ok(1));
+        assert_eq!(src_path_bits(11, 8, 2), Ok(3));
+        // LMC 0: the base LID only.
+        assert_eq!(src_path_bits(8, 8, 0), Ok(0));
+        // RoCE (no LIDs): the base.
+        assert_eq!(src_path_bits(0, 0, 0), Ok(0));
+        // A LID outside the range (another port's, or a stale one after a LID change)
+        // is refused with the numbers, not loaded as the base LID.
+        for bad in [7, 12, 9] {
+            let lmc = if bad == 9 { 0 } else { 2 };
+            let e = src_path_bits(bad, 8, lmc).expect_err("outside the range");
+            assert!(
+                e.contains(&format!("source LID {bad}")) && e.contains("base 8"),
+                "{e}"
+            );
         }
     }
 }

@@ -2122,9 +2122,14 @@ fn ib_hardware_apm_through_the_verbs_facet() {
     let (sink, mut inputs) = tokio::sync::mpsc::unbounded_channel();
     rt.block_on(facet.start(sink)).expect("facet start");
     exchange(&mut a, &mut b, 100);
-    let path = |dev: u16, port: u8, dlid: u16| Path {
+    // Source LIDs as the engine has them from the SA: the port's base LID, plus the path
+    // bits where the plan's alternate uses another LID of an LMC range.
+    let lid_of = |e: &End, port: u8, bits: u8| {
+        e.ctx.query_port(port).expect("query_port").lid + u16::from(bits)
+    };
+    let path = |dev: u16, port: u8, slid: u16, dlid: u16| Path {
         port: PortKey::new(dev, port),
-        slid: Lid::from_wire(0),
+        slid: Lid::from_wire(slid),
         dlid: Lid::from_wire(dlid),
         sgid: apm_core::Gid::default(),
         dgid: apm_core::Gid::default(),
@@ -2141,12 +2146,22 @@ fn ib_hardware_apm_through_the_verbs_facet() {
     // (primary, alternate) of each connection.
     let mut paths = [
         (
-            path(dev_a, plan.a.port, plan.a.dlid),
-            path(dev_a, plan.a.alt_port, plan.a.alt_dlid),
+            path(dev_a, plan.a.port, lid_of(&a, plan.a.port, 0), plan.a.dlid),
+            path(
+                dev_a,
+                plan.a.alt_port,
+                lid_of(&a, plan.a.alt_port, plan.a.alt_bits),
+                plan.a.alt_dlid,
+            ),
         ),
         (
-            path(dev_b, plan.b.port, plan.b.dlid),
-            path(dev_b, plan.b.alt_port, plan.b.alt_dlid),
+            path(dev_b, plan.b.port, lid_of(&b, plan.b.port, 0), plan.b.dlid),
+            path(
+                dev_b,
+                plan.b.alt_port,
+                lid_of(&b, plan.b.alt_port, plan.b.alt_bits),
+                plan.b.alt_dlid,
+            ),
         ),
     ];
     let conns = [ca, cb];
