@@ -395,15 +395,44 @@ mod tests {
         m
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn protect_loads_arms_and_notifies_then_port_err_forces_migration() {
+    /// A Manager on the recording mock, spawned, its streams subscribed before it runs.
+    struct Running {
+        handle: ManagerHandle,
+        notes: broadcast::Receiver<Notification>,
+        events: broadcast::Receiver<FabricEvent>,
+        sink: Arc<Mutex<Option<InputSink>>>,
+        ops: Arc<Mutex<Vec<CommandOp>>>,
+        task: tokio::task::JoinHandle<Result<(), ManagerError>>,
+    }
+
+    fn start() -> Running {
         let sink = Arc::new(Mutex::new(None));
         let ops = Arc::new(Mutex::new(Vec::new()));
         let provider = Arc::new(mock(sink.clone(), ops.clone()));
         let (manager, handle) = Manager::new(provider, Policy::default()).expect("valid");
-        let mut notes = handle.notifications();
-        let mut events = handle.fabric_events();
+        let notes = handle.notifications();
+        let events = handle.fabric_events();
         let task = tokio::spawn(manager.run());
+        Running {
+            handle,
+            notes,
+            events,
+            sink,
+            ops,
+            task,
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn protect_loads_arms_and_notifies_then_port_err_forces_migration() {
+        let Running {
+            handle,
+            mut notes,
+            mut events,
+            sink,
+            ops,
+            task,
+        } = start();
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         handle.protect(spec()).await.expect("accepted");
         let n = notes.recv().await.expect("a notification");
@@ -463,12 +492,12 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_stall_the_application_reports_forces_the_migration() {
-        let sink = Arc::new(Mutex::new(None));
-        let ops = Arc::new(Mutex::new(Vec::new()));
-        let provider = Arc::new(mock(sink, ops.clone()));
-        let (manager, handle) = Manager::new(provider, Policy::default()).expect("valid");
-        let mut notes = handle.notifications();
-        tokio::spawn(manager.run());
+        let Running {
+            handle,
+            mut notes,
+            ops,
+            ..
+        } = start();
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         handle.protect(spec()).await.expect("accepted");
         let n = notes.recv().await.expect("protected");
@@ -516,12 +545,12 @@ mod tests {
     async fn deadlines_fire_in_virtual_time() {
         // No APR ever comes: after lap_max_tries the connection is reported unprotected,
         // 1.5 s of virtual time later, with no real waiting.
-        let sink = Arc::new(Mutex::new(None));
-        let ops = Arc::new(Mutex::new(Vec::new()));
-        let provider = Arc::new(mock(sink, ops.clone()));
-        let (manager, handle) = Manager::new(provider, Policy::default()).expect("valid");
-        let mut notes = handle.notifications();
-        tokio::spawn(manager.run());
+        let Running {
+            handle,
+            mut notes,
+            ops,
+            ..
+        } = start();
         let mut s = spec();
         s.agreed_alternate = None;
         s.candidates = vec![path(2)];
