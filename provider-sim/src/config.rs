@@ -161,37 +161,87 @@ pub struct SmSpec {
     pub ports: Vec<String>,
 }
 
-/// Timing and protocol constants. Defaults follow real hardware and OpenSM where that
-/// keeps runs short; each says why.
+/// Timing and protocol constants. Defaults follow real hardware and OpenSM's own
+/// defaults (opensm/osm_base.h, OpenSM 3.3); each says where it comes from, and the
+/// few that are shortened to keep simulated runs short say so.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(default, deny_unknown_fields)]
 pub struct FabricParams {
     /// Latency per link hop for MADs, in microseconds. Default 1.
     pub hop_latency_us: u64,
-    /// Processing time of a MAD at its receiver (CM, SA), in microseconds. Default 20.
+    /// Processing time of one MAD at a receiving host (its umad agent: CM, SA client),
+    /// in microseconds. The host handles its MADs one at a time in arrival order, so a
+    /// burst of Reports or LAPs queues. Default 20.
     pub mad_processing_us: u64,
-    /// Time a modify_qp/query_qp takes, in microseconds. Default 20.
+    /// Service time of one modify_qp/query_qp on a device, in microseconds. Every QP
+    /// command is a firmware command (mlx5: one RTS2RTS_QP command per transition,
+    /// through the driver's command queue), and a device carries them out one after
+    /// another: a failover that touches 500 QPs of one HCA waits for 500 commands. A
+    /// command takes effect when it completes. Default 50: a connection's set-up
+    /// (several such commands) is measured in milliseconds on ConnectX-class HCAs, and
+    /// a slower device only makes apm's job (two commands per re-arm) harder.
     pub command_latency_us: u64,
     /// Time from a hardware event to the async event reaching software, in microseconds.
     /// Default 10.
     pub event_latency_us: u64,
-    /// Period of the SM's sweeps, in milliseconds. Default 1000 (OpenSM: 10 s; shorter
-    /// here so that simulated minutes stay short).
+    /// Period of the SM's light sweeps, in milliseconds: each checks the switches' port
+    /// states and runs a heavy sweep when something changed. Default 10000 (OpenSM
+    /// `sweep_interval` 10 s).
     pub sweep_interval_ms: u64,
-    /// Delay from a trap 128 (or the SM's own port coming up) to the heavy sweep, in
-    /// milliseconds. Default 5.
+    /// Delay from a trap 128 reaching the SM (or the SM's own port coming up) to the
+    /// heavy sweep it triggers (OpenSM `sweep_on_trap`), in milliseconds. Default 5.
     pub trap_sweep_delay_ms: u64,
-    /// A Report not answered by a ReportResp is resent after this. Default 200 (OpenSM).
+    /// Round trip of one SMP of a heavy sweep (switch or HCA SMA processing included),
+    /// in microseconds. A heavy sweep sends about two SMPs per host port, two per switch
+    /// plus one per switch port, and one per 64-LID block of every switch's forwarding
+    /// table, at most `max_wire_smps` at a time, so its duration grows with the
+    /// fabric. Default 100.
+    pub smp_rtt_us: u64,
+    /// SMPs on the wire at once during a sweep. Default 4 (OpenSM `max_wire_smps`).
+    pub max_wire_smps: u32,
+    /// Timeout of one SMP transmission, in milliseconds. Default 200 (OpenSM
+    /// `transaction_timeout`).
+    pub transaction_timeout_ms: u64,
+    /// Resends of an SMP that timed out. A host port whose SMPs are all lost is left
+    /// out of the sweep: OpenSM's drop manager removes it (trap 65, its LIDs leave the
+    /// forwarding tables) until a later sweep finds it again. Default 3 (OpenSM
+    /// `transaction_retries`).
+    pub transaction_retries: u32,
+    /// PortInfo:SubnetTimeOut the SM programs (4.096 us * 2^t): a switch resends an
+    /// unanswered trap 128 this often until the SM represses it. Default 18, ~1.07 s
+    /// (OpenSM `subnet_timeout`).
+    pub subnet_timeout: u8,
+    /// A Report not answered by a ReportResp is resent after this. Default 200 (OpenSM
+    /// sends Reports with `transaction_timeout`).
     pub report_timeout_ms: u64,
-    /// Resends of an unanswered Report. Default 3 (OpenSM).
+    /// Resends of an unanswered Report. Default 3 (OpenSM `transaction_retries`).
     pub report_retries: u32,
-    /// Time for a standby SM to notice the master is gone and take over. Default 500.
-    pub sm_failover_ms: u64,
+    /// How often a standby SM polls the master's SMInfo, in milliseconds. Default 10000
+    /// (OpenSM `sminfo_polling_timeout`).
+    pub sminfo_polling_timeout_ms: u64,
+    /// Failed polls after which the standby declares the master dead and takes over:
+    /// OpenSM counts a poll as failed from the one after the last answered poll and
+    /// gives up when the count exceeds this, so takeover comes `(n + 2)` polling
+    /// periods after the last answered poll (50-60 s with the defaults). Default 4
+    /// (OpenSM `polling_retry_number`).
+    pub polling_retry_number: u32,
+    /// When set, a standby takes over exactly this long after the master became
+    /// unreachable instead of by polling (for experiments; unset by default).
+    pub sm_failover_ms: Option<u64>,
     /// Timeout of one SA request attempt (PathRecord, InformInfo). Default 100.
     pub sa_timeout_ms: u64,
     /// SA request attempts before the query fails. Default 3.
     pub sa_tries: u32,
-    /// Probability that any MAD is lost, outside loss bursts. Default 0.
+    /// SA requests the master SM serves per second, one at a time in arrival order.
+    /// Default 50000 (the figure Mellanox's scalable-SA design work assumes for one
+    /// OpenSM).
+    pub sa_rate_per_s: u64,
+    /// A request that would wait longer than this behind others is dropped unanswered
+    /// (OpenSM `max_msg_fifo_timeout`, 10000 ms; OpenSM drops, its BUSY answer is
+    /// disabled). Default 10000.
+    pub sa_fifo_timeout_ms: u64,
+    /// Probability that any MAD is lost (SMPs, traps, Reports, SA, CM), outside loss
+    /// bursts. Default 0.
     pub mad_loss: f64,
     /// QP local ACK timeout (IBA encoding: 4.096 us * 2^t). Default 14 (67 ms).
     pub ack_timeout: u8,
@@ -207,15 +257,24 @@ impl Default for FabricParams {
         FabricParams {
             hop_latency_us: 1,
             mad_processing_us: 20,
-            command_latency_us: 20,
+            command_latency_us: 50,
             event_latency_us: 10,
-            sweep_interval_ms: 1000,
+            sweep_interval_ms: 10_000,
             trap_sweep_delay_ms: 5,
+            smp_rtt_us: 100,
+            max_wire_smps: 4,
+            transaction_timeout_ms: 200,
+            transaction_retries: 3,
+            subnet_timeout: 18,
             report_timeout_ms: 200,
             report_retries: 3,
-            sm_failover_ms: 500,
+            sminfo_polling_timeout_ms: 10_000,
+            polling_retry_number: 4,
+            sm_failover_ms: None,
             sa_timeout_ms: 100,
             sa_tries: 3,
+            sa_rate_per_s: 50_000,
+            sa_fifo_timeout_ms: 10_000,
             mad_loss: 0.0,
             ack_timeout: 14,
             retry_cnt: 7,
@@ -228,6 +287,11 @@ impl FabricParams {
     /// One local ACK timeout in nanoseconds.
     pub fn ack_timeout_ns(&self) -> u64 {
         4096u64 << self.ack_timeout.min(31)
+    }
+
+    /// The interval at which a switch resends an unanswered trap, in nanoseconds.
+    pub fn trap_resend_ns(&self) -> u64 {
+        4096u64 << self.subnet_timeout.min(31)
     }
 }
 
@@ -466,7 +530,7 @@ impl Scenario {
         // overflows (a million seconds is eleven days of simulated time).
         const MAX_MS: u64 = 1_000_000_000;
         let f = &self.fabric;
-        let times: [(&str, u64); 13] = [
+        let times: [(&str, u64); 21] = [
             ("duration_ms", self.duration_ms),
             (
                 "workload.message_interval_ms",
@@ -479,10 +543,27 @@ impl Scenario {
             ("fabric.sweep_interval_ms", f.sweep_interval_ms),
             ("fabric.trap_sweep_delay_ms", f.trap_sweep_delay_ms),
             ("fabric.report_timeout_ms", f.report_timeout_ms),
-            ("fabric.sm_failover_ms", f.sm_failover_ms),
+            ("fabric.sm_failover_ms", f.sm_failover_ms.unwrap_or(0)),
+            ("fabric.smp_rtt_us", f.smp_rtt_us),
+            ("fabric.transaction_timeout_ms", f.transaction_timeout_ms),
+            (
+                "fabric.transaction_retries",
+                u64::from(f.transaction_retries),
+            ),
+            (
+                "fabric.sminfo_polling_timeout_ms",
+                f.sminfo_polling_timeout_ms,
+            ),
+            (
+                "fabric.polling_retry_number",
+                u64::from(f.polling_retry_number),
+            ),
+            ("fabric.sa_fifo_timeout_ms", f.sa_fifo_timeout_ms),
+            ("fabric.max_wire_smps", u64::from(f.max_wire_smps)),
             ("fabric.sa_timeout_ms", f.sa_timeout_ms),
             ("fabric.report_retries", u64::from(f.report_retries)),
             ("fabric.sa_tries", u64::from(f.sa_tries)),
+            ("fabric.sa_rate_per_s", f.sa_rate_per_s),
         ];
         for (name, v) in times {
             if v > MAX_MS {
@@ -509,10 +590,28 @@ impl Scenario {
                 f.mad_loss
             )));
         }
-        if f.sweep_interval_ms == 0 || f.sa_tries == 0 || f.report_timeout_ms == 0 {
-            return Err(invalid(
-                "fabric.sweep_interval_ms, sa_tries and report_timeout_ms must be at least 1",
-            ));
+        let at_least_one: [(&str, u64); 7] = [
+            ("fabric.sweep_interval_ms", f.sweep_interval_ms),
+            ("fabric.sa_tries", u64::from(f.sa_tries)),
+            ("fabric.report_timeout_ms", f.report_timeout_ms),
+            ("fabric.sa_rate_per_s", f.sa_rate_per_s),
+            ("fabric.max_wire_smps", u64::from(f.max_wire_smps)),
+            ("fabric.transaction_timeout_ms", f.transaction_timeout_ms),
+            (
+                "fabric.sminfo_polling_timeout_ms",
+                f.sminfo_polling_timeout_ms,
+            ),
+        ];
+        for (name, v) in at_least_one {
+            if v == 0 {
+                return Err(invalid(format!("{name} = 0: must be at least 1")));
+            }
+        }
+        if f.subnet_timeout > 31 {
+            return Err(invalid(format!(
+                "fabric.subnet_timeout = {}: use 0..=31",
+                f.subnet_timeout
+            )));
         }
         // Names are resolved against the built fabric.
         let fabric = crate::fabric::Fabric::build(t).map_err(invalid)?;

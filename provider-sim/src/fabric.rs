@@ -388,6 +388,20 @@ impl Fabric {
         (host < self.hosts && num >= 1 && num <= self.ports_per_host).then(|| self.pid(host, num))
     }
 
+    /// The number of LIDs the forwarding tables cover (the highest assigned LID + 1).
+    pub fn lid_space(&self) -> usize {
+        self.lid_owner.len()
+    }
+
+    /// The subnet a link belongs to (that of the switch at either end).
+    pub fn link_subnet(&self, l: LinkId) -> Option<usize> {
+        let link = &self.links[l];
+        [link.a, link.b].into_iter().find_map(|e| match e {
+            End::Switch(s) => Some(self.switches[s].subnet),
+            End::Port(_) => None,
+        })
+    }
+
     /// The port owning `lid`.
     pub fn lid_owner(&self, lid: u16) -> Option<PortId> {
         self.lid_owner.get(usize::from(lid)).copied().flatten()

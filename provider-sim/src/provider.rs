@@ -5,8 +5,8 @@
 //! time follows tokio's clock (use `tokio::time::pause()` in tests: the runtime then
 //! jumps straight to the next timer and whole scenarios run in milliseconds of wall
 //! time). [`SimProvider::drive`] advances the simulation to tokio's "now" whenever an
-//! event is due; commands execute against the simulation at the moment they arrive and
-//! complete after the latency the fabric gives them.
+//! event is due; a command is submitted at the moment it arrives and its call drives the
+//! simulation until the result comes back.
 
 use crate::sim::Sim;
 use apm_core::{
@@ -15,6 +15,7 @@ use apm_core::{
 };
 use async_trait::async_trait;
 use std::sync::{Arc, Mutex};
+use tokio::sync::oneshot::error::TryRecvError;
 use tokio::time::Instant;
 
 #[derive(Debug)]
@@ -98,15 +99,34 @@ impl SimProvider {
         }
     }
 
+    /// Submit `op` and drive the simulation in step with tokio's clock until its result
+    /// comes back (a device command queues behind others; an SA request waits for the
+    /// SA and its retries).
     async fn exec(&self, op: CommandOp) -> Result<CommandOutcome, ProviderError> {
-        let (delay, result) = {
+        let (mut rx, origin) = {
             let mut sh = self.lock();
             let now = Self::now_of(&sh);
             sh.sim.run_until(now);
-            sh.sim.execute_external(self.host, op)
+            (sh.sim.submit_external(self.host, op), sh.origin)
         };
-        tokio::time::sleep(std::time::Duration::from_nanos(delay.0)).await;
-        result
+        loop {
+            let next = {
+                let mut sh = self.lock();
+                let now = Self::now_of(&sh);
+                sh.sim.run_until(now);
+                match rx.try_recv() {
+                    Ok(result) => return result,
+                    Err(TryRecvError::Closed) => {
+                        return Err(ProviderError::Io("the simulation ended".into()))
+                    }
+                    Err(TryRecvError::Empty) => sh.sim.next_event_time(),
+                }
+            };
+            let Some(next) = next else {
+                return Err(ProviderError::Timeout("the simulation ended first".into()));
+            };
+            tokio::time::sleep_until(origin + std::time::Duration::from_nanos(next.0)).await;
+        }
     }
 }
 

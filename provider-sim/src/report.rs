@@ -12,9 +12,34 @@ pub struct Percentiles {
     pub p99: f64,
     /// Maximum.
     pub max: f64,
-    /// Number of samples.
+    /// Number of samples (0: the percentiles mean nothing, show "n/a").
     #[serde(skip)]
     pub samples: u64,
+}
+
+impl Percentiles {
+    /// The percentiles of durations in nanoseconds (nearest rank), in milliseconds.
+    pub fn of(mut ns: Vec<u64>) -> Percentiles {
+        ns.sort_unstable();
+        let pct = |q: f64| -> f64 {
+            if ns.is_empty() {
+                return 0.0;
+            }
+            let idx = ((ns.len() as f64 - 1.0) * q).round() as usize;
+            ns[idx.min(ns.len() - 1)] as f64 / 1e6
+        };
+        Percentiles {
+            p50: pct(0.5),
+            p99: pct(0.99),
+            max: pct(1.0),
+            samples: ns.len() as u64,
+        }
+    }
+
+    /// True when there was nothing to measure.
+    pub fn is_empty(&self) -> bool {
+        self.samples == 0
+    }
 }
 
 /// Connection counts by ground-truth state at one instant.
@@ -24,6 +49,8 @@ pub struct Sample {
     pub t_ms: u64,
     /// Armed with a healthy alternate.
     pub armed: u32,
+    /// Of those, armed through another local port and another remote port.
+    pub armed_disjoint: u32,
     /// Working without an armed healthy alternate.
     pub unprotected: u32,
     /// Not carrying traffic (failing over).
@@ -41,7 +68,11 @@ pub struct RunReport {
     pub connections: u64,
     /// Connections whose QPs went to ERR.
     pub lost: u64,
-    /// Messages posted and never delivered because their connection was lost.
+    /// Which connections were lost, by index.
+    pub lost_ids: Vec<u64>,
+    /// Messages the applications offered over the whole run and that never reached the
+    /// other side: a dead connection keeps counting what its application would have
+    /// sent, so dying early never looks better.
     pub messages_lost: u64,
     /// Messages delivered but never acknowledged on a lost connection (the application
     /// sends them again on its new connection: the receiver gets them twice).
@@ -50,12 +81,26 @@ pub struct RunReport {
     pub failovers: u64,
     /// Time from a connection's path failing to it carrying traffic again.
     pub restore_ms: Percentiles,
-    /// Summed time connections spent without an armed healthy alternate.
+    /// The same, for connections armed on a port-disjoint alternate when the fault hit.
+    pub restore_disjoint_ms: Percentiles,
+    /// Summed time connections spent without an armed healthy alternate: working
+    /// unarmed, failing over, or lost (a lost connection counts until the end).
     pub unprotected_ms_total: f64,
+    /// Summed time armed on an alternate through another local and another remote port.
+    pub armed_disjoint_ms_total: f64,
+    /// Summed time armed on an alternate sharing a port with the primary (an LMC
+    /// variant: it survives a switch path failure, not a port or cable).
+    pub armed_shared_ms_total: f64,
+    /// Summed time not carrying traffic while alive (failing over).
+    pub failing_over_ms_total: f64,
+    /// Summed time lost, from each loss to the end.
+    pub lost_ms_total: f64,
     /// SA requests (PathRecord, InformInfo).
     pub sa_queries: u64,
     /// MADs put on the wire by anyone (CM, SA requests and answers, Reports).
     pub mads_sent: u64,
+    /// SMPs the SMs sent for sweeps, and traps 128 (resends included).
+    pub smps_sent: u64,
     /// Messages the applications posted.
     pub messages_posted: u64,
     /// Messages delivered.
@@ -80,4 +125,6 @@ pub struct RunReport {
     pub timeline: Vec<(f64, String)>,
     /// Connection counts at the end: armed, unprotected, migrating, lost.
     pub end_state: [u64; 4],
+    /// Of the armed at the end, those on a port-disjoint alternate.
+    pub end_armed_disjoint: u64,
 }

@@ -66,9 +66,18 @@ impl Engine {
                     );
                     return;
                 }
-                if let Some(c) = self.conns.get_mut(&id) {
-                    c.alternate = Some(path);
-                    c.armed = false;
+                let Some(c) = self.conns.get_mut(&id) else {
+                    return;
+                };
+                c.alternate = Some(path);
+                c.armed = false;
+                // A QP in REARM or ARMED keeps its state when a new alternate is loaded,
+                // and refuses REARM once ARMED (rdmavt: EINVAL): only a MIGRATED QP
+                // needs asking.
+                if c.mig != MigState::Migrated {
+                    let mig = c.mig;
+                    self.armed(id, path, mig, responder);
+                    return;
                 }
                 let cmd = self.issue(CommandOp::SetRearm { conn: id }, Pending::Conn(id));
                 self.set_phase(

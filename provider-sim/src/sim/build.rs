@@ -23,7 +23,11 @@ impl Sim {
             sms: Vec::new(),
             actions: Vec::new(),
             loss_burst: None,
-            counts: [0; 4],
+            counts: [0; Bucket::ALL],
+            sa_txns: BTreeMap::new(),
+            next_txn: 1,
+            external_replies: BTreeMap::new(),
+            next_external: 1,
             c: Counters::default(),
             samples: Vec::new(),
             timeline: Vec::new(),
@@ -45,6 +49,9 @@ impl Sim {
             sim.hosts.push(Host {
                 ctl,
                 timer_at: None,
+                device_busy: Time::ZERO,
+                mad_busy: Time::ZERO,
+                dead: false,
                 seen_reports: BTreeSet::new(),
                 reports_received: 0,
                 report_resps_sent: 0,
@@ -56,9 +63,9 @@ impl Sim {
         }
         // The subnets come up before anything else happens.
         for s in 0..sim.sms.len() {
-            sim.sweep(s);
+            sim.apply_sweep(s, &[]);
             let at = ms(sim.p.sweep_interval_ms);
-            sim.push(at, Ev::PeriodicSweep { subnet: s });
+            sim.push(at, Ev::LightSweep { subnet: s });
         }
         sim.timeline.clear();
         sim.build_conns(&mut rng);
@@ -120,19 +127,16 @@ impl Sim {
                     .take(2)
                     .collect();
             }
-            let master = (!cands.is_empty()).then_some(0);
-            self.sms.push(Sm {
-                candidates: cands,
-                master,
-                epoch: 0,
-                subs: BTreeSet::new(),
-                in_service: vec![false; self.fab.num_ports()],
-                initialized: false,
-                reregister_pending: false,
-                reports: BTreeMap::new(),
-                next_tid: 1,
-                sweep_at: None,
-            });
+            // The standby polls on its own clock: where in its period the master
+            // dies is a matter of chance.
+            let period = ms(self.p.sminfo_polling_timeout_ms).0.max(1);
+            let phase = Time(self.rng.below(period));
+            self.sms.push(Sm::new(
+                cands,
+                self.fab.num_ports(),
+                self.fab.num_links(),
+                phase,
+            ));
         }
         // Physical links come up (ports to INIT) before the first sweep.
         for pid in 0..self.fab.num_ports() {
@@ -230,18 +234,20 @@ impl Sim {
                 stalled: false,
                 retries: 0,
                 retry_gen: 0,
-                mig_err_budget_used: false,
+                mig_err_raised: false,
             };
             self.conns.push(Conn {
                 qp: [qp(a, spec_a.primary), qp(b, spec_b.primary)],
                 mode,
                 state: ConnState::Unprotected,
+                bucket: Bucket::Unprotected,
+                guard_disjoint: false,
                 since: Time::ZERO,
                 interrupted_at: None,
                 guard: None,
                 excused: false,
             });
-            self.counts[ConnState::Unprotected.idx()] += 1;
+            self.counts[Bucket::Unprotected.idx()] += 1;
             let id = self.conns.len() - 1;
             debug_assert_eq!(id, i);
             self.feed(a, Input::Protect(spec_a));

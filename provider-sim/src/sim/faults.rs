@@ -1,38 +1,55 @@
-//! Faults: applying the schedule to the fabric, trap 128 and MAD loss.
+//! Faults: applying the schedule to the fabric (ports, links, switches, SMs, HCAs, MAD
+//! loss), what a physical change sets off (PORT_ERR at once, trap 128 to the SM), and
+//! the fate of each MAD on the wire.
 
 use super::*;
 
 impl Sim {
-    // ------------------------------------------------------------------ faults
-
     pub(super) fn action(&mut self, idx: usize) {
         let (_, act, text) = self.actions[idx].clone();
         self.note(text);
         match act {
             Action::PortAdmin(p, up) => {
                 self.fab.ports[p].admin_up = up;
-                self.phys_changed();
+                let s = self.fab.ports[p].subnet;
+                self.phys_changed(&[s]);
             }
             Action::Link(l, up) => {
                 self.fab.links[l].intact = up;
-                self.phys_changed();
+                let s = self.fab.link_subnet(l).into_iter().collect::<Vec<_>>();
+                self.phys_changed(&s);
             }
-            Action::Switch(s, up) => {
-                self.fab.switches[s].up = up;
-                self.phys_changed();
+            Action::Switch(k, up) => {
+                self.fab.switches[k].up = up;
+                let s = self.fab.switches[k].subnet;
+                self.phys_changed(&[s]);
             }
             Action::SmFail(subnet) => self.sm_fail(subnet),
             Action::MadLoss(rate, until) => self.loss_burst = Some((rate, until)),
-            Action::DeviceFatal(h) => {
-                let lat = self.ev_latency();
-                self.raise(h, lat, Input::DeviceFatal { device: 0 });
-                for i in 0..self.conns.len() {
-                    if self.conns[i].qp.iter().any(|q| q.host == h) {
-                        self.lose(i, true);
-                    }
-                }
+            Action::DeviceFatal(h) => self.device_fatal(h),
+        }
+    }
+
+    /// The HCA of host `h` dies: its connections are lost, its SMs die with it, and its
+    /// ports lose their links (the switch sees them go).
+    fn device_fatal(&mut self, h: usize) {
+        let lat = self.ev_latency();
+        self.raise(h, lat, Input::DeviceFatal { device: 0 });
+        for i in 0..self.conns.len() {
+            if self.conns[i].qp.iter().any(|q| q.host == h) {
+                self.lose(i, true);
             }
         }
+        self.hosts[h].dead = true;
+        let mut subnets = Vec::new();
+        for num in 1..=self.fab.ports_per_host() {
+            if let Some(p) = self.fab.port_of(h, num) {
+                self.fab.ports[p].admin_up = false;
+                subnets.push(self.fab.ports[p].subnet);
+            }
+        }
+        self.host_sms_die(h);
+        self.phys_changed(&subnets);
     }
 
     pub(super) fn note(&mut self, text: String) {
@@ -41,20 +58,18 @@ impl Sim {
         }
     }
 
-    /// Links changed: ports lose or gain their physical link; the switches next to the
-    /// change send trap 128 and the SM sweeps (or, when its own port came back, it
-    /// notices that and sweeps).
-    pub(super) fn phys_changed(&mut self) {
+    /// Links changed in `subnets`: ports lose or gain their physical link (a host sees
+    /// its own port go at once: PORT_ERR), the switches next to the change send trap
+    /// 128 to their SM, and an SM whose own port came back sweeps.
+    pub(super) fn phys_changed(&mut self, subnets: &[usize]) {
         let lat = self.ev_latency();
-        let mut touched = vec![false; self.sms.len()];
+        let mut own_port_back = vec![false; self.sms.len()];
         for pid in 0..self.fab.num_ports() {
             let up = self.fab.port_phys_up(pid);
             let st = self.fab.ports[pid].state;
-            let subnet = self.fab.ports[pid].subnet;
             if !up && st != PortState::Down {
                 self.fab.ports[pid].state = PortState::Down;
-                touched[subnet] = true;
-                if st == PortState::Active {
+                if st == PortState::Active && !self.hosts[self.fab.ports[pid].host].dead {
                     let (h, key) = (self.fab.ports[pid].host, self.fab.ports[pid].key());
                     self.raise(
                         h,
@@ -67,16 +82,21 @@ impl Sim {
                 }
             } else if up && st == PortState::Down {
                 self.fab.ports[pid].state = PortState::Init;
-                touched[subnet] = true;
+                let s = self.fab.ports[pid].subnet;
+                if self.sms[s].master_port() == Some(pid) {
+                    own_port_back[s] = true;
+                }
             }
         }
-        // Switch-to-switch links changing do not touch a host port but still trap.
-        touched.iter_mut().for_each(|t| *t = true);
-        for (s, t) in touched.into_iter().enumerate() {
-            let reachable = self.sms[s]
-                .master_port()
-                .is_some_and(|m| self.fab.port_phys_up(m));
-            if t && reachable {
+        self.check_sms();
+        for &s in subnets {
+            if s < self.sms.len() {
+                self.raise_trap(s);
+            }
+        }
+        for (s, back) in own_port_back.into_iter().enumerate() {
+            // OpenSM sweeps when its own port comes up (it sees the local port event).
+            if back && self.sm_running(s) {
                 let d = ms(self.p.trap_sweep_delay_ms);
                 self.schedule_sweep(s, d);
             }
@@ -84,32 +104,31 @@ impl Sim {
         self.reeval_all();
     }
 
-    pub(super) fn schedule_sweep(&mut self, s: usize, delay: Time) {
-        let at = after(self.now, delay);
-        if self.sms[s].sweep_at.is_none_or(|t| t > at) {
-            self.sms[s].sweep_at = Some(at);
-            self.push(at, Ev::Sweep { subnet: s });
+    /// The MAD loss probability now.
+    pub(super) fn loss_rate(&self) -> f64 {
+        match self.loss_burst {
+            Some((r, until)) if self.now < until => r,
+            _ => self.p.mad_loss,
         }
     }
 
     pub(super) fn mad_lost(&mut self) -> bool {
-        let rate = match self.loss_burst {
-            Some((r, until)) if self.now < until => r,
-            _ => self.p.mad_loss,
-        };
-        self.rng.chance(rate)
+        let rate = self.loss_rate();
+        rate > 0.0 && self.rng.chance(rate)
     }
 
-    /// A MAD from LID `slid` to `dlid`: its one-way latency when it arrives.
+    /// A MAD from LID `slid` to `dlid`: its time on the wire when it arrives (the
+    /// receiving agent's processing comes on top, in its queue).
     pub(super) fn mad(&mut self, slid: u16, dlid: u16) -> Option<Time> {
         self.c.mads_sent += 1;
+        let src = self.fab.lid_owner(slid)?;
+        if self.hosts[self.fab.ports[src].host].dead {
+            return None;
+        }
         let hops = self.fab.route(slid, dlid)?;
         if self.mad_lost() {
             return None;
         }
-        Some(us(
-            u64::from(hops) * self.p.hop_latency_us + self.p.mad_processing_us
-        ))
+        Some(us(u64::from(hops) * self.p.hop_latency_us))
     }
-
 }

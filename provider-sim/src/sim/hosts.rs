@@ -82,10 +82,6 @@ impl Sim {
         self.pump(host);
     }
 
-    pub(super) fn deliver(&mut self, host: usize, input: Input) {
-        self.feed(host, input);
-    }
-
     /// Raise an input at a host after `delay`.
     pub(super) fn raise(&mut self, host: usize, delay: Time, input: Input) {
         let at = after(self.now, delay);
@@ -105,8 +101,7 @@ impl Sim {
                         let seq = h.notices.get(&dgid).copied().unwrap_or(0);
                         h.path_queries.insert(cmd.id, (dgid, seq));
                     }
-                    let (delay, result) = self.execute(host, cmd.op);
-                    self.raise(host, delay, Input::CommandDone { id: cmd.id, result });
+                    self.submit(host, Reply::Engine(cmd.id), cmd.op);
                 }
                 Output::Notify(_) => self.c.notifications += 1,
             }
@@ -120,21 +115,154 @@ impl Sim {
         }
     }
 
-    /// Carry out a command for an external driver (see [`crate::SimProvider`]): the
-    /// result and how long it takes in virtual time.
-    pub fn execute_external(
+    // ------------------------------------------------------------------ commands
+
+    /// Carry out a command of `host`: QP commands queue on the device, peer messages
+    /// leave at once, SA requests go to the SA. The result comes back through `reply`.
+    fn submit(&mut self, host: usize, reply: Reply, op: CommandOp) {
+        match op {
+            CommandOp::LoadAlternate { .. }
+            | CommandOp::SetRearm { .. }
+            | CommandOp::ForceMigrate { .. }
+            | CommandOp::SoftwareMigrate { .. }
+            | CommandOp::QueryQp { .. } => {
+                if self.cfg.policy == PolicyKind::Apm {
+                    self.check_move_target(host, &op);
+                }
+                let h = &mut self.hosts[host];
+                let done = after(h.device_busy.max(self.now), us(self.p.command_latency_us));
+                h.device_busy = done;
+                self.push(done, Ev::QpCommand { host, reply, op });
+            }
+            CommandOp::SendPeer { port, to, msg } => {
+                self.send_peer(host, port, to, msg);
+                self.complete(host, reply, Ok(CommandOutcome::Done));
+            }
+            CommandOp::ResolvePaths { port, dgid } => {
+                self.sa_request(host, reply, port, Some(dgid))
+            }
+            CommandOp::Subscribe { port } => self.sa_request(host, reply, port, None),
+            other => {
+                let e = ProviderError::Unsupported {
+                    provider: "provider-sim".into(),
+                    operation: other.name().into(),
+                };
+                self.complete(host, reply, Err(e));
+            }
+        }
+    }
+
+    /// Hand a command's result to whoever issued it.
+    pub(super) fn complete(
+        &mut self,
+        host: usize,
+        reply: Reply,
+        result: Result<CommandOutcome, ProviderError>,
+    ) {
+        match reply {
+            Reply::Engine(id) => self.raise(host, Time::ZERO, Input::CommandDone { id, result }),
+            Reply::External(ticket) => {
+                if let Some(tx) = self.external_replies.remove(&ticket) {
+                    // A driver that stopped waiting simply does not hear.
+                    let _ = tx.send(result);
+                }
+            }
+        }
+    }
+
+    /// A QP command reached the head of its device's queue: it takes effect now.
+    pub(super) fn qp_command_done(&mut self, host: usize, reply: Reply, op: CommandOp) {
+        let result = match op {
+            CommandOp::LoadAlternate { conn, path } => self.load_alternate(host, conn, path),
+            CommandOp::SetRearm { conn } => self.set_rearm(host, conn),
+            CommandOp::ForceMigrate { conn } => self.force_migrate(host, conn),
+            CommandOp::SoftwareMigrate { conn, path } => self.software_migrate(host, conn, path),
+            CommandOp::QueryQp { conn } => self.query_qp(host, conn),
+            other => Err(ProviderError::Unsupported {
+                provider: "provider-sim".into(),
+                operation: other.name().into(),
+            }),
+        };
+        self.complete(host, reply, result);
+    }
+
+    /// Submit a command for an external driver (see [`crate::SimProvider`]): its result
+    /// arrives on the returned channel when the simulation gets there.
+    pub fn submit_external(
         &mut self,
         host: usize,
         op: CommandOp,
-    ) -> (Time, Result<CommandOutcome, ProviderError>) {
-        let r = self.execute(host, op);
+    ) -> tokio::sync::oneshot::Receiver<Result<CommandOutcome, ProviderError>> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let ticket = self.next_external;
+        self.next_external += 1;
+        self.external_replies.insert(ticket, tx);
+        self.submit(host, Reply::External(ticket), op);
         if self.cfg.check {
             self.check_step();
         }
-        r
+        rx
     }
 
-    pub(super) fn side_of(&self, host: usize, conn: ConnId) -> Result<(usize, usize), ProviderError> {
+    // ------------------------------------------------------------------ MAD agents
+
+    /// A MAD reaches `host`'s agent, which handles one at a time in arrival order.
+    pub(super) fn mad_arrive(&mut self, host: usize, mad: Mad) {
+        if self.hosts[host].dead {
+            return;
+        }
+        let h = &mut self.hosts[host];
+        let done = after(h.mad_busy.max(self.now), us(self.p.mad_processing_us));
+        h.mad_busy = done;
+        self.push(done, Ev::MadReady { host, mad });
+    }
+
+    pub(super) fn mad_ready(&mut self, host: usize, mad: Mad) {
+        match mad {
+            Mad::Peer { from, port, msg } => {
+                self.feed(host, Input::PeerMessage { from, port, msg })
+            }
+            Mad::Report {
+                sub,
+                subnet,
+                epoch,
+                tid,
+            } => self.report_ready(sub, subnet, epoch, tid),
+            Mad::SaAnswer { txn, result } => self.sa_answer_ready(txn, result),
+        }
+    }
+
+    /// A LAP, APR, MRA or software-migration message from `host`'s `port` to `to`.
+    fn send_peer(&mut self, host: usize, port: PortKey, to: PeerAddr, msg: PeerMsg) {
+        let Some(pid) = self.fab.port_of(host, port.port) else {
+            self.c.mads_sent += 1;
+            return;
+        };
+        let slid = self.fab.ports[pid].lid;
+        let Some(d) = self.mad(slid, to.lid.get()) else {
+            return;
+        };
+        let Some(dst) = self.fab.lid_owner(to.lid.get()) else {
+            return;
+        };
+        let from = PeerAddr {
+            gid: self.fab.ports[pid].gid,
+            lid: Lid::from_wire(slid),
+        };
+        let (h, key) = (self.fab.ports[dst].host, self.fab.ports[dst].key());
+        let mad = Mad::Peer {
+            from,
+            port: key,
+            msg,
+        };
+        self.push(after(self.now, d), Ev::MadArrive { host: h, mad });
+    }
+
+    pub(super) fn side_of(
+        &self,
+        host: usize,
+        conn: ConnId,
+    ) -> Result<(usize, usize), ProviderError> {
         let i = usize::try_from(conn.0).unwrap_or(usize::MAX);
         let c = self
             .conns
@@ -155,178 +283,4 @@ impl Sim {
             detail: detail.into(),
         }
     }
-
-    pub(super) fn execute(
-        &mut self,
-        host: usize,
-        op: CommandOp,
-    ) -> (Time, Result<CommandOutcome, ProviderError>) {
-        let qp_delay = us(self.p.command_latency_us);
-        match op {
-            CommandOp::LoadAlternate { conn, path } => {
-                (qp_delay, self.load_alternate(host, conn, path))
-            }
-            CommandOp::SetRearm { conn } => (qp_delay, self.set_rearm(host, conn)),
-            CommandOp::ForceMigrate { conn } => (qp_delay, self.force_migrate(host, conn)),
-            CommandOp::SoftwareMigrate { conn, path } => {
-                (qp_delay, self.software_migrate(host, conn, path))
-            }
-            CommandOp::QueryQp { conn } => (qp_delay, self.query_qp(host, conn)),
-            CommandOp::SendPeer { port, to, msg } => {
-                self.send_peer(host, port, to, msg);
-                (qp_delay, Ok(CommandOutcome::Done))
-            }
-            CommandOp::ResolvePaths { port, dgid } => self.sa_query(host, port, Some(dgid)),
-            CommandOp::Subscribe { port } => self.sa_query(host, port, None),
-            _ => (
-                qp_delay,
-                Err(ProviderError::Unsupported {
-                    provider: "provider-sim".into(),
-                    operation: op.name().into(),
-                }),
-            ),
-        }
-    }
-
-    pub(super) fn qp_checked(&self, host: usize, conn: ConnId) -> Result<(usize, usize), ProviderError> {
-        let (i, s) = self.side_of(host, conn)?;
-        if self.conns[i].qp[s].err {
-            return Err(ProviderError::QpInError);
-        }
-        Ok((i, s))
-    }
-
-    /// A path's local end must be one of this host's ports with the path's SLID.
-    pub(super) fn path_local_ok(&self, host: usize, path: &Path) -> bool {
-        self.fab.port_of(host, path.port.port).is_some_and(|pid| {
-            path.port.device == 0 && self.fab.lid_owner(path.slid.get()) == Some(pid)
-        })
-    }
-
-    pub(super) fn load_alternate(
-        &mut self,
-        host: usize,
-        conn: ConnId,
-        path: Path,
-    ) -> Result<CommandOutcome, ProviderError> {
-        let (i, s) = self.qp_checked(host, conn)?;
-        if self.conns[i].mode == Mode::Software {
-            return Err(ProviderError::Unsupported {
-                provider: "provider-sim (RoCE QP)".into(),
-                operation: "alternate path".into(),
-            });
-        }
-        if !self.path_local_ok(host, &path) {
-            return Err(Self::refused(
-                "modify_qp(ALT_PATH)",
-                "EINVAL: SLID/port not ours",
-            ));
-        }
-        if path.mtu != self.conns[i].qp[s].primary.mtu {
-            return Err(Self::refused("modify_qp(ALT_PATH)", "EINVAL: MTU differs"));
-        }
-        // IBA allows a new alternate while ARMED; the state is kept.
-        self.conns[i].qp[s].alt = Some(path);
-        self.reeval(i);
-        Ok(CommandOutcome::Done)
-    }
-
-    pub(super) fn set_rearm(&mut self, host: usize, conn: ConnId) -> Result<CommandOutcome, ProviderError> {
-        let (i, s) = self.qp_checked(host, conn)?;
-        if self.conns[i].mode == Mode::Software {
-            return Err(ProviderError::Unsupported {
-                provider: "provider-sim (RoCE QP)".into(),
-                operation: "path migration state".into(),
-            });
-        }
-        let q = &mut self.conns[i].qp[s];
-        if q.alt.is_none() {
-            return Err(Self::refused(
-                "modify_qp(PATH_MIG_STATE)",
-                "EINVAL: no alternate",
-            ));
-        }
-        // DOMAIN.md §1: software sets REARM from MIGRATED; an ARMED QP stays ARMED (a new
-        // alternate may be loaded while armed, seed 001, and arming it again changes
-        // nothing). The state read back tells the caller which it was.
-        if q.mig == MigState::Migrated {
-            q.mig = MigState::Rearm;
-        }
-        let m = q.mig;
-        self.reeval(i);
-        Ok(CommandOutcome::MigState(m))
-    }
-
-    pub(super) fn known_dead(&self, host: usize, path: &Path) -> bool {
-        let h = &self.hosts[host];
-        h.known_down_ports.contains(&path.port.port) || h.known_dead_gids.contains(&path.dgid)
-    }
-
-    pub(super) fn force_migrate(
-        &mut self,
-        host: usize,
-        conn: ConnId,
-    ) -> Result<CommandOutcome, ProviderError> {
-        let (i, s) = self.qp_checked(host, conn)?;
-        let q = &self.conns[i].qp[s];
-        if q.mig != MigState::Armed {
-            return Err(Self::refused(
-                "modify_qp(PATH_MIG_STATE=MIGRATED)",
-                "EINVAL: not ARMED",
-            ));
-        }
-        let Some(alt) = q.alt else {
-            return Err(Self::refused(
-                "modify_qp(PATH_MIG_STATE=MIGRATED)",
-                "EINVAL: no alternate",
-            ));
-        };
-        if self.cfg.policy == PolicyKind::Apm && self.known_dead(host, &alt) {
-            self.violation(format!(
-                "conn{i}: forced migration on h{host} onto {alt}, a path it was told is dead"
-            ));
-        }
-        self.hw_migrate(i, s);
-        Ok(CommandOutcome::Done)
-    }
-
-    pub(super) fn software_migrate(
-        &mut self,
-        host: usize,
-        conn: ConnId,
-        path: Path,
-    ) -> Result<CommandOutcome, ProviderError> {
-        let (i, s) = self.qp_checked(host, conn)?;
-        if !self.path_local_ok(host, &path) {
-            return Err(Self::refused(
-                "modify_qp(SQD->SQD, AV)",
-                "EINVAL: SLID/port not ours",
-            ));
-        }
-        if self.cfg.policy == PolicyKind::Apm && self.known_dead(host, &path) {
-            self.violation(format!(
-                "conn{i}: software migration on h{host} onto {path}, a path it was told is dead"
-            ));
-        }
-        self.conns[i].qp[s].primary = path;
-        if s == 0 {
-            self.c.failovers += 1;
-        }
-        self.unstall_try(i, s);
-        self.reeval(i);
-        Ok(CommandOutcome::Done)
-    }
-
-    pub(super) fn query_qp(&mut self, host: usize, conn: ConnId) -> Result<CommandOutcome, ProviderError> {
-        let (i, s) = self.side_of(host, conn)?;
-        let q = &self.conns[i].qp[s];
-        Ok(CommandOutcome::Qp(QpSnapshot {
-            operational: !q.err,
-            mig_state: q.mig,
-            primary_port: q.primary.port,
-            primary_dlid: q.primary.dlid,
-            primary_dgid: q.primary.dgid,
-        }))
-    }
-
 }

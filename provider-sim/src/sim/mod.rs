@@ -5,30 +5,47 @@
 //! ordered by (time, insertion sequence), only ordered collections. The same scenario,
 //! seed and policy give the same [`RunReport`] byte for byte.
 //!
-//! What is modelled, and how faithfully:
-//! - The SM sweeps periodically and, on a trap 128 or its own port coming up, at once;
-//!   a sweep activates ports (`PORT_ACTIVE`), reprograms forwarding tables and sends
-//!   traps 64/65 as Reports to InformInfo subscribers, resent every
-//!   `report_timeout_ms` until a ReportResp comes back. A standby SM takes over after
-//!   `sm_failover_ms` with an empty subscription table and sets ClientReregister.
-//! - RC QPs hold a primary and an alternate path and a migration state. A requester whose
-//!   path is dead retries every local ACK timeout; when `retry_cnt` retries are spent it
-//!   migrates to the alternate if ARMED (`PATH_MIG`; the peer migrates when the first
-//!   packet with MigReq=1 arrives on its own alternate), raises `PATH_MIG_ERR` and keeps
-//!   trying on the primary once more if the alternate is dead too, and goes to ERR when
-//!   unarmed. REARM becomes ARMED only when the peer's packets carry MigReq=0. A
-//!   responder drops packets that match neither its primary nor (when ARMED, MigReq=1)
-//!   its alternate. Software-migration QPs (RoCE) have no alternate and report
-//!   `PrimaryStalled` after `stall_timeouts` ACK timeouts without progress.
-//! - Traffic is application messages numbered per direction. A message is delivered
-//!   once the forward path works, acknowledged once the return path works too; a
-//!   connection that dies loses what was not delivered and (when the application resends
-//!   on a new connection) duplicates what was delivered but never acknowledged.
+//! What is modelled, and where each rule comes from (the fabric constants and their
+//! OpenSM defaults are documented on [`FabricParams`]):
+//! - **QPs** (`qp.rs`) follow rdmavt, the kernel's software implementation of the IBA
+//!   transport (`rvt_rc_timeout`, `hfi1_restart_rc`/`qib_restart_rc`,
+//!   `*_ruc_check_hdr`, `*_migrate_qp`): a requester whose path is dead retries every
+//!   local ACK timeout; when `retry_cnt` retries are spent it migrates to the alternate
+//!   if ARMED, without checking whether the alternate works, and starts a new retry
+//!   budget there; unarmed, it completes with RETRY_EXC_ERR and goes to ERR. A
+//!   responder that is ARMED migrates when a packet with MigReq=1 arrives on its
+//!   alternate path; a packet matching neither path is dropped; REARM becomes ARMED
+//!   when a packet with MigReq=0 arrives on the primary. PATH_MIG is raised on each
+//!   side that migrates (a forced migration included). PATH_MIG_ERR ("an incoming path
+//!   migration request was not accepted", IBA's affiliated error; mlx5 maps its
+//!   PATH_MIG_FAILED event to it) is raised at a responder whose loaded alternate
+//!   receives MigReq=1 while it is not ARMED. Software-migration QPs (RoCE) have no
+//!   alternate and report `PrimaryStalled` after `stall_timeouts` ACK timeouts.
+//! - **Devices** (`hosts.rs`): QP commands are firmware commands carried out one at a
+//!   time per device, each taking effect when it completes; each host's MAD agent
+//!   handles arriving MADs one at a time.
+//! - **SMs** (`sm.rs`) follow OpenSM: a trap 128 (resent until it gets through) or a
+//!   light sweep that sees a change starts a heavy sweep, whose duration grows with the
+//!   fabric and with lost SMPs; a host port whose SMPs are all lost is dropped (trap 65,
+//!   LIDs out of the forwarding tables). The sweep's end activates ports, reprograms the
+//!   forwarding tables and sends traps 64/65 as Reports to InformInfo subscribers,
+//!   resent until answered. A standby takes over when its polls of the master fail for
+//!   OpenSM's polling timeout and retries, with no subscriptions, setting
+//!   ClientReregister in its first sweep; an SM whose host died is dead.
+//! - **The SA** (`sa.rs`) serves requests one at a time at `sa_rate_per_s`, drops those
+//!   that wait longer than `sa_fifo_timeout_ms`, and answers nothing until a new
+//!   master's first sweep is done; clients time out and retry.
+//! - **Traffic** is application messages numbered per direction. A message is delivered
+//!   once the forward path works, acknowledged once the return path works too. The
+//!   application keeps offering messages on a connection that died (they count as not
+//!   delivered), and would resend on a new connection what was delivered but never
+//!   acknowledged (duplicates).
 //!
 //! Simplifications, deliberately: data packets are not individually timed (a message is
 //! delivered at the instant it is sent when the path works: per-hop latency only matters
 //! for MADs, which race with each other); when a QP goes to ERR its peer goes to ERR at
-//! the same instant (it would after its own retry budget).
+//! the same instant (it would after its own retry budget); SMPs of a sweep that are lost
+//! on every try only ever drop host ports, never switches.
 
 use crate::config::{FabricParams, Fault, Mode, Scenario};
 use crate::controller::{self, Controller, PolicyKind};
@@ -43,8 +60,12 @@ mod build;
 mod faults;
 mod hosts;
 mod qp;
+mod sa;
 mod sm;
 mod truth;
+
+use sa::SaTxn;
+use sm::Sm;
 
 /// Everything a run needs besides the scenario.
 #[derive(Clone, Debug)]
@@ -92,11 +113,35 @@ pub enum ConnState {
 }
 
 impl ConnState {
-    fn idx(self) -> usize {
-        self as usize
-    }
     fn working(self) -> bool {
         matches!(self, ConnState::Armed | ConnState::Unprotected)
+    }
+}
+
+/// Where the protection clock and the samples put a connection: its state, with armed
+/// split by what the alternate survives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Bucket {
+    /// Armed on an alternate through another local port and another remote port.
+    ArmedDisjoint,
+    /// Armed on an alternate that shares a port (or both) with the primary.
+    ArmedShared,
+    Unprotected,
+    Migrating,
+    Lost,
+}
+
+impl Bucket {
+    const ALL: usize = 5;
+
+    fn idx(self) -> usize {
+        match self {
+            Bucket::ArmedDisjoint => 0,
+            Bucket::ArmedShared => 1,
+            Bucket::Unprotected => 2,
+            Bucket::Migrating => 3,
+            Bucket::Lost => 4,
+        }
     }
 }
 
@@ -107,7 +152,8 @@ struct Qp {
     alt: Option<Path>,
     mig: MigState,
     err: bool,
-    /// Messages posted by this side's application.
+    /// Messages the application offered on this side (it keeps offering after the
+    /// connection died: those are never delivered).
     posted: u64,
     /// Of those, delivered to the peer's application.
     delivered: u64,
@@ -116,8 +162,8 @@ struct Qp {
     stalled: bool,
     retries: u32,
     retry_gen: u32,
-    /// A `PATH_MIG_ERR` already gave this requester its one extra budget.
-    mig_err_budget_used: bool,
+    /// A PATH_MIG_ERR was raised for the current alternate (raised once per alternate).
+    mig_err_raised: bool,
 }
 
 #[derive(Clone, Debug)]
@@ -125,17 +171,34 @@ struct Conn {
     qp: [Qp; 2],
     mode: Mode,
     state: ConnState,
+    bucket: Bucket,
     since: Time,
     interrupted_at: Option<Time>,
     /// The armed alternates (side 0, side 1) when the primary failed while protected.
     guard: Option<(Path, Path)>,
+    /// The guard was a port-disjoint alternate (for the disjoint restore figure).
+    guard_disjoint: bool,
     excused: bool,
+}
+
+/// What a completed command answers: the engine (an `Input::CommandDone`) or an
+/// external driver waiting on a channel.
+#[derive(Debug)]
+enum Reply {
+    Engine(CommandId),
+    External(u64),
 }
 
 #[derive(Debug)]
 struct Host {
     ctl: Box<dyn Controller>,
     timer_at: Option<Time>,
+    /// The device's command queue is busy until then.
+    device_busy: Time,
+    /// The MAD agent is busy until then.
+    mad_busy: Time,
+    /// The HCA died (`DEVICE_FATAL`): nothing it sends or receives happens.
+    dead: bool,
     seen_reports: BTreeSet<(usize, u32, u64)>,
     reports_received: u64,
     report_resps_sent: u64,
@@ -149,34 +212,24 @@ struct Host {
     path_queries: BTreeMap<CommandId, (Gid, u64)>,
 }
 
-#[derive(Clone, Debug)]
-struct PendingReport {
-    sub: PortId,
-    gid: Gid,
-    in_service: bool,
-    tries: u32,
-    /// Every transmission so far had a route and was not lost.
-    all_delivered: bool,
-}
-
+/// A MAD on its way to a host's MAD agent.
 #[derive(Debug)]
-struct Sm {
-    candidates: Vec<PortId>,
-    master: Option<usize>,
-    epoch: u32,
-    subs: BTreeSet<PortId>,
-    in_service: Vec<bool>,
-    initialized: bool,
-    reregister_pending: bool,
-    reports: BTreeMap<u64, PendingReport>,
-    next_tid: u64,
-    sweep_at: Option<Time>,
-}
-
-impl Sm {
-    fn master_port(&self) -> Option<PortId> {
-        self.master.map(|m| self.candidates[m])
-    }
+enum Mad {
+    Peer {
+        from: PeerAddr,
+        port: PortKey,
+        msg: PeerMsg,
+    },
+    Report {
+        sub: PortId,
+        subnet: usize,
+        epoch: u32,
+        tid: u64,
+    },
+    SaAnswer {
+        txn: u64,
+        result: Result<CommandOutcome, ProviderError>,
+    },
 }
 
 #[derive(Clone, Debug)]
@@ -205,22 +258,44 @@ enum Ev {
         host: usize,
     },
     Action(usize),
-    Sweep {
+    /// A QP command completes on its device.
+    QpCommand {
+        host: usize,
+        reply: Reply,
+        op: CommandOp,
+    },
+    /// A MAD reaches a host's agent (queued there).
+    MadArrive {
+        host: usize,
+        mad: Mad,
+    },
+    /// The host's agent has processed a MAD.
+    MadReady {
+        host: usize,
+        mad: Mad,
+    },
+    /// A switch sends (or resends) trap 128 to its SM.
+    Trap {
+        subnet: usize,
+        gen: u64,
+    },
+    SweepStart {
         subnet: usize,
     },
-    PeriodicSweep {
-        subnet: usize,
-    },
-    SmTakeover {
-        subnet: usize,
-    },
-    ReportTimeout {
+    SweepEnd {
         subnet: usize,
         epoch: u32,
-        tid: u64,
+        dropped: Vec<PortId>,
     },
-    ReportArrive {
-        sub: PortId,
+    LightSweep {
+        subnet: usize,
+    },
+    /// The standby's polls of an unreachable master ran out.
+    PollTimeout {
+        subnet: usize,
+        since: Time,
+    },
+    ReportTimeout {
         subnet: usize,
         epoch: u32,
         tid: u64,
@@ -230,24 +305,49 @@ enum Ev {
         epoch: u32,
         tid: u64,
     },
+    /// An SA request reaches the SA.
+    SaArrive {
+        subnet: usize,
+        epoch: u32,
+        txn: u64,
+    },
+    /// The SA has served a request.
+    SaServed {
+        subnet: usize,
+        epoch: u32,
+        txn: u64,
+    },
+    /// A client's SA request attempt timed out.
+    SaTimeout {
+        txn: u64,
+        attempt: u32,
+    },
     Sample,
 }
 
 impl Ev {
     fn tag(&self) -> u64 {
+        let small = |v: usize| (v as u64) << 8;
         match self {
             Ev::Tick(g) => 1 + (g << 8),
-            Ev::Retry { conn, side, .. } => 2 + ((*conn as u64) << 8) + ((*side as u64) << 4),
-            Ev::Deliver { host, .. } => 3 + ((*host as u64) << 8),
-            Ev::HostTimer { host } => 4 + ((*host as u64) << 8),
-            Ev::Action(i) => 5 + ((*i as u64) << 8),
-            Ev::Sweep { subnet } => 6 + ((*subnet as u64) << 8),
-            Ev::PeriodicSweep { subnet } => 7 + ((*subnet as u64) << 8),
-            Ev::SmTakeover { subnet } => 8 + ((*subnet as u64) << 8),
-            Ev::ReportTimeout { tid, .. } => 9 + (tid << 8),
-            Ev::ReportArrive { tid, .. } => 10 + (tid << 8),
-            Ev::ReportResp { tid, .. } => 11 + (tid << 8),
-            Ev::Sample => 12,
+            Ev::Retry { conn, side, .. } => 2 + small(*conn) + ((*side as u64) << 4),
+            Ev::Deliver { host, .. } => 3 + small(*host),
+            Ev::HostTimer { host } => 4 + small(*host),
+            Ev::Action(i) => 5 + small(*i),
+            Ev::QpCommand { host, .. } => 6 + small(*host),
+            Ev::MadArrive { host, .. } => 7 + small(*host),
+            Ev::MadReady { host, .. } => 8 + small(*host),
+            Ev::Trap { subnet, .. } => 9 + small(*subnet),
+            Ev::SweepStart { subnet } => 10 + small(*subnet),
+            Ev::SweepEnd { subnet, .. } => 11 + small(*subnet),
+            Ev::LightSweep { subnet } => 12 + small(*subnet),
+            Ev::PollTimeout { subnet, .. } => 13 + small(*subnet),
+            Ev::ReportTimeout { tid, .. } => 14 + (tid << 8),
+            Ev::ReportResp { tid, .. } => 15 + (tid << 8),
+            Ev::SaArrive { txn, .. } => 16 + (txn << 8),
+            Ev::SaServed { txn, .. } => 17 + (txn << 8),
+            Ev::SaTimeout { txn, .. } => 18 + (txn << 8),
+            Ev::Sample => 19,
         }
     }
 }
@@ -278,15 +378,17 @@ impl Ord for Entry {
 #[derive(Debug, Default)]
 struct Counters {
     lost: u64,
-    messages_lost: u64,
     messages_duplicated: u64,
     messages_delivered: u64,
     messages_retransmitted: u64,
     failovers: u64,
     restore_ns: Vec<u64>,
-    unprotected_ns: u128,
+    restore_disjoint_ns: Vec<u64>,
+    /// Connection-nanoseconds per [`Bucket`].
+    bucket_ns: [u128; Bucket::ALL],
     sa_queries: u64,
     mads_sent: u64,
+    smps_sent: u64,
     reports_sent: u64,
     reports_abandoned: u64,
     notifications: u64,
@@ -308,9 +410,11 @@ pub struct Sim {
     hosts: Vec<Host>,
     conns: Vec<Conn>,
     sms: Vec<Sm>,
+    sa_txns: BTreeMap<u64, SaTxn>,
+    next_txn: u64,
     actions: Vec<(Time, Action, String)>,
     loss_burst: Option<(f64, Time)>,
-    counts: [usize; 4],
+    counts: [usize; Bucket::ALL],
     c: Counters,
     samples: Vec<Sample>,
     timeline: Vec<(Time, String)>,
@@ -323,7 +427,12 @@ pub struct Sim {
     external: BTreeMap<usize, External>,
     /// The connection specs of external hosts, for their driver to protect.
     external_specs: BTreeMap<usize, Vec<ConnSpec>>,
+    /// External commands waiting for their result.
+    external_replies: BTreeMap<u64, ExternalReply>,
+    next_external: u64,
 }
+
+type ExternalReply = tokio::sync::oneshot::Sender<Result<CommandOutcome, ProviderError>>;
 
 #[derive(Debug, Default)]
 struct External {
@@ -440,7 +549,7 @@ impl Sim {
         match ev {
             Ev::Tick(g) => self.tick(g),
             Ev::Retry { conn, side, gen } => self.retry(conn, side, gen),
-            Ev::Deliver { host, input } => self.deliver(host, input),
+            Ev::Deliver { host, input } => self.feed(host, input),
             Ev::HostTimer { host } => {
                 if self.hosts[host].timer_at == Some(self.now) {
                     self.hosts[host].timer_at = None;
@@ -450,43 +559,44 @@ impl Sim {
                 }
             }
             Ev::Action(i) => self.action(i),
-            Ev::Sweep { subnet } => {
-                if self.sms[subnet].sweep_at == Some(self.now) {
-                    self.sms[subnet].sweep_at = None;
-                    self.sweep(subnet);
-                }
-            }
-            Ev::PeriodicSweep { subnet } => {
-                self.sweep(subnet);
-                let at = after(self.now, ms(self.p.sweep_interval_ms));
-                self.push(at, Ev::PeriodicSweep { subnet });
-            }
-            Ev::SmTakeover { subnet } => self.takeover(subnet),
-            Ev::ReportTimeout { subnet, epoch, tid } => self.report_timeout(subnet, epoch, tid),
-            Ev::ReportArrive {
-                sub,
+            Ev::QpCommand { host, reply, op } => self.qp_command_done(host, reply, op),
+            Ev::MadArrive { host, mad } => self.mad_arrive(host, mad),
+            Ev::MadReady { host, mad } => self.mad_ready(host, mad),
+            Ev::Trap { subnet, gen } => self.trap(subnet, gen),
+            Ev::SweepStart { subnet } => self.sweep_start(subnet),
+            Ev::SweepEnd {
                 subnet,
                 epoch,
-                tid,
-            } => self.report_arrive(sub, subnet, epoch, tid),
+                dropped,
+            } => self.sweep_end(subnet, epoch, &dropped),
+            Ev::LightSweep { subnet } => self.light_sweep(subnet),
+            Ev::PollTimeout { subnet, since } => self.poll_timeout(subnet, since),
+            Ev::ReportTimeout { subnet, epoch, tid } => self.report_timeout(subnet, epoch, tid),
             Ev::ReportResp { subnet, epoch, tid } => {
                 if self.sms[subnet].epoch == epoch {
                     self.sms[subnet].reports.remove(&tid);
                 }
             }
+            Ev::SaArrive { subnet, epoch, txn } => self.sa_arrive(subnet, epoch, txn),
+            Ev::SaServed { subnet, epoch, txn } => self.sa_served(subnet, epoch, txn),
+            Ev::SaTimeout { txn, attempt } => self.sa_timeout(txn, attempt),
             Ev::Sample => {
+                let n = |b: Bucket| self.counts[b.idx()] as u32;
                 self.samples.push(Sample {
                     t_ms: self.now.0 / 1_000_000,
-                    armed: self.counts[0] as u32,
-                    unprotected: self.counts[1] as u32,
-                    migrating: self.counts[2] as u32,
-                    lost: self.counts[3] as u32,
+                    armed: n(Bucket::ArmedDisjoint) + n(Bucket::ArmedShared),
+                    armed_disjoint: n(Bucket::ArmedDisjoint),
+                    unprotected: n(Bucket::Unprotected),
+                    migrating: n(Bucket::Migrating),
+                    lost: n(Bucket::Lost),
                 });
                 let at = after(self.now, ms(self.cfg.sample_ms));
                 self.push(at, Ev::Sample);
             }
         }
     }
+
+    // ------------------------------------------------------------------ getters
 
     /// When the last scheduled fault happens (the end of the last outage or burst).
     pub fn last_fault(&self) -> Time {
@@ -506,6 +616,13 @@ impl Sim {
     /// Ground truth of connection `i`.
     pub fn conn_state(&self, i: usize) -> Option<ConnState> {
         self.conns.get(i).map(|c| c.state)
+    }
+
+    /// True when connection `i` is armed on a port-disjoint alternate.
+    pub fn conn_armed_disjoint(&self, i: usize) -> bool {
+        self.conns
+            .get(i)
+            .is_some_and(|c| c.bucket == Bucket::ArmedDisjoint)
     }
 
     /// The hosts of connection `i` (active side first).
@@ -538,105 +655,5 @@ impl Sim {
     /// The run's parameters.
     pub fn params(&self) -> &FabricParams {
         &self.p
-    }
-
-    /// Finish: close the protection clock and build the report.
-    pub fn finish(mut self) -> RunReport {
-        let now = self.now.max(self.end);
-        for c in &self.conns {
-            if matches!(c.state, ConnState::Unprotected | ConnState::Migrating) {
-                self.c.unprotected_ns += u128::from(now.0.saturating_sub(c.since.0));
-            }
-        }
-        if self.cfg.check {
-            // Invariant: once the faults stop, every connection that has a healthy
-            // alternate is armed again within the bound.
-            let bound = self.settle_bound();
-            if now >= after(self.last_fault, bound) {
-                let unarmed = self.unarmed_with_healthy_alternate();
-                for i in unarmed.iter().take(5) {
-                    self.violations.push(format!(
-                        "conn{i} still unprotected {} after the last fault although a healthy alternate exists",
-                        Time(now.0 - self.last_fault.0)
-                    ));
-                }
-            }
-        }
-        let mut restore = std::mem::take(&mut self.c.restore_ns);
-        restore.sort_unstable();
-        let pct = |q: f64| -> f64 {
-            if restore.is_empty() {
-                0.0
-            } else {
-                let idx = ((restore.len() as f64 - 1.0) * q).round() as usize;
-                restore[idx.min(restore.len() - 1)] as f64 / 1e6
-            }
-        };
-        RunReport {
-            policy: self.cfg.policy.name().to_string(),
-            connections: self.conns.len() as u64,
-            lost: self.c.lost,
-            messages_lost: self.c.messages_lost,
-            messages_duplicated: self.c.messages_duplicated,
-            failovers: self.c.failovers,
-            restore_ms: Percentiles {
-                p50: pct(0.5),
-                p99: pct(0.99),
-                max: pct(1.0),
-                samples: restore.len() as u64,
-            },
-            unprotected_ms_total: self.c.unprotected_ns as f64 / 1e6,
-            sa_queries: self.c.sa_queries,
-            mads_sent: self.c.mads_sent,
-            messages_posted: self.c.messages_posted,
-            messages_delivered: self.c.messages_delivered,
-            messages_retransmitted: self.c.messages_retransmitted,
-            reports_sent: self.c.reports_sent,
-            reports_abandoned: self.c.reports_abandoned,
-            notifications: self.c.notifications,
-            events: self.c.events,
-            digest: self.digest,
-            violations: std::mem::take(&mut self.violations),
-            samples: std::mem::take(&mut self.samples),
-            timeline: self
-                .timeline
-                .iter()
-                .map(|(t, s)| (t.0 as f64 / 1e6, s.clone()))
-                .collect(),
-            end_state: [
-                self.counts[0] as u64,
-                self.counts[1] as u64,
-                self.counts[2] as u64,
-                self.counts[3] as u64,
-            ],
-        }
-    }
-
-    /// How long after the last fault every connection with a healthy alternate must be
-    /// armed again: the longest hold-down, the longest re-arm backoff, a whole LAP
-    /// exchange with its retries, an SA query with its retries, a sweep period and the
-    /// Report retries, the longest interval between SA rechecks of an out-of-service
-    /// GID (for a host that missed the SM's last notice) with its query, plus a second
-    /// of slack.
-    pub fn settle_bound(&self) -> Time {
-        let p = &self.cfg.engine_policy;
-        let lap_total: u64 = (0..p.lap_max_tries)
-            .map(|k| p.lap_timeout_ms << k.min(20))
-            .sum();
-        let sa = self.p.sa_timeout_ms * u64::from(self.p.sa_tries);
-        let reports = self.p.report_timeout_ms * u64::from(self.p.report_retries + 1);
-        ms(p.hold_down_max_ms
-            + p.rearm_retry_max_ms
-            + lap_total
-            + sa
-            + self.p.sweep_interval_ms
-            + reports
-            + p.subscribe_retry_ms
-            + if p.remote_recheck_ms > 0 {
-                p.remote_recheck_max_ms + sa
-            } else {
-                0
-            }
-            + 1000)
     }
 }

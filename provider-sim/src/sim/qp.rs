@@ -1,15 +1,167 @@
-//! RC QPs and their traffic: transmission, ACKs, the retry budget, migration and loss.
+//! RC QPs and their traffic: the QP commands, transmission and ACKs, the retry budget,
+//! migration and loss, after rdmavt (see the module above for the rules and sources).
 
 use super::*;
 
 impl Sim {
+    // ------------------------------------------------------------------ QP commands
+
+    pub(super) fn qp_checked(
+        &self,
+        host: usize,
+        conn: ConnId,
+    ) -> Result<(usize, usize), ProviderError> {
+        let (i, s) = self.side_of(host, conn)?;
+        if self.conns[i].qp[s].err {
+            return Err(ProviderError::QpInError);
+        }
+        Ok((i, s))
+    }
+
+    /// A path's local end must be one of this host's ports with the path's SLID.
+    pub(super) fn path_local_ok(&self, host: usize, path: &Path) -> bool {
+        self.fab.port_of(host, path.port.port).is_some_and(|pid| {
+            path.port.device == 0 && self.fab.lid_owner(path.slid.get()) == Some(pid)
+        })
+    }
+
+    pub(super) fn load_alternate(
+        &mut self,
+        host: usize,
+        conn: ConnId,
+        path: Path,
+    ) -> Result<CommandOutcome, ProviderError> {
+        let (i, s) = self.qp_checked(host, conn)?;
+        if self.conns[i].mode == Mode::Software {
+            return Err(ProviderError::Unsupported {
+                provider: "provider-sim (RoCE QP)".into(),
+                operation: "alternate path".into(),
+            });
+        }
+        if !self.path_local_ok(host, &path) {
+            return Err(Self::refused(
+                "modify_qp(ALT_PATH)",
+                "EINVAL: SLID/port not ours",
+            ));
+        }
+        if path.mtu != self.conns[i].qp[s].primary.mtu {
+            return Err(Self::refused("modify_qp(ALT_PATH)", "EINVAL: MTU differs"));
+        }
+        // IBA allows a new alternate while ARMED; the state is kept (rdmavt copies the
+        // address vector and leaves `s_mig_state` alone).
+        let q = &mut self.conns[i].qp[s];
+        q.alt = Some(path);
+        q.mig_err_raised = false;
+        self.reeval(i);
+        Ok(CommandOutcome::Done)
+    }
+
+    pub(super) fn set_rearm(
+        &mut self,
+        host: usize,
+        conn: ConnId,
+    ) -> Result<CommandOutcome, ProviderError> {
+        let (i, s) = self.qp_checked(host, conn)?;
+        if self.conns[i].mode == Mode::Software {
+            return Err(ProviderError::Unsupported {
+                provider: "provider-sim (RoCE QP)".into(),
+                operation: "path migration state".into(),
+            });
+        }
+        let q = &mut self.conns[i].qp[s];
+        if q.alt.is_none() {
+            return Err(Self::refused(
+                "modify_qp(PATH_MIG_STATE)",
+                "EINVAL: no alternate",
+            ));
+        }
+        // Software may ask for REARM from MIGRATED (or again in REARM); an ARMED QP
+        // refuses it (rdmavt's `rvt_modify_qp`: EINVAL). A new alternate loaded while
+        // ARMED is armed already: the state is the QP's, not the path's.
+        if q.mig == MigState::Armed {
+            return Err(Self::refused(
+                "modify_qp(PATH_MIG_STATE=REARM)",
+                "EINVAL: already ARMED",
+            ));
+        }
+        q.mig = MigState::Rearm;
+        q.mig_err_raised = false;
+        let m = q.mig;
+        self.reeval(i);
+        Ok(CommandOutcome::MigState(m))
+    }
+
+    pub(super) fn force_migrate(
+        &mut self,
+        host: usize,
+        conn: ConnId,
+    ) -> Result<CommandOutcome, ProviderError> {
+        let (i, s) = self.qp_checked(host, conn)?;
+        let q = &self.conns[i].qp[s];
+        if q.mig != MigState::Armed {
+            return Err(Self::refused(
+                "modify_qp(PATH_MIG_STATE=MIGRATED)",
+                "EINVAL: not ARMED",
+            ));
+        }
+        let Some(alt) = q.alt else {
+            return Err(Self::refused(
+                "modify_qp(PATH_MIG_STATE=MIGRATED)",
+                "EINVAL: no alternate",
+            ));
+        };
+        let _ = alt;
+        self.hw_migrate(i, s);
+        Ok(CommandOutcome::Done)
+    }
+
+    pub(super) fn software_migrate(
+        &mut self,
+        host: usize,
+        conn: ConnId,
+        path: Path,
+    ) -> Result<CommandOutcome, ProviderError> {
+        let (i, s) = self.qp_checked(host, conn)?;
+        if !self.path_local_ok(host, &path) {
+            return Err(Self::refused(
+                "modify_qp(SQD->SQD, AV)",
+                "EINVAL: SLID/port not ours",
+            ));
+        }
+        self.conns[i].qp[s].primary = path;
+        if s == 0 {
+            self.c.failovers += 1;
+        }
+        self.unstall_try(i, s);
+        self.reeval(i);
+        Ok(CommandOutcome::Done)
+    }
+
+    pub(super) fn query_qp(
+        &mut self,
+        host: usize,
+        conn: ConnId,
+    ) -> Result<CommandOutcome, ProviderError> {
+        let (i, s) = self.side_of(host, conn)?;
+        let q = &self.conns[i].qp[s];
+        Ok(CommandOutcome::Qp(QpSnapshot {
+            operational: !q.err,
+            mig_state: q.mig,
+            primary_port: q.primary.port,
+            primary_dlid: q.primary.dlid,
+            primary_dgid: q.primary.dgid,
+        }))
+    }
+
     // ------------------------------------------------------------------ QPs and traffic
 
     pub(super) fn path_ok(&self, p: &Path) -> bool {
         self.fab.route(p.slid.get(), p.dlid.get()).is_some()
     }
 
-    /// The HCA (or a forced migration) moves side `s` to its alternate.
+    /// The HCA (or a forced migration) moves side `s` to its alternate: the alternate
+    /// becomes the primary, the QP is MIGRATED, PATH_MIG is raised, and a requester
+    /// starts a fresh retry budget on the new path (rdmavt resets `s_retry`).
     pub(super) fn hw_migrate(&mut self, i: usize, s: usize) {
         let q = &mut self.conns[i].qp[s];
         let Some(alt) = q.alt.take() else {
@@ -18,7 +170,7 @@ impl Sim {
         q.primary = alt;
         q.mig = MigState::Migrated;
         q.retries = 0;
-        q.mig_err_budget_used = false;
+        q.mig_err_raised = false;
         let host = q.host;
         if s == 0 {
             self.c.failovers += 1;
@@ -50,6 +202,46 @@ impl Sim {
         q.retry_gen = q.retry_gen.wrapping_add(1);
     }
 
+    /// What a responder does with a packet from its peer on `p` carrying `migreq`
+    /// (`*_ruc_check_hdr`): accept it on the primary, migrate when ARMED and it arrives
+    /// on the alternate with MigReq=1, otherwise drop it. Returns whether it was
+    /// accepted and whether the responder changed state.
+    fn receive(&mut self, i: usize, y: usize, p: &Path, migreq: bool) -> (bool, bool) {
+        let hardware = self.conns[i].mode == Mode::Hardware;
+        let yq = &self.conns[i].qp[y];
+        if mirrors(p, &yq.primary) {
+            // A valid packet with MigReq=0 on the primary arms a REARM QP.
+            if !migreq && yq.mig == MigState::Rearm {
+                self.conns[i].qp[y].mig = MigState::Armed;
+                return (true, true);
+            }
+            return (true, false);
+        }
+        let on_alt = hardware && yq.alt.is_some_and(|a| mirrors(p, &a));
+        if !(on_alt && migreq) {
+            return (false, false);
+        }
+        if yq.mig == MigState::Armed {
+            self.hw_migrate(i, y);
+            return (true, true);
+        }
+        // A migration request the QP cannot take: PATH_MIG_ERR, once per alternate.
+        if !yq.mig_err_raised {
+            let host = yq.host;
+            self.conns[i].qp[y].mig_err_raised = true;
+            let lat = self.ev_latency();
+            self.raise(
+                host,
+                lat,
+                Input::QpEvent {
+                    conn: ConnId(i as u64),
+                    event: QpEvent::PathMigrationError,
+                },
+            );
+        }
+        (false, false)
+    }
+
     /// Send everything outstanding from side `x`. True when it got through and was
     /// acknowledged.
     pub(super) fn transmit(&mut self, i: usize, x: usize) -> bool {
@@ -61,22 +253,14 @@ impl Sim {
         if !self.path_ok(&p) {
             return false;
         }
+        // A requester in MIGRATED sends MigReq=1.
         let migreq = self.conns[i].qp[x].mig == MigState::Migrated;
-        let mut changed = false;
-        {
-            let yq = &self.conns[i].qp[y];
-            if !mirrors(&p, &yq.primary) {
-                let takes_alt = self.conns[i].mode == Mode::Hardware
-                    && migreq
-                    && yq.mig == MigState::Armed
-                    && yq.alt.is_some_and(|a| mirrors(&p, &a));
-                if !takes_alt {
-                    return false;
-                }
-                // The responder migrates on the first MigReq=1 packet on its alternate.
-                self.hw_migrate(i, y);
-                changed = true;
+        let (accepted, mut changed) = self.receive(i, y, &p, migreq);
+        if !accepted {
+            if changed {
+                self.reeval(i);
             }
+            return false;
         }
         // Delivered to the peer's application.
         let c = &mut self.conns[i];
@@ -87,12 +271,7 @@ impl Sim {
         let newly = c.qp[x].posted - c.qp[x].delivered;
         c.qp[x].delivered = c.qp[x].posted;
         self.c.messages_delivered += newly;
-        // The peer's MigReq=0 arms a REARM requester and vice versa.
-        if !migreq && c.qp[y].mig == MigState::Rearm {
-            c.qp[y].mig = MigState::Armed;
-            changed = true;
-        }
-        // The ACK travels on the responder's primary.
+        // The ACK travels on the responder's primary and carries its MigReq.
         let back = c.qp[y].primary;
         let acked = mirrors(&back, &c.qp[x].primary) && self.path_ok(&back);
         let c = &mut self.conns[i];
@@ -114,11 +293,13 @@ impl Sim {
         let mut i = g as usize;
         while i < self.conns.len() {
             for s in 0..2 {
+                // The application offers its message whatever became of the connection:
+                // on a dead one it is never delivered.
+                self.conns[i].qp[s].posted += 1;
+                self.c.messages_posted += 1;
                 if self.conns[i].qp[s].err {
                     continue;
                 }
-                self.conns[i].qp[s].posted += 1;
-                self.c.messages_posted += 1;
                 if !self.conns[i].qp[s].stalled && !self.transmit(i, s) {
                     let q = &mut self.conns[i].qp[s];
                     q.stalled = true;
@@ -184,8 +365,11 @@ impl Sim {
         );
     }
 
-    /// The retry budget of side `s` ran out.
-    pub(super) fn exhausted(&mut self, i: usize, s: usize) {
+    /// The retry budget of side `s` ran out (`hfi1_restart_rc`/`qib_restart_rc` with
+    /// `s_retry == 0`): an ARMED QP migrates to its alternate, whatever state that path
+    /// is in, and retries there with a new budget; any other QP completes with
+    /// RETRY_EXC_ERR and goes to ERR.
+    fn exhausted(&mut self, i: usize, s: usize) {
         let c = &self.conns[i];
         let q = &c.qp[s];
         tracing::debug!(
@@ -199,30 +383,9 @@ impl Sim {
             peer_mig = ?c.qp[1 - s].mig,
             "retry budget exhausted"
         );
-        let host = q.host;
-        let armed_alt = q
-            .alt
-            .filter(|_| c.mode == Mode::Hardware && q.mig == MigState::Armed);
-        if let Some(alt) = armed_alt {
-            if self.path_ok(&alt) {
-                self.hw_migrate(i, s);
-                return;
-            }
-            // The alternate is dead too: the migration fails.
-            let q = &mut self.conns[i].qp[s];
-            q.mig = MigState::Migrated;
-            q.retries = 0;
-            q.mig_err_budget_used = true;
-            let lat = self.ev_latency();
-            self.raise(
-                host,
-                lat,
-                Input::QpEvent {
-                    conn: ConnId(i as u64),
-                    event: QpEvent::PathMigrationError,
-                },
-            );
-            self.reeval(i);
+        let armed = c.mode == Mode::Hardware && q.mig == MigState::Armed && q.alt.is_some();
+        if armed {
+            self.hw_migrate(i, s);
             return;
         }
         self.lose(i, false);
@@ -238,7 +401,8 @@ impl Sim {
             let q = &mut self.conns[i].qp[s];
             if !q.err {
                 q.err = true;
-                self.c.messages_lost += q.posted - q.delivered;
+                // Delivered but never acknowledged: the application sends it again on
+                // its next connection, and the receiver gets it twice.
                 self.c.messages_duplicated += q.delivered - q.acked;
                 let host = q.host;
                 if !device_fatal {
@@ -258,5 +422,4 @@ impl Sim {
         }
         self.reeval(i);
     }
-
 }

@@ -1,33 +1,27 @@
-//! Ground truth: what state each connection is really in, the protection clock, and
-//! the invariants checked against it.
+//! Ground truth: what state each connection is really in, the protection clock, the
+//! invariants checked against it, and the run's report.
 
 use super::*;
 
 impl Sim {
     // ------------------------------------------------------------------ ground truth
 
-    pub(super) fn classify(&self, i: usize) -> ConnState {
+    /// The state of connection `i` and its bucket on the protection clock.
+    fn classify(&self, i: usize) -> (ConnState, Bucket) {
         let c = &self.conns[i];
         let (a, b) = (&c.qp[0], &c.qp[1]);
         if a.err || b.err {
-            return ConnState::Lost;
+            return (ConnState::Lost, Bucket::Lost);
         }
         if !(mirrors(&a.primary, &b.primary)
             && self.path_ok(&a.primary)
             && self.path_ok(&b.primary))
         {
-            return ConnState::Migrating;
+            return (ConnState::Migrating, Bucket::Migrating);
         }
-        let protected = match c.mode {
+        let alts = match c.mode {
             Mode::Hardware => {
-                a.mig == MigState::Armed
-                    && b.mig == MigState::Armed
-                    && match (a.alt, b.alt) {
-                        (Some(x), Some(y)) => {
-                            mirrors(&x, &y) && self.path_ok(&x) && self.path_ok(&y)
-                        }
-                        _ => false,
-                    }
+                (a.mig == MigState::Armed && b.mig == MigState::Armed).then_some((a.alt, b.alt))
             }
             // A RoCE QP holds no alternate: what protects it is the alternate both
             // engines agreed on, so ask them.
@@ -40,54 +34,57 @@ impl Sim {
                         .filter(|st| st.protection == apm_core::Protection::Armed)
                         .and_then(|st| st.alternate)
                 };
-                match (alt(0), alt(1)) {
-                    (Some(x), Some(y)) => mirrors(&x, &y) && self.path_ok(&x) && self.path_ok(&y),
-                    _ => false,
-                }
+                Some((alt(0), alt(1)))
             }
         };
-        if protected {
-            ConnState::Armed
-        } else {
-            ConnState::Unprotected
+        match alts {
+            Some((Some(x), Some(y))) if mirrors(&x, &y) && self.path_ok(&x) && self.path_ok(&y) => {
+                let bucket = if disjoint(&a.primary, &x) {
+                    Bucket::ArmedDisjoint
+                } else {
+                    Bucket::ArmedShared
+                };
+                (ConnState::Armed, bucket)
+            }
+            _ => (ConnState::Unprotected, Bucket::Unprotected),
         }
     }
 
     pub(super) fn reeval(&mut self, i: usize) {
-        let new = self.classify(i);
+        let (new, bucket) = self.classify(i);
         let now = self.now;
-        let c = &self.conns[i];
-        let old = c.state;
         // A guarded failover whose alternates died as well is a double fault: excused.
-        if let Some((x, y)) = c.guard {
+        if let Some((x, y)) = self.conns[i].guard {
             if !(self.path_ok(&x) && self.path_ok(&y)) {
                 self.conns[i].guard = None;
             }
         }
+        let c = &mut self.conns[i];
+        let (old, old_bucket) = (c.state, c.bucket);
+        if bucket != old_bucket {
+            self.c.bucket_ns[old_bucket.idx()] += u128::from(now.0 - c.since.0);
+            c.since = now;
+            c.bucket = bucket;
+            self.counts[old_bucket.idx()] -= 1;
+            self.counts[bucket.idx()] += 1;
+        }
         if new == old {
             return;
         }
-        let c = &mut self.conns[i];
-        if matches!(old, ConnState::Unprotected | ConnState::Migrating) {
-            self.c.unprotected_ns += u128::from(now.0 - c.since.0);
-        }
-        c.since = now;
         c.state = new;
-        self.counts[old.idx()] -= 1;
-        self.counts[new.idx()] += 1;
         if old.working() && new == ConnState::Migrating {
             c.interrupted_at = Some(now);
-            c.guard = if old == ConnState::Armed {
-                match (c.qp[0].alt, c.qp[1].alt) {
-                    (Some(x), Some(y)) => Some((x, y)),
-                    _ => None,
-                }
-            } else {
-                None
+            c.guard = match (old, c.qp[0].alt, c.qp[1].alt) {
+                (ConnState::Armed, Some(x), Some(y)) => Some((x, y)),
+                _ => None,
             };
+            c.guard_disjoint = old_bucket == Bucket::ArmedDisjoint;
         } else if old == ConnState::Migrating && new.working() {
             if let Some(t) = c.interrupted_at.take() {
                 self.c.restore_ns.push(now.0 - t.0);
+                if c.guard_disjoint {
+                    self.c.restore_disjoint_ns.push(now.0 - t.0);
+                }
             }
             c.guard = None;
         }
@@ -96,7 +93,7 @@ impl Sim {
             let guard = c.guard.take();
             let excused = c.excused;
             c.interrupted_at = None;
-            if guard.is_some() && !excused {
+            if guard.is_some() && !excused && self.cfg.policy == PolicyKind::Apm {
                 self.violation(format!(
                     "conn{i} lost at {now} although armed with a healthy alternate when its primary failed"
                 ));
@@ -130,6 +127,30 @@ impl Sim {
                 }
                 return;
             }
+        }
+    }
+
+    /// The engine must never issue a command that moves a connection onto a path it
+    /// was told is dead: checked when the command is issued, which is when the engine
+    /// decided (it takes effect later, when the device gets to it).
+    pub(super) fn check_move_target(&mut self, host: usize, op: &CommandOp) {
+        let target = match *op {
+            CommandOp::ForceMigrate { conn } => self
+                .side_of(host, conn)
+                .ok()
+                .and_then(|(i, s)| self.conns[i].qp[s].alt),
+            CommandOp::SoftwareMigrate { path, .. } => Some(path),
+            _ => None,
+        };
+        let Some(path) = target else {
+            return;
+        };
+        let h = &self.hosts[host];
+        if h.known_down_ports.contains(&path.port.port) || h.known_dead_gids.contains(&path.dgid) {
+            let what = op.name();
+            self.violation(format!(
+                "h{host}: {what} onto {path}, a path it was told is dead"
+            ));
         }
     }
 
@@ -171,4 +192,124 @@ impl Sim {
         out
     }
 
+    // ------------------------------------------------------------------ the report
+
+    /// Finish: close the protection clock and build the report.
+    pub fn finish(mut self) -> RunReport {
+        let now = self.now.max(self.end);
+        for c in &self.conns {
+            self.c.bucket_ns[c.bucket.idx()] += u128::from(now.0.saturating_sub(c.since.0));
+        }
+        if self.cfg.check {
+            // Invariant: once the faults stop, every connection that has a healthy
+            // alternate is armed again within the bound.
+            let bound = self.settle_bound();
+            if now >= after(self.last_fault, bound) {
+                let unarmed = self.unarmed_with_healthy_alternate();
+                for i in unarmed.iter().take(5) {
+                    self.violations.push(format!(
+                        "conn{i} still unprotected {} after the last fault although a healthy alternate exists",
+                        Time(now.0 - self.last_fault.0)
+                    ));
+                }
+            }
+        }
+        let offered: u64 = self
+            .conns
+            .iter()
+            .flat_map(|c| &c.qp)
+            .map(|q| q.posted)
+            .sum();
+        let delivered: u64 = self
+            .conns
+            .iter()
+            .flat_map(|c| &c.qp)
+            .map(|q| q.delivered)
+            .sum();
+        let lost_ids = (0..self.conns.len())
+            .filter(|&i| self.conns[i].state == ConnState::Lost)
+            .map(|i| i as u64)
+            .collect();
+        let ms_of = |b: Bucket| self.c.bucket_ns[b.idx()] as f64 / 1e6;
+        RunReport {
+            policy: self.cfg.policy.name().to_string(),
+            connections: self.conns.len() as u64,
+            lost: self.c.lost,
+            lost_ids,
+            messages_lost: offered - delivered,
+            messages_duplicated: self.c.messages_duplicated,
+            failovers: self.c.failovers,
+            restore_ms: Percentiles::of(std::mem::take(&mut self.c.restore_ns)),
+            restore_disjoint_ms: Percentiles::of(std::mem::take(&mut self.c.restore_disjoint_ns)),
+            unprotected_ms_total: ms_of(Bucket::Unprotected)
+                + ms_of(Bucket::Migrating)
+                + ms_of(Bucket::Lost),
+            armed_disjoint_ms_total: ms_of(Bucket::ArmedDisjoint),
+            armed_shared_ms_total: ms_of(Bucket::ArmedShared),
+            failing_over_ms_total: ms_of(Bucket::Migrating),
+            lost_ms_total: ms_of(Bucket::Lost),
+            sa_queries: self.c.sa_queries,
+            mads_sent: self.c.mads_sent,
+            smps_sent: self.c.smps_sent,
+            messages_posted: offered,
+            messages_delivered: self.c.messages_delivered,
+            messages_retransmitted: self.c.messages_retransmitted,
+            reports_sent: self.c.reports_sent,
+            reports_abandoned: self.c.reports_abandoned,
+            notifications: self.c.notifications,
+            events: self.c.events,
+            digest: self.digest,
+            violations: std::mem::take(&mut self.violations),
+            samples: std::mem::take(&mut self.samples),
+            timeline: self
+                .timeline
+                .iter()
+                .map(|(t, s)| (t.0 as f64 / 1e6, s.clone()))
+                .collect(),
+            end_state: [
+                (self.counts[Bucket::ArmedDisjoint.idx()] + self.counts[Bucket::ArmedShared.idx()])
+                    as u64,
+                self.counts[Bucket::Unprotected.idx()] as u64,
+                self.counts[Bucket::Migrating.idx()] as u64,
+                self.counts[Bucket::Lost.idx()] as u64,
+            ],
+            end_armed_disjoint: self.counts[Bucket::ArmedDisjoint.idx()] as u64,
+        }
+    }
+
+    /// How long after the last fault every connection with a healthy alternate must be
+    /// armed again: the longest hold-down, the longest re-arm backoff, a whole LAP
+    /// exchange with its retries, an SA query with its retries, a light-sweep period,
+    /// a trap resend and the Report retries, the longest interval between SA rechecks
+    /// of an out-of-service GID (for a host that missed the SM's last notice) with its
+    /// query, plus a second of slack.
+    pub fn settle_bound(&self) -> Time {
+        let p = &self.cfg.engine_policy;
+        let lap_total: u64 = (0..p.lap_max_tries)
+            .map(|k| p.lap_timeout_ms << k.min(20))
+            .sum();
+        let sa = self.p.sa_timeout_ms * u64::from(self.p.sa_tries);
+        let reports = self.p.report_timeout_ms * u64::from(self.p.report_retries + 1);
+        let trap = self.p.trap_resend_ns() / 1_000_000;
+        ms(p.hold_down_max_ms
+            + p.rearm_retry_max_ms
+            + lap_total
+            + sa
+            + self.p.sweep_interval_ms
+            + trap
+            + reports
+            + p.subscribe_retry_ms
+            + if p.remote_recheck_ms > 0 {
+                p.remote_recheck_max_ms + sa
+            } else {
+                0
+            }
+            + 1000)
+    }
+}
+
+/// `alt` survives the loss of either port of `primary`: it leaves through another local
+/// port and arrives at another remote port.
+fn disjoint(primary: &Path, alt: &Path) -> bool {
+    alt.port != primary.port && alt.dgid != primary.dgid
 }
