@@ -315,6 +315,16 @@ pub struct PeerAddr {
     pub lid: Lid,
 }
 
+impl PeerAddr {
+    /// The far end of `path`: where a message over it is addressed.
+    pub fn far_end(path: &Path) -> PeerAddr {
+        PeerAddr {
+            gid: path.dgid,
+            lid: path.dlid,
+        }
+    }
+}
+
 /// Everything the engine needs to protect one RC connection.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ConnSpec {

@@ -33,6 +33,10 @@ fn main() {
     let mut cfg = RunConfig::new(PolicyKind::Apm, seed);
     cfg.engine_policy = chaos::chaos_policy();
     cfg.check = true;
+    // APM_TRACE_CONN=i logs every change of that connection's QPs.
+    cfg.trace_conn = std::env::var("APM_TRACE_CONN")
+        .ok()
+        .and_then(|v| v.parse().ok());
     let mut sim = match Sim::new(&s, cfg) {
         Ok(sim) => sim,
         Err(e) => {

@@ -12,12 +12,17 @@
 //! - [`provider`]: [`SimProvider`], the apm-core `Provider` facets over a shared
 //!   simulation, for end-to-end runs through `apm_core::Manager` on tokio's paused clock.
 //! - [`report`]: the figures a run produces.
+//! - [`families`]: the scenario families apm is compared on, each a function of a seed;
+//!   [`compare`]: apm against the baselines and the dominance check; [`chaos`]: the
+//!   randomized campaign over the families.
 #![forbid(unsafe_code)]
 
 pub mod chaos;
+pub mod compare;
 pub mod config;
 pub mod controller;
 pub mod fabric;
+pub mod families;
 pub mod provider;
 pub mod report;
 pub mod rng;
@@ -25,6 +30,7 @@ pub mod sim;
 
 pub use config::{Fault, Scenario, ScenarioError};
 pub use controller::PolicyKind;
+pub use families::{Family, Size};
 pub use provider::SimProvider;
 pub use report::{Percentiles, RunReport, Sample};
 pub use sim::{ConnState, RunConfig, Sim};

@@ -1,5 +1,6 @@
-//! Chaos: random fabrics and fault schedules, invariants checked after every step, each
-//! seed run twice. `APM_SIM_SEED=n` replays one seed; `APM_SIM_SEEDS=N` (default 200)
+//! Chaos: the scenario families with random fault schedules, invariants checked after
+//! every step, each seed's invariant run done twice, and apm compared with both
+//! baselines on every seed. `APM_SIM_SEED=n` replays one seed; `APM_SIM_SEEDS=N` (default 200)
 //! and `APM_SIM_SEED_START=s` choose a range (`cargo xtask chaos --seeds 10000`).
 
 use provider_sim::chaos::{replay_command, run_seed};
@@ -48,11 +49,14 @@ fn chaos() {
             all.sort_by_key(|(s, _)| *s);
             all
         });
-    let events: u64 = results
+    let ok: Vec<&provider_sim::chaos::SeedOutcome> = results
         .iter()
         .filter_map(|(_, r)| r.as_ref().ok())
-        .map(|o| o.events)
-        .sum();
+        .collect();
+    let events: u64 = ok.iter().map(|o| o.events).sum();
+    let lost: u64 = ok.iter().map(|o| o.lost).sum();
+    let hw: u64 = ok.iter().map(|o| o.baseline_lost[0]).sum();
+    let rl: u64 = ok.iter().map(|o| o.baseline_lost[1]).sum();
     let failures: Vec<String> = results
         .iter()
         .filter_map(|(seed, r)| {
@@ -62,7 +66,8 @@ fn chaos() {
         })
         .collect();
     eprintln!(
-        "chaos: {} seed(s), each run twice, {events} events per run set, {} failure(s)",
+        "chaos: {} seed(s) over the scenario families, {events} events in the invariant runs, \
+         connections lost apm {lost} / hw-only {hw} / reload-local {rl}, {} failure(s)",
         results.len(),
         failures.len()
     );

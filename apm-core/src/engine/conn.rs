@@ -13,6 +13,18 @@ pub(crate) struct Responder {
     pub(crate) digest: u64,
 }
 
+/// Why a connection moves to another path, which says what to do once it has: tell
+/// the peer, or not, or answer it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum MoveReason {
+    /// We decided, and the peer has not heard of it: tell it (`Migrate`).
+    Ours,
+    /// The peer has moved already: it acknowledged our `Migrate` by moving.
+    PeerMoved,
+    /// The peer moved and asked us to follow: answer it when we have.
+    PeerAsked(Responder),
+}
+
 /// What the engine is doing for a connection. Only one thing at a time: a second reason
 /// to act is remembered in `Conn::want_rearm` / `Conn::deferred_lap` and handled when the
 /// phase returns to `Idle`.
@@ -46,7 +58,14 @@ pub(crate) enum Phase {
         responder: Option<Responder>,
     },
     /// `ForceMigrate` outstanding.
-    Migrating { cmd: CommandId },
+    Migrating { cmd: CommandId, why: MoveReason },
+    /// The peer moved to a path that is not our alternate (the two sides' alternates
+    /// differ): `LoadAlternate` of that path outstanding, then `ForceMigrate` onto it.
+    LoadingToFollow {
+        cmd: CommandId,
+        path: Path,
+        responder: Responder,
+    },
     /// `SoftwareMigrate` outstanding.
     SwMigrating {
         cmd: CommandId,
@@ -65,11 +84,20 @@ impl Phase {
         match self {
             Phase::Loading { cmd, .. }
             | Phase::Arming { cmd, .. }
-            | Phase::Migrating { cmd }
+            | Phase::Migrating { cmd, .. }
+            | Phase::LoadingToFollow { cmd, .. }
             | Phase::SwMigrating { cmd, .. }
             | Phase::Querying { cmd } => Some(*cmd),
             _ => None,
         }
+    }
+
+    /// True while the connection is moving to another path.
+    pub(crate) fn moving(&self) -> bool {
+        matches!(
+            self,
+            Phase::Migrating { .. } | Phase::LoadingToFollow { .. } | Phase::SwMigrating { .. }
+        )
     }
 
     /// True while a command or a peer exchange is in flight (new work must wait).
@@ -86,6 +114,7 @@ impl Phase {
             } => Some(lap.alt),
             Phase::Loading { path, .. }
             | Phase::Arming { path, .. }
+            | Phase::LoadingToFollow { path, .. }
             | Phase::SwMigrating { path, .. } => Some(*path),
             _ => None,
         }
@@ -149,6 +178,11 @@ impl Conn {
     /// What the connection is doing.
     pub(crate) fn phase(&self) -> &Phase {
         self.phase.as_deref().unwrap_or(&IDLE)
+    }
+
+    /// What the connection is doing, to change it in place (`None` when idle).
+    pub(crate) fn phase_mut(&mut self) -> Option<&mut Phase> {
+        self.phase.as_deref_mut()
     }
 
     pub(crate) fn set_phase(&mut self, phase: Phase) {

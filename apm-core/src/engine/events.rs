@@ -316,24 +316,20 @@ impl Engine {
         let Some(c) = self.conns.get(&id) else {
             return;
         };
-        if matches!(
-            c.phase(),
-            Phase::Migrating { .. } | Phase::SwMigrating { .. }
-        ) {
+        if c.phase().moving() {
             return;
         }
         let alt = c.alternate.filter(|a| c.armed && self.usable_for(c, a));
         let mode = c.mode;
+        let armed_on_dead = c.armed && c.alternate.is_some();
         match alt {
             Some(alt) => {
                 // A migration overrides whatever negotiation was going on.
                 self.stats.migrations_forced += 1;
                 match mode {
                     MigrationMode::Hardware => {
-                        debug!(%id, to = %alt, "primary down: forcing migration");
-                        let cmd =
-                            self.issue(CommandOp::ForceMigrate { conn: id }, Pending::Conn(id));
-                        self.replace_phase(id, Phase::Migrating { cmd });
+                        debug!(%id, to = %alt, "primary down: asking the peer to move first");
+                        self.probe_and_move(id, alt);
                     }
                     MigrationMode::Software => {
                         debug!(%id, to = %alt, "primary down: software migration");
@@ -344,14 +340,42 @@ impl Engine {
             None => {
                 warn!(%id, "primary down with no armed healthy alternate");
                 self.update_protection(id, UnprotectedReason::PrimaryDownUnarmed);
-                if let Some(c) = self.conns.get_mut(&id) {
-                    c.armed = false;
+                // An alternate armed on a dead path stays: the HCA migrates there when
+                // its retries run out, which gives the connection a second retry budget
+                // for either path to come back. Without one, look for one now: the
+                // connection survives if the port returns before the transport gives up.
+                if !armed_on_dead {
+                    self.need_rearm(id);
                 }
-                // If the connection survives (the port comes back before the transport
-                // gives up), it needs an alternate; look for one now.
-                self.need_rearm(id);
             }
         }
+    }
+
+    /// Force `id` onto its armed alternate (hardware).
+    pub(super) fn force_migration(&mut self, id: ConnId, why: MoveReason) {
+        let cmd = self.issue(CommandOp::ForceMigrate { conn: id }, Pending::Conn(id));
+        self.replace_phase(id, Phase::Migrating { cmd, why });
+    }
+
+    /// The primary of `id` is dead and its armed alternate `alt` looks healthy: ask the
+    /// peer over `alt` to move there (`Migrate`), and move when it answers. A forced
+    /// migration spends the armed alternate; onto a path that turns out dead it leaves
+    /// the QP one retry budget where the HCA, left alone, would have had two (the
+    /// primary's, then the alternate's after migrating on exhaustion). The peer's
+    /// answer proves `alt` works both ways. Without an answer nothing is forced and the
+    /// HCA migrates on retry exhaustion as it would without apm; meanwhile the peer's
+    /// first packet with MigReq=1 on `alt` moves our QP too.
+    fn probe_and_move(&mut self, id: ConnId, alt: Path) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        let msg = PeerMsg::Migrate(Migrate {
+            sender_comm_id: c.local_comm_id,
+            receiver_comm_id: c.remote_comm_id,
+            path: alt,
+        });
+        self.replace_phase(id, Phase::Idle);
+        self.await_peer(id, alt.port, PeerAddr::far_end(&alt), msg);
     }
 
     /// Move `id` to `path` in software, dropping whatever it was doing; `responder` is
@@ -385,35 +409,36 @@ impl Engine {
         self.need_rearm(id);
     }
 
-    /// Some paths are usable again: re-arm connections that lack protection, and upgrade
-    /// those whose alternate is worse than what is now available.
+    /// Some paths are usable again: an armed alternate that came back protects again,
+    /// connections that lack protection re-arm, and those whose alternate scores below
+    /// what is now available upgrade.
     pub(super) fn path_returned(&mut self, hit: impl Fn(&Path) -> bool) {
         let ids: Vec<ConnId> = self
             .conns
             .iter()
-            .filter(|(_, c)| !c.lost && c.candidates.iter().any(&hit))
+            .filter(|(_, c)| {
+                !c.lost && (c.candidates.iter().any(&hit) || c.alternate.is_some_and(|a| hit(&a)))
+            })
             .map(|(id, _)| *id)
             .collect();
         for id in ids {
+            self.update_protection(id, UnprotectedReason::AlternateDown);
             let Some(c) = self.conns.get(&id) else {
                 continue;
             };
+            let current = self.current_score(c);
+            let better = self
+                .choose(c)
+                .is_some_and(|(_, s)| current.is_none_or(|cur| s > cur));
+            if !better {
+                continue;
+            }
             if !self.is_protected(c) {
                 if let Some(c) = self.conns.get_mut(&id) {
                     c.failed_rearms = 0;
                 }
-                self.need_rearm(id);
-                continue;
             }
-            let current = c
-                .alternate
-                .and_then(|a| select::rank(&c.primary, &a))
-                .unwrap_or(0);
-            let better = select::best(&c.primary, &c.candidates, |p| self.usable_for(c, p))
-                .is_some_and(|(_, r)| r > current);
-            if better {
-                self.need_rearm(id);
-            }
+            self.need_rearm(id);
         }
     }
 
@@ -457,12 +482,21 @@ impl Engine {
                 let may_migrate = c.alternate.is_some()
                     && (c.armed
                         || c.mig != MigState::Migrated
-                        || matches!(c.phase(), Phase::Arming { .. } | Phase::Migrating { .. }));
+                        || matches!(
+                            c.phase(),
+                            Phase::Arming { .. }
+                                | Phase::Migrating { .. }
+                                | Phase::LoadingToFollow { .. }
+                        ));
                 if own_forced {
                     debug!(%id, "PATH_MIG of our own forced migration");
                 } else if may_migrate {
                     self.stats.migrations_observed += 1;
-                    self.migrated(id, false);
+                    let why = match c.phase() {
+                        Phase::Migrating { why, .. } => *why,
+                        _ => MoveReason::Ours,
+                    };
+                    self.migrated(id, false, why);
                 } else {
                     // Not armed as far as we know: ask the QP what happened.
                     self.query(id);
@@ -502,14 +536,13 @@ impl Engine {
         self.set_phase(id, Phase::Querying { cmd });
     }
 
-    /// The QP of `id` now runs on what was its alternate; start re-arming.
-    pub(super) fn migrated(&mut self, id: ConnId, forced: bool) {
-        self.migrated_then(id, forced, true);
-    }
-
-    /// The QP of `id` now runs on what was its alternate. With `rearm`, look for a new
-    /// alternate at once (a LAP that arrived meanwhile is answered first).
-    pub(super) fn migrated_then(&mut self, id: ConnId, forced: bool, rearm: bool) {
+    /// The QP of `id` now runs on what was its alternate. Then, by `why`: tell the peer
+    /// where we are (`Migrate`, retransmitted until it answers) when it has not heard;
+    /// answer it when it asked. Re-arming waits for that, so that the peer has moved
+    /// before either side arms the next alternate (a QP that arms sends MigReq=0, and a
+    /// peer still on the old path would never follow it); it still comes before the
+    /// migrated path's COMM_EST (the re-arm race the IBA's APM leaves to software).
+    pub(super) fn migrated(&mut self, id: ConnId, forced: bool, why: MoveReason) {
         let now = self.now;
         let Some(c) = self.conns.get_mut(&id) else {
             return;
@@ -521,6 +554,7 @@ impl Engine {
         c.learn(old);
         c.armed = false;
         c.mig = MigState::Migrated;
+        c.want_rearm = true;
         // "Migrated" itself tells the application the connection is unprotected.
         c.told = Some(Told::Unprotected(UnprotectedReason::PrimaryDownUnarmed));
         if forced {
@@ -535,13 +569,13 @@ impl Engine {
                 forced,
             },
         );
-        if rearm {
-            // Seed 001: the new alternate is chosen right here, between PATH_MIG and the
-            // COMM_EST of the migrated path, so the LAP describes the new geometry.
-            if let Some(c) = self.conns.get_mut(&id) {
-                c.want_rearm = true;
+        match why {
+            MoveReason::Ours => self.announce_migration(id),
+            MoveReason::PeerMoved => self.after_phase(id),
+            MoveReason::PeerAsked(r) => {
+                self.send_migrate_ack(id, r, true);
+                self.after_phase(id);
             }
-            self.after_phase(id);
         }
     }
 }

@@ -29,7 +29,7 @@ use crate::types::*;
 // `Responder` is used by the submodules, which import this module's names with
 // `use super::*`.
 #[allow(unused_imports)]
-use conn::{Conn, Phase, Responder, Told};
+use conn::{Conn, MoveReason, Phase, Responder, Told};
 use health::Health;
 use pending::PendingTable;
 use serde::Serialize;
@@ -238,10 +238,7 @@ impl Engine {
     fn status_of(&self, c: &Conn) -> ConnStatus {
         let protection = if c.lost {
             Protection::Lost
-        } else if matches!(
-            c.phase(),
-            Phase::Migrating { .. } | Phase::SwMigrating { .. }
-        ) {
+        } else if c.phase().moving() {
             Protection::Migrating
         } else if self.is_protected(c) {
             Protection::Armed

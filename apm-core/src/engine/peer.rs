@@ -9,9 +9,10 @@
 //!    GID that is not the peer's: "invalid GID" / "invalid LID".
 //! 4. A duplicate of the last LAP answered gets the same APR again; a duplicate of the
 //!    LAP being worked on gets an MRA.
-//! 5. A LAP naming our current primary while we are armed waits `lap_defer_ms` for a
-//!    `PATH_MIG` we may not have seen yet (seed 001's race), then gets "is current".
-//! 6. A path known to be dead: "rejected".
+//! 5. A LAP naming our current primary (the whole route, LIDs included) while we are
+//!    armed waits `lap_defer_ms` for a `PATH_MIG` or `Migrate` we may not have seen yet
+//!    (the re-arm race between MIGRATED and COMM_EST), then gets "is current".
+//! 6. A path known to be dead is accepted: it is only an alternate (see `select`).
 //! 7. Collision (both sides sent a LAP): the active side's LAP wins. The passive side
 //!    drops its own and answers; the active side answers the passive's with "rejected".
 //! 8. Otherwise: load it, set REARM, answer "success".
@@ -146,22 +147,16 @@ impl Engine {
         let Some(c) = self.conns.get(&id) else {
             return;
         };
-        // Rule 5: has the peer migrated before our own PATH_MIG reached us? Either its
-        // LAP comes from our alternate's far end, or it proposes our primary (its old
-        // primary, now its candidate alternate). Loading a new alternate now would
-        // replace the one the HCA is about to migrate to.
-        // The QP's own state counts, not only our agreement with the peer: after a LAP
-        // given up on, the alternate is no longer known to be agreed but the HCA still
-        // holds it armed and will migrate to it.
-        let armed_alt = c.alternate.filter(|_| {
-            (c.armed || c.mig != MigState::Migrated) && c.mode == MigrationMode::Hardware
-        });
-        let from_alt_end =
-            armed_alt.is_some_and(|a| from.gid == a.dgid && from.gid != c.primary.dgid);
+        // Rule 5: a LAP naming our primary while we are armed means the peer has left
+        // it: our own PATH_MIG (or the peer's Migrate) may not have reached us yet, and
+        // loading a new alternate now would replace the one the HCA is about to migrate
+        // to. The comparison is of whole routes (LIDs too: the LMC variants of one port
+        // share its GID). Our own LAP in flight does not matter then: it proposes an
+        // alternate for a primary that is gone.
+        let armed = (c.armed || c.mig != MigState::Migrated)
+            && c.alternate.is_some()
+            && c.mode == MigrationMode::Hardware;
         let names_primary = path.same_route(&c.primary);
-        // Our own LAP in flight does not matter if the peer has migrated: it proposes
-        // an alternate for a primary that is gone. Drop it rather than let the
-        // collision rules load the peer's LAP over the alternate it migrated to.
         let own_lap = matches!(
             c.phase(),
             Phase::AwaitPeer {
@@ -169,29 +164,23 @@ impl Engine {
                 ..
             }
         );
-        if (from_alt_end || names_primary && armed_alt.is_some()) && (!c.phase().busy() || own_lap)
-        {
+        let moving = c.phase().moving();
+        if names_primary && (armed || moving) && !deferred {
+            let busy = c.phase().busy() && !own_lap;
             if own_lap {
                 self.abort_phase(id);
             }
-            if !deferred {
-                debug!(%id, "LAP suggests the peer migrated: waiting for our PATH_MIG");
+            debug!(%id, "LAP names our primary: waiting for our PATH_MIG");
+            if let Some(c) = self.conns.get_mut(&id) {
+                c.deferred_lap = Some(Box::new((from, port, lap)));
+            }
+            // Mid-way through a command (a migration, typically), the LAP is answered
+            // when it is done; otherwise after `lap_defer_ms` at most.
+            if !busy {
                 let at = self.now.plus(Policy::ms(self.policy.lap_defer_ms));
-                if let Some(c) = self.conns.get_mut(&id) {
-                    c.deferred_lap = Some(Box::new((from, port, lap)));
-                }
                 self.set_deadline(id, Some(at));
-                return;
             }
-            if from_alt_end && armed_alt.is_some_and(|a| self.path_usable(&a)) {
-                // No PATH_MIG came: the peer moved, so move too, then answer.
-                debug!(%id, "peer migrated without us noticing: forcing migration");
-                if let Some(c) = self.conns.get_mut(&id) {
-                    c.deferred_lap = Some(Box::new((from, port, lap)));
-                }
-                self.primary_failed(id);
-                return;
-            }
+            return;
         }
         let Some(c) = self.conns.get(&id) else {
             return;
@@ -200,12 +189,10 @@ impl Engine {
             self.answer_lap(id, responder, ApStatus::IsCurrent);
             return;
         }
-        // Rule 6.
-        if !self.path_usable(&path) {
-            debug!(%id, %path, "LAP proposes a path known to be dead");
-            self.answer_lap(id, responder, ApStatus::Rejected);
-            return;
-        }
+        // Rule 6: a path known to be dead is accepted all the same. It is only an
+        // alternate: nothing moves there while it is dead, and armed it gives the QP a
+        // second retry budget when the primary fails (the sender chose it because
+        // nothing that works ranks as high).
         // Rule 7 and busy phases.
         match c.phase() {
             Phase::AwaitPeer {
@@ -356,14 +343,12 @@ impl Engine {
         let path = lap.alt;
         match apr.status {
             ApStatus::Success => {
-                if !self.usable_for(c, &path) {
-                    debug!(%id, "APR success for a path that died meanwhile");
-                    self.release_slot(id);
-                    self.set_phase(id, Phase::Idle);
-                    self.need_rearm(id);
-                    return;
+                // A LAP of the peer's held back while we were busy crossed ours, and the
+                // peer has since accepted ours (dropping its own): it is stale.
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.deferred_lap = None;
                 }
-                // Seed 001 steps 2-3: load, then arm.
+                // Load, then arm (a path that died meanwhile too: see `select`).
                 self.start_load(id, path, None);
             }
             status => {
@@ -433,23 +418,83 @@ impl Engine {
             return;
         }
         if path.same_route(&c.primary) {
-            // Already there (a retransmitted request): say so again.
+            // Already there (the HCA followed the peer's MigReq, or a retransmission).
             self.send_migrate_ack(id, r, true);
             return;
         }
-        if let Phase::SwMigrating { path: p, .. } = c.phase() {
-            if p.same_route(&path) {
-                return; // Moving there already; the ack follows.
+        match c.phase() {
+            Phase::SwMigrating { path: p, .. } | Phase::LoadingToFollow { path: p, .. }
+                if p.same_route(&path) =>
+            {
+                return; // Moving there already; the answer follows.
             }
+            Phase::Migrating {
+                why: MoveReason::Ours | MoveReason::PeerMoved,
+                ..
+            } if c.alternate.is_some_and(|a| a.same_route(&path)) => {
+                // Our own forced migration goes there: answer when it is done.
+                if let Some(Phase::Migrating { why, .. }) =
+                    self.conns.get_mut(&id).and_then(|c| c.phase_mut())
+                {
+                    *why = MoveReason::PeerAsked(r);
+                }
+                return;
+            }
+            Phase::Migrating { .. } => return,
+            _ => {}
         }
-        if !c.alternate.is_some_and(|a| a.same_route(&path)) || !self.path_usable(&path) {
-            // Only the agreed alternate may be forced on us, and never onto a path we
-            // know is dead (moving there would stall the QP for nothing).
+        if !self.path_usable(&path) {
+            // Never onto a path we know is dead: moving there would stall the QP.
+            self.send_migrate_ack(id, r, false);
+            return;
+        }
+        match c.mode {
+            MigrationMode::Software => {
+                if !c.alternate.is_some_and(|a| a.same_route(&path)) {
+                    // Only the agreed alternate may be forced on a RoCE QP.
+                    self.send_migrate_ack(id, r, false);
+                    return;
+                }
+                self.stats.migrations_forced += 1;
+                self.start_sw_migration(id, path, Some(r));
+            }
+            MigrationMode::Hardware => self.follow_peer(id, path, r),
+        }
+    }
+
+    /// The peer's HCA runs on `path` now and ours does not: move there too. Only an
+    /// ARMED QP can be moved; onto its alternate directly, onto another path after
+    /// loading it as the alternate (a QP keeps ARMED when its alternate is replaced),
+    /// which repairs two sides whose alternates differ (an APR lost after the peer
+    /// loaded our LAP's path, say).
+    fn follow_peer(&mut self, id: ConnId, path: Path, r: Responder) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        if !(c.armed || c.mig != MigState::Migrated) {
+            debug!(%id, "the peer moved, our QP is not armed: it cannot follow");
             self.send_migrate_ack(id, r, false);
             return;
         }
         self.stats.migrations_forced += 1;
-        self.start_sw_migration(id, path, Some(r));
+        if c.alternate.is_some_and(|a| a.same_route(&path)) {
+            debug!(%id, %path, "the peer moves to our alternate: following");
+            self.force_migration(id, MoveReason::PeerAsked(r));
+            return;
+        }
+        info!(%id, %path, "the peer moved to a path that is not our alternate: loading it to follow");
+        let cmd = self.issue(
+            CommandOp::LoadAlternate { conn: id, path },
+            Pending::Conn(id),
+        );
+        self.replace_phase(
+            id,
+            Phase::LoadingToFollow {
+                cmd,
+                path,
+                responder: r,
+            },
+        );
     }
 
     pub(super) fn send_migrate_ack(&mut self, id: ConnId, r: Responder, ok: bool) {
@@ -469,42 +514,40 @@ impl Engine {
         if let Some(c) = self.conns.get_mut(&id) {
             c.alternate = Some(path);
         }
-        match responder {
-            Some(r) => {
-                self.send_migrate_ack(id, r, true);
-                self.migrated(id, false);
-            }
-            None => {
-                // We moved first: the peer must move too before anything else happens.
-                self.migrated_then(id, true, false);
-                let Some(c) = self.conns.get_mut(&id) else {
-                    return;
-                };
-                c.want_rearm = true;
-                let msg = PeerMsg::Migrate(Migrate {
-                    sender_comm_id: c.local_comm_id,
-                    receiver_comm_id: c.remote_comm_id,
-                    path,
-                });
-                let port = path.port;
-                let to = PeerAddr {
-                    gid: path.dgid,
-                    lid: path.dlid,
-                };
-                self.send(port, to, msg);
-                self.set_phase(
-                    id,
-                    Phase::AwaitPeer {
-                        msg,
-                        port,
-                        to,
-                        tries: 1,
-                    },
-                );
-                let at = self.now.plus(Policy::ms(self.policy.lap_timeout_ms));
-                self.set_deadline(id, Some(at));
-            }
-        }
+        // We moved first unless the peer asked us to.
+        let why = responder.map_or(MoveReason::Ours, MoveReason::PeerAsked);
+        self.migrated(id, responder.is_none(), why);
+    }
+
+    /// Tell the peer where we run now (`Migrate`), retransmitted until it answers; the
+    /// re-arm waits for the answer (or for the retries to run out).
+    pub(super) fn announce_migration(&mut self, id: ConnId) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        let path = c.primary;
+        let msg = PeerMsg::Migrate(Migrate {
+            sender_comm_id: c.local_comm_id,
+            receiver_comm_id: c.remote_comm_id,
+            path,
+        });
+        self.await_peer(id, path.port, PeerAddr::far_end(&path), msg);
+    }
+
+    /// Send `msg` to the peer and wait for its answer (retransmitted at the deadline).
+    pub(super) fn await_peer(&mut self, id: ConnId, port: PortKey, to: PeerAddr, msg: PeerMsg) {
+        self.send(port, to, msg);
+        self.set_phase(
+            id,
+            Phase::AwaitPeer {
+                msg,
+                port,
+                to,
+                tries: 1,
+            },
+        );
+        let at = self.now.plus(Policy::ms(self.policy.lap_timeout_ms));
+        self.set_deadline(id, Some(at));
     }
 
     fn migrate_ack_arrived(&mut self, from: PeerAddr, a: MigrateAck) {
@@ -512,20 +555,29 @@ impl Engine {
             debug!("migrate ack not matching any connection's peer: dropped");
             return;
         };
-        let awaiting = self.conns.get(&id).is_some_and(|c| {
-            matches!(
-                c.phase(),
-                Phase::AwaitPeer {
-                    msg: PeerMsg::Migrate(_),
-                    ..
-                }
-            )
-        });
-        if !awaiting {
+        let Some(c) = self.conns.get(&id) else {
             return;
-        }
+        };
+        let Phase::AwaitPeer {
+            msg: PeerMsg::Migrate(m),
+            ..
+        } = c.phase()
+        else {
+            return;
+        };
+        let probe = !m.path.same_route(&c.primary);
+        let follow = probe
+            && a.ok
+            && c.mode == MigrationMode::Hardware
+            && c.alternate.is_some_and(|alt| alt.same_route(&m.path))
+            && (c.armed || c.mig != MigState::Migrated);
         if !a.ok {
-            warn!(%id, "peer refused to follow the software migration");
+            warn!(%id, "peer refused to follow the migration");
+        }
+        if follow {
+            // The peer moved onto our alternate, which therefore works: follow it.
+            self.force_migration(id, MoveReason::PeerMoved);
+            return;
         }
         self.set_phase(id, Phase::Idle);
         self.after_phase(id);

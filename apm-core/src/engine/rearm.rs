@@ -53,14 +53,16 @@ impl Engine {
         if c.lost {
             return;
         }
-        let current_rank = if self.is_protected(c) {
-            c.alternate.and_then(|a| select::rank(&c.primary, &a))
-        } else {
-            None
-        };
+        let current = self.current_score(c);
         let choice = self.choose(c);
         match choice {
-            Some((path, rank)) if current_rank.is_none_or(|r| rank > r) => {
+            Some((path, score)) if current.is_none_or(|cur| score > cur) => {
+                // The best known is dead: the SA may know one that works.
+                if !score.1 && self.policy.resolve_paths && self.resolve_for(id) {
+                    self.set_phase(id, Phase::Resolving);
+                    return;
+                }
+                let c = &self.conns[&id];
                 if !c.slot && self.rearms_active >= self.policy.max_concurrent_rearms {
                     self.set_phase(id, Phase::Queued);
                     self.rearm_queue.push_back(id);
@@ -73,9 +75,10 @@ impl Engine {
                 // Already armed on something at least as good.
                 self.release_slot(id);
                 self.set_phase(id, Phase::Idle);
+                self.update_protection(id, UnprotectedReason::AlternateDown);
             }
             None => {
-                if current_rank.is_some() {
+                if current.is_some() {
                     self.release_slot(id);
                     self.set_phase(id, Phase::Idle);
                     return;
@@ -91,8 +94,16 @@ impl Engine {
         }
     }
 
-    /// The best usable alternate for `c`: its candidates and cached SA paths.
-    pub(super) fn choose(&self, c: &Conn) -> Option<(Path, u8)> {
+    /// The score of `c`'s alternate when the QP holds it armed and it has not failed for
+    /// this connection: what a new alternate must beat.
+    pub(super) fn current_score(&self, c: &Conn) -> Option<select::Score> {
+        let a = c.alternate.filter(|a| c.armed && !c.is_bad(a, self.now))?;
+        select::score(&c.primary, &a, self.path_usable(&a))
+    }
+
+    /// The best alternate for `c` among its candidates and cached SA paths that have not
+    /// failed for it: by rank, then working over dead (see `select`).
+    pub(super) fn choose(&self, c: &Conn) -> Option<(Path, select::Score)> {
         let device = c.primary.port.device;
         let gids = c.peer_gids();
         let cached = self
@@ -100,9 +111,12 @@ impl Engine {
             .iter()
             .filter(|((port, gid), _)| port.device == device && gids.contains(gid))
             .flat_map(|(_, e)| e.paths.iter());
-        select::best(&c.primary, c.candidates.iter().chain(cached), |p| {
-            self.usable_for(c, p)
-        })
+        select::best(
+            &c.primary,
+            c.candidates.iter().chain(cached),
+            |p| !c.is_bad(p, self.now),
+            |p| self.path_usable(p),
+        )
     }
 
     /// Issue path queries this connection needs that are neither cached nor pending.
@@ -305,6 +319,15 @@ impl Engine {
                 to,
                 tries,
             } => {
+                if tries >= self.policy.lap_max_tries && matches!(msg, PeerMsg::Migrate(_)) {
+                    // Hardware: the peer follows our MigReq or its own notices anyway;
+                    // software: it may have moved and only its answers were lost. Either
+                    // way the connection needs its next alternate: re-arm now.
+                    warn!(%id, tries, "peer did not answer our Migrate: re-arming anyway");
+                    self.set_phase(id, Phase::Idle);
+                    self.after_phase(id);
+                    return;
+                }
                 if tries >= self.policy.lap_max_tries {
                     warn!(%id, tries, "peer did not answer: giving up for now");
                     if matches!(msg, PeerMsg::Lap(_)) {

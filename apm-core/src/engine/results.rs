@@ -56,16 +56,7 @@ impl Engine {
                 },
                 Ok(_),
             ) => {
-                if !self.path_usable(&path) {
-                    // It died while loading: do not arm a dead path.
-                    self.finish_failed(
-                        id,
-                        responder,
-                        ApStatus::Rejected,
-                        UnprotectedReason::AlternateDown,
-                    );
-                    return;
-                }
+                // A path that died while loading is armed all the same (see `select`).
                 let Some(c) = self.conns.get_mut(&id) else {
                     return;
                 };
@@ -125,14 +116,35 @@ impl Engine {
                     UnprotectedReason::ModifyFailed,
                 );
             }
-            (Phase::Migrating { .. }, Ok(_)) => {
+            (Phase::Migrating { why, .. }, Ok(_)) => {
                 self.set_phase(id, Phase::Idle);
-                self.migrated(id, true);
+                self.migrated(id, true, why);
             }
-            (Phase::Migrating { .. }, Err(e)) => {
+            (Phase::Migrating { why, .. }, Err(e)) => {
                 // The HCA may have migrated by itself (the peer's MigReq got there first)
                 // or the QP is unarmed: ask it.
                 warn!(%id, error = %e, "forcing migration failed; querying the QP");
+                if let MoveReason::PeerAsked(r) = why {
+                    self.send_migrate_ack(id, r, false);
+                }
+                self.set_phase(id, Phase::Idle);
+                self.query(id);
+            }
+            (
+                Phase::LoadingToFollow {
+                    path, responder, ..
+                },
+                Ok(_),
+            ) => {
+                // The peer's path is our alternate now, in an ARMED QP: move there.
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.alternate = Some(path);
+                }
+                self.force_migration(id, MoveReason::PeerAsked(responder));
+            }
+            (Phase::LoadingToFollow { responder, .. }, Err(e)) => {
+                warn!(%id, error = %e, "loading the peer's path to follow it failed");
+                self.send_migrate_ack(id, responder, false);
                 self.set_phase(id, Phase::Idle);
                 self.query(id);
             }
@@ -190,7 +202,7 @@ impl Engine {
         };
         if c.alternate.is_some_and(|a| on(&a)) && !on(&c.primary) {
             self.stats.migrations_observed += 1;
-            self.migrated(id, false);
+            self.migrated(id, false, MoveReason::Ours);
             return;
         }
         c.mig = snap.mig_state;

@@ -8,6 +8,13 @@
 //! A candidate on the same route as the primary, on another device (a QP lives on one
 //! HCA), or with a different MTU (IBA requires the alternate MTU to match) is not a
 //! candidate at all. Ties keep the order the candidates were given in.
+//!
+//! A candidate's [`Score`] is its rank first, then whether it works now: a dead path of
+//! a better rank is worth arming over a live one of a worse rank, because an armed
+//! alternate, even a dead one, gives the QP a second retry budget when its primary
+//! fails (the HCA migrates on retry exhaustion and retries there), and the better-ranked
+//! path is the one that survives what the primary does not. apm never forces a
+//! connection onto a dead path; it only keeps one armed.
 
 use crate::types::Path;
 
@@ -28,21 +35,35 @@ pub(crate) fn rank(primary: &Path, cand: &Path) -> Option<u8> {
     })
 }
 
-/// The best usable candidate: highest rank, first in order among equals.
+/// How good an alternate is: its rank, then whether it is usable now (see the module
+/// documentation). Higher is better.
+pub(crate) type Score = (u8, bool);
+
+/// The score of `cand` as an alternate for `primary`, `None` when it cannot be one.
+pub(crate) fn score(primary: &Path, cand: &Path, usable: bool) -> Option<Score> {
+    rank(primary, cand).map(|r| (r, usable))
+}
+
+/// The best candidate by [`Score`] among those `eligible` (first in order among equals).
 pub(crate) fn best<'a>(
     primary: &Path,
     candidates: impl IntoIterator<Item = &'a Path>,
+    mut eligible: impl FnMut(&Path) -> bool,
     mut usable: impl FnMut(&Path) -> bool,
-) -> Option<(Path, u8)> {
-    let mut best: Option<(Path, u8)> = None;
+) -> Option<(Path, Score)> {
+    let mut best: Option<(Path, Score)> = None;
     for cand in candidates {
         let Some(r) = rank(primary, cand) else {
             continue;
         };
-        if best.is_some_and(|(_, br)| br >= r) || !usable(cand) {
+        // Cheap checks first: a candidate that cannot beat the best so far is skipped.
+        if best.is_some_and(|(_, bs)| bs >= (r, true)) || !eligible(cand) {
             continue;
         }
-        best = Some((*cand, r));
+        let s = (r, usable(cand));
+        if best.is_none_or(|(_, bs)| s > bs) {
+            best = Some((*cand, s));
+        }
     }
     best
 }

@@ -16,6 +16,7 @@ impl Sim {
             p,
             now: Time::ZERO,
             rng: rng.fork(1),
+            rng_sm: rng.fork(2),
             queue: BinaryHeap::new(),
             seq: 0,
             hosts: Vec::new(),
@@ -130,7 +131,7 @@ impl Sim {
             // The standby polls on its own clock: where in its period the master
             // dies is a matter of chance.
             let period = ms(self.p.sminfo_polling_timeout_ms).0.max(1);
-            let phase = Time(self.rng.below(period));
+            let phase = Time(self.rng_sm.below(period));
             self.sms.push(Sm::new(
                 cands,
                 self.fab.num_ports(),
@@ -242,6 +243,7 @@ impl Sim {
                 state: ConnState::Unprotected,
                 bucket: Bucket::Unprotected,
                 guard_disjoint: false,
+                traced: String::new(),
                 since: Time::ZERO,
                 interrupted_at: None,
                 guard: None,

@@ -117,6 +117,12 @@ impl Sim {
         rate > 0.0 && self.rng.chance(rate)
     }
 
+    /// The same for an SM's own MADs, from the SMs' stream.
+    pub(super) fn smp_lost(&mut self) -> bool {
+        let rate = self.loss_rate();
+        rate > 0.0 && self.rng_sm.chance(rate)
+    }
+
     /// A MAD from LID `slid` to `dlid`: its time on the wire when it arrives (the
     /// receiving agent's processing comes on top, in its queue).
     pub(super) fn mad(&mut self, slid: u16, dlid: u16) -> Option<Time> {

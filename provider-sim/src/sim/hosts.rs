@@ -103,7 +103,15 @@ impl Sim {
                     }
                     self.submit(host, Reply::Engine(cmd.id), cmd.op);
                 }
-                Output::Notify(_) => self.c.notifications += 1,
+                Output::Notify(n) => {
+                    self.c.notifications += 1;
+                    // A RoCE QP's protection is what the engines agreed (the QP holds no
+                    // alternate): their word changes the ground truth.
+                    let i = usize::try_from(n.conn.0).unwrap_or(usize::MAX);
+                    if self.conns.get(i).is_some_and(|c| c.mode == Mode::Software) {
+                        self.reeval(i);
+                    }
+                }
             }
         }
         if let Some(t) = self.hosts[host].ctl.poll_timeout() {

@@ -83,6 +83,9 @@ pub struct RunConfig {
     /// Hosts driven from outside (by `apm_core::Manager` through [`crate::SimProvider`])
     /// instead of by an in-process controller.
     pub external_hosts: Vec<usize>,
+    /// Log every change of this connection's QPs (target `provider_sim::trace`, level
+    /// info), for finding out why it was lost.
+    pub trace_conn: Option<usize>,
 }
 
 impl RunConfig {
@@ -95,6 +98,7 @@ impl RunConfig {
             sample_ms: 10,
             check: false,
             external_hosts: Vec::new(),
+            trace_conn: None,
         }
     }
 }
@@ -176,6 +180,8 @@ struct Conn {
     interrupted_at: Option<Time>,
     /// The armed alternates (side 0, side 1) when the primary failed while protected.
     guard: Option<(Path, Path)>,
+    /// The last traced description (with `RunConfig::trace_conn`).
+    traced: String,
     /// The guard was a port-disjoint alternate (for the disjoint restore figure).
     guard_disjoint: bool,
     excused: bool,
@@ -404,7 +410,11 @@ pub struct Sim {
     now: Time,
     end: Time,
     fab: Fabric,
+    /// Draws for everything hosts send and for the traffic.
     rng: Rng,
+    /// Draws for the SMs' own MADs (sweep SMPs, traps 128), apart so that the fabric's
+    /// evolution is the same whichever policy the hosts run.
+    rng_sm: Rng,
     queue: BinaryHeap<Reverse<Entry>>,
     seq: u64,
     hosts: Vec<Host>,

@@ -324,6 +324,9 @@ impl Sim {
     }
 
     pub(super) fn retry(&mut self, i: usize, s: usize, gen: u32) {
+        if self.cfg.trace_conn == Some(i) {
+            self.trace(i);
+        }
         let q = &self.conns[i].qp[s];
         if q.retry_gen != gen || !q.stalled || q.err {
             return;

@@ -259,7 +259,7 @@ impl Sim {
         }
         let delivered = self.sm_running(s) && {
             self.c.smps_sent += 1;
-            !self.mad_lost()
+            !self.smp_lost()
         };
         if delivered {
             self.sms[s].trap_pending = false;
@@ -339,7 +339,7 @@ impl Sim {
                 let mut reached = true;
                 for _ in 0..2 {
                     let mut lost = 0;
-                    while lost < tries && self.mad_lost() {
+                    while lost < tries && self.smp_lost() {
                         lost += 1;
                     }
                     timeouts += u64::from(lost);
@@ -354,7 +354,7 @@ impl Sim {
             let other = smps - 2 * host_ports.len() as u64;
             for _ in 0..other {
                 let mut lost = 0;
-                while lost < self.p.transaction_retries && self.mad_lost() {
+                while lost < self.p.transaction_retries && self.smp_lost() {
                     lost += 1;
                 }
                 timeouts += u64::from(lost);

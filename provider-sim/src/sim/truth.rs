@@ -51,6 +51,9 @@ impl Sim {
     }
 
     pub(super) fn reeval(&mut self, i: usize) {
+        if self.cfg.trace_conn == Some(i) {
+            self.trace(i);
+        }
         let (new, bucket) = self.classify(i);
         let now = self.now;
         // A guarded failover whose alternates died as well is a double fault: excused.
@@ -98,6 +101,39 @@ impl Sim {
                     "conn{i} lost at {now} although armed with a healthy alternate when its primary failed"
                 ));
             }
+        }
+    }
+
+    /// Log connection `i`'s QPs when they changed since the last time.
+    pub(super) fn trace(&mut self, i: usize) {
+        let c = &self.conns[i];
+        let side = |q: &Qp| {
+            let alt = q
+                .alt
+                .map_or("-".to_string(), |a| format!("{}->{}", a.slid, a.dlid));
+            let ok = if self.path_ok(&q.primary) {
+                ""
+            } else {
+                " (dead)"
+            };
+            format!(
+                "h{} {}->{}{ok} alt {alt} {:?}{}{}",
+                q.host,
+                q.primary.slid,
+                q.primary.dlid,
+                q.mig,
+                if q.err { " ERR" } else { "" },
+                if q.stalled {
+                    format!(" stalled {}", q.retries)
+                } else {
+                    String::new()
+                }
+            )
+        };
+        let now = format!("{} | {}", side(&c.qp[0]), side(&c.qp[1]));
+        if now != c.traced {
+            tracing::info!(target: "provider_sim::trace", conn = i, "{now}");
+            self.conns[i].traced = now;
         }
     }
 
@@ -155,7 +191,12 @@ impl Sim {
     }
 
     /// Connections that are not armed although a healthy alternate exists for them, as
-    /// of now (for the "re-armed within a bound after the faults stop" invariant).
+    /// of now (for the "re-armed within a bound after the faults stop" invariant). A
+    /// connection armed (in its QPs, or by the engines' agreement on RoCE) on a dead
+    /// alternate that ranks at least as high as every healthy one is not counted: the
+    /// engine keeps such an alternate on purpose (`apm_core`'s `select` module: armed,
+    /// it gives a second retry budget, and it is the one that survives what the primary
+    /// does not).
     pub fn unarmed_with_healthy_alternate(&self) -> Vec<usize> {
         let mut out = Vec::new();
         for (i, c) in self.conns.iter().enumerate() {
@@ -170,7 +211,7 @@ impl Sim {
                 continue;
             };
             let (ha, hb) = (self.fab.ports[pa].host, self.fab.ports[pb].host);
-            let mut healthy = false;
+            let mut best_healthy: Option<u8> = None;
             for num in 1..=self.fab.ports_per_host() {
                 let (Some(x), Some(y)) = (self.fab.port_of(ha, num), self.fab.port_of(hb, num))
                 else {
@@ -181,15 +222,43 @@ impl Sim {
                         && self.path_ok(&p)
                         && self.fab.route(p.dlid.get(), p.slid.get()).is_some()
                     {
-                        healthy = true;
+                        best_healthy = best_healthy.max(Some(rank(&a.primary, &p)));
                     }
                 }
             }
-            if healthy {
+            let Some(best) = best_healthy else {
+                continue;
+            };
+            let kept = self.agreed_alternate(i).map(|alt| rank(&a.primary, &alt));
+            if kept.is_none_or(|k| k < best) {
                 out.push(i);
             }
         }
         out
+    }
+
+    /// The alternate both sides of connection `i` hold (hardware: both QPs ARMED on
+    /// mirrored alternates; RoCE: both engines agreed on mirrored alternates), seen
+    /// from the active side, whether it works or not.
+    fn agreed_alternate(&self, i: usize) -> Option<Path> {
+        let c = &self.conns[i];
+        let (x, y) = match c.mode {
+            Mode::Hardware => {
+                let armed = c.qp.iter().all(|q| q.mig == MigState::Armed);
+                (c.qp[0].alt.filter(|_| armed)?, c.qp[1].alt?)
+            }
+            Mode::Software => {
+                let alt = |s: usize| {
+                    self.hosts[c.qp[s].host]
+                        .ctl
+                        .engine()
+                        .and_then(|e| e.connection(ConnId(i as u64)))
+                        .and_then(|st| st.alternate)
+                };
+                (alt(0)?, alt(1)?)
+            }
+        };
+        mirrors(&x, &y).then_some(x)
     }
 
     // ------------------------------------------------------------------ the report
@@ -305,6 +374,17 @@ impl Sim {
                 0
             }
             + 1000)
+    }
+}
+
+/// How good `cand` is as an alternate for `primary`, as the engine ranks it (`apm_core`'s
+/// `select` module): 3 through another local and another remote port, 2 another of
+/// either, 1 the same ports (an LMC variant).
+fn rank(primary: &Path, cand: &Path) -> u8 {
+    match (cand.port != primary.port, cand.dgid != primary.dgid) {
+        (true, true) => 3,
+        (true, false) | (false, true) => 2,
+        (false, false) => 1,
     }
 }
 
