@@ -34,6 +34,12 @@ pub(crate) enum Phase {
     Idle,
     /// Passive side waiting for the active side's LAP before initiating (deadline).
     WaitPassive,
+    /// We moved because the peer asked; it moves when it hears our answer. Until it
+    /// says it has (its `Migrate` or a LAP), our QP stays MIGRATED: its packets carry
+    /// MigReq=1, which moves the peer's ARMED QP by itself should our answer be lost,
+    /// where an early REARM (MigReq=0) would strand it. Then `old` is armed again
+    /// (deadline: give up waiting and re-arm by LAP).
+    AwaitFollow { old: Path },
     /// Waiting for a re-arm slot (`Engine::rearm_queue`).
     Queued,
     /// Waiting for path records.
@@ -102,22 +108,8 @@ impl Phase {
 
     /// True while a command or a peer exchange is in flight (new work must wait).
     pub(crate) fn busy(&self) -> bool {
-        self.awaited().is_some() || matches!(self, Phase::AwaitPeer { .. })
-    }
-
-    /// The path this phase is moving towards, if any (for dead-path checks).
-    pub(crate) fn target(&self) -> Option<Path> {
-        match self {
-            Phase::AwaitPeer {
-                msg: PeerMsg::Lap(lap),
-                ..
-            } => Some(lap.alt),
-            Phase::Loading { path, .. }
-            | Phase::Arming { path, .. }
-            | Phase::LoadingToFollow { path, .. }
-            | Phase::SwMigrating { path, .. } => Some(*path),
-            _ => None,
-        }
+        self.awaited().is_some()
+            || matches!(self, Phase::AwaitPeer { .. } | Phase::AwaitFollow { .. })
     }
 }
 
@@ -157,6 +149,8 @@ pub(crate) struct Conn {
     pub(crate) slot: bool,
     /// Another re-arm is wanted once the current phase ends.
     pub(crate) want_rearm: bool,
+    /// The peer must hear where we run now (`Migrate`) once the current phase ends.
+    pub(crate) announce: bool,
     /// A LAP that arrived while busy, handled when the phase ends (or at its deadline).
     pub(crate) deferred_lap: Option<Box<(PeerAddr, PortKey, Lap)>>,
     /// Digest of the last LAP answered and the APStatus sent, for duplicates.
@@ -219,6 +213,7 @@ impl Conn {
             deadline: None,
             slot: false,
             want_rearm: false,
+            announce: false,
             deferred_lap: None,
             last_lap: None,
             failed_rearms: 0,

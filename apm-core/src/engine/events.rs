@@ -283,29 +283,25 @@ impl Engine {
 
     // ---------------------------------------------------------------- failures
 
-    /// Something on some paths died: move connections off them.
+    /// Something on some paths died: move connections off them. A path being armed or
+    /// negotiated that dies meanwhile is armed all the same (see `select`).
     pub(super) fn path_failed(&mut self, hit: impl Fn(&Path) -> bool) {
         // One pass to find who is hit (most connections usually are not), then act.
-        let hits: Vec<(ConnId, bool, bool)> = self
+        let hits: Vec<(ConnId, bool)> = self
             .conns
             .iter()
             .filter(|(_, c)| !c.lost)
             .filter_map(|(id, c)| {
                 let primary_hit = hit(&c.primary);
                 let alt_hit = c.alternate.is_some_and(|a| hit(&a));
-                let target_hit = c.phase().target().is_some_and(|t| hit(&t));
-                (primary_hit || alt_hit || target_hit).then_some((*id, primary_hit, target_hit))
+                (primary_hit || alt_hit).then_some((*id, primary_hit))
             })
             .collect();
-        for (id, primary_hit, target_hit) in hits {
+        for (id, primary_hit) in hits {
             if primary_hit {
-                if target_hit {
-                    // Never keep negotiating a path that just died with the primary.
-                    self.abort_phase(id);
-                }
                 self.primary_failed(id);
             } else {
-                self.alternate_failed(id, target_hit);
+                self.alternate_failed(id);
             }
         }
     }
@@ -400,11 +396,8 @@ impl Engine {
         );
     }
 
-    /// The alternate (or the path being negotiated) of `id` is dead: find another.
-    pub(super) fn alternate_failed(&mut self, id: ConnId, target_hit: bool) {
-        if target_hit {
-            self.abort_phase(id);
-        }
+    /// The alternate of `id` is dead: look for a better one.
+    pub(super) fn alternate_failed(&mut self, id: ConnId) {
         self.update_protection(id, UnprotectedReason::AlternateDown);
         self.need_rearm(id);
     }
@@ -453,6 +446,7 @@ impl Engine {
         c.armed = false;
         c.told = None;
         c.want_rearm = false;
+        c.announce = false;
         c.deferred_lap = None;
         self.stats.lost += 1;
         warn!(%id, ?reason, "connection lost");
@@ -569,13 +563,61 @@ impl Engine {
                 forced,
             },
         );
+        let back = self.conns.get(&id).is_some_and(|c| {
+            select::rank(&new_primary, &old).is_some() && !c.is_bad(&old, self.now)
+        });
         match why {
-            MoveReason::Ours => self.announce_migration(id),
-            MoveReason::PeerMoved => self.after_phase(id),
             MoveReason::PeerAsked(r) => {
                 self.send_migrate_ack(id, r, true);
-                self.after_phase(id);
+                if back {
+                    // The word comes within a round trip and a device command; without
+                    // it after a LAP timeout or two, re-arm by LAP.
+                    let at = self
+                        .now
+                        .plus(Policy::ms(self.policy.lap_timeout_ms.saturating_mul(2)));
+                    self.set_phase(id, Phase::AwaitFollow { old });
+                    self.set_deadline(id, Some(at));
+                } else {
+                    self.after_phase(id);
+                }
+                return;
+            }
+            // The peer hears where we are.
+            MoveReason::Ours => {
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.announce = true;
+                }
+            }
+            // The peer moved when we asked and waits for word that we followed: an
+            // unsolicited "moved" answer is that word.
+            MoveReason::PeerMoved => {
+                let r = Responder {
+                    to: PeerAddr::far_end(&new_primary),
+                    port: new_primary.port,
+                    digest: 0,
+                };
+                self.send_migrate_ack(id, r, true);
             }
         }
+        // Both sides know the path they left: arm it again at once, dead or not, as
+        // the HCA's own users did (load it, set REARM), with no message to lose. It
+        // comes back as the alternate the peer arms too, and a dead one still gives the
+        // second retry budget. A better alternate, if any, is negotiated after.
+        if back {
+            self.start_load(id, old, None);
+        } else {
+            self.after_phase(id);
+        }
+    }
+
+    /// The peer that asked us to move has moved too (`AwaitFollow`): arm the path we
+    /// both left.
+    pub(super) fn peer_followed(&mut self, id: ConnId) {
+        let Some(Phase::AwaitFollow { old }) = self.conns.get(&id).map(|c| c.phase().clone())
+        else {
+            return;
+        };
+        self.set_phase(id, Phase::Idle);
+        self.start_load(id, old, None);
     }
 }

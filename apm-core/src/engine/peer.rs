@@ -98,6 +98,15 @@ impl Engine {
         deferred: bool,
     ) {
         let digest = lap_digest(&lap);
+        if self
+            .conns
+            .get(&id)
+            .is_some_and(|c| matches!(c.phase(), Phase::AwaitFollow { .. }))
+        {
+            // A peer re-arming has moved: stop waiting, and answer its LAP (which
+            // proposes, most likely, the path we both left).
+            self.set_phase(id, Phase::Idle);
+        }
         let Some(c) = self.conns.get(&id) else {
             return;
         };
@@ -558,6 +567,13 @@ impl Engine {
         let Some(c) = self.conns.get(&id) else {
             return;
         };
+        if matches!(c.phase(), Phase::AwaitFollow { .. }) {
+            // "I am on the path" from the peer we moved for: it followed.
+            if a.ok {
+                self.peer_followed(id);
+            }
+            return;
+        }
         let Phase::AwaitPeer {
             msg: PeerMsg::Migrate(m),
             ..

@@ -301,6 +301,11 @@ impl Engine {
             }
         }
         match phase {
+            Phase::AwaitFollow { .. } => {
+                // No word that the peer followed: re-arm by LAP as usual.
+                self.set_phase(id, Phase::Idle);
+                self.after_phase(id);
+            }
             Phase::WaitPassive | Phase::Backoff => {
                 self.set_phase(id, Phase::Idle);
                 self.initiate(id);
@@ -391,6 +396,10 @@ impl Engine {
             return;
         };
         if c.phase().busy() || c.lost {
+            return;
+        }
+        if std::mem::take(&mut c.announce) {
+            self.announce_migration(id);
             return;
         }
         if let Some((from, port, lap)) = c.deferred_lap.take().map(|b| *b) {
