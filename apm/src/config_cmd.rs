@@ -1,8 +1,10 @@
 //! `apm config check FILE`: validate a deployment configuration and say exactly where
 //! it is wrong.
 
-use anyhow::{bail, Context};
+use crate::out::{errln, outln};
+use anyhow::bail;
 use apm::config::{Config, LapTransport};
+use apm::input::CONFIG_LIMIT;
 
 /// `apm config` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -23,8 +25,7 @@ pub enum ConfigCommand {
 /// Run an `apm config` subcommand.
 pub fn run(cmd: ConfigCommand) -> anyhow::Result<()> {
     let ConfigCommand::Check { file, json } = cmd;
-    let text = std::fs::read_to_string(&file)
-        .with_context(|| format!("cannot read {}", file.display()))?;
+    let text = apm::input::read_file(&file, CONFIG_LIMIT, "a configuration file")?;
     match Config::parse(&text) {
         Ok(config) => {
             let transport = match config.lap_transport() {
@@ -40,13 +41,13 @@ pub fn run(cmd: ConfigCommand) -> anyhow::Result<()> {
                     "lap_transport": transport,
                     "policy": config.engine_policy(),
                 });
-                println!("{doc}");
+                outln!("{doc}")?;
             } else {
-                println!("{}: valid", file.display());
+                outln!("{}: valid", file.display())?;
                 for d in &config.devices {
-                    println!("  device {} ({:?})", d.name.get_ref(), d.provider.get_ref());
+                    outln!("  device {} ({:?})", d.name.get_ref(), d.provider.get_ref())?;
                 }
-                println!("  LAP/APR transport: {transport}");
+                outln!("  LAP/APR transport: {transport}")?;
             }
             Ok(())
         }
@@ -57,10 +58,10 @@ pub fn run(cmd: ConfigCommand) -> anyhow::Result<()> {
                     "valid": false,
                     "errors": errors,
                 });
-                println!("{doc}");
+                outln!("{doc}")?;
             } else {
                 for e in &errors {
-                    eprintln!("{}:{e}", file.display());
+                    errln!("{}:{e}", file.display());
                 }
             }
             bail!("{} problem(s) in {}", errors.len(), file.display())

@@ -7,7 +7,9 @@
 //! malformed value is refused with the field and offset that ib-mad names. This module
 //! keeps no layout of its own.
 
+use crate::out::{out, outln};
 use anyhow::{bail, Context, Result};
+use apm::input::{self, MAD_HEX_LIMIT, MAD_JSON_LIMIT};
 use ib_mad::cm::{ApStatus, Apr, CmBody, CmMad, Lap, Mra, Req};
 use ib_mad::fields::{self, Field, FieldValue};
 use ib_mad::sa::{ClassPortInfo, InformInfo, Notice, NoticeDetails, PathRecord, SaMad, SaPayload};
@@ -16,7 +18,6 @@ use ib_mad::types::{Gid, Lid, Oui, Timeout, U15, U24, U7};
 use ib_mad::vendor::VendorMad;
 use ib_mad::{AttributeId, Mad, Method, MgmtClass, MAD_SIZE};
 use serde_json::{Map, Value};
-use std::io::Read;
 
 /// `apm mad` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -74,14 +75,6 @@ pub fn run(cmd: MadCommand) -> Result<()> {
     }
 }
 
-fn read_stdin() -> Result<String> {
-    let mut s = String::new();
-    std::io::stdin()
-        .read_to_string(&mut s)
-        .context("reading standard input")?;
-    Ok(s)
-}
-
 /// Parse hex with any whitespace, ':' or '-' separators and optional 0x prefixes.
 fn parse_hex(text: &str) -> Result<Vec<u8>> {
     let mut digits = String::with_capacity(text.len());
@@ -106,16 +99,16 @@ fn parse_hex(text: &str) -> Result<Vec<u8>> {
 
 fn decode(args: DecodeArgs) -> Result<()> {
     let text = if args.hex.len() == 1 && args.hex[0] == "-" {
-        read_stdin()?
+        input::read_stdin(MAD_HEX_LIMIT, "a MAD in hex")?
     } else {
         args.hex.join(" ")
     };
     let bytes = parse_hex(&text)?;
     let mad = Mad::decode(&bytes).context("malformed MAD")?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&to_json(&mad))?);
+        outln!("{}", serde_json::to_string_pretty(&to_json(&mad))?)?;
     } else {
-        print!("{}", layout(&mad));
+        out!("{}", layout(&mad))?;
     }
     Ok(())
 }
@@ -434,7 +427,11 @@ fn encode(args: EncodeArgs) -> Result<()> {
     }
     let mut pending: Vec<Assign> = Vec::new();
     if let Some(j) = &args.json {
-        let text = if j == "-" { read_stdin()? } else { j.clone() };
+        let text = if j == "-" {
+            input::read_stdin(MAD_JSON_LIMIT, "a JSON MAD")?
+        } else {
+            j.clone()
+        };
         let v: Value = serde_json::from_str(&text).context("--json is not valid JSON")?;
         pending.extend(json_assigns(&v)?);
     }
@@ -482,7 +479,7 @@ fn encode(args: EncodeArgs) -> Result<()> {
     }
     for line in wire.chunks(16) {
         let hex: Vec<String> = line.iter().map(|b| format!("{b:02x}")).collect();
-        println!("{}", hex.join(" "));
+        outln!("{}", hex.join(" "))?;
     }
     Ok(())
 }

@@ -20,6 +20,8 @@
 // A driver with real devices and a wall clock: it paces messages and measures stalls.
 #![allow(clippy::disallowed_methods)]
 
+use crate::out::{errln, outln};
+use crate::values;
 use anyhow::{bail, Context as _, Result};
 use apm_core::{
     ConnId, ConnSpec, Manager, MigrationMode, NotificationKind, Path, PortKey, Qpn, Role,
@@ -83,13 +85,13 @@ pub struct Args {
     #[arg(long, default_value_t = 1000)]
     count: u64,
     /// Send for this many seconds instead of --count messages.
-    #[arg(long)]
+    #[arg(long, value_name = "SECS", value_parser = values::seconds)]
     duration: Option<f64>,
     /// Keep sending until standard input is closed (scripts that decide when to stop).
     #[arg(long)]
     until_stdin_eof: bool,
     /// Pace: one message every this many milliseconds.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = values::milliseconds)]
     interval_ms: f64,
     /// Sends in flight at most.
     #[arg(long, default_value_t = 16)]
@@ -102,7 +104,7 @@ pub struct Args {
     #[arg(long, default_value_t = 14)]
     ack_timeout: u8,
     /// After sending, wait this long at most for the peer's last messages.
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, default_value_t = 20.0, value_parser = values::seconds)]
     drain_secs: f64,
     /// Print the result as one JSON object on stdout.
     #[arg(long)]
@@ -185,9 +187,9 @@ pub fn run(args: Args) -> Result<()> {
         .context("starting the async runtime")?;
     let report = rt.block_on(session(&args))?;
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        outln!("{}", serde_json::to_string(&report)?)?;
     } else {
-        println!(
+        outln!(
             "{}: sent {}, received {}, lost {}, duplicated {}, longest stall {:.1} ms, \
              {} failover(s); primary {} (was {})",
             report.role,
@@ -199,7 +201,7 @@ pub fn run(args: Args) -> Result<()> {
             report.failovers,
             report.final_primary,
             report.initial_primary
-        );
+        )?;
     }
     if report.lost > 0 || report.duplicated > 0 {
         bail!(
@@ -246,9 +248,11 @@ async fn session(args: &Args) -> Result<Report> {
     let role = if client { "client" } else { "server" };
     let say = |line: String| {
         if args.json {
-            eprintln!("{line}");
+            errln!("{line}");
         } else {
-            println!("{line}");
+            // A closed stdout does not stop the exchange (the peer counts on it); the
+            // report at the end says it.
+            let _ = outln!("{line}");
         }
     };
 
@@ -508,8 +512,8 @@ async fn session(args: &Args) -> Result<Report> {
         let flag = stdin_closed.clone();
         // A plain thread: blocking stdin reads have no place on the runtime.
         std::thread::spawn(move || {
-            let mut sink = Vec::new();
-            let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+            // Read and forget: an endless stdin costs one buffer, not memory without end.
+            let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
             flag.store(true, std::sync::atomic::Ordering::SeqCst);
         });
     }

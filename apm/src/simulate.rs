@@ -10,7 +10,9 @@
 #[path = "sim_svg.rs"]
 mod sim_svg;
 
+use crate::out::{out, outln};
 use anyhow::{bail, Context};
+use apm::input::SCENARIO_LIMIT;
 use provider_sim::{PolicyKind, RunConfig, RunReport, Scenario, Sim};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -84,8 +86,7 @@ struct JsonDoc {
 fn scenario(args: &Args) -> anyhow::Result<Scenario> {
     let mut s = match &args.scenario {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
+            let text = apm::input::read_file(path, SCENARIO_LIMIT, "a scenario file")?;
             Scenario::from_toml(&text).with_context(|| format!("in {}", path.display()))?
         }
         None => Scenario::default(),
@@ -194,9 +195,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.json {
         let doc = json_doc(&scenario, args.seed, &reports);
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string_pretty(&doc)?)?;
     } else {
-        print!("{}", table(&scenario, args.seed, &reports));
+        out!("{}", table(&scenario, args.seed, &reports))?;
     }
     Ok(())
 }
