@@ -11,8 +11,9 @@ use apm::input::CONFIG_LIMIT;
 pub enum ConfigCommand {
     /// Check a TOML configuration: syntax, unknown keys, values, combinations.
     ///
-    /// Prints a summary when it is valid; otherwise every problem with its line and
-    /// column, and exits with status 1.
+    /// Prints a summary when it is valid; otherwise every problem with its line, column
+    /// and key, and exits with status 1. Also checks the files it names: the `[sim]`
+    /// scenario exists, the `[lap] key_file` is a usable key readable by its owner only.
     Check {
         /// The file to check.
         file: std::path::PathBuf,
@@ -26,12 +27,33 @@ pub enum ConfigCommand {
 pub fn run(cmd: ConfigCommand) -> anyhow::Result<()> {
     let ConfigCommand::Check { file, json } = cmd;
     let text = apm::input::read_file(&file, CONFIG_LIMIT, "a configuration file")?;
-    match Config::parse(&text) {
+    let parsed = Config::parse(&text).and_then(|config| {
+        // What the file names outside itself: only once the file itself is sound.
+        let errors = config.check_files(&text);
+        if errors.is_empty() {
+            Ok(config)
+        } else {
+            Err(errors)
+        }
+    });
+    match parsed {
         Ok(config) => {
             let transport = match config.lap_transport() {
                 LapTransport::Vendor => "vendor",
                 LapTransport::Cm => "cm",
                 LapTransport::Udp => "udp",
+            };
+            let auth = match (
+                transport,
+                &config.lap.key_file,
+                config.lap.require_auth.as_ref().map(|r| *r.get_ref()),
+            ) {
+                ("udp", Some(_), Some(false)) => "key_file; unauthenticated peers accepted too",
+                ("udp", Some(_), _) => "key_file; unauthenticated peers refused",
+                ("udp", None, _) => {
+                    "none: any host on the rail can send peer messages (set [lap] key_file)"
+                }
+                _ => "none (MAD transport)",
             };
             if json {
                 let doc = serde_json::json!({
@@ -39,6 +61,7 @@ pub fn run(cmd: ConfigCommand) -> anyhow::Result<()> {
                     "valid": true,
                     "devices": config.devices.iter().map(|d| d.name.get_ref().clone()).collect::<Vec<_>>(),
                     "lap_transport": transport,
+                    "peer_authentication": auth,
                     "policy": config.engine_policy(),
                 });
                 outln!("{doc}")?;
@@ -48,6 +71,7 @@ pub fn run(cmd: ConfigCommand) -> anyhow::Result<()> {
                     outln!("  device {} ({:?})", d.name.get_ref(), d.provider.get_ref())?;
                 }
                 outln!("  LAP/APR transport: {transport}")?;
+                outln!("  peer authentication: {auth}")?;
             }
             Ok(())
         }
