@@ -1,7 +1,8 @@
 //! The engine's peer facet ([`apm_core::PeerChannel`]) over UDP, for RoCE.
 //!
 //! RoCE has no usable CM path for LAP/APR (the kernel drops them) and no SA, so apm's
-//! peer messages travel as UDP datagrams, one 256-byte vendor MAD each
+//! peer messages travel as UDP datagrams, one 256-byte vendor MAD each (inside an
+//! authenticated envelope when the deployment has a key: [`crate::auth`])
 //! ([`crate::apm_msg`]: LAP, APR and MRA in cm-lap's vendor class layout, plus apm's own
 //! Migrate/MigrateAck attributes). Each node listens on one configured address and port.
 //!
