@@ -399,10 +399,53 @@ fn field_value(field: &Field, v: &Value) -> Result<FieldValue> {
             g.copy_from_slice(&b);
             Ok(FieldValue::Gid(Gid(g)))
         }
-        FieldValue::Bytes(_) => Ok(FieldValue::Bytes(
-            parse_hex(&text).with_context(|| format!("{}: not hex", field.name))?,
-        )),
+        FieldValue::Bytes(_) => {
+            let bytes = parse_hex(&text).with_context(|| format!("{}: not hex", field.name))?;
+            let room = field.bits as usize / 8;
+            if bytes.len() > room {
+                // In bytes, as the user wrote them (the wire layer counts bits).
+                bail!(
+                    "{}: {} bytes given, the field holds {room} bytes",
+                    field.name,
+                    bytes.len()
+                );
+            }
+            Ok(FieldValue::Bytes(bytes))
+        }
     }
+}
+
+/// Where `apm mad decode` shows a payload it could not decode, by field name: each
+/// is that payload's raw bytes, to the end of the MAD.
+fn raw_offset(name: &str) -> Option<usize> {
+    Some(match name {
+        "smp_data" => 64,
+        "sa_data" => 56,
+        "cm_data" | "data" => 24,
+        "vendor_data" => 40,
+        _ => return None,
+    })
+}
+
+/// Write a raw payload assignment (hex) at its offset.
+fn write_raw(wire: &mut [u8; MAD_SIZE], a: &Assign) -> Result<()> {
+    let at = raw_offset(&a.name).unwrap_or(MAD_SIZE);
+    let text = match &a.value {
+        Value::String(s) => s.as_str(),
+        other => bail!("{}: expects hex bytes, not {other}", a.name),
+    };
+    let bytes = parse_hex(text).with_context(|| format!("{}: not hex", a.name))?;
+    let room = MAD_SIZE.saturating_sub(at);
+    if bytes.len() > room {
+        bail!(
+            "{}: {} bytes given, the payload at byte {at} holds {room} bytes",
+            a.name,
+            bytes.len()
+        );
+    }
+    wire[at..at + bytes.len()].copy_from_slice(&bytes);
+    Mad::decode(wire).with_context(|| format!("after setting {}", a.name))?;
+    Ok(())
 }
 
 /// The order assignments are applied in: fields that decide the layout first.
@@ -450,7 +493,19 @@ fn encode(args: EncodeArgs) -> Result<()> {
                 .find(|f| f.name == a.name && a.section.as_deref().is_none_or(|s| s == f.section))
                 .map(|f| (i, f.clone()))
         });
-        let Some((i, field)) = found else { break };
+        let Some((i, field)) = found else {
+            // A payload `decode` showed raw (an SMInfo whose SMState is reserved, an SA
+            // attribute that does not decode): the layout built so far shows the same
+            // bytes as fields, so write the raw bytes where decode found them.
+            match pending.iter().position(|a| raw_offset(&a.name).is_some()) {
+                Some(i) => {
+                    let a = pending.remove(i);
+                    write_raw(&mut wire, &a)?;
+                    continue;
+                }
+                None => break,
+            }
+        };
         let a = pending.remove(i);
         let value = field_value(&field, &a.value)?;
         if value == field.value {
