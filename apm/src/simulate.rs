@@ -173,10 +173,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let b = indicatif::ProgressBar::new(scenario.duration_ms * policies.len() as u64);
         b.set_style(
             indicatif::ProgressStyle::with_template(
-                "{spinner} simulating {bar:40} {percent}% ({elapsed})",
+                "{spinner} simulating {msg} {bar:40} {percent}% ({elapsed}, ~{eta} left)",
             )
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
+        b.set_message(format!(
+            "{:.1} s x {} polic{}",
+            scenario.duration_ms as f64 / 1000.0,
+            policies.len(),
+            if policies.len() == 1 { "y" } else { "ies" }
+        ));
         b
     });
     let reports = run_all(
