@@ -109,6 +109,11 @@ pub struct Args {
     /// Print the result as one JSON object on stdout.
     #[arg(long)]
     json: bool,
+    /// Authenticate apm's peer datagrams with the shared secret in this file (both
+    /// sides; mode 0600): unauthenticated, forged or replayed ones are dropped and
+    /// counted in the report.
+    #[arg(long, value_name = "FILE")]
+    peer_key: Option<std::path::PathBuf>,
 }
 
 /// What the two sides tell each other over TCP before connecting.
@@ -171,6 +176,8 @@ struct Report {
     flushed_recvs_reposted: u64,
     drain_migrations: u64,
     reinit_migrations: u64,
+    /// Peer datagrams the authentication dropped (with --peer-key).
+    peer_datagrams_dropped: Option<u64>,
     elapsed_ms: f64,
 }
 
@@ -281,6 +288,17 @@ async fn session(args: &Args) -> Result<Report> {
     let udp = cm_lap::udp::UdpPeerChannel::bind(args.control, port_key)
         .await
         .with_context(|| format!("binding the apm control socket {}", args.control))?;
+    let udp = match &args.peer_key {
+        Some(path) => {
+            let key = cm_lap::auth::Key::from_file(path)?;
+            udp.with_auth(
+                cm_lap::auth::Mode::Require(key),
+                cm_lap::auth::DEFAULT_MAX_SKEW,
+            )
+        }
+        None => udp,
+    };
+    let peer_auth = args.peer_key.as_ref().map(|_| udp.authenticator());
     // Out-of-band exchange.
     let stream = match args.connect {
         Some(addr) => {
@@ -729,6 +747,10 @@ async fn session(args: &Args) -> Result<Report> {
         flushed_recvs_reposted: st.flushed_recvs,
         drain_migrations: st.drain_migrations,
         reinit_migrations: st.reinit_migrations,
+        peer_datagrams_dropped: peer_auth.map(|a| {
+            let c = a.counters().get();
+            c.unauthenticated + c.bad_tag + c.other_key + c.replayed + c.stale + c.malformed
+        }),
         elapsed_ms: ms(Instant::now()),
     })
 }
