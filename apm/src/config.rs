@@ -4,7 +4,7 @@
 //!
 //! Parsing never panics and never guesses: unknown keys are errors, every error carries
 //! the line and column of the key or value it is about and names the key, and every
-//! problem in a file is reported, not only the first ([`read`] reads each table alone).
+//! problem in a file is reported, not only the first (`config/read.rs` reads each table alone).
 //! A file's references to other files (the `[sim]` scenario, the peer key) are looked
 //! at by [`Config::check_files`], which `apm config check` runs too.
 //!
