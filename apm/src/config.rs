@@ -2,8 +2,11 @@
 //! protects through which providers, how it learns remote failures (SA subscription),
 //! how LAP/APR travel, and the engine's policy knobs.
 //!
-//! Parsing never panics and never guesses: unknown keys are errors, and every error
-//! carries the line and column it is about, so `apm config check` can point at it.
+//! Parsing never panics and never guesses: unknown keys are errors, every error carries
+//! the line and column of the key or value it is about and names the key, and every
+//! problem in a file is reported, not only the first (`config/read.rs` reads each table alone).
+//! A file's references to other files (the `[sim]` scenario, the peer key) are looked
+//! at by [`Config::check_files`], which `apm config check` runs too.
 //!
 //! ```toml
 //! [[device]]
@@ -16,15 +19,21 @@
 //!
 //! [lap]
 //! transport = "vendor"      # vendor (default on IB) | cm | udp (default on RoCE)
+//! # key_file = "/etc/apm/peer.key"  # udp: authenticate peer messages (see cm-lap's auth)
+//! # require_auth = true             # with key_file: drop unauthenticated datagrams
 //!
 //! [policy]
 //! lap_timeout_ms = 100      # any apm_core::Policy field; see its docs for defaults
 //! ```
 
 use apm_core::{Gid, Policy};
+use read::Errors;
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use toml::Spanned;
+
+mod read;
 
 /// A whole deployment.
 #[derive(Clone, Debug, Default, Deserialize, Serialize)]
@@ -40,7 +49,7 @@ pub struct Config {
     #[serde(default)]
     pub lap: LapConfig,
     /// The engine's knobs (`apm_core::Policy`; missing keys take its defaults).
-    pub policy: Option<Spanned<Policy>>,
+    pub policy: Option<Policy>,
     /// The simulated fabric, for `provider = "sim"` devices.
     #[serde(default)]
     pub sim: SimConfig,
@@ -140,6 +149,13 @@ pub struct LapConfig {
     /// Where each peer GID listens, for `udp` (`[[lap.peer]]` tables).
     #[serde(default, rename = "peer")]
     pub peers: Vec<UdpPeer>,
+    /// For `udp`: a file holding the deployment's shared secret; every datagram then
+    /// carries a MAC and a sequence number under it (cm-lap's `auth`). Must be readable
+    /// by its owner only.
+    pub key_file: Option<Spanned<String>>,
+    /// With `key_file`: drop datagrams without a valid MAC (default true). False accepts
+    /// unauthenticated peers too, while a deployment moves to keys node by node.
+    pub require_auth: Option<Spanned<bool>>,
 }
 
 /// A `[[lap.peer]]` table: a peer's GID and UDP address.
@@ -157,34 +173,55 @@ pub struct UdpPeer {
 pub struct ConfigError {
     /// 1-based line (0 when the problem has no place, e.g. an empty file).
     pub line: usize,
-    /// 1-based column.
+    /// 1-based column (characters).
     pub column: usize,
+    /// The key it is about, dotted (`lap.vendor_class`, `device[2].name`); empty for the
+    /// file as a whole or a syntax error.
+    pub key: String,
     /// What is wrong, and what to do about it.
     pub message: String,
 }
 
 impl std::fmt::Display for ConfigError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.line == 0 {
-            write!(f, "{}", self.message)
-        } else {
-            write!(
-                f,
-                "line {}, column {}: {}",
-                self.line, self.column, self.message
-            )
+        if self.line != 0 {
+            write!(f, "line {}, column {}: ", self.line, self.column)?;
         }
+        if !self.key.is_empty() {
+            write!(f, "{}: ", self.key)?;
+        }
+        write!(f, "{}", self.message)
     }
 }
 
 impl std::error::Error for ConfigError {}
 
-/// Line and column (1-based) of byte `offset` in `text`.
-fn position(text: &str, offset: usize) -> (usize, usize) {
-    let before = &text[..offset.min(text.len())];
-    let line = before.matches('\n').count() + 1;
-    let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-    (line, column)
+/// The longest device name libibverbs has (`IBV_SYSFS_NAME_MAX`).
+const DEVICE_NAME_MAX: usize = 64;
+
+/// Why a device name cannot be one, if it cannot.
+fn bad_device_name(name: &str) -> Option<String> {
+    if name.is_empty() {
+        return Some("device name is empty".into());
+    }
+    if name.len() >= DEVICE_NAME_MAX {
+        return Some(format!(
+            "device name is {} bytes long; RDMA device names have at most {} bytes",
+            name.len(),
+            DEVICE_NAME_MAX - 1
+        ));
+    }
+    if let Some(c) = name
+        .chars()
+        .find(|c| c.is_control() || *c == '/' || c.is_whitespace())
+    {
+        return Some(format!(
+            "device name {:?} contains {c:?}: RDMA device names have no control characters, \
+             spaces or '/'",
+            crate::input::truncate_echo(name, 80)
+        ));
+    }
+    None
 }
 
 /// The RoCE/InfiniBand default transport for a set of devices.
@@ -200,23 +237,46 @@ fn default_transport(devices: &[DeviceConfig]) -> LapTransport {
 }
 
 impl Config {
-    /// Parse and check a configuration. All semantic problems are reported, not only
-    /// the first; a syntax error stops at itself.
+    /// Parse and check a configuration. Every problem is reported, not only the first;
+    /// a syntax error stops at itself (what follows it cannot be read).
     pub fn parse(text: &str) -> Result<Config, Vec<ConfigError>> {
-        let config: Config = toml::from_str(text).map_err(|e| {
-            let (line, column) = e.span().map_or((0, 0), |s| position(text, s.start));
-            vec![ConfigError {
-                line,
-                column,
-                message: e.message().to_string(),
-            }]
-        })?;
-        let errors = config.check(text);
-        if errors.is_empty() {
-            Ok(config)
-        } else {
-            Err(errors)
+        let mut errors = Errors::new(text);
+        let config = read::read(text, &mut errors).map(|(c, declared)| {
+            c.check(declared, &mut errors);
+            c
+        });
+        let mut list = errors.list;
+        // In file order, whichever check found them.
+        list.sort_by_key(|e| (e.line, e.column));
+        match config {
+            Some(c) if list.is_empty() => Ok(c),
+            _ => Err(list),
         }
+    }
+
+    /// Check what the configuration names outside itself: the `[sim]` scenario file
+    /// exists and is a file, the `[lap] key_file` holds a usable key that no one else can
+    /// read. `text` is the configuration the spans refer to.
+    pub fn check_files(&self, text: &str) -> Vec<ConfigError> {
+        let mut errors = Errors::new(text);
+        if let Some(s) = &self.sim.scenario {
+            let path = std::path::Path::new(s.get_ref());
+            match std::fs::metadata(path) {
+                Ok(m) if m.is_file() => {}
+                Ok(_) => errors.push(Some(s.span()), "sim.scenario", "is not a regular file"),
+                Err(e) => errors.push(
+                    Some(s.span()),
+                    "sim.scenario",
+                    &format!("cannot read {}: {e}", path.display()),
+                ),
+            }
+        }
+        if let Some(k) = &self.lap.key_file {
+            if let Err(e) = cm_lap::auth::Key::from_file(std::path::Path::new(k.get_ref())) {
+                errors.push(Some(k.span()), "lap.key_file", &e.to_string());
+            }
+        }
+        errors.list
     }
 
     /// The LAP transport in force (explicit or the default for the devices).
@@ -227,115 +287,155 @@ impl Config {
             .map_or_else(|| default_transport(&self.devices), |t| *t.get_ref())
     }
 
+    /// The UDP peer channel's authentication: none without `key_file`; with it, the key
+    /// read (and its file checked) now, and unauthenticated datagrams refused unless
+    /// `require_auth = false`.
+    pub fn peer_auth(&self) -> Result<cm_lap::auth::Mode, cm_lap::auth::KeyError> {
+        use cm_lap::auth::{Key, Mode};
+        let Some(file) = &self.lap.key_file else {
+            return Ok(Mode::Off);
+        };
+        let key = Key::from_file(std::path::Path::new(file.get_ref()))?;
+        let require = self.lap.require_auth.as_ref().is_none_or(|r| *r.get_ref());
+        Ok(if require {
+            Mode::Require(key)
+        } else {
+            Mode::AcceptUnauthenticated(key)
+        })
+    }
+
     /// The engine policy with the `[sa]` switches applied.
     pub fn engine_policy(&self) -> Policy {
-        let mut p = self
-            .policy
-            .as_ref()
-            .map(|p| p.get_ref().clone())
-            .unwrap_or_default();
+        let mut p = self.policy.clone().unwrap_or_default();
         p.subscribe = p.subscribe && self.sa.subscribe;
         p.resolve_paths = p.resolve_paths && self.sa.resolve_paths;
         p
     }
 
-    fn check(&self, text: &str) -> Vec<ConfigError> {
-        let mut errors = Vec::new();
-        let mut at = |span: std::ops::Range<usize>, message: String| {
-            let (line, column) = position(text, span.start);
-            errors.push(ConfigError {
-                line,
-                column,
-                message,
-            });
+    /// The semantic checks: values that parse but cannot work, alone or together.
+    /// `declared`: the file has `[[device]]` tables (some may not have been read).
+    fn check(&self, declared: bool, errors: &mut Errors<'_>) {
+        let mut at = |span: Option<std::ops::Range<usize>>, key: &str, message: String| {
+            errors.push(span, key, &message);
         };
-        if self.devices.is_empty() {
+        if !declared {
             at(
-                0..0,
+                None,
+                "",
                 "no [[device]] table: name at least one device to protect connections on".into(),
             );
         }
+        let mut names: BTreeMap<&str, usize> = BTreeMap::new();
+        let first_kind = self.devices.first().map(|d| (d, *d.provider.get_ref()));
         for (i, d) in self.devices.iter().enumerate() {
+            let key = |k: &str| format!("device[{}].{k}", i + 1);
             let name = d.name.get_ref();
-            if name.is_empty() {
-                at(d.name.span(), "device name is empty".into());
-            }
-            if self.devices[..i].iter().any(|o| o.name.get_ref() == name) {
-                at(d.name.span(), format!("device {name:?} is listed twice"));
-            }
-            let sim = *d.provider.get_ref() == ProviderKind::Sim;
-            if sim && !name.is_empty() && sim_host(name).is_none() {
+            if let Some(why) = bad_device_name(name) {
+                at(Some(d.name.span()), &key("name"), why);
+            } else if let Some(first) = names.insert(name, i) {
                 at(
-                    d.name.span(),
+                    Some(d.name.span()),
+                    &key("name"),
+                    format!(
+                        "device {name:?} is listed twice (first as device[{}])",
+                        first + 1
+                    ),
+                );
+            }
+            let kind = *d.provider.get_ref();
+            let sim = kind == ProviderKind::Sim;
+            if sim && bad_device_name(name).is_none() && sim_host(name).is_none() {
+                at(
+                    Some(d.name.span()),
+                    &key("name"),
                     format!("simulated device {name:?}: name a scenario host, h0, h1, ..."),
                 );
             }
-            if self.devices[..i]
-                .iter()
-                .any(|o| (*o.provider.get_ref() == ProviderKind::Sim) != sim)
-            {
-                at(
-                    d.provider.span(),
+            match first_kind {
+                Some((_, k)) if (k == ProviderKind::Sim) != sim => at(
+                    Some(d.provider.span()),
+                    &key("provider"),
                     "simulated and real devices cannot be mixed in one deployment".into(),
-                );
-            } else if let Some(o) = self.devices[..i]
-                .iter()
-                .find(|o| o.provider.get_ref() != d.provider.get_ref())
-            {
-                at(
-                    d.provider.span(),
+                ),
+                Some((o, k)) if k != kind => at(
+                    Some(d.provider.span()),
+                    &key("provider"),
                     format!(
                         "device {:?} is {:?} but {:?} is {:?}: one provider kind per \
                          deployment (run one apm per kind)",
                         name,
-                        d.provider.get_ref(),
+                        kind,
                         o.name.get_ref(),
-                        o.provider.get_ref()
+                        k
                     ),
-                );
+                ),
+                _ => {}
             }
             if let Some(ports) = &d.ports {
                 if ports.get_ref().contains(&0) {
-                    at(ports.span(), "port numbers start at 1".into());
+                    at(
+                        Some(ports.span()),
+                        &key("ports"),
+                        "port numbers start at 1".into(),
+                    );
                 }
             }
         }
-        if let Some(policy) = &self.policy {
-            if let Err(e) = policy.get_ref().validate() {
-                at(policy.span(), e.to_string());
-            }
-        }
+        self.check_lap(&mut at);
+    }
+
+    /// `[lap]`: the transport against the devices, its own values, the peers.
+    fn check_lap(&self, at: &mut impl FnMut(Option<std::ops::Range<usize>>, &str, String)) {
+        let lap = &self.lap;
         let transport = self.lap_transport();
-        let transport_span = self.lap.transport.as_ref().map_or(0..0, |t| t.span());
         let roce = self
             .devices
             .iter()
             .find(|d| *d.provider.get_ref() == ProviderKind::Rxe);
+        // Where a problem of the transport is: the transport key if there is one, else
+        // the device that made it the default.
+        let transport_at = |fallback: Option<&DeviceConfig>| {
+            if let Some(t) = &lap.transport {
+                return (Some(t.span()), "lap.transport".to_owned());
+            }
+            let device = fallback.and_then(|d| {
+                let i = self.devices.iter().position(|o| std::ptr::eq(o, d))?;
+                Some((
+                    Some(d.provider.span()),
+                    format!("device[{}].provider", i + 1),
+                ))
+            });
+            device.unwrap_or((None, "lap.transport".to_owned()))
+        };
         if let (Some(d), LapTransport::Vendor | LapTransport::Cm) = (roce, transport) {
+            let (span, key) = transport_at(Some(d));
             at(
-                transport_span.clone(),
+                span,
+                &key,
                 format!(
                     "device {:?} is RoCE: MADs cannot carry LAPs there; use transport = \"udp\"",
                     d.name.get_ref()
                 ),
             );
         }
-        if let Some(c) = &self.lap.vendor_class {
+        if let Some(c) = &lap.vendor_class {
             if !(0x30..=0x4F).contains(c.get_ref()) {
                 at(
-                    c.span(),
+                    Some(c.span()),
+                    "lap.vendor_class",
                     format!(
-                        "vendor_class {:#04x} is not a vendor class with an OUI (0x30..=0x4f)",
+                        "{:#04x} is not a vendor class with an OUI (0x30..=0x4f)",
                         c.get_ref()
                     ),
                 );
             }
         }
-        if let Some(o) = &self.lap.oui {
+        if let Some(o) = &lap.oui {
             if *o.get_ref() > 0xFF_FFFF {
                 at(
-                    o.span(),
-                    format!("oui {:#x} does not fit in 24 bits", o.get_ref()),
+                    Some(o.span()),
+                    "lap.oui",
+                    format!("{:#x} does not fit in 24 bits (3 bytes)", o.get_ref()),
                 );
             }
         }
@@ -345,27 +445,66 @@ impl Config {
                 .iter()
                 .all(|d| *d.provider.get_ref() == ProviderKind::Verbs);
         if all_ib && transport == LapTransport::Udp {
+            let (span, key) = transport_at(None);
             at(
-                transport_span.clone(),
+                span,
+                &key,
                 "InfiniBand devices carry LAP/APR as MADs: use transport = \"vendor\" (the \
                  default) or \"cm\"; udp is RoCE's"
                     .into(),
             );
-        } else if transport == LapTransport::Udp && self.lap.udp_listen.is_none() {
+        } else if transport == LapTransport::Udp && lap.udp_listen.is_none() {
+            let (span, key) = transport_at(roce);
+            let why = match &lap.transport {
+                Some(_) => "the udp transport",
+                None => "this RoCE device's peer messages travel over UDP, which",
+            };
             at(
-                transport_span,
-                "the udp transport needs udp_listen = \"ADDRESS:PORT\" in [lap]".into(),
+                span,
+                &key,
+                format!("{why} needs udp_listen = \"ADDRESS:PORT\" in [lap]"),
             );
         }
-        for peer in &self.lap.peers {
-            if peer.gid.get_ref().parse::<Gid>().is_err() {
+        if transport != LapTransport::Udp {
+            for (k, span) in [
+                ("lap.key_file", lap.key_file.as_ref().map(Spanned::span)),
+                (
+                    "lap.require_auth",
+                    lap.require_auth.as_ref().map(Spanned::span),
+                ),
+            ] {
+                if let Some(span) = span {
+                    at(
+                        Some(span),
+                        k,
+                        "peer authentication is for transport = \"udp\"; the MAD \
+                         transports are not authenticated (their source LIDs come from the \
+                         fabric)"
+                            .into(),
+                    );
+                }
+            }
+        } else if let (None, Some(r)) = (&lap.key_file, &lap.require_auth) {
+            if *r.get_ref() {
                 at(
-                    peer.gid.span(),
-                    format!("{:?} is not a GID (IPv6 notation)", peer.gid.get_ref()),
+                    Some(r.span()),
+                    "lap.require_auth",
+                    "require_auth needs key_file = \"PATH\" (the shared secret)".into(),
                 );
             }
         }
-        errors
+        for (i, peer) in lap.peers.iter().enumerate() {
+            if peer.gid.get_ref().parse::<Gid>().is_err() {
+                at(
+                    Some(peer.gid.span()),
+                    &format!("lap.peer[{}].gid", i + 1),
+                    format!(
+                        "{:?} is not a GID (IPv6 notation)",
+                        crate::input::truncate_echo(peer.gid.get_ref(), 80)
+                    ),
+                );
+            }
+        }
     }
 }
 
@@ -399,7 +538,10 @@ mod tests {
         let text = "[[device]]\nname = \"rxe0\"\nprovider = \"rxe\"\n";
         assert_eq!(
             errors(text),
-            ["line 1, column 1: the udp transport needs udp_listen = \"ADDRESS:PORT\" in [lap]"]
+            [
+                "line 3, column 12: device[1].provider: this RoCE device's peer messages travel \
+              over UDP, which needs udp_listen = \"ADDRESS:PORT\" in [lap]"
+            ]
         );
         let ok = format!("{text}[lap]\nudp_listen = \"0.0.0.0:18515\"\n");
         assert_eq!(
@@ -471,5 +613,89 @@ mod tests {
         assert!(errors("this is not toml")
             .first()
             .is_some_and(|e| e.starts_with("line 1")));
+    }
+
+    #[test]
+    fn every_error_is_reported_at_its_key() {
+        let text = "[[device]]\nname = \"mlx5_0\"\nprovider = \"verbs\"\nports = [1, 300]\n\
+                    [[device]]\nname = 7\nprovider = \"verbs\"\n\
+                    [policy]\nlap_timeout_ms = 0\nlap_max_tries = 0\nbogus = 1\n\
+                    [sa]\nsubscribe = \"yes\"\n";
+        let es = errors(text);
+        let want = [
+            ("line 4, column 13: device[1].ports:", "300"),
+            ("line 6, column 8: device[2].name:", "expected a string"),
+            ("line 9, column 18: policy.lap_timeout_ms:", "at least 1"),
+            ("line 10, column 17: policy.lap_max_tries:", "at least 1"),
+            ("line 11, column 1: policy.bogus:", "unknown field"),
+            ("line 13, column 13: sa.subscribe:", "expected a boolean"),
+        ];
+        assert_eq!(es.len(), want.len(), "{es:#?}");
+        for ((at, what), e) in want.iter().zip(&es) {
+            assert!(e.starts_with(at) && e.contains(what), "{e} / {at} {what}");
+        }
+    }
+
+    #[test]
+    fn device_names_with_control_characters_are_refused_at_their_line() {
+        for bad in ["a\\u0000b", "a\\nb", "rx e0", "a/b"] {
+            let text = format!("[[device]]\nname = \"{bad}\"\nprovider = \"verbs\"\n");
+            let es = errors(&text);
+            assert!(
+                es.len() == 1 && es[0].starts_with("line 2, column 8: device[1].name:"),
+                "{bad}: {es:?}"
+            );
+        }
+        let long = "x".repeat(70);
+        let es = errors(&format!(
+            "[[device]]\nname = \"{long}\"\nprovider = \"verbs\"\n"
+        ));
+        assert!(es[0].contains("at most 63 bytes"), "{es:?}");
+    }
+
+    #[test]
+    fn peer_authentication_keys_are_checked() {
+        let roce =
+            "[[device]]\nname = \"rxe0\"\nprovider = \"rxe\"\n[lap]\nudp_listen = \"0.0.0.0:1\"\n";
+        let es = errors(&format!("{roce}require_auth = true\n"));
+        assert!(es[0].contains("needs key_file"), "{es:?}");
+        let ok = Config::parse(&format!("{roce}key_file = \"/k\"\n")).expect("valid");
+        assert!(ok.peer_auth().is_err(), "no such file");
+        let ib = "[[device]]\nname = \"mlx5_0\"\nprovider = \"verbs\"\n[lap]\nkey_file = \"/k\"\n";
+        let es = errors(ib);
+        assert!(
+            es[0].starts_with("line 5, column 12: lap.key_file:") && es[0].contains("udp"),
+            "{es:?}"
+        );
+    }
+
+    #[test]
+    fn thousands_of_bad_peers_are_all_reported() {
+        let mut text = String::from(
+            "[[device]]\nname = \"rxe0\"\nprovider = \"rxe\"\n[lap]\nudp_listen = \"0.0.0.0:1\"\n",
+        );
+        for i in 0..20_000 {
+            text.push_str(&format!(
+                "[[lap.peer]]\ngid = \"nope{i}\"\naddr = \"10.0.0.1:1\"\n"
+            ));
+        }
+        let es = errors(&text);
+        assert_eq!(es.len(), 20_000);
+        assert!(
+            es[19_999].starts_with("line 60004, column 7: lap.peer[20000].gid:"),
+            "{}",
+            es[19_999]
+        );
+    }
+
+    #[test]
+    fn a_huge_value_is_not_echoed_whole() {
+        let text = format!(
+            "[[device]]\nname = \"x\"\nprovider = \"{}\"\n",
+            "v".repeat(5_000_000)
+        );
+        let es = errors(&text);
+        assert_eq!(es.len(), 1);
+        assert!(es[0].len() < 1000, "{} bytes", es[0].len());
     }
 }

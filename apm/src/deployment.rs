@@ -244,6 +244,8 @@ struct Devices {
     /// The fabric facet's path table, where it is one (RoCE): each protected
     /// connection's paths. InfiniBand asks the SA.
     paths: Option<StaticPaths>,
+    /// The UDP peer channel's authentication (RoCE), for its counters.
+    peer_auth: Option<Arc<cm_lap::auth::Authenticator>>,
 }
 
 /// The deployment's QP facet (the other handle is in the manager's [`Stack`]).
@@ -301,6 +303,7 @@ impl Apm {
             contexts,
             facet: QpFacet::Verbs(facet),
             paths: None,
+            peer_auth: None,
         });
         Ok(apm)
     }
@@ -333,6 +336,7 @@ impl Apm {
             contexts: Vec::new(),
             facet: QpFacet::External,
             paths: None,
+            peer_auth: None,
         });
         Ok(apm)
     }
@@ -358,9 +362,14 @@ impl Apm {
             .as_ref()
             .and_then(|p| p.get_ref().first().copied())
             .unwrap_or(1);
+        let auth = config
+            .peer_auth()
+            .map_err(|e| StartError::Unavailable(e.to_string()))?;
         let udp = cm_lap::udp::UdpPeerChannel::bind(listen, PortKey::new(0, first_port))
             .await
-            .map_err(|e| StartError::Unavailable(format!("binding udp_listen {listen}: {e}")))?;
+            .map_err(|e| StartError::Unavailable(format!("binding udp_listen {listen}: {e}")))?
+            .with_auth(auth, cm_lap::auth::DEFAULT_MAX_SKEW);
+        let peer_auth = Some(udp.authenticator());
         for peer in &config.lap.peers {
             // `Config::parse` checked every GID.
             if let Ok(gid) = peer.gid.get_ref().parse::<Gid>() {
@@ -376,6 +385,7 @@ impl Apm {
             contexts,
             facet: QpFacet::Rxe(facet),
             paths: Some(paths),
+            peer_auth,
         });
         Ok(apm)
     }
@@ -536,6 +546,13 @@ impl Apm {
     /// The manager's handle, for everything else (stats, more clones).
     pub fn handle(&self) -> &ManagerHandle {
         &self.handle
+    }
+
+    /// Peer datagrams accepted and dropped by the UDP channel's authentication (RoCE
+    /// deployments; `None` elsewhere).
+    pub fn peer_auth_counters(&self) -> Option<cm_lap::auth::CounterValues> {
+        let auth = self.devices.as_ref()?.peer_auth.as_ref()?;
+        Some(auth.counters().get())
     }
 
     /// The simulated fabric this Apm created ([`Apm::start`] with a simulated device).

@@ -4,6 +4,7 @@
 //!   unprotect connections, receive notifications and unaffiliated fabric events, shut
 //!   down. [`SimFabric`] runs it on the simulated fabric anywhere.
 //! - [`config`]: the deployment TOML (`apm config check FILE` validates it).
+//! - [`input`]: reading configuration, scenario and MAD input with a size limit.
 //! - [`ib`]: the umad half of an InfiniBand deployment (SA and LAP/APR MADs per port),
 //!   also for deployments on a QP facet of the caller's ([`Apm::start_with_qp`]).
 //! - [`apm_core`] re-exported (the engine, its types, the `Manager`), so an application
@@ -29,6 +30,7 @@
 pub mod config;
 pub mod deployment;
 pub mod ib;
+pub mod input;
 
 pub use apm_core;
 pub use config::{Config, ConfigError};

@@ -7,7 +7,9 @@
 //! malformed value is refused with the field and offset that ib-mad names. This module
 //! keeps no layout of its own.
 
+use crate::out::{out, outln};
 use anyhow::{bail, Context, Result};
+use apm::input::{self, MAD_HEX_LIMIT, MAD_JSON_LIMIT};
 use ib_mad::cm::{ApStatus, Apr, CmBody, CmMad, Lap, Mra, Req};
 use ib_mad::fields::{self, Field, FieldValue};
 use ib_mad::sa::{ClassPortInfo, InformInfo, Notice, NoticeDetails, PathRecord, SaMad, SaPayload};
@@ -16,7 +18,6 @@ use ib_mad::types::{Gid, Lid, Oui, Timeout, U15, U24, U7};
 use ib_mad::vendor::VendorMad;
 use ib_mad::{AttributeId, Mad, Method, MgmtClass, MAD_SIZE};
 use serde_json::{Map, Value};
-use std::io::Read;
 
 /// `apm mad` subcommands.
 #[derive(Debug, clap::Subcommand)]
@@ -74,14 +75,6 @@ pub fn run(cmd: MadCommand) -> Result<()> {
     }
 }
 
-fn read_stdin() -> Result<String> {
-    let mut s = String::new();
-    std::io::stdin()
-        .read_to_string(&mut s)
-        .context("reading standard input")?;
-    Ok(s)
-}
-
 /// Parse hex with any whitespace, ':' or '-' separators and optional 0x prefixes.
 fn parse_hex(text: &str) -> Result<Vec<u8>> {
     let mut digits = String::with_capacity(text.len());
@@ -106,16 +99,16 @@ fn parse_hex(text: &str) -> Result<Vec<u8>> {
 
 fn decode(args: DecodeArgs) -> Result<()> {
     let text = if args.hex.len() == 1 && args.hex[0] == "-" {
-        read_stdin()?
+        input::read_stdin(MAD_HEX_LIMIT, "a MAD in hex")?
     } else {
         args.hex.join(" ")
     };
     let bytes = parse_hex(&text)?;
     let mad = Mad::decode(&bytes).context("malformed MAD")?;
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&to_json(&mad))?);
+        outln!("{}", serde_json::to_string_pretty(&to_json(&mad))?)?;
     } else {
-        print!("{}", layout(&mad));
+        out!("{}", layout(&mad))?;
     }
     Ok(())
 }
@@ -406,10 +399,53 @@ fn field_value(field: &Field, v: &Value) -> Result<FieldValue> {
             g.copy_from_slice(&b);
             Ok(FieldValue::Gid(Gid(g)))
         }
-        FieldValue::Bytes(_) => Ok(FieldValue::Bytes(
-            parse_hex(&text).with_context(|| format!("{}: not hex", field.name))?,
-        )),
+        FieldValue::Bytes(_) => {
+            let bytes = parse_hex(&text).with_context(|| format!("{}: not hex", field.name))?;
+            let room = field.bits as usize / 8;
+            if bytes.len() > room {
+                // In bytes, as the user wrote them (the wire layer counts bits).
+                bail!(
+                    "{}: {} bytes given, the field holds {room} bytes",
+                    field.name,
+                    bytes.len()
+                );
+            }
+            Ok(FieldValue::Bytes(bytes))
+        }
     }
+}
+
+/// Where `apm mad decode` shows a payload it could not decode, by field name: each
+/// is that payload's raw bytes, to the end of the MAD.
+fn raw_offset(name: &str) -> Option<usize> {
+    Some(match name {
+        "smp_data" => 64,
+        "sa_data" => 56,
+        "cm_data" | "data" => 24,
+        "vendor_data" => 40,
+        _ => return None,
+    })
+}
+
+/// Write a raw payload assignment (hex) at its offset.
+fn write_raw(wire: &mut [u8; MAD_SIZE], a: &Assign) -> Result<()> {
+    let at = raw_offset(&a.name).unwrap_or(MAD_SIZE);
+    let text = match &a.value {
+        Value::String(s) => s.as_str(),
+        other => bail!("{}: expects hex bytes, not {other}", a.name),
+    };
+    let bytes = parse_hex(text).with_context(|| format!("{}: not hex", a.name))?;
+    let room = MAD_SIZE.saturating_sub(at);
+    if bytes.len() > room {
+        bail!(
+            "{}: {} bytes given, the payload at byte {at} holds {room} bytes",
+            a.name,
+            bytes.len()
+        );
+    }
+    wire[at..at + bytes.len()].copy_from_slice(&bytes);
+    Mad::decode(wire).with_context(|| format!("after setting {}", a.name))?;
+    Ok(())
 }
 
 /// The order assignments are applied in: fields that decide the layout first.
@@ -434,7 +470,11 @@ fn encode(args: EncodeArgs) -> Result<()> {
     }
     let mut pending: Vec<Assign> = Vec::new();
     if let Some(j) = &args.json {
-        let text = if j == "-" { read_stdin()? } else { j.clone() };
+        let text = if j == "-" {
+            input::read_stdin(MAD_JSON_LIMIT, "a JSON MAD")?
+        } else {
+            j.clone()
+        };
         let v: Value = serde_json::from_str(&text).context("--json is not valid JSON")?;
         pending.extend(json_assigns(&v)?);
     }
@@ -453,7 +493,19 @@ fn encode(args: EncodeArgs) -> Result<()> {
                 .find(|f| f.name == a.name && a.section.as_deref().is_none_or(|s| s == f.section))
                 .map(|f| (i, f.clone()))
         });
-        let Some((i, field)) = found else { break };
+        let Some((i, field)) = found else {
+            // A payload `decode` showed raw (an SMInfo whose SMState is reserved, an SA
+            // attribute that does not decode): the layout built so far shows the same
+            // bytes as fields, so write the raw bytes where decode found them.
+            match pending.iter().position(|a| raw_offset(&a.name).is_some()) {
+                Some(i) => {
+                    let a = pending.remove(i);
+                    write_raw(&mut wire, &a)?;
+                    continue;
+                }
+                None => break,
+            }
+        };
         let a = pending.remove(i);
         let value = field_value(&field, &a.value)?;
         if value == field.value {
@@ -482,7 +534,7 @@ fn encode(args: EncodeArgs) -> Result<()> {
     }
     for line in wire.chunks(16) {
         let hex: Vec<String> = line.iter().map(|b| format!("{b:02x}")).collect();
-        println!("{}", hex.join(" "));
+        outln!("{}", hex.join(" "))?;
     }
     Ok(())
 }

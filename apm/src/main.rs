@@ -2,13 +2,17 @@
 //!
 //! Subcommand modules own their arguments (`clap::Args`) and their output; this file only
 //! dispatches and sets up logging. Errors reach the user through `anyhow` with context,
-//! and every subcommand exits non-zero on failure.
+//! and every subcommand exits non-zero on failure. No subcommand prints with `println!`
+//! (it panics on a closed pipe): output goes through [`out`], and a closed standard
+//! output ends the process as SIGPIPE ends any filter, quietly.
 #![forbid(unsafe_code)]
 
 mod config_cmd;
 mod mad;
+mod out;
 mod pingpong;
 mod simulate;
+mod values;
 mod watch;
 
 use clap::{Parser, Subcommand};
@@ -42,6 +46,9 @@ enum Command {
     Watch(watch::Args),
 }
 
+/// The longest line of an error message printed (characters).
+const ERROR_LINE_MAX: usize = 400;
+
 fn main() {
     let cli = Cli::parse();
     tracing_subscriber::fmt()
@@ -56,7 +63,14 @@ fn main() {
         Command::Watch(args) => watch::run(args),
     };
     if let Err(err) = result {
-        eprintln!("apm: {err:#}");
+        if out::is_stdout_closed(&err) {
+            out::die_of_sigpipe();
+        }
+        // An error may quote its input (a TOML line, a value): each line is cut so that
+        // a megabyte of input does not come back as a megabyte of message.
+        for line in format!("apm: {err:#}").lines() {
+            out::errln!("{}", apm::input::truncate_echo(line, ERROR_LINE_MAX));
+        }
         std::process::exit(1);
     }
 }

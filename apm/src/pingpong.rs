@@ -20,6 +20,8 @@
 // A driver with real devices and a wall clock: it paces messages and measures stalls.
 #![allow(clippy::disallowed_methods)]
 
+use crate::out::{errln, outln};
+use crate::values;
 use anyhow::{bail, Context as _, Result};
 use apm_core::{
     ConnId, ConnSpec, Manager, MigrationMode, NotificationKind, Path, PortKey, Qpn, Role,
@@ -83,13 +85,13 @@ pub struct Args {
     #[arg(long, default_value_t = 1000)]
     count: u64,
     /// Send for this many seconds instead of --count messages.
-    #[arg(long)]
+    #[arg(long, value_name = "SECS", value_parser = values::seconds)]
     duration: Option<f64>,
     /// Keep sending until standard input is closed (scripts that decide when to stop).
     #[arg(long)]
     until_stdin_eof: bool,
     /// Pace: one message every this many milliseconds.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = values::milliseconds)]
     interval_ms: f64,
     /// Sends in flight at most.
     #[arg(long, default_value_t = 16)]
@@ -102,11 +104,16 @@ pub struct Args {
     #[arg(long, default_value_t = 14)]
     ack_timeout: u8,
     /// After sending, wait this long at most for the peer's last messages.
-    #[arg(long, default_value_t = 20.0)]
+    #[arg(long, default_value_t = 20.0, value_parser = values::seconds)]
     drain_secs: f64,
     /// Print the result as one JSON object on stdout.
     #[arg(long)]
     json: bool,
+    /// Authenticate apm's peer datagrams with the shared secret in this file (both
+    /// sides; mode 0600): unauthenticated, forged or replayed ones are dropped and
+    /// counted in the report.
+    #[arg(long, value_name = "FILE")]
+    peer_key: Option<std::path::PathBuf>,
 }
 
 /// What the two sides tell each other over TCP before connecting.
@@ -169,6 +176,8 @@ struct Report {
     flushed_recvs_reposted: u64,
     drain_migrations: u64,
     reinit_migrations: u64,
+    /// Peer datagrams the authentication dropped (with --peer-key).
+    peer_datagrams_dropped: Option<u64>,
     elapsed_ms: f64,
 }
 
@@ -185,9 +194,9 @@ pub fn run(args: Args) -> Result<()> {
         .context("starting the async runtime")?;
     let report = rt.block_on(session(&args))?;
     if args.json {
-        println!("{}", serde_json::to_string(&report)?);
+        outln!("{}", serde_json::to_string(&report)?)?;
     } else {
-        println!(
+        outln!(
             "{}: sent {}, received {}, lost {}, duplicated {}, longest stall {:.1} ms, \
              {} failover(s); primary {} (was {})",
             report.role,
@@ -199,7 +208,7 @@ pub fn run(args: Args) -> Result<()> {
             report.failovers,
             report.final_primary,
             report.initial_primary
-        );
+        )?;
     }
     if report.lost > 0 || report.duplicated > 0 {
         bail!(
@@ -246,9 +255,11 @@ async fn session(args: &Args) -> Result<Report> {
     let role = if client { "client" } else { "server" };
     let say = |line: String| {
         if args.json {
-            eprintln!("{line}");
+            errln!("{line}");
         } else {
-            println!("{line}");
+            // A closed stdout does not stop the exchange (the peer counts on it); the
+            // report at the end says it.
+            let _ = outln!("{line}");
         }
     };
 
@@ -277,6 +288,17 @@ async fn session(args: &Args) -> Result<Report> {
     let udp = cm_lap::udp::UdpPeerChannel::bind(args.control, port_key)
         .await
         .with_context(|| format!("binding the apm control socket {}", args.control))?;
+    let udp = match &args.peer_key {
+        Some(path) => {
+            let key = cm_lap::auth::Key::from_file(path)?;
+            udp.with_auth(
+                cm_lap::auth::Mode::Require(key),
+                cm_lap::auth::DEFAULT_MAX_SKEW,
+            )
+        }
+        None => udp,
+    };
+    let peer_auth = args.peer_key.as_ref().map(|_| udp.authenticator());
     // Out-of-band exchange.
     let stream = match args.connect {
         Some(addr) => {
@@ -508,8 +530,8 @@ async fn session(args: &Args) -> Result<Report> {
         let flag = stdin_closed.clone();
         // A plain thread: blocking stdin reads have no place on the runtime.
         std::thread::spawn(move || {
-            let mut sink = Vec::new();
-            let _ = std::io::Read::read_to_end(&mut std::io::stdin(), &mut sink);
+            // Read and forget: an endless stdin costs one buffer, not memory without end.
+            let _ = std::io::copy(&mut std::io::stdin().lock(), &mut std::io::sink());
             flag.store(true, std::sync::atomic::Ordering::SeqCst);
         });
     }
@@ -725,6 +747,10 @@ async fn session(args: &Args) -> Result<Report> {
         flushed_recvs_reposted: st.flushed_recvs,
         drain_migrations: st.drain_migrations,
         reinit_migrations: st.reinit_migrations,
+        peer_datagrams_dropped: peer_auth.map(|a| {
+            let c = a.counters().get();
+            c.unauthenticated + c.bad_tag + c.other_key + c.replayed + c.stale + c.malformed
+        }),
         elapsed_ms: ms(Instant::now()),
     })
 }

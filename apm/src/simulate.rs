@@ -10,7 +10,9 @@
 #[path = "sim_svg.rs"]
 mod sim_svg;
 
+use crate::out::{out, outln};
 use anyhow::{bail, Context};
+use apm::input::SCENARIO_LIMIT;
 use provider_sim::{PolicyKind, RunConfig, RunReport, Scenario, Sim};
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -84,8 +86,7 @@ struct JsonDoc {
 fn scenario(args: &Args) -> anyhow::Result<Scenario> {
     let mut s = match &args.scenario {
         Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
+            let text = apm::input::read_file(path, SCENARIO_LIMIT, "a scenario file")?;
             Scenario::from_toml(&text).with_context(|| format!("in {}", path.display()))?
         }
         None => Scenario::default(),
@@ -172,10 +173,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let b = indicatif::ProgressBar::new(scenario.duration_ms * policies.len() as u64);
         b.set_style(
             indicatif::ProgressStyle::with_template(
-                "{spinner} simulating {bar:40} {percent}% ({elapsed})",
+                "{spinner} simulating {msg} {bar:40} {percent}% ({elapsed}, ~{eta} left)",
             )
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
+        b.set_message(format!(
+            "{:.1} s x {} polic{}",
+            scenario.duration_ms as f64 / 1000.0,
+            policies.len(),
+            if policies.len() == 1 { "y" } else { "ies" }
+        ));
         b
     });
     let reports = run_all(
@@ -194,9 +201,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     }
     if args.json {
         let doc = json_doc(&scenario, args.seed, &reports);
-        println!("{}", serde_json::to_string_pretty(&doc)?);
+        outln!("{}", serde_json::to_string_pretty(&doc)?)?;
     } else {
-        print!("{}", table(&scenario, args.seed, &reports));
+        out!("{}", table(&scenario, args.seed, &reports))?;
     }
     Ok(())
 }

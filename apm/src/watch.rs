@@ -23,22 +23,35 @@
 //! different event in between (down, then active again) always shows, and so does a
 //! repeated kind that changed something (a second LID change to another LID).
 //!
+//! SIGINT and SIGTERM end the watch cleanly: a running `--exec` command is killed with
+//! its process group, SA subscriptions are dropped, and apm then ends by that signal.
+//! Each `--exec` command runs at most `--exec-timeout` seconds (default 10) before it
+//! is reported and killed ([`exec`]).
+//!
 //! This module only observes: it never modifies a port or a QP.
 
+use crate::out::errln;
 use anyhow::{bail, Context as _};
-use apm_core::{FabricEventKind, Gid, Input, PortEvent, QpControl, Time};
-use provider_sim::{PolicyKind, RunConfig, Scenario, Sim, SimProvider};
+use apm_core::{Gid, Input, QpControl};
 use provider_verbs::ffi::{Context, LinkLayer, PortState, Verbs, VerbsError};
 use provider_verbs::VerbsQpControl;
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
+mod exec;
+mod kind;
 mod sa_only;
+mod sim;
+
+pub use kind::EventKind;
+#[cfg(test)]
+use kind::KINDS;
+
+use exec::Stop;
 
 /// Where `apm watch` takes its events from (not with `--sim`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -64,6 +77,10 @@ pub struct Args {
     /// APM_SM_LID, APM_LMC, APM_GID, APM_SOURCE (unknown values are empty).
     #[arg(long, value_name = "CMD")]
     exec: Option<String>,
+    /// Kill an `--exec` command (its whole process group) that runs longer than this
+    /// many seconds, and say so; the next event's command then runs.
+    #[arg(long, value_name = "SECS", default_value_t = 10.0, value_parser = crate::values::seconds)]
+    exec_timeout: f64,
     /// Only this device (repeatable). In `--sim`, devices are hosts: h0, h1, ...; with
     /// SA notices alone, libibumad's CA names (`ibsim0` under the simulator).
     #[arg(long = "device", value_name = "NAME")]
@@ -108,92 +125,8 @@ pub struct Args {
     count: Option<u64>,
     /// Stop after this many seconds (virtual seconds with `--sim`, which otherwise ends
     /// with its scenario).
-    #[arg(long, value_name = "SECS", value_parser = seconds)]
+    #[arg(long, value_name = "SECS", value_parser = crate::values::seconds)]
     timeout: Option<f64>,
-}
-
-/// A non-negative, finite number of seconds.
-fn seconds(s: &str) -> Result<f64, String> {
-    match s.parse::<f64>() {
-        Ok(v) if v.is_finite() && (0.0..=1e9).contains(&v) => Ok(v),
-        _ => Err(format!("{s:?} is not a number of seconds (0 or more)")),
-    }
-}
-
-/// The kinds of events `apm watch` reports.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum EventKind {
-    /// `IBV_EVENT_PORT_ACTIVE`.
-    PortActive,
-    /// `IBV_EVENT_PORT_ERR`.
-    PortDown,
-    /// `IBV_EVENT_LID_CHANGE`.
-    LidChange,
-    /// `IBV_EVENT_SM_CHANGE`.
-    SmChange,
-    /// `IBV_EVENT_CLIENT_REREGISTER`.
-    ClientReregister,
-    /// `IBV_EVENT_PKEY_CHANGE`.
-    PkeyChange,
-    /// `IBV_EVENT_GID_CHANGE`.
-    GidChange,
-    /// `IBV_EVENT_DEVICE_FATAL`.
-    DeviceFatal,
-    /// SA trap 64.
-    GidInService,
-    /// SA trap 65.
-    GidOutOfService,
-}
-
-const KINDS: [EventKind; 10] = [
-    EventKind::PortActive,
-    EventKind::PortDown,
-    EventKind::LidChange,
-    EventKind::SmChange,
-    EventKind::ClientReregister,
-    EventKind::PkeyChange,
-    EventKind::GidChange,
-    EventKind::DeviceFatal,
-    EventKind::GidInService,
-    EventKind::GidOutOfService,
-];
-
-impl EventKind {
-    /// The name in output, `--event` and `APM_EVENT`.
-    pub fn name(self) -> &'static str {
-        match self {
-            EventKind::PortActive => "port_active",
-            EventKind::PortDown => "port_down",
-            EventKind::LidChange => "lid_change",
-            EventKind::SmChange => "sm_change",
-            EventKind::ClientReregister => "client_reregister",
-            EventKind::PkeyChange => "pkey_change",
-            EventKind::GidChange => "gid_change",
-            EventKind::DeviceFatal => "device_fatal",
-            EventKind::GidInService => "gid_in_service",
-            EventKind::GidOutOfService => "gid_out_of_service",
-        }
-    }
-
-    fn parse(s: &str) -> Result<EventKind, String> {
-        let want = s.trim().replace('-', "_").to_ascii_lowercase();
-        KINDS.into_iter().find(|k| k.name() == want).ok_or_else(|| {
-            let names: Vec<&str> = KINDS.iter().map(|k| k.name()).collect();
-            format!("unknown event kind {s:?}; one of {}", names.join(", "))
-        })
-    }
-
-    fn of_port_event(e: PortEvent) -> EventKind {
-        match e {
-            PortEvent::Active => EventKind::PortActive,
-            PortEvent::Down => EventKind::PortDown,
-            PortEvent::LidChange => EventKind::LidChange,
-            PortEvent::SmChange => EventKind::SmChange,
-            PortEvent::ClientReregister => EventKind::ClientReregister,
-            PortEvent::PkeyChange => EventKind::PkeyChange,
-            PortEvent::GidChange => EventKind::GidChange,
-        }
-    }
 }
 
 /// An event as a source saw it, before read-back, filters and de-duplication.
@@ -240,13 +173,16 @@ struct Line {
 /// Run `apm watch`.
 pub fn run(args: Args) -> anyhow::Result<()> {
     if args.sim {
-        watch_sim(&args)
+        sim::watch(&args)
     } else {
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .context("starting the tokio runtime")?;
-        rt.block_on(watch_devices(&args))
+        rt.block_on(async {
+            let stop = Stop::install().context("handling SIGINT and SIGTERM")?;
+            watch_devices(&args, stop).await
+        })
     }
 }
 
@@ -256,15 +192,32 @@ struct Sink<'a> {
     /// Per (device, port): the last event kind and when.
     last: BTreeMap<(String, Option<u8>), (EventKind, PortNow, Duration)>,
     shown: u64,
+    stop: Stop,
+    /// Standard output was closed: the watch ends as a filter does.
+    stdout_closed: bool,
 }
 
 impl<'a> Sink<'a> {
-    fn new(args: &'a Args) -> Self {
+    fn new(args: &'a Args, stop: Stop) -> Self {
         Sink {
             args,
             last: BTreeMap::new(),
             shown: 0,
+            stop,
+            stdout_closed: false,
         }
+    }
+
+    /// After the watch cleaned up: end by the signal that stopped it, or by SIGPIPE's
+    /// convention when standard output was closed.
+    fn finish(self) -> anyhow::Result<()> {
+        if let Some(sig) = self.stop.signal() {
+            exec::die_of(sig);
+        }
+        if self.stdout_closed {
+            return Err(crate::out::StdoutClosed.into());
+        }
+        Ok(())
     }
 
     fn passes(&self, raw: &Raw) -> bool {
@@ -324,18 +277,24 @@ impl<'a> Sink<'a> {
         } else {
             human(&line)
         };
-        {
-            let mut out = std::io::stdout().lock();
+        if let Err(e) = crate::out::outln!("{text}") {
             // A closed stdout (`apm watch | head`) ends the watch.
-            if writeln!(out, "{text}").and_then(|()| out.flush()).is_err() {
+            self.stdout_closed = crate::out::is_stdout_closed(&e);
+            if !self.stdout_closed {
+                errln!("apm watch: {e:#}");
+            }
+            return false;
+        }
+        if let Some(cmd) = &self.args.exec {
+            let what = format!("{} {}", line.event, line.device);
+            let limit = Duration::from_secs_f64(self.args.exec_timeout);
+            let ended = exec::run(cmd, exec_env(&line), what, limit, self.stop.clone()).await;
+            if ended == exec::Ended::Stopped {
                 return false;
             }
         }
-        if let Some(cmd) = &self.args.exec {
-            exec(cmd, &line).await;
-        }
         self.shown += 1;
-        self.args.count.is_none_or(|n| self.shown < n)
+        self.stop.signal().is_none() && self.args.count.is_none_or(|n| self.shown < n)
     }
 }
 
@@ -362,10 +321,10 @@ fn human(l: &Line) -> String {
     s
 }
 
-/// Run `--exec` for one event and wait for it (events stay in order).
-async fn exec(cmd: &str, l: &Line) {
+/// The environment of an event's `--exec` command.
+fn exec_env(l: &Line) -> Vec<(&'static str, String)> {
     let opt = |v: Option<String>| v.unwrap_or_default();
-    let env: Vec<(&str, String)> = vec![
+    vec![
         ("APM_EVENT", l.event.to_owned()),
         ("APM_DEVICE", l.device.clone()),
         ("APM_PORT", opt(l.port.map(|p| p.to_string()))),
@@ -376,22 +335,7 @@ async fn exec(cmd: &str, l: &Line) {
         ("APM_LMC", opt(l.lmc.map(|v| v.to_string()))),
         ("APM_GID", opt(l.gid.clone())),
         ("APM_SOURCE", l.source.to_owned()),
-    ];
-    let cmd = cmd.to_owned();
-    let result = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("sh")
-            .arg("-c")
-            .arg(&cmd)
-            .envs(env)
-            .status()
-    })
-    .await;
-    match result {
-        Ok(Ok(st)) if st.success() => {}
-        Ok(Ok(st)) => eprintln!("apm watch: --exec command exited with {st}"),
-        Ok(Err(e)) => eprintln!("apm watch: could not run --exec command: {e}"),
-        Err(e) => eprintln!("apm watch: --exec task failed: {e}"),
-    }
+    ]
 }
 
 fn port_state_name(s: PortState) -> String {
@@ -505,21 +449,21 @@ fn open_verbs() -> anyhow::Result<(Verbs, Vec<String>)> {
     Ok((verbs, all))
 }
 
-async fn watch_devices(args: &Args) -> anyhow::Result<()> {
+async fn watch_devices(args: &Args, stop: Stop) -> anyhow::Result<()> {
     if args.ibsim_bed {
         if args.source == Source::Verbs {
             bail!(
                 "--ibsim-bed watches SA notices alone: it cannot be combined with --source verbs"
             );
         }
-        return sa_only::watch(args, None).await;
+        return sa_only::watch(args, None, stop).await;
     }
     if args.source == Source::Sa {
-        return sa_only::watch(args, None).await;
+        return sa_only::watch(args, None, stop).await;
     }
     let (verbs, all) = match open_verbs() {
         Ok(v) => v,
-        Err(e) if args.source == Source::Auto => return sa_only::fallback(args, e).await,
+        Err(e) if args.source == Source::Auto => return sa_only::fallback(args, e, stop).await,
         Err(e) => return Err(e),
     };
     for d in &args.devices {
@@ -585,16 +529,16 @@ async fn watch_devices(args: &Args) -> anyhow::Result<()> {
         }
     }
     drop(msg_tx);
-    eprintln!("apm watch: watching {}", watched.join(", "));
+    errln!("apm watch: watching {}", watched.join(", "));
     for n in &sa_notes {
-        eprintln!("apm watch: {n}");
+        errln!("apm watch: {n}");
     }
     if !sa_ports.is_empty() {
         let list: Vec<String> = sa_ports
             .iter()
             .map(|s| format!("{} port {}", s.device, s.port))
             .collect();
-        eprintln!(
+        errln!(
             "apm watch: SA notices (traps 64/65) through {}",
             list.join(", ")
         );
@@ -603,9 +547,10 @@ async fn watch_devices(args: &Args) -> anyhow::Result<()> {
     #[allow(clippy::disallowed_methods)] // the watcher measures real time
     let start = std::time::Instant::now();
     let deadline = args.timeout.map(Duration::from_secs_f64);
-    let mut sink = Sink::new(args);
+    let mut sink = Sink::new(args, stop.clone());
+    let mut stop = stop;
     loop {
-        let Some(msg) = next_msg(&mut msgs, start, deadline).await else {
+        let Some(msg) = next_msg(&mut msgs, start, deadline, &mut stop).await else {
             break;
         };
         let (raw, now) = match msg {
@@ -663,21 +608,29 @@ async fn watch_devices(args: &Args) -> anyhow::Result<()> {
         }
     }
     unsubscribe_all(&sa_ports).await;
-    Ok(())
+    sink.finish()
 }
 
-/// The next message, or `None` when every source ended or `--timeout` passed.
+/// The next message, or `None` when every source ended, `--timeout` passed or a signal
+/// asked the watch to stop.
 async fn next_msg(
     msgs: &mut mpsc::UnboundedReceiver<Msg>,
     start: std::time::Instant,
     deadline: Option<Duration>,
+    stop: &mut Stop,
 ) -> Option<Msg> {
-    match deadline {
-        Some(d) => tokio::time::timeout(d.saturating_sub(start.elapsed()), msgs.recv())
-            .await
-            .ok()
-            .flatten(),
-        None => msgs.recv().await,
+    let recv = async {
+        match deadline {
+            Some(d) => tokio::time::timeout(d.saturating_sub(start.elapsed()), msgs.recv())
+                .await
+                .ok()
+                .flatten(),
+            None => msgs.recv().await,
+        }
+    };
+    tokio::select! {
+        m = recv => m,
+        _ = stop.wait() => None,
     }
 }
 
@@ -771,198 +724,14 @@ fn resubscribe(sa_ports: &[Arc<SaPort>], device: &str, port: u8) {
             let sa = Arc::clone(sa);
             tokio::spawn(async move {
                 if let Err(e) = sa.client.subscribe_gid_traps().await {
-                    eprintln!(
+                    errln!(
                         "apm watch: subscribing again through {} port {} failed: {e}",
-                        sa.device, sa.port
+                        sa.device,
+                        sa.port
                     );
                 }
             });
         }
-    }
-}
-
-/// `--sim`: the scenario under tokio's paused clock, a Manager per watched host.
-fn watch_sim(args: &Args) -> anyhow::Result<()> {
-    let mut scenario = match &args.scenario {
-        Some(path) => {
-            let text = std::fs::read_to_string(path)
-                .with_context(|| format!("reading {}", path.display()))?;
-            Scenario::from_toml(&text).with_context(|| format!("in {}", path.display()))?
-        }
-        None => Scenario::default(),
-    };
-    // Connections play no part in what is watched; a few keep the simulation light.
-    scenario.workload.connections = scenario.workload.connections.min(64);
-    let hosts = scenario.topology.hosts;
-    let names: Vec<String> = (0..hosts).map(|h| format!("h{h}")).collect();
-    for d in &args.devices {
-        if !names.contains(d) {
-            bail!(
-                "no host {d:?} in the scenario: devices are hosts h0 .. h{}",
-                hosts.saturating_sub(1)
-            );
-        }
-    }
-    let watched: Vec<usize> = (0..hosts)
-        .filter(|h| args.devices.is_empty() || args.devices.contains(&names[*h]))
-        .collect();
-    let mut cfg = RunConfig::new(PolicyKind::Apm, args.seed);
-    cfg.external_hosts = watched.clone();
-    cfg.sample_ms = 0;
-    let mut policy = apm_core::Policy::default();
-    if args.no_sa {
-        policy.subscribe = false;
-    }
-    cfg.engine_policy = policy.clone();
-    let end = Time::from_millis(match args.timeout {
-        Some(t) if t >= 0.0 => scenario.duration_ms.min((t * 1000.0) as u64),
-        _ => scenario.duration_ms,
-    });
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_time()
-        .start_paused(true)
-        .build()
-        .context("starting the tokio runtime")?;
-    rt.block_on(async move {
-        let sim = Sim::new(&scenario, cfg).map_err(anyhow::Error::msg)?;
-        let shared = SimProvider::share(sim);
-        let (tx, mut rx) = mpsc::unbounded_channel::<(usize, apm_core::FabricEvent)>();
-        let mut handles = Vec::new();
-        for &h in &watched {
-            let provider = Arc::new(shared.for_host(h).stack());
-            let (mgr, handle) = apm_core::Manager::new(provider, policy.clone())?;
-            let mut events = handle.fabric_events();
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                while let Ok(ev) = events.recv().await {
-                    if tx.send((h, ev)).is_err() {
-                        return;
-                    }
-                }
-            });
-            tokio::spawn(mgr.run());
-            handles.push(handle);
-        }
-        drop(tx);
-        // The watched hosts run apm as a deployment would: their connections protected.
-        tokio::task::yield_now().await;
-        for (i, &h) in watched.iter().enumerate() {
-            for spec in shared.with_sim(|sim| sim.external_specs(h)) {
-                handles[i].protect(spec).await?;
-            }
-        }
-        eprintln!(
-            "apm watch: simulated fabric \"{}\" ({} virtual s), watching {}",
-            scenario.name,
-            end.as_nanos() as f64 / 1e9,
-            watched
-                .iter()
-                .map(|h| names[*h].as_str())
-                .collect::<Vec<_>>()
-                .join(", ")
-        );
-        let mut driver = {
-            let shared = shared.clone();
-            tokio::spawn(async move { shared.drive(end).await })
-        };
-        let mut sink = Sink::new(args);
-        let mut stopped = false;
-        loop {
-            tokio::select! {
-                biased;
-                ev = rx.recv() => {
-                    let Some((h, ev)) = ev else { break };
-                    let Some((raw, now)) = sim_event(&shared, &names, h, &ev.kind) else {
-                        continue;
-                    };
-                    let elapsed = Duration::from_nanos(ev.time.as_nanos());
-                    let time = format!("+{:.6}s", elapsed.as_secs_f64());
-                    if !sink.event(raw, now, time, elapsed).await {
-                        stopped = true;
-                        break;
-                    }
-                }
-                _ = &mut driver => break,
-            }
-        }
-        if !stopped {
-            // Events the Managers published at the very end.
-            while let Ok((h, ev)) = rx.try_recv() {
-                let Some((raw, now)) = sim_event(&shared, &names, h, &ev.kind) else {
-                    continue;
-                };
-                let elapsed = Duration::from_nanos(ev.time.as_nanos());
-                let time = format!("+{:.6}s", elapsed.as_secs_f64());
-                if !sink.event(raw, now, time, elapsed).await {
-                    break;
-                }
-            }
-        }
-        for h in &handles {
-            h.shutdown();
-        }
-        anyhow::Ok(())
-    })
-}
-
-/// A simulated host's fabric event, with its port read back from the simulation.
-fn sim_event(
-    shared: &SimProvider,
-    names: &[String],
-    host: usize,
-    kind: &FabricEventKind,
-) -> Option<(Raw, PortNow)> {
-    let device = names.get(host)?.clone();
-    let (port, kind, gid) = match kind {
-        FabricEventKind::Port { port, event } => {
-            (Some(port.port), EventKind::of_port_event(*event), None)
-        }
-        FabricEventKind::DeviceFatal { .. } => (None, EventKind::DeviceFatal, None),
-        FabricEventKind::RemoteGid { gid, in_service } => (
-            None,
-            if *in_service {
-                EventKind::GidInService
-            } else {
-                EventKind::GidOutOfService
-            },
-            Some(*gid),
-        ),
-        _ => return None,
-    };
-    let now = port.map_or_else(PortNow::default, |p| {
-        shared.with_sim(|sim| sim_port(sim, host, p))
-    });
-    Some((
-        Raw {
-            device,
-            port,
-            kind,
-            gid,
-            source: "sim",
-        },
-        now,
-    ))
-}
-
-fn sim_port(sim: &Sim, host: usize, port: u8) -> PortNow {
-    let fab = sim.fabric();
-    let Some(p) = fab.port_of(host, port).and_then(|id| fab.ports.get(id)) else {
-        return PortNow::default();
-    };
-    PortNow {
-        state: Some(
-            match p.state {
-                provider_sim::fabric::PortState::Down => "down",
-                provider_sim::fabric::PortState::Init => "init",
-                provider_sim::fabric::PortState::Active => "active",
-            }
-            .to_owned(),
-        ),
-        lid: Some(p.lid),
-        // The simulation does not expose which SM a port knows.
-        sm_lid: None,
-        lmc: Some(p.lmc),
-        gid: Some(p.gid),
     }
 }
 
@@ -993,7 +762,7 @@ mod tests {
         let args = <Cli as clap::Parser>::try_parse_from(["watch"])
             .expect("defaults")
             .watch;
-        let mut sink = Sink::new(&args);
+        let mut sink = Sink::new(&args, Stop::never());
         let raw = |kind| Raw {
             device: "rxe0".into(),
             port: Some(1),

@@ -57,3 +57,45 @@ fn a_broken_config_names_file_line_and_problem_and_fails() {
     assert!(!ok && err.contains("cannot read"), "{err}");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn files_the_config_names_are_checked_at_their_line() {
+    use std::os::unix::fs::PermissionsExt as _;
+    let dir = std::env::temp_dir().join(format!("apm-config-files-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let sim = dir.join("sim.toml");
+    std::fs::write(
+        &sim,
+        "[[device]]\nname = \"h0\"\nprovider = \"sim\"\n\n[sim]\nscenario = \"no/such/scenario.toml\"\n",
+    )
+    .expect("write");
+    let (ok, _, err) = check(sim.to_str().expect("utf-8"), false);
+    assert!(!ok);
+    assert!(
+        err.contains("sim.toml:line 6, column 12: sim.scenario: cannot read no/such/scenario.toml"),
+        "{err}"
+    );
+    let key = dir.join("peer.key");
+    std::fs::write(&key, [7u8; 32]).expect("key");
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o644)).expect("chmod");
+    let roce = dir.join("roce.toml");
+    std::fs::write(
+        &roce,
+        format!(
+            "[[device]]\nname = \"rxe0\"\nprovider = \"rxe\"\n[lap]\nudp_listen = \"0.0.0.0:1\"\nkey_file = \"{}\"\n",
+            key.display()
+        ),
+    )
+    .expect("write");
+    let (ok, _, err) = check(roce.to_str().expect("utf-8"), false);
+    assert!(!ok);
+    assert!(
+        err.contains("line 6, column 12: lap.key_file:") && err.contains("chmod 600"),
+        "{err}"
+    );
+    std::fs::set_permissions(&key, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let (ok, out, err) = check(roce.to_str().expect("utf-8"), false);
+    assert!(ok, "{err}");
+    assert!(out.contains("unauthenticated peers refused"), "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -1,7 +1,8 @@
 //! The engine's peer facet ([`apm_core::PeerChannel`]) over UDP, for RoCE.
 //!
 //! RoCE has no usable CM path for LAP/APR (the kernel drops them) and no SA, so apm's
-//! peer messages travel as UDP datagrams, one 256-byte vendor MAD each
+//! peer messages travel as UDP datagrams, one 256-byte vendor MAD each (inside an
+//! authenticated envelope when the deployment has a key: [`crate::auth`])
 //! ([`crate::apm_msg`]: LAP, APR and MRA in cm-lap's vendor class layout, plus apm's own
 //! Migrate/MigrateAck attributes). Each node listens on one configured address and port.
 //!
@@ -20,11 +21,20 @@
 //! one well-formed MAD of our class and OUI (with a debug log, never a panic). The
 //! engine then checks that GID against the connection's peer.
 //!
+//! **Authentication.** With a key ([`UdpPeerChannel::with_auth`]), every datagram
+//! carries a MAC over all of it and a sequence number ([`crate::auth`] has the layout):
+//! a datagram without a valid MAC, under another key, replayed or stale is counted
+//! ([`UdpPeerChannel::auth_counters`]) and dropped here, before it is decoded, so the
+//! engine never sees it and no QP is touched. Without a key the channel sends and
+//! accepts the unauthenticated version only, as before.
+//!
 //! UDP may lose or reorder datagrams: the engine retransmits LAP and Migrate until
-//! answered, and this channel adds nothing of its own.
+//! answered, and this channel adds nothing of its own (the replay window accepts a
+//! late datagram within 64 of the newest).
 
 use crate::answer_tids::AnswerTids;
 use crate::apm_msg;
+use crate::auth::{self, Authenticator, CounterValues, Mode};
 use crate::umad_transport::DEFAULT_VENDOR_CLASS;
 use apm_core::{
     Gid, Input, InputSink, Lid, PeerAddr, PeerChannel, PeerMsg, PortKey, ProviderError,
@@ -32,10 +42,10 @@ use apm_core::{
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio::net::UdpSocket;
-use tracing::debug;
+use tracing::{debug, warn};
 
 /// The OUI apm's UDP datagrams carry unless configured otherwise: a locally administered
 /// value (the U/L bit of the first octet set), since UDP needs no registered one.
@@ -92,6 +102,7 @@ pub struct UdpPeerChannel {
     peers: Arc<Mutex<PeerMap>>,
     lap_tids: AnswerTids,
     next_tid: AtomicU64,
+    auth: Arc<Authenticator>,
     task: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
@@ -122,6 +133,8 @@ impl UdpPeerChannel {
     /// the engine's local port `port`, with the default vendor class and OUI.
     pub async fn bind(addr: SocketAddr, port: PortKey) -> std::io::Result<UdpPeerChannel> {
         let socket = UdpSocket::bind(addr).await?;
+        let local = socket.local_addr()?.to_string();
+        let auth = Authenticator::new(Mode::Off, Authenticator::fresh_sender_id(local.as_bytes()));
         Ok(UdpPeerChannel {
             socket: Arc::new(socket),
             port,
@@ -130,6 +143,7 @@ impl UdpPeerChannel {
             peers: Arc::new(Mutex::new(PeerMap::default())),
             lap_tids: AnswerTids::default(),
             next_tid: AtomicU64::new(1),
+            auth: Arc::new(auth),
             task: Mutex::new(None),
         })
     }
@@ -139,6 +153,26 @@ impl UdpPeerChannel {
         self.class = class;
         self.oui = oui;
         self
+    }
+
+    /// Authenticate datagrams as `mode` says (before [`PeerChannel::start`]); `max_skew`
+    /// bounds the difference between the peers' clocks (see [`crate::auth`]).
+    pub fn with_auth(mut self, mode: Mode, max_skew: std::time::Duration) -> UdpPeerChannel {
+        let local = self.local_addr().map(|a| a.to_string()).unwrap_or_default();
+        let id = Authenticator::fresh_sender_id(local.as_bytes());
+        self.auth = Arc::new(Authenticator::new(mode, id).with_max_skew(max_skew));
+        self
+    }
+
+    /// Datagrams accepted and dropped by the authentication so far.
+    pub fn auth_counters(&self) -> CounterValues {
+        self.auth.counters().get()
+    }
+
+    /// The authenticator itself, whose counters stay readable after the channel has
+    /// been handed to a provider stack.
+    pub fn authenticator(&self) -> Arc<Authenticator> {
+        self.auth.clone()
     }
 
     /// The address actually listened on.
@@ -173,10 +207,12 @@ impl PeerChannel for UdpPeerChannel {
         let socket = self.socket.clone();
         let peers = self.peers.clone();
         let lap_tids = self.lap_tids.clone();
+        let auth = self.auth.clone();
         let (class, oui, port) = (self.class, self.oui, self.port);
+        let warned = AtomicU8::new(0);
         let task = tokio::spawn(async move {
-            // One byte more than a MAD, so an oversized datagram is seen as such.
-            let mut buf = vec![0u8; ib_mad::MAD_SIZE + 1];
+            // One byte more than the largest datagram, so an oversized one is seen as such.
+            let mut buf = vec![0u8; auth::DATAGRAM_LEN + 1];
             loop {
                 let (len, from) = match socket.recv_from(&mut buf).await {
                     Ok(r) => r,
@@ -195,10 +231,15 @@ impl PeerChannel for UdpPeerChannel {
                     debug!(%from, "datagram from an address with no GID: dropped");
                     continue;
                 };
-                let Some((tid, msg)) = buf
-                    .get(..len)
-                    .and_then(|d| apm_msg::decode(class, oui, port, d))
-                else {
+                let mad = match auth.open(buf.get(..len).unwrap_or_default(), auth::wall_clock_ns())
+                {
+                    Ok(mad) => mad,
+                    Err(why) => {
+                        report_drop(&warned, why, from, len);
+                        continue;
+                    }
+                };
+                let Some((tid, msg)) = apm_msg::decode(class, oui, port, &mad) else {
                     debug!(%from, len, "malformed or foreign datagram: dropped");
                     continue;
                 };
@@ -239,13 +280,25 @@ impl PeerChannel for UdpPeerChannel {
             .lap_tids
             .for_answer(&msg)
             .unwrap_or_else(|| self.next_tid.fetch_add(1, Ordering::Relaxed));
-        let wire =
+        let mad =
             apm_msg::encode(self.class, self.oui, tid, &msg).map_err(|e| refused(e.to_string()))?;
+        let wire = self.auth.seal(&mad, auth::wall_clock_ns());
         self.socket
             .send_to(&wire, addr)
             .await
             .map_err(|e| ProviderError::Io(format!("{NAME} send to {addr}: {e}")))?;
         Ok(())
+    }
+}
+
+/// Log a dropped datagram: a warning the first time for each reason (an attack or a
+/// misconfiguration shows without flooding the log), debug after that.
+fn report_drop(warned: &AtomicU8, why: auth::Rejected, from: SocketAddr, len: usize) {
+    let bit = 1u8 << (why as u8);
+    if warned.fetch_or(bit, Ordering::Relaxed) & bit == 0 {
+        warn!(%from, len, ?why, "peer datagram dropped by authentication (further ones of this kind are logged at debug level)");
+    } else {
+        debug!(%from, len, ?why, "peer datagram dropped by authentication");
     }
 }
 

@@ -136,15 +136,29 @@ async fn node(
 
 #[tokio::test]
 async fn a_stalled_primary_moves_both_sides_over_udp() {
+    stalled_primary(|| cm_lap::auth::Mode::Off).await;
+}
+
+#[tokio::test]
+async fn the_same_with_authenticated_datagrams() {
+    let key = cm_lap::auth::Key::new(&[42; 32]).expect("key");
+    stalled_primary(|| cm_lap::auth::Mode::Require(key.clone())).await;
+}
+
+async fn stalled_primary(mode: impl Fn() -> cm_lap::auth::Mode) {
     let a_gids = ["::ffff:10.0.10.1", "::ffff:10.0.20.1"];
     let b_gids = ["::ffff:10.0.10.2", "::ffff:10.0.20.2"];
     let any = "127.0.0.1:0".parse().expect("addr");
+    let skew = cm_lap::auth::DEFAULT_MAX_SKEW;
     let ua = UdpPeerChannel::bind(any, PortKey::new(0, 1))
         .await
-        .expect("bind");
+        .expect("bind")
+        .with_auth(mode(), skew);
     let ub = UdpPeerChannel::bind(any, PortKey::new(0, 1))
         .await
-        .expect("bind");
+        .expect("bind")
+        .with_auth(mode(), skew);
+    let (auth_a, auth_b) = (ua.authenticator(), ub.authenticator());
     for g in b_gids {
         ua.add_peer(gid(g), ub.local_addr().expect("addr"));
     }
@@ -202,4 +216,116 @@ async fn a_stalled_primary_moves_both_sides_over_udp() {
     let sb = status(b.handle.clone()).await;
     assert_eq!(sa.alternate.map(|p| p.sgid), Some(gid(a_gids[0])));
     assert_eq!(sb.alternate.map(|p| p.sgid), Some(gid(b_gids[0])));
+    for c in [auth_a.counters().get(), auth_b.counters().get()] {
+        assert!(c.accepted >= 2, "{c:?}");
+        assert_eq!(
+            c.accepted,
+            c.accepted + c.bad_tag + c.replayed + c.malformed,
+            "{c:?}"
+        );
+    }
+}
+
+/// What an attacker at the peer's address achieves against node A, whose channel runs
+/// in `mode`: each datagram is sent, then A's fake QP is asked whether it moved.
+mod hostile {
+    use super::*;
+    use cm_lap::apm_msg;
+    use cm_lap::auth::{self, Authenticator, Key, Mode};
+    use cm_lap::udp::UDP_DEFAULT_OUI;
+    use cm_lap::umad_transport::DEFAULT_VENDOR_CLASS;
+
+    const A: [&str; 2] = ["::ffff:10.0.10.1", "::ffff:10.0.20.1"];
+    const B: [&str; 2] = ["::ffff:10.0.10.2", "::ffff:10.0.20.2"];
+
+    fn key(b: u8) -> Key {
+        Key::new(&[b; 32]).expect("key")
+    }
+
+    /// B's Migrate to rail 20: what would move A's QP if A believed it.
+    fn migrate() -> [u8; 256] {
+        let msg = apm_core::PeerMsg::Migrate(apm_core::Migrate {
+            sender_comm_id: 0xB,
+            receiver_comm_id: 0xA,
+            path: path(B[1], A[1]),
+        });
+        apm_msg::encode(DEFAULT_VENDOR_CLASS, UDP_DEFAULT_OUI, 77, &msg).expect("encode")
+    }
+
+    /// Node A with its channel in `mode`, and the attacker's socket, which A takes for
+    /// B (a forged source address).
+    async fn target(mode: Mode) -> (Node, Arc<Authenticator>, tokio::net::UdpSocket) {
+        let any = "127.0.0.1:0".parse().expect("addr");
+        let evil = tokio::net::UdpSocket::bind(any).await.expect("bind");
+        let ua = UdpPeerChannel::bind(any, PortKey::new(0, 1))
+            .await
+            .expect("bind")
+            .with_auth(mode, auth::DEFAULT_MAX_SKEW);
+        for g in B {
+            ua.add_peer(gid(g), evil.local_addr().expect("addr"));
+        }
+        let a_auth = ua.authenticator();
+        let target = ua.local_addr().expect("addr");
+        evil.connect(target).await.expect("connect");
+        let a = node(A, B, ua, Role::Active, (0xA, 0xB)).await;
+        (a, a_auth, evil)
+    }
+
+    async fn moves_after(a: &Node, evil: &tokio::net::UdpSocket, datagram: &[u8]) -> usize {
+        evil.send(datagram).await.expect("send");
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        a.moved_to.lock().expect("ok").len()
+    }
+
+    #[tokio::test]
+    async fn without_a_key_a_forged_migrate_moves_the_qp() {
+        // The control: what authentication prevents.
+        let (a, _, evil) = target(Mode::Off).await;
+        assert_eq!(moves_after(&a, &evil, &migrate()).await, 1);
+    }
+
+    #[tokio::test]
+    async fn forged_truncated_and_replayed_datagrams_never_reach_the_engine() {
+        let (a, counters, evil) = target(Mode::Require(key(7))).await;
+        let now = auth::wall_clock_ns();
+        // Unauthenticated, under another key, a stolen KeyID, truncated, bit-flipped.
+        let outsider = Authenticator::new(Mode::Require(key(9)), 5);
+        let mut stolen_id = outsider.seal(&migrate(), now);
+        stolen_id[4..8].copy_from_slice(&key(7).id());
+        let b = Authenticator::new(Mode::Require(key(7)), 6);
+        let genuine = b.seal(&migrate(), now);
+        let mut flipped = genuine.clone();
+        flipped[24 + 60] ^= 0x10;
+        let old_b = Authenticator::new(Mode::Require(key(7)), 7);
+        let stale = old_b.seal(&migrate(), now - 3600 * 1_000_000_000);
+        for (what, d) in [
+            ("unauthenticated", migrate().to_vec()),
+            ("other key", outsider.seal(&migrate(), now)),
+            ("stolen key id", stolen_id),
+            ("truncated", genuine[..genuine.len() - 1].to_vec()),
+            ("truncated to the MAD", genuine[..256].to_vec()),
+            ("bit-flipped", flipped),
+            ("an hour old", stale),
+        ] {
+            assert_eq!(moves_after(&a, &evil, &d).await, 0, "{what} moved the QP");
+        }
+        let c = counters.counters().get();
+        assert_eq!(
+            (
+                c.unauthenticated,
+                c.other_key,
+                c.bad_tag,
+                c.malformed,
+                c.stale,
+                c.accepted
+            ),
+            (1, 1, 2, 2, 1, 0),
+            "{c:?}"
+        );
+        // The genuine datagram moves it, once; its replay is dropped before the engine.
+        assert_eq!(moves_after(&a, &evil, &genuine).await, 1);
+        assert_eq!(moves_after(&a, &evil, &genuine).await, 1);
+        let c = counters.counters().get();
+        assert_eq!((c.accepted, c.replayed), (1, 1), "{c:?}");
+    }
 }

@@ -1,8 +1,11 @@
-//! `cargo xtask fuzz [--seconds N] [TARGET...]`: run ib-mad's cargo-fuzz targets.
+//! `cargo xtask fuzz [--seconds N] [TARGET...]`: run the cargo-fuzz targets: every
+//! ib-mad decoder and every other reader of outside input (the deployment
+//! configuration, simulator scenarios, the UDP peer channel's datagrams).
 //!
 //! Each target in `fuzz/` runs for N seconds (default 60) with a corpus in
-//! `fuzz/corpus/TARGET` (git-ignored), seeded with one valid MAD of every kind
-//! (`ib-mad/examples/fuzz_seeds.rs`) when empty. Crashes land in `fuzz/artifacts/`.
+//! `fuzz/corpus/TARGET` (git-ignored), seeded when empty: the TOML targets with the
+//! project's example files, the others with one valid MAD of every kind
+//! (`ib-mad/examples/fuzz_seeds.rs`). Crashes land in `fuzz/artifacts/`.
 //! Prints the executions per target at the end. Installs cargo-fuzz when missing.
 //!
 //! cargo-fuzz passes `-Z` flags (sanitizers, coverage); this project has only a stable
@@ -15,7 +18,9 @@ use std::process::Command;
 const HELP: &str = "\
 cargo xtask fuzz [--seconds N] [TARGET...]
 
-Runs every ib-mad fuzz target (or the ones named) for N seconds each (default 60).
+Runs every fuzz target (or the ones named) for N seconds each (default 60): the ib-mad
+decoders, config (apm config TOML), scenario (simulator TOML), peer_datagram (the UDP
+peer channel's authentication and decoding).
 ";
 
 /// Entry point of `cargo xtask fuzz`.
@@ -60,7 +65,9 @@ pub fn main(args: &[String]) -> Result<()> {
         let empty = std::fs::read_dir(&corpus)
             .map(|mut d| d.next().is_none())
             .unwrap_or(true);
-        if empty {
+        if empty && seed_with_files(t, &corpus)? {
+            // Seeded with the project's own files of that kind.
+        } else if empty {
             crate::util::run(
                 "cargo",
                 &[
@@ -116,6 +123,26 @@ pub fn main(args: &[String]) -> Result<()> {
         println!("  {s}");
     }
     Ok(())
+}
+
+/// Seed the corpus of a TOML target with the project's example files of its kind;
+/// false for targets that take MADs.
+fn seed_with_files(target: &str, corpus: &str) -> Result<bool> {
+    let dir = match target {
+        "config" => "examples/config",
+        "scenario" => "provider-sim/scenarios",
+        _ => return Ok(false),
+    };
+    std::fs::create_dir_all(corpus).with_context(|| format!("creating {corpus}"))?;
+    for entry in std::fs::read_dir(dir).with_context(|| format!("reading {dir}"))? {
+        let path = entry?.path();
+        if path.extension().is_some_and(|e| e == "toml") {
+            let name = path.file_name().context("a file name")?;
+            std::fs::copy(&path, std::path::Path::new(corpus).join(name))
+                .with_context(|| format!("copying {}", path.display()))?;
+        }
+    }
+    Ok(true)
 }
 
 fn ensure_cargo_fuzz() -> Result<()> {

@@ -16,9 +16,11 @@
 //! umad2sim is loaded in this process and the bed's environment is set, and this module
 //! never asks for it without the flag.
 
+use super::exec::Stop;
 use super::{
     next_msg, open_sa_port, sa_raw, unsubscribe_all, wall_clock, Args, Msg, PortNow, SaPort, Sink,
 };
+use crate::out::errln;
 use anyhow::{bail, Context as _};
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,7 +35,11 @@ const STATE_ACTIVE: u8 = 4;
 
 /// `--source auto` found no libibverbs device (`verbs_error` says why): watch SA notices
 /// through the umad ports if there are any, else fail with both reasons.
-pub(super) async fn fallback(args: &Args, verbs_error: anyhow::Error) -> anyhow::Result<()> {
+pub(super) async fn fallback(
+    args: &Args,
+    verbs_error: anyhow::Error,
+    stop: Stop,
+) -> anyhow::Result<()> {
     if args.no_sa {
         return Err(verbs_error);
     }
@@ -44,7 +50,7 @@ pub(super) async fn fallback(args: &Args, verbs_error: anyhow::Error) -> anyhow:
                  the umad ports; no port events",
                 first_line(&verbs_error)
             );
-            watch_ports(args, ports, Some(why)).await
+            watch_ports(args, ports, Some(why), stop).await
         }
         Ok(_) => Err(nothing(
             &verbs_error,
@@ -63,7 +69,7 @@ fn nothing(verbs_error: &anyhow::Error, umad: &str) -> anyhow::Error {
 }
 
 /// `--source sa` or `--ibsim-bed`: SA notices alone.
-pub(super) async fn watch(args: &Args, why: Option<String>) -> anyhow::Result<()> {
+pub(super) async fn watch(args: &Args, why: Option<String>, stop: Stop) -> anyhow::Result<()> {
     if args.no_sa {
         bail!("--no-sa leaves nothing to watch with SA notices alone (--source sa)");
     }
@@ -83,7 +89,7 @@ pub(super) async fn watch(args: &Args, why: Option<String>) -> anyhow::Result<()
              `apm watch --sim` watches the simulated fabric instead"
         );
     }
-    watch_ports(args, ports, why).await
+    watch_ports(args, ports, why, stop).await
 }
 
 /// Every port of every CA libibumad lists (ports 1 up to the first that is missing).
@@ -136,7 +142,12 @@ fn read_back(sa: &SaPort) -> PortNow {
     }
 }
 
-async fn watch_ports(args: &Args, all: Vec<PortInfo>, why: Option<String>) -> anyhow::Result<()> {
+async fn watch_ports(
+    args: &Args,
+    all: Vec<PortInfo>,
+    why: Option<String>,
+    mut stop: Stop,
+) -> anyhow::Result<()> {
     let mut cas: Vec<&str> = all.iter().map(|p| p.ca.as_str()).collect();
     cas.dedup();
     for d in &args.devices {
@@ -165,7 +176,7 @@ async fn watch_ports(args: &Args, all: Vec<PortInfo>, why: Option<String>) -> an
         TestBedMode::Off
     };
     if let Some(why) = why {
-        eprintln!("apm watch: {why}");
+        errln!("apm watch: {why}");
     }
     let (msg_tx, mut msgs) = mpsc::unbounded_channel::<Msg>();
     let mut sa_ports: Vec<Arc<SaPort>> = Vec::new();
@@ -194,13 +205,13 @@ async fn watch_ports(args: &Args, all: Vec<PortInfo>, why: Option<String>) -> an
     }
     drop(msg_tx);
     for n in &notes {
-        eprintln!("apm watch: {n}");
+        errln!("apm watch: {n}");
     }
     if sa_ports.is_empty() {
         bail!("no umad port could be opened for SA notices");
     }
     if !subscribed.is_empty() {
-        eprintln!(
+        errln!(
             "apm watch: SA notices (traps 64/65) through {}",
             subscribed.join(", ")
         );
@@ -210,8 +221,8 @@ async fn watch_ports(args: &Args, all: Vec<PortInfo>, why: Option<String>) -> an
     #[allow(clippy::disallowed_methods)] // the watcher measures real time
     let start = std::time::Instant::now();
     let deadline = args.timeout.map(Duration::from_secs_f64);
-    let mut sink = Sink::new(args);
-    while let Some(msg) = next_msg(&mut msgs, start, deadline).await {
+    let mut sink = Sink::new(args, stop.clone());
+    while let Some(msg) = next_msg(&mut msgs, start, deadline, &mut stop).await {
         let Msg::Sa {
             device,
             port,
@@ -233,7 +244,7 @@ async fn watch_ports(args: &Args, all: Vec<PortInfo>, why: Option<String>) -> an
     }
     poller.abort();
     unsubscribe_all(&sa_ports).await;
-    Ok(())
+    sink.finish()
 }
 
 /// Subscribe again through a port that became active or whose LID or SM LID changed:
@@ -270,14 +281,17 @@ async fn poll_ports(ports: Vec<Arc<SaPort>>) {
                 "port changed: subscribing again"
             );
             match sa.client.subscribe_gid_traps().await {
-                Ok(()) => eprintln!(
+                Ok(()) => {
+                    errln!(
                     "apm watch: SA notices (traps 64/65) through {} port {} (subscribed again: \
                      port active, LID {}, SM LID {})",
                     sa.device, sa.port, i.lid, i.sm_lid
-                ),
-                Err(e) => eprintln!(
+                )
+                }
+                Err(e) => errln!(
                     "apm watch: subscribing again through {} port {} failed: {e}",
-                    sa.device, sa.port
+                    sa.device,
+                    sa.port
                 ),
             }
         }

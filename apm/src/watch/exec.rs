@@ -1,0 +1,176 @@
+//! How `apm watch` ends and how it runs `--exec`: SIGINT and SIGTERM stop the watch
+//! cleanly ([`Stop`]), and each `--exec` command runs in a process group of its own with
+//! a time limit, so that a hung hook is reported and killed, and no hook outlives apm.
+//!
+//! A hook runs on a thread of its own with its own real-time runtime: under `--sim` the
+//! watch's runtime runs a paused (virtual) clock, on which a time limit would expire at
+//! once; a blocking task also holds that virtual clock still while the hook runs, so the
+//! simulation waits for it as a real fabric cannot. Nothing here reads events or prints
+//! them.
+
+use crate::out::errln;
+use nix::sys::signal::{killpg, Signal};
+use nix::unistd::Pid;
+use std::os::unix::process::CommandExt as _;
+use std::time::Duration;
+use tokio::sync::watch;
+
+/// How long a hook has, after SIGTERM to its process group, before SIGKILL.
+const GRACE: Duration = Duration::from_secs(1);
+
+/// The signal that asked the watch to stop, once one did. Clones share it.
+#[derive(Clone, Debug)]
+pub(super) struct Stop(watch::Receiver<Option<i32>>);
+
+impl Stop {
+    /// Listen for SIGINT and SIGTERM (inside a runtime with IO enabled).
+    pub(super) fn install() -> anyhow::Result<Stop> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let mut int = signal(SignalKind::interrupt())?;
+        let mut term = signal(SignalKind::terminate())?;
+        let (tx, rx) = watch::channel(None);
+        tokio::spawn(async move {
+            let sig = tokio::select! {
+                _ = int.recv() => Signal::SIGINT as i32,
+                _ = term.recv() => Signal::SIGTERM as i32,
+            };
+            let _ = tx.send(Some(sig));
+            // Keep the handlers (and this sender) alive: a second signal is absorbed
+            // while the watch cleans up.
+            loop {
+                tokio::select! {
+                    _ = int.recv() => {}
+                    _ = term.recv() => {}
+                }
+            }
+        });
+        Ok(Stop(rx))
+    }
+
+    /// A stop that never comes (tests).
+    #[cfg(test)]
+    pub(super) fn never() -> Stop {
+        Stop(watch::channel(None).1)
+    }
+
+    /// The signal received, if any.
+    pub(super) fn signal(&self) -> Option<i32> {
+        *self.0.borrow()
+    }
+
+    /// Wait for a stop signal (for ever when none comes).
+    pub(super) async fn wait(&mut self) -> i32 {
+        match self.0.wait_for(Option::is_some).await {
+            Ok(s) => s.unwrap_or(0),
+            Err(_) => std::future::pending().await,
+        }
+    }
+}
+
+/// After a clean stop by `signal`: end the process the way that signal would have, so
+/// a calling shell sees a watch interrupted (status 130 or 143), not one that finished.
+pub(super) fn die_of(signal: i32) -> ! {
+    let _ = signal_hook::low_level::emulate_default_handler(signal);
+    std::process::exit(128 + signal)
+}
+
+/// How a hook ended.
+#[derive(Debug, PartialEq, Eq)]
+pub(super) enum Ended {
+    /// It exited by itself (successfully or not: reported either way).
+    Exited,
+    /// It ran past the time limit and was killed.
+    TimedOut,
+    /// The watch was asked to stop; the hook was killed.
+    Stopped,
+}
+
+/// Run `sh -c cmd` with `env` for the event `what` (for messages), within `limit`, and
+/// kill its process group when it runs past it or `stop` fires.
+pub(super) async fn run(
+    cmd: &str,
+    env: Vec<(&'static str, String)>,
+    what: String,
+    limit: Duration,
+    stop: Stop,
+) -> Ended {
+    let cmd = cmd.to_owned();
+    let job = tokio::task::spawn_blocking(move || {
+        let rt = match tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+        {
+            Ok(rt) => rt,
+            Err(e) => {
+                errln!("apm watch: cannot run --exec for {what}: {e}");
+                return Ended::Exited;
+            }
+        };
+        rt.block_on(run_here(&cmd, env, &what, limit, stop))
+    });
+    job.await.unwrap_or(Ended::Exited)
+}
+
+async fn run_here(
+    cmd: &str,
+    env: Vec<(&'static str, String)>,
+    what: &str,
+    limit: Duration,
+    mut stop: Stop,
+) -> Ended {
+    if stop.signal().is_some() {
+        return Ended::Stopped;
+    }
+    let mut command = std::process::Command::new("sh");
+    command
+        .arg("-c")
+        .arg(cmd)
+        .envs(env)
+        .stdin(std::process::Stdio::null())
+        // Its own process group: the shell and everything it starts are killed together.
+        .process_group(0);
+    let mut child = match tokio::process::Command::from(command)
+        .kill_on_drop(true)
+        .spawn()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            errln!("apm watch: could not run --exec command for {what}: {e}");
+            return Ended::Exited;
+        }
+    };
+    let group = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .map(Pid::from_raw);
+    let ended = tokio::select! {
+        st = child.wait() => {
+            match st {
+                Ok(st) if st.success() => {}
+                Ok(st) => errln!("apm watch: --exec command for {what} exited with {st}"),
+                Err(e) => errln!("apm watch: waiting for the --exec command for {what}: {e}"),
+            }
+            return Ended::Exited;
+        }
+        () = tokio::time::sleep(limit) => {
+            errln!(
+                "apm watch: --exec command for {what} still running after {} s \
+                 (--exec-timeout): killed",
+                limit.as_secs_f64()
+            );
+            Ended::TimedOut
+        }
+        _ = stop.wait() => Ended::Stopped,
+    };
+    if let Some(group) = group {
+        let _ = killpg(group, Signal::SIGTERM);
+        if tokio::time::timeout(GRACE, child.wait()).await.is_err() {
+            let _ = killpg(group, Signal::SIGKILL);
+        } else {
+            // The shell is gone; what it started may not be.
+            let _ = killpg(group, Signal::SIGKILL);
+        }
+    }
+    let _ = child.kill().await;
+    ended
+}

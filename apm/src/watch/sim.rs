@@ -1,0 +1,205 @@
+//! `apm watch --sim`: the simulated fabric of provider-sim, one `apm_core::Manager` per
+//! watched host and its unaffiliated event stream, played in virtual time on tokio's
+//! paused clock (a whole scenario plays in moments). Events go through the same
+//! [`Sink`] as real ones; the port read back comes from the simulation.
+
+use super::exec::Stop;
+use super::{Args, EventKind, PortNow, Raw, Sink};
+use crate::out::errln;
+use anyhow::{bail, Context as _};
+use apm_core::{FabricEventKind, Time};
+use provider_sim::{PolicyKind, RunConfig, Scenario, Sim, SimProvider};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// `--sim`: the scenario under tokio's paused clock, a Manager per watched host.
+pub(super) fn watch(args: &Args) -> anyhow::Result<()> {
+    let mut scenario = match &args.scenario {
+        Some(path) => {
+            let text = apm::input::read_file(path, apm::input::SCENARIO_LIMIT, "a scenario file")?;
+            Scenario::from_toml(&text).with_context(|| format!("in {}", path.display()))?
+        }
+        None => Scenario::default(),
+    };
+    // Connections play no part in what is watched; a few keep the simulation light.
+    scenario.workload.connections = scenario.workload.connections.min(64);
+    let hosts = scenario.topology.hosts;
+    let names: Vec<String> = (0..hosts).map(|h| format!("h{h}")).collect();
+    for d in &args.devices {
+        if !names.contains(d) {
+            bail!(
+                "no host {d:?} in the scenario: devices are hosts h0 .. h{}",
+                hosts.saturating_sub(1)
+            );
+        }
+    }
+    let watched: Vec<usize> = (0..hosts)
+        .filter(|h| args.devices.is_empty() || args.devices.contains(&names[*h]))
+        .collect();
+    let mut cfg = RunConfig::new(PolicyKind::Apm, args.seed);
+    cfg.external_hosts = watched.clone();
+    cfg.sample_ms = 0;
+    let mut policy = apm_core::Policy::default();
+    if args.no_sa {
+        policy.subscribe = false;
+    }
+    cfg.engine_policy = policy.clone();
+    let end = Time::from_millis(match args.timeout {
+        Some(t) if t >= 0.0 => scenario.duration_ms.min((t * 1000.0) as u64),
+        _ => scenario.duration_ms,
+    });
+    let rt = tokio::runtime::Builder::new_current_thread()
+        // IO too: the SIGINT/SIGTERM handlers need it.
+        .enable_all()
+        .start_paused(true)
+        .build()
+        .context("starting the tokio runtime")?;
+    rt.block_on(async move {
+        let mut stop = Stop::install().context("handling SIGINT and SIGTERM")?;
+        let sim = Sim::new(&scenario, cfg).map_err(anyhow::Error::msg)?;
+        let shared = SimProvider::share(sim);
+        let (tx, mut rx) = mpsc::unbounded_channel::<(usize, apm_core::FabricEvent)>();
+        let mut handles = Vec::new();
+        for &h in &watched {
+            let provider = Arc::new(shared.for_host(h).stack());
+            let (mgr, handle) = apm_core::Manager::new(provider, policy.clone())?;
+            let mut events = handle.fabric_events();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                while let Ok(ev) = events.recv().await {
+                    if tx.send((h, ev)).is_err() {
+                        return;
+                    }
+                }
+            });
+            tokio::spawn(mgr.run());
+            handles.push(handle);
+        }
+        drop(tx);
+        // The watched hosts run apm as a deployment would: their connections protected.
+        tokio::task::yield_now().await;
+        for (i, &h) in watched.iter().enumerate() {
+            for spec in shared.with_sim(|sim| sim.external_specs(h)) {
+                handles[i].protect(spec).await?;
+            }
+        }
+        errln!(
+            "apm watch: simulated fabric \"{}\" ({} virtual s), watching {}",
+            scenario.name,
+            end.as_nanos() as f64 / 1e9,
+            watched
+                .iter()
+                .map(|h| names[*h].as_str())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+        let mut driver = {
+            let shared = shared.clone();
+            tokio::spawn(async move { shared.drive(end).await })
+        };
+        let mut sink = Sink::new(args, stop.clone());
+        let mut stopped = false;
+        loop {
+            tokio::select! {
+                biased;
+                ev = rx.recv() => {
+                    let Some((h, ev)) = ev else { break };
+                    let Some((raw, now)) = sim_event(&shared, &names, h, &ev.kind) else {
+                        continue;
+                    };
+                    let elapsed = Duration::from_nanos(ev.time.as_nanos());
+                    let time = format!("+{:.6}s", elapsed.as_secs_f64());
+                    if !sink.event(raw, now, time, elapsed).await {
+                        stopped = true;
+                        break;
+                    }
+                }
+                _ = &mut driver => break,
+                _ = stop.wait() => {
+                    stopped = true;
+                    break;
+                }
+            }
+        }
+        if !stopped {
+            // Events the Managers published at the very end.
+            while let Ok((h, ev)) = rx.try_recv() {
+                let Some((raw, now)) = sim_event(&shared, &names, h, &ev.kind) else {
+                    continue;
+                };
+                let elapsed = Duration::from_nanos(ev.time.as_nanos());
+                let time = format!("+{:.6}s", elapsed.as_secs_f64());
+                if !sink.event(raw, now, time, elapsed).await {
+                    break;
+                }
+            }
+        }
+        for h in &handles {
+            h.shutdown();
+        }
+        driver.abort();
+        sink.finish()
+    })
+}
+
+/// A simulated host's fabric event, with its port read back from the simulation.
+fn sim_event(
+    shared: &SimProvider,
+    names: &[String],
+    host: usize,
+    kind: &FabricEventKind,
+) -> Option<(Raw, PortNow)> {
+    let device = names.get(host)?.clone();
+    let (port, kind, gid) = match kind {
+        FabricEventKind::Port { port, event } => {
+            (Some(port.port), EventKind::of_port_event(*event), None)
+        }
+        FabricEventKind::DeviceFatal { .. } => (None, EventKind::DeviceFatal, None),
+        FabricEventKind::RemoteGid { gid, in_service } => (
+            None,
+            if *in_service {
+                EventKind::GidInService
+            } else {
+                EventKind::GidOutOfService
+            },
+            Some(*gid),
+        ),
+        _ => return None,
+    };
+    let now = port.map_or_else(PortNow::default, |p| {
+        shared.with_sim(|sim| sim_port(sim, host, p))
+    });
+    Some((
+        Raw {
+            device,
+            port,
+            kind,
+            gid,
+            source: "sim",
+        },
+        now,
+    ))
+}
+
+fn sim_port(sim: &Sim, host: usize, port: u8) -> PortNow {
+    let fab = sim.fabric();
+    let Some(p) = fab.port_of(host, port).and_then(|id| fab.ports.get(id)) else {
+        return PortNow::default();
+    };
+    PortNow {
+        state: Some(
+            match p.state {
+                provider_sim::fabric::PortState::Down => "down",
+                provider_sim::fabric::PortState::Init => "init",
+                provider_sim::fabric::PortState::Active => "active",
+            }
+            .to_owned(),
+        ),
+        lid: Some(p.lid),
+        // The simulation does not expose which SM a port knows.
+        sm_lid: None,
+        lmc: Some(p.lmc),
+        gid: Some(p.gid),
+    }
+}

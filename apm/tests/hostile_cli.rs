@@ -1,0 +1,247 @@
+//! `apm` as a hostile user runs it: closed pipes, endless input, values that would
+//! overflow. Nothing may panic (status 101); a closed standard output ends the process
+//! as SIGPIPE ends any filter; every reader stops at its stated limit.
+
+use std::os::unix::process::ExitStatusExt;
+use std::process::{Command, ExitStatus, Stdio};
+
+const APM: &str = env!("CARGO_BIN_EXE_apm");
+
+fn root() -> &'static str {
+    concat!(env!("CARGO_MANIFEST_DIR"), "/..")
+}
+
+/// The write end of a pipe whose only reader has already exited: `true` got the read
+/// end as its standard input and is waited for, so nothing can read any more.
+fn closed_pipe() -> Stdio {
+    let mut reader = Command::new("true")
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("true runs");
+    let write_end = reader.stdin.take().expect("pipe");
+    reader.wait().expect("true ends");
+    Stdio::from(write_end)
+}
+
+/// Run apm with its standard output a pipe nobody reads any more.
+fn with_closed_stdout(args: &[&str]) -> (ExitStatus, String) {
+    let out = Command::new(APM)
+        .args(args)
+        .current_dir(root())
+        .stdin(Stdio::null())
+        .stdout(closed_pipe())
+        .output()
+        .expect("apm runs");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn run_with_stdin(args: &[&str], stdin: Stdio) -> (ExitStatus, String) {
+    let out = Command::new(APM)
+        .args(args)
+        .current_dir(root())
+        .stdin(stdin)
+        .output()
+        .expect("apm runs");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn dev_zero() -> Stdio {
+    Stdio::from(std::fs::File::open("/dev/zero").expect("/dev/zero"))
+}
+
+#[test]
+fn a_closed_stdout_ends_every_subcommand_quietly_by_sigpipe() {
+    let cases: &[&[&str]] = &[
+        &["simulate", "--connections", "10"],
+        &["simulate", "--connections", "10", "--json"],
+        &["config", "check", "examples/config/roce.toml"],
+        &[
+            "config",
+            "check",
+            "--json",
+            "examples/config/infiniband.toml",
+        ],
+        &["mad", "encode", "lap"],
+        &["mad", "encode", "sminfo-resp"],
+        &["watch", "--sim"],
+        &["watch", "--sim", "--json"],
+    ];
+    for args in cases {
+        let (status, err) = with_closed_stdout(args);
+        assert_eq!(
+            status.signal(),
+            Some(13),
+            "{args:?}: want death by SIGPIPE, got {status}; stderr: {err}"
+        );
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+        assert!(!err.contains("Broken pipe"), "{args:?} is not quiet: {err}");
+    }
+    // decode prints a MAD's fields.
+    let hex = Command::new(APM)
+        .args(["mad", "encode", "report"])
+        .output()
+        .expect("encode");
+    let hex = String::from_utf8_lossy(&hex.stdout).replace('\n', " ");
+    let (status, err) = with_closed_stdout(&["mad", "decode", &hex]);
+    assert_eq!(status.signal(), Some(13), "{status} {err}");
+}
+
+#[test]
+fn a_closed_stderr_does_not_panic_an_error_path() {
+    let status = Command::new(APM)
+        .args(["mad", "decode", "zz"])
+        .stdout(Stdio::null())
+        .stderr(closed_pipe())
+        .status()
+        .expect("apm runs");
+    assert_eq!(status.code(), Some(1), "{status}");
+}
+
+#[test]
+fn endless_input_stops_at_the_named_limit() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["mad", "decode", "-"], "64 KiB limit for a MAD in hex"),
+        (
+            &["mad", "encode", "--json", "-"],
+            "1 MiB limit for a JSON MAD",
+        ),
+        (
+            &["config", "check", "/dev/zero"],
+            "16 MiB limit for a configuration file",
+        ),
+        (
+            &["simulate", "--scenario", "/dev/zero"],
+            "16 MiB limit for a scenario file",
+        ),
+        (
+            &["watch", "--sim", "--scenario", "/dev/zero"],
+            "16 MiB limit for a scenario file",
+        ),
+    ];
+    for (args, want) in cases {
+        let (status, err) = run_with_stdin(args, dev_zero());
+        assert_eq!(status.code(), Some(1), "{args:?}: {status} {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn durations_that_would_overflow_are_refused_by_name() {
+    for v in ["nan", "inf", "-inf", "1e300", "-1"] {
+        let arg = format!("--duration={v}");
+        let (status, err) = run_with_stdin(&["pingpong", "-d", "rxe0", &arg], Stdio::null());
+        assert_eq!(status.code(), Some(2), "{v}: {status} {err}");
+        assert!(err.contains("--duration"), "{v}: {err}");
+        assert!(!err.contains("panicked"), "{v}: {err}");
+    }
+    let (status, err) = run_with_stdin(
+        &["pingpong", "-d", "rxe0", "--interval-ms", "0"],
+        Stdio::null(),
+    );
+    assert_eq!(status.code(), Some(2), "{status} {err}");
+    let (status, err) = run_with_stdin(&["watch", "--sim", "--timeout", "inf"], Stdio::null());
+    assert_eq!(status.code(), Some(2), "{status} {err}");
+}
+
+/// A process is gone (or a zombie nobody reaped yet: not running either way).
+fn gone(pid: &str) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Err(_) => true,
+        Ok(stat) => stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
+    }
+}
+
+fn wait_for_file(path: &std::path::Path) -> String {
+    for _ in 0..200 {
+        if let Ok(s) = std::fs::read_to_string(path) {
+            if s.ends_with('\n') {
+                return s.trim().to_owned();
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    panic!("{} never appeared", path.display());
+}
+
+fn wait_bounded(child: &mut std::process::Child) -> ExitStatus {
+    for _ in 0..200 {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            return st;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    panic!("apm did not end within 10 s");
+}
+
+#[test]
+fn sigterm_and_sigint_end_watch_and_its_exec_children() {
+    for (sig, number) in [("TERM", 15), ("INT", 2)] {
+        let dir = std::env::temp_dir().join(format!("apm-hostile-{}-{sig}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let pidfile = dir.join("hook.pid");
+        let _ = std::fs::remove_file(&pidfile);
+        // The hook starts a grandchild (`sleep`) and waits for it: both must go.
+        let hook = format!("sleep 100 & echo $! > {}; wait", pidfile.display());
+        let mut child = Command::new(APM)
+            .args(["watch", "--sim", "--exec", &hook, "--exec-timeout", "60"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("apm starts");
+        let sleeper = wait_for_file(&pidfile);
+        assert!(!gone(&sleeper), "the hook's child runs");
+        let killed = Command::new("kill")
+            .args([format!("-{sig}"), child.id().to_string()])
+            .status()
+            .expect("kill");
+        assert!(killed.success());
+        let status = wait_bounded(&mut child);
+        assert_eq!(status.signal(), Some(number), "SIG{sig}: {status}");
+        for _ in 0..40 {
+            if gone(&sleeper) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        assert!(
+            gone(&sleeper),
+            "SIG{sig}: the hook's child {sleeper} outlived apm"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
+
+#[test]
+fn a_hung_exec_is_reported_and_killed() {
+    let out = Command::new(APM)
+        .args([
+            "watch",
+            "--sim",
+            "--count",
+            "2",
+            "--exec",
+            "sleep 100",
+            "--exec-timeout",
+            "0.3",
+        ])
+        .output()
+        .expect("apm runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}: {err}", out.status);
+    assert_eq!(
+        err.matches("still running after 0.3 s (--exec-timeout): killed")
+            .count(),
+        2,
+        "{err}"
+    );
+}
