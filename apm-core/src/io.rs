@@ -322,15 +322,28 @@ pub struct Mra {
     pub service_timeout: u8,
 }
 
-/// Software migration request.
+/// Path migration between peers: "I moved to `path`, follow me", or (hardware APM,
+/// before a forced migration) "move to `path` first, I follow on your answer".
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Migrate {
     /// The sender's comm id.
     pub sender_comm_id: u32,
     /// The receiver's comm id.
     pub receiver_comm_id: u32,
-    /// The path the sender moved to, from the sender's point of view.
+    /// The path, from the sender's point of view.
     pub path: Path,
+    /// Whether the sender runs on `path` already.
+    pub intent: MigrateIntent,
+}
+
+/// Whether the sender of a [`Migrate`] has moved yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub enum MigrateIntent {
+    /// The sender runs on the path now: follow it.
+    Moved,
+    /// The sender's primary died and the path is its armed alternate: move there
+    /// first (which proves the path works), and the sender follows on the answer.
+    Probe,
 }
 
 /// Software migration answer.

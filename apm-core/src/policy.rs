@@ -73,6 +73,14 @@ pub struct Policy {
     pub remote_recheck_max_ms: u64,
     /// What a LAP from a source that is not the connection's peer gets. Default reject.
     pub unexpected_lap: UnexpectedLap,
+    /// Hardware APM: an alternate is loaded with a local ACK timeout this many steps
+    /// (each doubles the retry budget) above the connection's own. Once on it, after
+    /// apm moved the connection or the HCA did, the transport waits this much longer for
+    /// a dead path to come back before giving up: a connection apm moves at once never
+    /// waits less than one the HCA moves alone, which spends one budget on the old path
+    /// and then one on the new. Default 1 (twice the budget: 1.07 s at timeout 14 and
+    /// retry count 7). 0 keeps the connection's own timeout.
+    pub alternate_timeout_boost: u8,
 }
 
 impl Default for Policy {
@@ -96,6 +104,7 @@ impl Default for Policy {
             remote_recheck_ms: 5000,
             remote_recheck_max_ms: 60_000,
             unexpected_lap: UnexpectedLap::Reject,
+            alternate_timeout_boost: 1,
         }
     }
 }
@@ -154,6 +163,13 @@ impl Policy {
                 field: "remote_recheck_max_ms",
                 value: self.remote_recheck_max_ms,
                 why: "must be at least remote_recheck_ms",
+            });
+        }
+        if self.alternate_timeout_boost > 8 {
+            return Err(PolicyError::OutOfRange {
+                field: "alternate_timeout_boost",
+                value: u64::from(self.alternate_timeout_boost),
+                why: "more than 8 steps multiplies the retry budget by over 256",
             });
         }
         if self.lap_max_tries > 32 {

@@ -9,11 +9,13 @@
 
 #[path = "sim_svg.rs"]
 mod sim_svg;
+#[path = "sim_sweep.rs"]
+mod sim_sweep;
 
 use crate::out::{out, outln};
 use anyhow::{bail, Context};
 use apm::input::SCENARIO_LIMIT;
-use provider_sim::{PolicyKind, RunConfig, RunReport, Scenario, Sim};
+use provider_sim::{Family, Percentiles, PolicyKind, RunConfig, RunReport, Scenario, Sim, Size};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
@@ -24,8 +26,24 @@ use std::path::PathBuf;
 pub struct Args {
     /// Scenario file (TOML; see provider-sim/scenarios/). Default: the built-in dual-rail
     /// demonstration.
-    #[arg(long, value_name = "FILE")]
+    #[arg(long, value_name = "FILE", conflicts_with = "family")]
     scenario: Option<PathBuf>,
+    /// The scenario of a family for `--seed` instead of a file: dual-rail,
+    /// leaf-spine-lmc2, random-dual-rail-lmc0, random-dual-rail-lmc1, random-leaf-spine,
+    /// mad-loss-50, mad-loss-90, sm-failures, random-roce.
+    #[arg(long, value_name = "NAME")]
+    family: Option<String>,
+    /// With `--family` or `--sweep`: the small scenarios of the chaos campaign.
+    #[arg(long)]
+    small: bool,
+    /// Run every family (or those of `--families`) over N seeds from `--seed` and print,
+    /// per family, connections lost per policy, the seeds where apm did better, the
+    /// same or worse than each baseline, and restore p99.
+    #[arg(long, value_name = "N", conflicts_with_all = ["scenario", "family", "svg"])]
+    sweep: Option<u64>,
+    /// With `--sweep`: the families to run, comma-separated (default: all).
+    #[arg(long, value_delimiter = ',', value_name = "NAMES")]
+    families: Vec<String>,
     /// Seed of the simulation's RNG: the same seed gives the same output.
     #[arg(long, default_value_t = 1, env = "APM_SIM_SEED")]
     seed: u64,
@@ -54,25 +72,47 @@ pub struct Args {
     engine_logs: bool,
 }
 
-/// One policy's figures in the JSON document: exactly the fields of the issue.
+/// One policy's figures in the JSON document.
 #[derive(Debug, Serialize)]
 struct JsonPolicy {
     connections: u64,
     lost: u64,
+    /// Offered by the applications over the whole run and never delivered.
     messages_lost: u64,
+    messages_offered: u64,
     messages_duplicated: u64,
     failovers: u64,
     restore_ms: JsonPct,
+    /// Restores of connections armed on a port-disjoint alternate when the fault hit.
+    restore_disjoint_ms: JsonPct,
+    /// Working unarmed, failing over, or lost (to the end of the run).
     unprotected_ms_total: f64,
+    armed_disjoint_ms_total: f64,
+    armed_shared_port_ms_total: f64,
+    lost_ms_total: f64,
+    armed_at_end: u64,
+    armed_disjoint_at_end: u64,
     sa_queries: u64,
     mads_sent: u64,
 }
 
+/// Percentiles; all `null` when there was nothing to measure.
 #[derive(Debug, Serialize)]
 struct JsonPct {
-    p50: f64,
-    p99: f64,
-    max: f64,
+    p50: Option<f64>,
+    p99: Option<f64>,
+    max: Option<f64>,
+}
+
+impl JsonPct {
+    fn of(p: &Percentiles) -> JsonPct {
+        let v = |x: f64| (!p.is_empty()).then_some(round3(x));
+        JsonPct {
+            p50: v(p.p50),
+            p99: v(p.p99),
+            max: v(p.max),
+        }
+    }
 }
 
 #[derive(Debug, Serialize)]
@@ -84,12 +124,13 @@ struct JsonDoc {
 
 /// Load the scenario and apply the command-line overrides.
 fn scenario(args: &Args) -> anyhow::Result<Scenario> {
-    let mut s = match &args.scenario {
-        Some(path) => {
+    let mut s = match (&args.scenario, &args.family) {
+        (Some(path), _) => {
             let text = apm::input::read_file(path, SCENARIO_LIMIT, "a scenario file")?;
             Scenario::from_toml(&text).with_context(|| format!("in {}", path.display()))?
         }
-        None => Scenario::default(),
+        (None, Some(name)) => family(name)?.scenario(args.seed, size(args)),
+        (None, None) => Scenario::default(),
     };
     if let Some(n) = args.connections {
         s.workload.connections = n;
@@ -155,8 +196,68 @@ pub fn run_all(
     Ok(reports)
 }
 
+fn family(name: &str) -> anyhow::Result<Family> {
+    Family::from_name(name.trim()).with_context(|| {
+        let all: Vec<&str> = Family::ALL.iter().map(|f| f.name()).collect();
+        format!("unknown family {name:?} (use {})", all.join(", "))
+    })
+}
+
+fn size(args: &Args) -> Size {
+    if args.small {
+        Size::Small
+    } else {
+        Size::Full
+    }
+}
+
+/// `--sweep N`: every family over N seeds.
+fn sweep(args: &Args, seeds: u64) -> anyhow::Result<()> {
+    let families = if args.families.is_empty() {
+        Family::ALL.to_vec()
+    } else {
+        args.families
+            .iter()
+            .map(|n| family(n))
+            .collect::<anyhow::Result<Vec<_>>>()?
+    };
+    if seeds == 0 {
+        bail!("--sweep needs at least one seed");
+    }
+    let sweep = sim_sweep::Sweep {
+        families,
+        seeds,
+        first_seed: args.seed,
+        size: size(args),
+    };
+    let total = seeds * sweep.families.len() as u64;
+    let bar = (!args.json && std::io::stderr().is_terminal()).then(|| {
+        let b = indicatif::ProgressBar::new(total);
+        b.set_style(
+            indicatif::ProgressStyle::with_template(
+                "{spinner} sweeping {bar:40} {pos}/{len} seeds ({elapsed}, ~{eta} left)",
+            )
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+        );
+        b
+    });
+    let results = sim_sweep::run(&sweep, bar.as_ref())?;
+    if let Some(b) = bar {
+        b.finish_and_clear();
+    }
+    if args.json {
+        outln!("{}", serde_json::to_string_pretty(&results)?)?;
+    } else {
+        out!("{}", sim_sweep::table(&sweep, &results))?;
+    }
+    Ok(())
+}
+
 /// Run the simulation.
 pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(n) = args.sweep {
+        return sweep(&args, n);
+    }
     let scenario = scenario(&args)?;
     let mut policies = Vec::new();
     for name in &args.policies {
@@ -221,14 +322,17 @@ fn json_doc(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> JsonDoc {
                         connections: r.connections,
                         lost: r.lost,
                         messages_lost: r.messages_lost,
+                        messages_offered: r.messages_posted,
                         messages_duplicated: r.messages_duplicated,
                         failovers: r.failovers,
-                        restore_ms: JsonPct {
-                            p50: round3(r.restore_ms.p50),
-                            p99: round3(r.restore_ms.p99),
-                            max: round3(r.restore_ms.max),
-                        },
+                        restore_ms: JsonPct::of(&r.restore_ms),
+                        restore_disjoint_ms: JsonPct::of(&r.restore_disjoint_ms),
                         unprotected_ms_total: round3(r.unprotected_ms_total),
+                        armed_disjoint_ms_total: round3(r.armed_disjoint_ms_total),
+                        armed_shared_port_ms_total: round3(r.armed_shared_ms_total),
+                        lost_ms_total: round3(r.lost_ms_total),
+                        armed_at_end: r.end_state[0],
+                        armed_disjoint_at_end: r.end_armed_disjoint,
                         sa_queries: r.sa_queries,
                         mads_sent: r.mads_sent,
                     },
@@ -257,36 +361,40 @@ pub fn table(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
         reports.first().map_or(0, |r| r.connections),
         scenario.duration_ms as f64 / 1000.0
     );
-    let _ = write!(o, "{:<28}", "");
+    let _ = write!(o, "{:<30}", "");
     for r in reports {
-        let _ = write!(o, "{:>14}", r.policy);
+        let _ = write!(o, "{:>16}", r.policy);
     }
     o.push('\n');
     type Row = (&'static str, fn(&RunReport) -> String);
-    let rows: [Row; 12] = [
+    let rows: [Row; 16] = [
         ("connections lost", |r| r.lost.to_string()),
-        ("messages lost", |r| r.messages_lost.to_string()),
+        ("messages not delivered", |r| r.messages_lost.to_string()),
         ("messages duplicated", |r| r.messages_duplicated.to_string()),
         ("messages retransmitted", |r| {
             r.messages_retransmitted.to_string()
         }),
         ("failovers", |r| r.failovers.to_string()),
-        ("restore p50 (ms)", |r| format!("{:.2}", r.restore_ms.p50)),
-        ("restore p99 (ms)", |r| format!("{:.2}", r.restore_ms.p99)),
-        ("restore max (ms)", |r| format!("{:.2}", r.restore_ms.max)),
-        ("unprotected (conn-s)", |r| {
-            format!("{:.1}", r.unprotected_ms_total / 1000.0)
+        ("restore p50 (ms)", |r| ms(&r.restore_ms, r.restore_ms.p50)),
+        ("restore p99 (ms)", |r| ms(&r.restore_ms, r.restore_ms.p99)),
+        ("restore max (ms)", |r| ms(&r.restore_ms, r.restore_ms.max)),
+        ("  disjoint armed: p99 (ms)", |r| {
+            ms(&r.restore_disjoint_ms, r.restore_disjoint_ms.p99)
         }),
+        ("armed, port-disjoint (conn-s)", |r| conn_s(r.armed_disjoint_ms_total)),
+        ("armed, same port (conn-s)", |r| conn_s(r.armed_shared_ms_total)),
+        ("unprotected (conn-s)", |r| conn_s(r.unprotected_ms_total)),
+        ("  of which lost (conn-s)", |r| conn_s(r.lost_ms_total)),
         ("SA queries", |r| r.sa_queries.to_string()),
         ("MADs sent", |r| r.mads_sent.to_string()),
-        ("armed at the end", |r| {
-            format!("{}/{}", r.end_state[0], r.connections)
+        ("armed at the end (disjoint)", |r| {
+            format!("{}/{} ({})", r.end_state[0], r.connections, r.end_armed_disjoint)
         }),
     ];
     for (name, f) in rows {
-        let _ = write!(o, "{name:<28}");
+        let _ = write!(o, "{name:<30}");
         for r in reports {
-            let _ = write!(o, "{:>14}", f(r));
+            let _ = write!(o, "{:>16}", f(r));
         }
         o.push('\n');
     }
@@ -326,6 +434,20 @@ pub fn table(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
         }
     }
     o
+}
+
+/// A percentile in milliseconds, "n/a" when there was nothing to measure.
+fn ms(p: &Percentiles, v: f64) -> String {
+    if p.is_empty() {
+        "n/a".to_string()
+    } else {
+        format!("{v:.2}")
+    }
+}
+
+/// Connection-milliseconds as connection-seconds.
+fn conn_s(ms: f64) -> String {
+    format!("{:.1}", ms / 1000.0)
 }
 
 fn sample_at(r: &RunReport, t_ms: u64) -> Option<provider_sim::Sample> {

@@ -26,7 +26,10 @@
 //! | 51     | 1    | PacketRate (low 6 bits, IBA encoding)                        |
 //! | 52     | 1    | PathMTU (IBA encoding, 1 = 256 .. 5 = 4096)                  |
 //! | 53     | 1    | LocalAckTimeout (low 5 bits)                                 |
+//! | 54     | 1    | Intent: 0 = moved (the sender runs on the path), 1 = probe   |
 //!
+//! A probe is sent by hardware-APM engines before a forced migration: the receiver
+//! moves first (which proves the path works) and the sender follows on its answer.
 //! **MigrateAck** (attribute [`MIGRATE_ACK_ATTR`] = 0xA002): SenderCommID @0 (4),
 //! ReceiverCommID @4 (4), Status @8 (1): 0 = moved (or already there), 1 = refused.
 //!
@@ -35,7 +38,7 @@
 
 use crate::peer_channel::{from_peer_msg, to_peer_msg};
 use crate::umad_transport::{self, CmChannel, VENDOR_CLASS_VERSION};
-use apm_core::{Gid, Lid, Migrate, MigrateAck, Path, PeerMsg, PortKey};
+use apm_core::{Gid, Lid, Migrate, MigrateAck, MigrateIntent, Path, PeerMsg, PortKey};
 use ib_mad::types::{Oui, U24};
 use ib_mad::vendor::VendorMad;
 use ib_mad::{AttributeId, Method, MgmtClass, MAD_SIZE};
@@ -124,6 +127,11 @@ pub fn decode(class: u8, oui: [u8; 3], port: PortKey, mad: &[u8]) -> Option<(u64
                 pkey_index: 0,
                 ack_timeout: Some(*d.get(53)?).filter(|t| *t <= 31)?,
             },
+            intent: match *d.get(54)? {
+                0 => MigrateIntent::Moved,
+                1 => MigrateIntent::Probe,
+                _ => return None,
+            },
         }),
         MIGRATE_ACK_ATTR => PeerMsg::MigrateAck(MigrateAck {
             sender_comm_id: be32(d, 0)?,
@@ -171,7 +179,7 @@ fn migrate_data(m: &Migrate) -> Result<Vec<u8>, EncodeError> {
     if p.ack_timeout > 31 {
         return Err(bad("ACK timeout"));
     }
-    let mut d = vec![0u8; 54];
+    let mut d = vec![0u8; 55];
     d[0..4].copy_from_slice(&m.sender_comm_id.to_be_bytes());
     d[4..8].copy_from_slice(&m.receiver_comm_id.to_be_bytes());
     d[8..10].copy_from_slice(&p.slid.get().to_be_bytes());
@@ -185,6 +193,10 @@ fn migrate_data(m: &Migrate) -> Result<Vec<u8>, EncodeError> {
     d[51] = p.rate;
     d[52] = p.mtu;
     d[53] = p.ack_timeout;
+    d[54] = match m.intent {
+        MigrateIntent::Moved => 0,
+        MigrateIntent::Probe => 1,
+    };
     Ok(d)
 }
 
@@ -230,6 +242,7 @@ mod tests {
                 sender_comm_id: 1,
                 receiver_comm_id: 2,
                 path: path(),
+                intent: apm_core::MigrateIntent::Moved,
             }),
             PeerMsg::MigrateAck(MigrateAck {
                 sender_comm_id: 2,
@@ -275,6 +288,7 @@ mod tests {
             sender_comm_id: 0x0102_0304,
             receiver_comm_id: 0x0506_0708,
             path: path(),
+            intent: apm_core::MigrateIntent::Moved,
         });
         let w = encode(CLASS, OUI, 1, &m).expect("encodes");
         assert_eq!(&w[16..18], &[0xA0, 0x01]);
@@ -310,6 +324,7 @@ mod tests {
             sender_comm_id: 1,
             receiver_comm_id: 2,
             path: p,
+            intent: apm_core::MigrateIntent::Moved,
         });
         assert!(encode(CLASS, OUI, 1, &too_wide).is_err());
     }

@@ -363,6 +363,7 @@ mod tests {
             sender_comm_id: 1,
             receiver_comm_id: 2,
             path: path(),
+            intent: apm_core::MigrateIntent::Moved,
         });
         let to = PeerAddr {
             gid: b_gid,

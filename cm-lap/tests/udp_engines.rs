@@ -248,6 +248,7 @@ mod hostile {
             sender_comm_id: 0xB,
             receiver_comm_id: 0xA,
             path: path(B[1], A[1]),
+            intent: apm_core::MigrateIntent::Moved,
         });
         apm_msg::encode(DEFAULT_VENDOR_CLASS, UDP_DEFAULT_OUI, 77, &msg).expect("encode")
     }

@@ -21,6 +21,11 @@ impl Percentiles {
     /// The percentiles of durations in nanoseconds (nearest rank), in milliseconds.
     pub fn of(mut ns: Vec<u64>) -> Percentiles {
         ns.sort_unstable();
+        Percentiles::of_sorted(&ns)
+    }
+
+    /// The same over durations already sorted.
+    pub fn of_sorted(ns: &[u64]) -> Percentiles {
         let pct = |q: f64| -> f64 {
             if ns.is_empty() {
                 return 0.0;
@@ -83,6 +88,9 @@ pub struct RunReport {
     pub restore_ms: Percentiles,
     /// The same, for connections armed on a port-disjoint alternate when the fault hit.
     pub restore_disjoint_ms: Percentiles,
+    /// Every restore time, in nanoseconds (for pooling runs; not serialised).
+    #[serde(skip)]
+    pub restore_samples_ns: Vec<u64>,
     /// Summed time connections spent without an armed healthy alternate: working
     /// unarmed, failing over, or lost (a lost connection counts until the end).
     pub unprotected_ms_total: f64,

@@ -21,8 +21,11 @@ pub(crate) enum MoveReason {
     Ours,
     /// The peer has moved already: it acknowledged our `Migrate` by moving.
     PeerMoved,
-    /// The peer moved and asked us to follow: answer it when we have.
+    /// The peer moves and asked us to follow: answer it when we have.
     PeerAsked(Responder),
+    /// The same, and the peer has said since that it moved (both asked each other at
+    /// once, say): answer it, and nothing to wait for.
+    PeerAskedAndMoved(Responder),
 }
 
 /// What the engine is doing for a connection. Only one thing at a time: a second reason
@@ -38,7 +41,7 @@ pub(crate) enum Phase {
     /// says it has (its `Migrate` or a LAP), our QP stays MIGRATED: its packets carry
     /// MigReq=1, which moves the peer's ARMED QP by itself should our answer be lost,
     /// where an early REARM (MigReq=0) would strand it. Then `old` is armed again
-    /// (deadline: give up waiting and re-arm by LAP).
+    /// (deadline: arm it anyway, our MigReq=1 packets have moved the peer by then).
     AwaitFollow { old: Path },
     /// Waiting for a re-arm slot (`Engine::rearm_queue`).
     Queued,
@@ -131,6 +134,8 @@ pub(crate) struct Conn {
     pub(crate) remote_comm_id: u32,
     /// The path the QP runs on.
     pub(crate) primary: Path,
+    /// The connection's own local ACK timeout (its primary's at protect time).
+    pub(crate) base_timeout: u8,
     /// The alternate loaded in the QP (hardware) or agreed with the peer (software).
     pub(crate) alternate: Option<Path>,
     /// REARM was set on `alternate` (hardware) / the peer accepted it (software).
@@ -204,6 +209,7 @@ impl Conn {
             local_comm_id: spec.local_comm_id,
             remote_comm_id: spec.remote_comm_id,
             primary: spec.primary,
+            base_timeout: spec.primary.ack_timeout,
             alternate: None,
             armed: false,
             mig: MigState::Migrated,

@@ -369,6 +369,7 @@ impl Engine {
             sender_comm_id: c.local_comm_id,
             receiver_comm_id: c.remote_comm_id,
             path: alt,
+            intent: MigrateIntent::Probe,
         });
         self.replace_phase(id, Phase::Idle);
         self.await_peer(id, alt.port, PeerAddr::far_end(&alt), msg);
@@ -582,6 +583,7 @@ impl Engine {
                 }
                 return;
             }
+            MoveReason::PeerAskedAndMoved(r) => self.send_migrate_ack(id, r, true),
             // The peer hears where we are.
             MoveReason::Ours => {
                 if let Some(c) = self.conns.get_mut(&id) {

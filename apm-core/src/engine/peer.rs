@@ -429,6 +429,10 @@ impl Engine {
         if path.same_route(&c.primary) {
             // Already there (the HCA followed the peer's MigReq, or a retransmission).
             self.send_migrate_ack(id, r, true);
+            if m.intent == MigrateIntent::Moved {
+                // The peer runs where we do: what `AwaitFollow` waits for.
+                self.peer_followed(id);
+            }
             return;
         }
         match c.phase() {
@@ -539,6 +543,7 @@ impl Engine {
             sender_comm_id: c.local_comm_id,
             receiver_comm_id: c.remote_comm_id,
             path,
+            intent: MigrateIntent::Moved,
         });
         self.await_peer(id, path.port, PeerAddr::far_end(&path), msg);
     }
@@ -567,12 +572,28 @@ impl Engine {
         let Some(c) = self.conns.get(&id) else {
             return;
         };
-        if matches!(c.phase(), Phase::AwaitFollow { .. }) {
-            // "I am on the path" from the peer we moved for: it followed.
-            if a.ok {
-                self.peer_followed(id);
+        match c.phase() {
+            Phase::AwaitFollow { .. } => {
+                // "I am on the path" from the peer we moved for: it followed.
+                if a.ok {
+                    self.peer_followed(id);
+                }
+                return;
             }
-            return;
+            Phase::Migrating {
+                why: MoveReason::PeerAsked(r),
+                ..
+            } if a.ok => {
+                // It moved while we are following it: no need to wait for that after.
+                let r = *r;
+                if let Some(Phase::Migrating { why, .. }) =
+                    self.conns.get_mut(&id).and_then(|c| c.phase_mut())
+                {
+                    *why = MoveReason::PeerAskedAndMoved(r);
+                }
+                return;
+            }
+            _ => {}
         }
         let Phase::AwaitPeer {
             msg: PeerMsg::Migrate(m),

@@ -265,6 +265,15 @@ impl Engine {
         };
         match c.mode {
             MigrationMode::Hardware => {
+                // The alternate carries its own, longer, timeout (see the policy).
+                let boosted = c
+                    .base_timeout
+                    .saturating_add(self.policy.alternate_timeout_boost)
+                    .min(31);
+                let path = Path {
+                    ack_timeout: path.ack_timeout.max(boosted),
+                    ..path
+                };
                 let cmd = self.issue(
                     CommandOp::LoadAlternate { conn: id, path },
                     Pending::Conn(id),
@@ -302,9 +311,10 @@ impl Engine {
         }
         match phase {
             Phase::AwaitFollow { .. } => {
-                // No word that the peer followed: re-arm by LAP as usual.
-                self.set_phase(id, Phase::Idle);
-                self.after_phase(id);
+                // No word that the peer followed (under MAD loss, say). By now our
+                // packets with MigReq=1 have moved its ARMED QP if they reach it at
+                // all: arm the path we left as if it had answered.
+                self.peer_followed(id);
             }
             Phase::WaitPassive | Phase::Backoff => {
                 self.set_phase(id, Phase::Idle);

@@ -124,7 +124,7 @@ impl Engine {
                 // The HCA may have migrated by itself (the peer's MigReq got there first)
                 // or the QP is unarmed: ask it.
                 warn!(%id, error = %e, "forcing migration failed; querying the QP");
-                if let MoveReason::PeerAsked(r) = why {
+                if let MoveReason::PeerAsked(r) | MoveReason::PeerAskedAndMoved(r) = why {
                     self.send_migrate_ack(id, r, false);
                 }
                 self.set_phase(id, Phase::Idle);

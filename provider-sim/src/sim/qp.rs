@@ -155,6 +155,12 @@ impl Sim {
 
     // ------------------------------------------------------------------ QPs and traffic
 
+    /// The local ACK timeout of side `s`: its current path's (IBA: each path carries
+    /// its own; after a migration the alternate's applies).
+    fn ack_timeout(&self, i: usize, s: usize) -> Time {
+        Time(4096u64 << self.conns[i].qp[s].primary.ack_timeout.min(31))
+    }
+
     pub(super) fn path_ok(&self, p: &Path) -> bool {
         self.fab.route(p.slid.get(), p.dlid.get()).is_some()
     }
@@ -306,7 +312,7 @@ impl Sim {
                     q.retries = 0;
                     q.retry_gen = q.retry_gen.wrapping_add(1);
                     let gen = q.retry_gen;
-                    let at = after(self.now, Time(self.p.ack_timeout_ns()));
+                    let at = after(self.now, self.ack_timeout(i, s));
                     self.push(
                         at,
                         Ev::Retry {
@@ -357,7 +363,7 @@ impl Sim {
             }
         }
         let gen = self.conns[i].qp[s].retry_gen;
-        let at = after(self.now, Time(self.p.ack_timeout_ns()));
+        let at = after(self.now, self.ack_timeout(i, s));
         self.push(
             at,
             Ev::Retry {

@@ -308,7 +308,8 @@ impl Sim {
             messages_lost: offered - delivered,
             messages_duplicated: self.c.messages_duplicated,
             failovers: self.c.failovers,
-            restore_ms: Percentiles::of(std::mem::take(&mut self.c.restore_ns)),
+            restore_ms: Percentiles::of(self.c.restore_ns.clone()),
+            restore_samples_ns: std::mem::take(&mut self.c.restore_ns),
             restore_disjoint_ms: Percentiles::of(std::mem::take(&mut self.c.restore_disjoint_ns)),
             unprotected_ms_total: ms_of(Bucket::Unprotected)
                 + ms_of(Bucket::Migrating)
