@@ -420,6 +420,15 @@ impl Engine {
             let Some(c) = self.conns.get(&id) else {
                 continue;
             };
+            // The armed alternate is back while the primary is still dead: move now
+            // rather than wait for the transport to give up on the primary.
+            let move_now = c.armed
+                && !self.path_usable(&c.primary)
+                && c.alternate.is_some_and(|a| self.usable_for(c, &a));
+            if move_now {
+                self.primary_failed(id);
+                continue;
+            }
             let current = self.current_score(c);
             let better = self
                 .choose(c)
