@@ -322,16 +322,8 @@ impl Engine {
             Some(alt) => {
                 // A migration overrides whatever negotiation was going on.
                 self.stats.migrations_forced += 1;
-                match mode {
-                    MigrationMode::Hardware => {
-                        debug!(%id, to = %alt, "primary down: asking the peer to move first");
-                        self.probe_and_move(id, alt);
-                    }
-                    MigrationMode::Software => {
-                        debug!(%id, to = %alt, "primary down: software migration");
-                        self.start_sw_migration(id, alt, None);
-                    }
-                }
+                debug!(%id, to = %alt, ?mode, "primary down: asking the peer to move first");
+                self.probe_and_move(id, alt);
             }
             None => {
                 warn!(%id, "primary down with no armed healthy alternate");
@@ -357,10 +349,11 @@ impl Engine {
     /// peer over `alt` to move there (`Migrate`), and move when it answers. A forced
     /// migration spends the armed alternate; onto a path that turns out dead it leaves
     /// the QP one retry budget where the HCA, left alone, would have had two (the
-    /// primary's, then the alternate's after migrating on exhaustion). The peer's
-    /// answer proves `alt` works both ways. Without an answer nothing is forced and the
-    /// HCA migrates on retry exhaustion as it would without apm; meanwhile the peer's
-    /// first packet with MigReq=1 on `alt` moves our QP too.
+    /// primary's, then the alternate's after migrating on exhaustion); a RoCE QP moved
+    /// in software onto a dead path while its peer stays stalls both. The peer's answer
+    /// proves `alt` works both ways. Without an answer nothing moves: the HCA migrates
+    /// on retry exhaustion as it would without apm, and the peer's first packet with
+    /// MigReq=1 on `alt` moves our QP too.
     fn probe_and_move(&mut self, id: ConnId, alt: Path) {
         let Some(c) = self.conns.get(&id) else {
             return;

@@ -605,7 +605,6 @@ impl Engine {
         let probe = !m.path.same_route(&c.primary);
         let follow = probe
             && a.ok
-            && c.mode == MigrationMode::Hardware
             && c.alternate.is_some_and(|alt| alt.same_route(&m.path))
             && (c.armed || c.mig != MigState::Migrated);
         if !a.ok {
@@ -613,7 +612,10 @@ impl Engine {
         }
         if follow {
             // The peer moved onto our alternate, which therefore works: follow it.
-            self.force_migration(id, MoveReason::PeerMoved);
+            match c.mode {
+                MigrationMode::Hardware => self.force_migration(id, MoveReason::PeerMoved),
+                MigrationMode::Software => self.start_sw_migration(id, m.path, None),
+            }
             return;
         }
         self.set_phase(id, Phase::Idle);
