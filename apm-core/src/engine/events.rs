@@ -315,7 +315,9 @@ impl Engine {
         if c.phase().moving() {
             return;
         }
-        let alt = c.alternate.filter(|a| c.armed && self.usable_for(c, a));
+        let alt = c
+            .alternate
+            .filter(|a| c.armed && !c.is_bad(a, self.now) && self.path_up(a));
         let mode = c.mode;
         let armed_on_dead = c.armed && c.alternate.is_some();
         match alt {
@@ -416,8 +418,9 @@ impl Engine {
             // The armed alternate is back while the primary is still dead: move now
             // rather than wait for the transport to give up on the primary.
             let move_now = c.armed
-                && !self.path_usable(&c.primary)
-                && c.alternate.is_some_and(|a| self.usable_for(c, &a));
+                && !self.path_up(&c.primary)
+                && c.alternate
+                    .is_some_and(|a| self.path_up(&a) && !c.is_bad(&a, self.now));
             if move_now {
                 self.primary_failed(id);
                 continue;

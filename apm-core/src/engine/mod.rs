@@ -267,8 +267,12 @@ impl Engine {
         self.remotes.get(gid).is_none_or(|h| h.usable(self.now))
     }
 
-    fn usable_for(&self, c: &Conn, path: &Path) -> bool {
-        self.path_usable(path) && !c.is_bad(path, self.now)
+    /// True when `path` is up, held down for flapping or not: what a connection whose
+    /// primary is dead may still move to (after asking the peer over it), since a
+    /// flapping path beats a dead one; nothing is armed onto it by choice meanwhile.
+    fn path_up(&self, path: &Path) -> bool {
+        self.ports.get(&path.port).is_some_and(|p| p.health.up)
+            && self.remotes.get(&path.dgid).is_none_or(|h| h.up)
     }
 
     // ---------------------------------------------------------------- outputs

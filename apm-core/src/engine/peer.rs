@@ -456,8 +456,9 @@ impl Engine {
             Phase::Migrating { .. } => return,
             _ => {}
         }
-        if !self.path_usable(&path) {
-            // Never onto a path we know is dead: moving there would stall the QP.
+        if !self.path_up(&path) {
+            // Never onto a path we know is dead: moving there would stall the QP. (A
+            // path held down for flapping is up: the peer runs there, or is about to.)
             self.send_migrate_ack(id, r, false);
             return;
         }
