@@ -75,6 +75,12 @@ pub struct RunReport {
     pub lost: u64,
     /// Which connections were lost, by index.
     pub lost_ids: Vec<u64>,
+    /// Of those, the ones whose primary died in the re-arm window after a migration:
+    /// moved (by apm at once, or by the HCA on retry exhaustion) onto a path that died
+    /// before the QPs could arm the next alternate (a QP arms only once its peer's
+    /// packets arrive). No policy that moves before the retry budget runs out can
+    /// avoid it; the dominance check reports such losses as findings.
+    pub lost_in_rearm_window: Vec<u64>,
     /// Messages the applications offered over the whole run and that never reached the
     /// other side: a dead connection keeps counting what its application would have
     /// sent, so dying early never looks better.

@@ -57,6 +57,18 @@ fn chaos() {
     let lost: u64 = ok.iter().map(|o| o.lost).sum();
     let hw: u64 = ok.iter().map(|o| o.baseline_lost[0]).sum();
     let rl: u64 = ok.iter().map(|o| o.baseline_lost[1]).sum();
+    let findings: Vec<String> = results
+        .iter()
+        .filter_map(|(seed, r)| r.as_ref().ok().map(|o| (seed, o)))
+        .filter(|(_, o)| !o.findings.is_empty())
+        .map(|(seed, o)| {
+            format!(
+                "seed {seed}: {}\n  replay: {}",
+                o.findings.join("; "),
+                replay_command(*seed)
+            )
+        })
+        .collect();
     let failures: Vec<String> = results
         .iter()
         .filter_map(|(seed, r)| {
@@ -67,9 +79,14 @@ fn chaos() {
         .collect();
     eprintln!(
         "chaos: {} seed(s) over the scenario families, {events} events in the invariant runs, \
-         connections lost apm {lost} / hw-only {hw} / reload-local {rl}, {} failure(s)",
+         connections lost apm {lost} / hw-only {hw} / reload-local {rl}, {} failure(s), \
+         {} seed(s) with losses in the re-arm window after a move",
         results.len(),
-        failures.len()
+        failures.len(),
+        findings.len()
     );
+    for f in &findings {
+        eprintln!("finding: {f}");
+    }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }

@@ -246,6 +246,8 @@ impl Sim {
                 traced: String::new(),
                 since: Time::ZERO,
                 interrupted_at: None,
+                moved_unarmed: None,
+                in_rearm_window: false,
                 guard: None,
                 excused: false,
             });

@@ -180,6 +180,12 @@ struct Conn {
     interrupted_at: Option<Time>,
     /// The armed alternates (side 0, side 1) when the primary failed while protected.
     guard: Option<(Path, Path)>,
+    /// The connection moved then and has not been armed since (the re-arm window: after
+    /// a migration a QP arms again only once its peer's packets arrive).
+    moved_unarmed: Option<Time>,
+    /// Its primary died inside that window: a loss that follows is a loss in the
+    /// re-arm window after a move (see `RunReport::lost_in_rearm_window`).
+    in_rearm_window: bool,
     /// The last traced description (with `RunConfig::trace_conn`).
     traced: String,
     /// The guard was a port-disjoint alternate (for the disjoint restore figure).

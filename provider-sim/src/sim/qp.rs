@@ -132,6 +132,7 @@ impl Sim {
         if s == 0 {
             self.c.failovers += 1;
         }
+        self.conns[i].moved_unarmed = Some(self.now);
         self.unstall_try(i, s);
         self.reeval(i);
         Ok(CommandOutcome::Done)
@@ -181,6 +182,7 @@ impl Sim {
         if s == 0 {
             self.c.failovers += 1;
         }
+        self.conns[i].moved_unarmed = Some(self.now);
         let lat = self.ev_latency();
         self.raise(
             host,

@@ -54,6 +54,7 @@ impl Sim {
         if self.cfg.trace_conn == Some(i) {
             self.trace(i);
         }
+        let window = self.rearm_window();
         let (new, bucket) = self.classify(i);
         let now = self.now;
         // A guarded failover whose alternates died as well is a double fault: excused.
@@ -71,11 +72,15 @@ impl Sim {
             self.counts[old_bucket.idx()] -= 1;
             self.counts[bucket.idx()] += 1;
         }
+        if new == ConnState::Armed {
+            c.moved_unarmed = None;
+        }
         if new == old {
             return;
         }
         c.state = new;
         if old.working() && new == ConnState::Migrating {
+            c.in_rearm_window = c.moved_unarmed.is_some_and(|t| now.0 - t.0 <= window.0);
             c.interrupted_at = Some(now);
             c.guard = match (old, c.qp[0].alt, c.qp[1].alt) {
                 (ConnState::Armed, Some(x), Some(y)) => Some((x, y)),
@@ -83,6 +88,7 @@ impl Sim {
             };
             c.guard_disjoint = old_bucket == Bucket::ArmedDisjoint;
         } else if old == ConnState::Migrating && new.working() {
+            c.in_rearm_window = false;
             if let Some(t) = c.interrupted_at.take() {
                 self.c.restore_ns.push(now.0 - t.0);
                 if c.guard_disjoint {
@@ -102,6 +108,14 @@ impl Sim {
                 ));
             }
         }
+    }
+
+    /// How long after a migration a connection may take to arm again in the ordinary
+    /// course: two LAP timeouts (an answer lost and waited for) and two messages of its
+    /// traffic (a QP arms only once its peer's packets arrive).
+    fn rearm_window(&self) -> Time {
+        let lap = self.cfg.engine_policy.lap_timeout_ms;
+        ms(2 * lap + 2 * self.scenario.workload.message_interval_ms)
     }
 
     /// Log connection `i`'s QPs when they changed since the last time.
@@ -299,12 +313,17 @@ impl Sim {
             .filter(|&i| self.conns[i].state == ConnState::Lost)
             .map(|i| i as u64)
             .collect();
+        let lost_in_rearm_window = (0..self.conns.len())
+            .filter(|&i| self.conns[i].state == ConnState::Lost && self.conns[i].in_rearm_window)
+            .map(|i| i as u64)
+            .collect();
         let ms_of = |b: Bucket| self.c.bucket_ns[b.idx()] as f64 / 1e6;
         RunReport {
             policy: self.cfg.policy.name().to_string(),
             connections: self.conns.len() as u64,
             lost: self.c.lost,
             lost_ids,
+            lost_in_rearm_window,
             messages_lost: offered - delivered,
             messages_duplicated: self.c.messages_duplicated,
             failovers: self.c.failovers,
