@@ -103,6 +103,7 @@ impl Engine {
             self.invalidate_cache(|k| k.0 == port);
             if usable_at > now {
                 self.timers.schedule(usable_at, TimerKey::PortHold(port));
+                self.path_up_while_held(|p| p.port == port);
             } else {
                 self.path_returned(|p| p.port == port);
             }
@@ -201,6 +202,7 @@ impl Engine {
                 self.invalidate_cache(|k| k.1 == gid);
                 if usable_at > now {
                     self.timers.schedule(usable_at, TimerKey::RemoteHold(gid));
+                    self.path_up_while_held(|p| p.dgid == gid);
                 } else {
                     self.path_returned(|p| p.dgid == gid);
                 }
@@ -398,6 +400,31 @@ impl Engine {
         self.need_rearm(id);
     }
 
+    /// Some paths are up again but held down for flapping: nothing is armed onto them
+    /// yet, but a connection whose primary is dead moves to its armed alternate among
+    /// them now (a flapping path beats a dead one).
+    pub(super) fn path_up_while_held(&mut self, hit: impl Fn(&Path) -> bool) {
+        let ids: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| !c.lost && c.armed && c.alternate.is_some_and(|a| hit(&a)))
+            .filter(|(_, c)| self.should_move_now(c))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in ids {
+            self.primary_failed(id);
+        }
+    }
+
+    /// The armed alternate of `c` is up while its primary is dead: move now rather than
+    /// wait for the transport to give up on the primary.
+    fn should_move_now(&self, c: &Conn) -> bool {
+        c.armed
+            && !self.path_up(&c.primary)
+            && c.alternate
+                .is_some_and(|a| self.path_up(&a) && !c.is_bad(&a, self.now))
+    }
+
     /// Some paths are usable again: an armed alternate that came back protects again,
     /// connections that lack protection re-arm, and those whose alternate scores below
     /// what is now available upgrade.
@@ -415,13 +442,7 @@ impl Engine {
             let Some(c) = self.conns.get(&id) else {
                 continue;
             };
-            // The armed alternate is back while the primary is still dead: move now
-            // rather than wait for the transport to give up on the primary.
-            let move_now = c.armed
-                && !self.path_up(&c.primary)
-                && c.alternate
-                    .is_some_and(|a| self.path_up(&a) && !c.is_bad(&a, self.now));
-            if move_now {
+            if self.should_move_now(c) {
                 self.primary_failed(id);
                 continue;
             }
