@@ -123,6 +123,18 @@ impl Sim {
         rate > 0.0 && self.rng_sm.chance(rate)
     }
 
+    /// A UDP datagram of the RoCE peer channel from LID `slid` to `dlid`: its time on
+    /// the wire when it has a route (no MAD loss).
+    pub(super) fn datagram(&mut self, slid: u16, dlid: u16) -> Option<Time> {
+        self.c.mads_sent += 1;
+        let src = self.fab.lid_owner(slid)?;
+        if self.hosts[self.fab.ports[src].host].dead {
+            return None;
+        }
+        let hops = self.fab.route(slid, dlid)?;
+        Some(us(u64::from(hops) * self.p.hop_latency_us))
+    }
+
     /// A MAD from LID `slid` to `dlid`: its time on the wire when it arrives (the
     /// receiving agent's processing comes on top, in its queue).
     pub(super) fn mad(&mut self, slid: u16, dlid: u16) -> Option<Time> {

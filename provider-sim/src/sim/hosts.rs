@@ -247,7 +247,13 @@ impl Sim {
             return;
         };
         let slid = self.fab.ports[pid].lid;
-        let Some(d) = self.mad(slid, to.lid.get()) else {
+        // On RoCE the peer channel is UDP over the rail itself: the datagrams need a
+        // route, and MAD loss (the management plane's) does not touch them.
+        let sent = match self.scenario.workload.mode {
+            Mode::Hardware => self.mad(slid, to.lid.get()),
+            Mode::Software => self.datagram(slid, to.lid.get()),
+        };
+        let Some(d) = sent else {
             return;
         };
         let Some(dst) = self.fab.lid_owner(to.lid.get()) else {
