@@ -494,9 +494,17 @@ impl Engine {
         debug!(%id, ?event, "QP event");
         match event {
             QpEvent::PathMigrated => {
-                let own_forced = c.forced_at.is_some_and(|t| {
+                // Our own forced migration raises PATH_MIG too, and the event may come
+                // after we have already armed the next alternate: shortly after forcing,
+                // an event is ours unless the QP says otherwise (asked when idle).
+                let recently_forced = c.forced_at.is_some_and(|t| {
                     self.now.since(t) <= Policy::ms(self.policy.forced_event_grace_ms)
-                }) && c.mig == MigState::Migrated;
+                }) && !matches!(c.phase(), Phase::Migrating { .. });
+                let own_forced = recently_forced && c.mig == MigState::Migrated;
+                if recently_forced && !own_forced {
+                    self.query(id);
+                    return Ok(());
+                }
                 // The HCA migrates only from ARMED: an alternate the QP was last known to
                 // hold armed (or arming) is where it went, even when a LAP given up on
                 // left it unagreed with the peer.

@@ -269,8 +269,9 @@ impl Engine {
 
     /// True when `path` is up, held down for flapping or not: what a connection whose
     /// primary is dead may still move to (after asking the peer over it), since a
-    /// flapping path beats a dead one; nothing is armed onto it by choice meanwhile.
-    fn path_up(&self, path: &Path) -> bool {
+    /// flapping path beats a dead one. No command ever moves a connection onto a path
+    /// for which this is false.
+    pub fn path_up(&self, path: &Path) -> bool {
         self.ports.get(&path.port).is_some_and(|p| p.health.up)
             && self.remotes.get(&path.dgid).is_none_or(|h| h.up)
     }

@@ -321,9 +321,10 @@ impl Engine {
                 self.initiate(id);
             }
             Phase::AwaitPeer { msg, .. }
-                if msg_path(&msg).is_some_and(|p| !self.path_usable(&p)) =>
+                if probe_path(&msg).is_some_and(|p| !self.path_up(&p)) =>
             {
-                // The proposed path died since the last send: stop proposing it.
+                // The path died since the probe went out: the move is off (the HCA
+                // decides at retry exhaustion).
                 self.release_slot(id);
                 self.set_phase(id, Phase::Idle);
                 self.need_rearm(id);
@@ -423,10 +424,11 @@ impl Engine {
     }
 }
 
-/// The path a LAP proposes (other messages propose none).
-fn msg_path(msg: &PeerMsg) -> Option<Path> {
+/// The path a probe asks the peer to move to. (A LAP may propose a dead path on
+/// purpose: see `select`.)
+fn probe_path(msg: &PeerMsg) -> Option<Path> {
     match msg {
-        PeerMsg::Lap(l) => Some(l.alt),
+        PeerMsg::Migrate(m) if m.intent == MigrateIntent::Probe => Some(m.path),
         _ => None,
     }
 }

@@ -1,5 +1,5 @@
 //! Property: for any sequence of events, the engine never panics and never moves a
-//! connection onto a path it knows to be dead.
+//! connection onto a path it knows to be dead (arming one is allowed: see `select`).
 
 use super::harness::*;
 use crate::io::*;
@@ -39,24 +39,48 @@ fn ev() -> impl Strategy<Value = Ev> {
     ]
 }
 
-/// Every path-changing command in `n`'s log since `from`, checked against the engine's
-/// own health view at the time it was emitted (the log is checked after each event).
+/// Every move of a connection in `n`'s log since `from` (a forced migration, by the
+/// notification that says where it went; a software migration; a probe asking the peer
+/// to move),
+/// checked against the engine's own view when it was emitted: the log is checked right
+/// after the input that produced it, before anything else happens.
 fn check_no_dead_moves(n: &Node, from: usize) -> Result<(), TestCaseError> {
     for out in &n.log[from..] {
-        let Output::Command(c) = out else { continue };
-        let target = match &c.op {
-            CommandOp::LoadAlternate { path, .. } | CommandOp::SoftwareMigrate { path, .. } => {
-                Some(*path)
-            }
-            CommandOp::SendPeer {
-                msg: PeerMsg::Lap(l),
+        let op = match out {
+            Output::Command(c) => &c.op,
+            // Where a forced migration went (the QP's alternate at the time).
+            Output::Notify(Notification {
+                kind: NotificationKind::Migrated {
+                    primary,
+                    forced: true,
+                },
                 ..
-            } => Some(l.alt),
+            }) => {
+                prop_assert!(
+                    n.engine.path_up(primary),
+                    "{} was forced onto dead path {primary}",
+                    n.name
+                );
+                continue;
+            }
+            Output::Notify(_) => continue,
+        };
+        let target = match op {
+            CommandOp::SoftwareMigrate { path, .. } => Some(*path),
+            CommandOp::SendPeer {
+                msg:
+                    PeerMsg::Migrate(Migrate {
+                        path,
+                        intent: MigrateIntent::Probe,
+                        ..
+                    }),
+                ..
+            } => Some(*path),
             _ => None,
         };
         if let Some(path) = target {
             prop_assert!(
-                n.engine.path_usable(&path),
+                n.engine.path_up(&path),
                 "{} moved onto dead path {path}",
                 n.name
             );
