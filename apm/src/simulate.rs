@@ -363,7 +363,7 @@ pub fn table(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
     );
     let _ = write!(o, "{:<30}", "");
     for r in reports {
-        let _ = write!(o, "{:>16}", r.policy);
+        let _ = write!(o, "{:>18}", r.policy);
     }
     o.push('\n');
     type Row = (&'static str, fn(&RunReport) -> String);
@@ -394,7 +394,7 @@ pub fn table(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
     for (name, f) in rows {
         let _ = write!(o, "{name:<30}");
         for r in reports {
-            let _ = write!(o, "{:>16}", f(r));
+            let _ = write!(o, "{:>18}", f(r));
         }
         o.push('\n');
     }

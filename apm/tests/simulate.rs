@@ -35,12 +35,19 @@ fn json_has_exactly_the_fields_and_is_deterministic() {
         assert_eq!(
             keys(p),
             [
+                "armed_at_end",
+                "armed_disjoint_at_end",
+                "armed_disjoint_ms_total",
+                "armed_shared_port_ms_total",
                 "connections",
                 "failovers",
                 "lost",
+                "lost_ms_total",
                 "mads_sent",
                 "messages_duplicated",
                 "messages_lost",
+                "messages_offered",
+                "restore_disjoint_ms",
                 "restore_ms",
                 "sa_queries",
                 "unprotected_ms_total"
@@ -48,12 +55,48 @@ fn json_has_exactly_the_fields_and_is_deterministic() {
             "{name}"
         );
         assert_eq!(keys(&p["restore_ms"]), ["max", "p50", "p99"], "{name}");
+        assert_eq!(keys(&p["restore_disjoint_ms"]), ["max", "p50", "p99"], "{name}");
         assert_eq!(p["connections"], 300, "{name}");
     }
     // The point of the default scenario: apm loses nothing, hw-only does.
     assert_eq!(doc["policies"]["apm"]["lost"], 0);
     assert_eq!(doc["policies"]["apm"]["messages_lost"], 0);
     assert!(doc["policies"]["hw-only"]["lost"].as_u64().unwrap() > 0);
+}
+
+#[test]
+fn no_restore_is_null_not_zero() {
+    let dir = std::env::temp_dir().join(format!("apm-sim-quiet-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("quiet.toml");
+    std::fs::write(&file, "duration_ms = 200\n[workload]\nconnections = 10\n").unwrap();
+    let out = apm(&["simulate", "--json", "--scenario", file.to_str().unwrap()]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(doc["policies"]["apm"]["restore_ms"]["p99"].is_null());
+    let table = apm(&["simulate", "--scenario", file.to_str().unwrap()]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(text.contains("n/a"), "{text}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_family_seed_replays_and_a_small_sweep_prints_every_family() {
+    let out = apm(&[
+        "simulate", "--family", "random-dual-rail-lmc1", "--small", "--seed", "3", "--json",
+    ]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(doc["scenario"].as_str().unwrap().contains("seed 3"));
+    let sweep = apm(&["simulate", "--sweep", "2", "--small"]);
+    assert!(sweep.status.success(), "{}", String::from_utf8_lossy(&sweep.stderr));
+    let text = String::from_utf8_lossy(&sweep.stdout);
+    for family in provider_sim::Family::ALL {
+        assert!(text.contains(family.name()), "{text}");
+    }
+    let bad = apm(&["simulate", "--family", "nope"]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("random-dual-rail-lmc0"));
 }
 
 #[test]

@@ -60,34 +60,42 @@ fn default_name() -> String {
 }
 
 impl Default for Scenario {
-    /// The built-in demonstration: a dual-rail fabric of 16 hosts loses rail A's switch,
-    /// rail B's SM fails over, rail A returns, then a remote port on rail B flaps.
+    /// The built-in demonstration: a dual-rail fabric of 16 hosts loses rail A's switch
+    /// and gets it back, a remote port on rail B flaps (traps 65/64 reach the far ends),
+    /// then rail B's master SM dies and its standby takes over.
     fn default() -> Scenario {
         Scenario {
-            name: "dual-rail: rail A fails, SM failover, rail A returns, remote port flaps".into(),
-            duration_ms: 6000,
+            name: "dual-rail: rail A fails and returns, a remote port flaps, an SM fails over"
+                .into(),
+            duration_ms: 8000,
             topology: Topology::default(),
-            fabric: FabricParams::default(),
+            // OpenSM's standby polling tuned down as a site that cares about failover
+            // would: takeover 2-2.5 s after the master dies (50-60 s with the defaults).
+            fabric: FabricParams {
+                sminfo_polling_timeout_ms: 500,
+                polling_retry_number: 2,
+                ..FabricParams::default()
+            },
             workload: Workload::default(),
             faults: vec![
                 Fault::SwitchDown {
                     at_ms: 500,
                     switch: "A".into(),
                 },
-                Fault::SmFailover {
-                    at_ms: 1500,
-                    subnet: 1,
-                },
                 Fault::SwitchUp {
-                    at_ms: 2500,
+                    at_ms: 1500,
                     switch: "A".into(),
                 },
                 Fault::PortFlap {
-                    at_ms: 3500,
+                    at_ms: 2500,
                     port: "h3:2".into(),
                     down_ms: 600,
                     up_ms: 400,
                     count: 2,
+                },
+                Fault::SmFailover {
+                    at_ms: 5000,
+                    subnet: 1,
                 },
             ],
             random_faults: None,
@@ -387,7 +395,9 @@ pub enum Fault {
         /// Which switch.
         switch: String,
     },
-    /// The master SM of a subnet dies; a standby takes over after `sm_failover_ms`.
+    /// The master SM process of a subnet dies (for the rest of the run); a standby takes
+    /// over when its polls of the master have failed (`fabric.sminfo_polling_timeout_ms`,
+    /// `polling_retry_number`).
     SmFailover {
         /// When.
         at_ms: u64,

@@ -3,7 +3,7 @@
 //! migration, determinism, the example scenario files, and a run through
 //! `apm_core::Manager` on tokio's paused clock.
 
-use apm_core::{ConnId, Time};
+use apm_core::{ConnId, MigState, Time};
 use provider_sim::{ConnState, Fault, PolicyKind, RunConfig, Scenario, Sim};
 
 /// Four dual-rail hosts, LMC 1, a dozen connections whose traffic is slow enough
@@ -106,37 +106,60 @@ fn seed000_local_port_err_and_remote_trap65_both_force_migration() {
 }
 
 #[test]
-fn seed001_rearm_after_migration_through_lap_apr() {
-    let s = small(vec![Fault::PortDown {
-        at_ms: 1000,
-        port: "h2:1".into(),
-    }]);
+fn after_a_migration_both_sides_arm_the_path_they_left_at_once() {
+    let s = small(vec![
+        Fault::PortDown {
+            at_ms: 1000,
+            port: "h2:1".into(),
+        },
+        Fault::PortUp {
+            at_ms: 1500,
+            port: "h2:1".into(),
+        },
+    ]);
     let mut sim = sim(&s, PolicyKind::Apm);
     run_to(&mut sim, 990);
-    let hit = conns_via(&sim, 2, 1);
+    // With one message a second, only connections whose QPs have seen their peer's
+    // packets are ARMED (REARM turns ARMED on the first one): those can move at once.
+    let armed = (MigState::Armed, MigState::Armed);
+    let hit: Vec<usize> = conns_via(&sim, 2, 1)
+        .into_iter()
+        .filter(|&i| sim.conn_mig(i) == Some(armed))
+        .collect();
+    assert!(!hit.is_empty());
     let laps_before: u64 = (0..4).map(|h| stats(&sim, h).laps_sent).sum();
-    // Traffic of 1 msg/s must flow once to turn REARM into ARMED: give it 1.2 s.
-    run_to(&mut sim, 2200);
-    let laps: u64 = (0..4).map(|h| stats(&sim, h).laps_sent).sum();
-    assert!(laps > laps_before, "re-arming went through LAPs");
+    // The re-arm race of hardware APM: the next alternate must be loaded between
+    // MIGRATED and the migrated path's COMM_EST. Both sides load the path they left
+    // within milliseconds, with no message to wait for.
+    run_to(&mut sim, 1005);
+    for &i in &hit {
+        let (a, b) = sim.conn_hosts(i).unwrap();
+        for h in [a, b] {
+            let st = sim
+                .controller(h)
+                .engine()
+                .unwrap()
+                .connection(ConnId(i as u64))
+                .unwrap();
+            assert_eq!(st.primary.port.port, 2, "conn{i} on h{h} moved to rail B");
+            let alt = st.alternate.expect("the path left is the alternate");
+            assert_eq!(alt.port.port, 1, "conn{i} on h{h}: {alt}");
+        }
+    }
+    // Dead while h2:1 is down; protecting once it is back, still with no LAP.
+    run_to(&mut sim, 2500);
     for &i in &hit {
         assert_eq!(
             sim.conn_state(i),
             Some(ConnState::Armed),
             "conn{i} armed again"
         );
-        let (a, _) = sim.conn_hosts(i).unwrap();
-        let st = sim
-            .controller(a)
-            .engine()
-            .unwrap()
-            .connection(ConnId(i as u64))
-            .unwrap();
-        // The only healthy alternates left are LMC variants on rail B.
-        let alt = st.alternate.unwrap();
-        assert_eq!(alt.port.port, 2);
-        assert!(!alt.same_route(&st.primary));
+        assert!(sim.conn_armed_disjoint(i), "conn{i}: port-disjoint");
     }
+    let laps: u64 = (0..4).map(|h| stats(&sim, h).laps_sent).sum();
+    assert_eq!(laps, laps_before, "no LAP was needed");
+    let r = sim.finish();
+    assert_eq!((r.lost, r.messages_lost), (0, 0));
 }
 
 #[test]
@@ -359,10 +382,16 @@ fn manager_end_to_end_on_tokio_paused_clock() {
         .build()
         .unwrap();
     rt.block_on(async {
-        let mut s = small(vec![Fault::PortDown {
-            at_ms: 1000,
-            port: "h0:1".into(),
-        }]);
+        let mut s = small(vec![
+            Fault::PortDown {
+                at_ms: 1000,
+                port: "h0:1".into(),
+            },
+            Fault::PortUp {
+                at_ms: 1800,
+                port: "h0:1".into(),
+            },
+        ]);
         s.workload.message_interval_ms = 10;
         s.duration_ms = 2500;
         let mut cfg = RunConfig::new(PolicyKind::Apm, 3);
