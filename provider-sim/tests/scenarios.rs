@@ -355,6 +355,13 @@ fn same_seed_same_bytes_other_seed_other_bytes() {
 }
 
 #[test]
+fn the_builtin_scenario_is_dual_rail_toml() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/dual-rail.toml");
+    let text = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(Scenario::from_toml(&text).unwrap(), Scenario::default());
+}
+
+#[test]
 fn example_scenario_files_parse_and_run() {
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios");
     let mut n = 0;
