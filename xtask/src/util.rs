@@ -34,3 +34,12 @@ pub fn run_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<()>
     }
     Ok(())
 }
+
+/// A spawned command's status as a result: `what` names it in the error.
+pub fn check_status(status: std::io::Result<std::process::ExitStatus>, what: &str) -> Result<()> {
+    let status = status.with_context(|| format!("could not start {what}"))?;
+    if !status.success() {
+        bail!("{what} failed: {status}");
+    }
+    Ok(())
+}

@@ -92,7 +92,11 @@ mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mount -t tmpfs tmpfs /tmp
 mount -t tmpfs tmpfs /run
-for m in $(cat /modules/order); do
+# `apm.rdma=patched` on the kernel command line: the APM-capable RDMA modules
+# (kernel/rxe-apm) instead of the stock ib_core, ib_uverbs and rdma_rxe.
+order=/modules/order
+grep -q 'apm.rdma=patched' /proc/cmdline && order=/modules/order-patched
+for m in $(cat $order); do
     insmod "/modules/$m" || echo "APM-VM: insmod $m failed"
 done
 if ! mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 share /mnt; then
@@ -116,6 +120,25 @@ pub struct Image {
     pub kernel_version: String,
 }
 
+/// The guest kernel: the package `linux-image-amd64` depends on, downloaded and unpacked.
+#[derive(Debug, Clone)]
+pub struct GuestKernel {
+    /// The downloaded image package.
+    pub deb: PathBuf,
+    /// Where it is unpacked.
+    pub root: PathBuf,
+    /// The kernel release (`uname -r` in the guest), e.g. `6.1.0-48-amd64`.
+    pub release: String,
+}
+
+/// Download and unpack the guest kernel (once).
+pub fn guest_kernel(vm_dir: &Path) -> Result<GuestKernel> {
+    std::fs::create_dir_all(vm_dir).with_context(|| format!("mkdir {}", vm_dir.display()))?;
+    let deb = kernel_deb(vm_dir)?;
+    let (root, release) = unpack_kernel(vm_dir, &deb)?;
+    Ok(GuestKernel { deb, root, release })
+}
+
 /// One program to run inside a fresh VM.
 #[derive(Debug, Clone)]
 pub struct RunSpec {
@@ -131,6 +154,8 @@ pub struct RunSpec {
     pub setup: String,
     /// Wall-clock limit for the whole VM, boot to power-off.
     pub timeout: Duration,
+    /// Boot with the patched RDMA modules (`apm.rdma=patched`) instead of the stock ones.
+    pub patched_rdma: bool,
 }
 
 /// What came back from the VM.
@@ -158,12 +183,16 @@ pub fn ensure_host_packages() -> Result<()> {
     crate::apt::ensure(HOST_PACKAGES, "the VM runner")
 }
 
-/// Build (or reuse from the cache) the guest kernel and initramfs.
-pub fn prepare_image(vm_dir: &Path) -> Result<Image> {
-    std::fs::create_dir_all(vm_dir).with_context(|| format!("mkdir {}", vm_dir.display()))?;
-    let deb = kernel_deb(vm_dir)?;
-    let (kroot, version) = unpack_kernel(vm_dir, &deb)?;
-    let moddir = kroot.join("lib/modules").join(&version);
+/// Build (or reuse from the cache) the guest kernel and initramfs. The image holds the
+/// stock modules and, in `modules/patched/`, the `patched` RDMA modules that replace
+/// theirs when the kernel command line says `apm.rdma=patched`.
+pub fn prepare_image(
+    vm_dir: &Path,
+    kernel: &GuestKernel,
+    patched: &crate::kernel::PatchedModules,
+) -> Result<Image> {
+    let (deb, kroot, version) = (&kernel.deb, &kernel.root, &kernel.release);
+    let moddir = kroot.join("lib/modules").join(version);
     let modules = module_load_order(&moddir)?;
 
     // Every host file that goes into the image, keyed by its path in the guest.
@@ -188,13 +217,15 @@ pub fn prepare_image(vm_dir: &Path) -> Result<Image> {
         .enumerate()
         .map(|(i, m)| format!("{i:02}-{}\n", file_name(m)))
         .collect();
+    let order_patched = patched_order(&modules, patched, &mut files);
 
     // The cache key: everything that decides the image's content.
     let mut h = Fnv::new();
     h.write(IMAGE_FORMAT.as_bytes());
     h.write(INIT_SCRIPT.as_bytes());
     h.write(order.as_bytes());
-    h.write(file_name(&deb).as_bytes());
+    h.write(order_patched.as_bytes());
+    h.write(file_name(deb).as_bytes());
     for (guest, host) in &files {
         h.write(guest.as_os_str().as_encoded_bytes());
         let data = std::fs::read(host).with_context(|| format!("read {}", host.display()))?;
@@ -232,7 +263,8 @@ pub fn prepare_image(vm_dir: &Path) -> Result<Image> {
     }
     let staging = vm_dir.join(format!("staging-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&staging);
-    let result = build_initramfs(&staging, &files, &symlinks, &order, &dir);
+    let orders = [("order", order.as_str()), ("order-patched", &order_patched)];
+    let result = build_initramfs(&staging, &files, &symlinks, &orders, &dir);
     let _ = std::fs::remove_dir_all(&staging);
     result?;
     copy(
@@ -242,11 +274,35 @@ pub fn prepare_image(vm_dir: &Path) -> Result<Image> {
     Ok(image)
 }
 
+/// The load order with the patched modules in place of the stock ones of the same name
+/// (each added to `files` under `modules/patched/`).
+fn patched_order(
+    modules: &[String],
+    patched: &crate::kernel::PatchedModules,
+    files: &mut BTreeMap<PathBuf, PathBuf>,
+) -> String {
+    let mut order = String::new();
+    for (i, m) in modules.iter().enumerate() {
+        let name = module_name(m);
+        match patched.files.iter().find(|(n, _)| *n == name) {
+            Some((n, host)) => {
+                let guest = format!("patched/{i:02}-{n}.ko");
+                files.insert(PathBuf::from("modules").join(&guest), host.clone());
+                let _ = writeln!(order, "{guest}");
+            }
+            None => {
+                let _ = writeln!(order, "{i:02}-{}", file_name(m));
+            }
+        }
+    }
+    order
+}
+
 fn build_initramfs(
     staging: &Path,
     files: &BTreeMap<PathBuf, PathBuf>,
     symlinks: &BTreeMap<PathBuf, PathBuf>,
-    order: &str,
+    orders: &[(&str, &str)],
     out_dir: &Path,
 ) -> Result<()> {
     for d in [
@@ -275,7 +331,9 @@ fn build_initramfs(
             std::os::unix::fs::symlink(target, &at)?;
         }
     }
-    std::fs::write(staging.join("modules/order"), order)?;
+    for (name, order) in orders {
+        std::fs::write(staging.join("modules").join(name), order)?;
+    }
     let init = staging.join("init");
     std::fs::write(&init, INIT_SCRIPT)?;
     set_mode(&init, 0o755)?;
@@ -571,7 +629,12 @@ fn run_in(image: &Image, spec: &RunSpec, work: &Path, share: &Path) -> Result<Ou
     .arg(&image.kernel)
     .arg("-initrd")
     .arg(&image.initramfs)
-    .args(["-append", "console=ttyS0 panic=-1 quiet"])
+    .arg("-append")
+    .arg(if spec.patched_rdma {
+        "console=ttyS0 panic=-1 quiet apm.rdma=patched"
+    } else {
+        "console=ttyS0 panic=-1 quiet"
+    })
     .arg("-virtfs")
     .arg(format!(
         "local,path={},mount_tag=share,security_model=none,id=share",
@@ -748,13 +811,19 @@ fn set_mode(p: &Path, mode: u32) -> Result<()> {
 }
 
 /// FNV-1a, 64 bit: a content hash for the cache key (no crypto needed, no dependency).
-struct Fnv(u64);
+pub struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv::new()
+    }
+}
 
 impl Fnv {
-    fn new() -> Self {
+    pub fn new() -> Self {
         Fnv(0xcbf2_9ce4_8422_2325)
     }
-    fn write(&mut self, data: &[u8]) {
+    pub fn write(&mut self, data: &[u8]) {
         for b in data {
             self.0 ^= u64::from(*b);
             self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
@@ -763,7 +832,7 @@ impl Fnv {
         self.0 ^= 0xff;
         self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
     }
-    fn finish(&self) -> u64 {
+    pub fn finish(&self) -> u64 {
         self.0
     }
 }
