@@ -230,6 +230,30 @@ fn alt_path(path: &Path, src_path_bits: u8) -> hw_apm::AltPath {
     }
 }
 
+/// A RoCE path's address vector: the source GID's index looked up now (RoCE GID indexes
+/// move as addresses come and go), always global, a hop limit IP will carry.
+fn roce_av(
+    ctx: &Context,
+    path: &Path,
+    av: ffi::AddressVector,
+) -> Result<ffi::AddressVector, String> {
+    let sgid = path.sgid.0;
+    let found = ctx
+        .first_gid(path.port.port, |g| {
+            g.gid == sgid && g.gid_type == ffi::GidType::RoceV2
+        })
+        .map_err(|e| e.to_string())?;
+    let entry = found.ok_or_else(|| format!("no RoCE v2 GID {} in the table", path.sgid))?;
+    let sgid_index =
+        u8::try_from(entry.index).map_err(|_| format!("GID index {} above 255", entry.index))?;
+    Ok(ffi::AddressVector {
+        is_global: true,
+        sgid_index,
+        hop_limit: if av.hop_limit <= 1 { 64 } else { av.hop_limit },
+        ..av
+    })
+}
+
 #[async_trait]
 impl QpControl for VerbsQpControl {
     async fn start(&self, sink: InputSink) -> Result<(), ProviderError> {
@@ -274,13 +298,16 @@ impl QpControl for VerbsQpControl {
             .context()
             .query_port(path.port.port)
             .map_err(|e| to_provider("query_port", e))?;
-        let bits = src_path_bits(path.slid.get(), port.lid, port.lmc).map_err(|detail| {
-            ProviderError::Refused {
-                operation: "load alternate path".into(),
-                detail: format!("port {}: {detail}", path.port.port),
-            }
-        })?;
-        hw_apm::load_alternate(&qp, &alt_path(&path, bits))
+        let refused = |detail: String| ProviderError::Refused {
+            operation: "load alternate path".into(),
+            detail: format!("port {}: {detail}", path.port.port),
+        };
+        let bits = src_path_bits(path.slid.get(), port.lid, port.lmc).map_err(refused)?;
+        let mut alt = alt_path(&path, bits);
+        if port.link_layer == ffi::LinkLayer::Ethernet {
+            alt.av = roce_av(qp.context(), &path, alt.av).map_err(refused)?;
+        }
+        hw_apm::load_alternate(&qp, &alt)
             .map_err(|e| refine(&qp, to_provider("load alternate path", e)))
     }
 
