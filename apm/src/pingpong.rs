@@ -163,6 +163,10 @@ struct Event {
     at_ms: f64,
     kind: String,
     path: Option<String>,
+    /// For a failover: `device` (the QP migrated by itself), `forced` (apm forced it),
+    /// `peer` (software migration the peer asked for).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    how: Option<&'static str>,
 }
 
 /// A time with no message arriving.
@@ -719,18 +723,20 @@ async fn session(args: &Args) -> Result<Report> {
             n = notes.recv() => {
                 if let Ok(n) = n {
                     let at = ms(Instant::now());
+                    let mut how = None;
                     let (kind, path) = match &n.kind {
                         NotificationKind::Migrated { primary, forced } => {
                             failovers += 1;
                             let from = current;
                             current = *primary;
-                            let how = match (*forced, hardware) {
-                                (true, _) => "apm moved first",
-                                (false, true) => "the device migrated",
-                                (false, false) => "peer asked",
+                            let (key, text) = match (*forced, hardware) {
+                                (true, _) => ("forced", "apm moved first"),
+                                (false, true) => ("device", "the device migrated"),
+                                (false, false) => ("peer", "peer asked"),
                             };
+                            how = Some(key);
                             say(format!(
-                                "{role}: FAILOVER at {:.1} s: {} -> {} ({how})",
+                                "{role}: FAILOVER at {:.1} s: {} -> {} ({text})",
                                 at / 1e3,
                                 from.sgid,
                                 primary.sgid,
@@ -738,6 +744,7 @@ async fn session(args: &Args) -> Result<Report> {
                             ("failover".to_owned(), Some(primary.to_string()))
                         }
                         NotificationKind::Protected { alternate } => {
+                            say(format!("{role}: protected at {:.1} s: alternate {}", at / 1e3, alternate.sgid));
                             ("protected".to_owned(), Some(alternate.to_string()))
                         }
                         NotificationKind::Rearmed { alternate } => {
@@ -754,7 +761,7 @@ async fn session(args: &Args) -> Result<Report> {
                         }
                         other => (format!("{other:?}"), None),
                     };
-                    events.push(Event { at_ms: at, kind, path });
+                    events.push(Event { at_ms: at, kind, path, how });
                 }
             }
             () = tokio::time::sleep(Duration::from_millis(1)) => {}
