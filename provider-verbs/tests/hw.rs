@@ -745,11 +745,17 @@ fn facet_reports_ports_and_events_and_refuses_hw_apm_on_roce() {
     wait_for_gid(&ctxs[0], 1);
 }
 
+#[path = "hw/apm_plan.rs"]
+mod apm_plan;
 #[path = "hw/child.rs"]
 mod child;
 #[path = "hw/failover.rs"]
 mod failover;
 #[path = "hw/hardware_apm.rs"]
 mod hardware_apm;
+#[path = "hw/pingpong_cuts.rs"]
+mod pingpong_cuts;
 #[path = "hw/rails.rs"]
 mod rails;
+#[path = "hw/roce_apm.rs"]
+mod roce_apm;

@@ -29,6 +29,7 @@ skipping with a message when there are none.
                     instead of the stock ib_core, ib_uverbs and rdma_rxe (the suite: its
                     second phase alone)
   --timeout SECS    wall-clock limit for the VM, boot to power-off (default 900)
+  --filter NAME     with --vm: only the suite's tests whose names contain NAME (repeatable)
   --run PROGRAM ... with --vm: run this host program in the VM instead of the suite
 ";
 
@@ -50,6 +51,7 @@ pub fn main(args: &[String]) -> Result<()> {
     let mut patched = false;
     let mut timeout = Duration::from_secs(900);
     let mut program: Option<Vec<String>> = None;
+    let mut filter = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -59,6 +61,7 @@ pub fn main(args: &[String]) -> Result<()> {
                 let v = it.next().context("--timeout needs a number of seconds")?;
                 timeout = Duration::from_secs(v.parse().context("--timeout SECS")?);
             }
+            "--filter" => filter.push(it.next().context("--filter needs a test name")?.clone()),
             "--run" => {
                 program = Some(it.by_ref().cloned().collect());
             }
@@ -70,7 +73,7 @@ pub fn main(args: &[String]) -> Result<()> {
         }
     }
     if use_vm {
-        in_vm(program, timeout, patched)
+        in_vm(program, timeout, patched, &filter)
     } else {
         if program.is_some() || patched {
             bail!("--run and --patched only make sense with --vm");
@@ -117,7 +120,12 @@ fn local_devices() -> Vec<String> {
 }
 
 /// The suite inside a fresh VM.
-fn in_vm(program: Option<Vec<String>>, timeout: Duration, patched: bool) -> Result<()> {
+fn in_vm(
+    program: Option<Vec<String>>,
+    timeout: Duration,
+    patched: bool,
+    filter: &[String],
+) -> Result<()> {
     let t0 = Instant::now();
     vm::ensure_host_packages()?;
     let prepare_start = Instant::now();
@@ -136,7 +144,7 @@ fn in_vm(program: Option<Vec<String>>, timeout: Duration, patched: bool) -> Resu
             (which(first)?, rest.to_vec(), Vec::new(), Vec::new())
         }
         None => (
-            suite_script(&vm_dir, &modules.key, patched)?,
+            suite_script(&vm_dir, &modules.key, patched, filter)?,
             Vec::new(),
             vec![
                 ("APM_HWTEST".to_owned(), "1".to_owned()),
@@ -182,7 +190,7 @@ fn in_vm(program: Option<Vec<String>>, timeout: Duration, patched: bool) -> Resu
         out.total.as_secs_f64(),
         t0.elapsed().as_secs_f64()
     );
-    if suite && !patched {
+    if suite && !patched && filter.is_empty() {
         match crate::vmsuite::figure(&out.output) {
             Ok(f) => print!("{f}"),
             Err(e) => eprintln!("hwtest --vm: {e}"),
@@ -200,12 +208,17 @@ fn in_vm(program: Option<Vec<String>>, timeout: Duration, patched: bool) -> Resu
 
 /// The guest script that runs the suite's two phases (see `vmsuite`), written under
 /// `vm_dir` for the share.
-fn suite_script(vm_dir: &std::path::Path, modules_key: &str, patched: bool) -> Result<PathBuf> {
+fn suite_script(
+    vm_dir: &std::path::Path,
+    modules_key: &str,
+    patched: bool,
+    filter: &[String],
+) -> Result<PathBuf> {
     use std::os::unix::fs::PermissionsExt;
     let dir = vm_dir.join("suite");
     std::fs::create_dir_all(&dir)?;
     let path = dir.join("suite.sh");
-    std::fs::write(&path, crate::vmsuite::script(modules_key, patched))?;
+    std::fs::write(&path, crate::vmsuite::script(modules_key, patched, filter))?;
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
     Ok(path)
 }

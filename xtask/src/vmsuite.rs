@@ -51,9 +51,17 @@ done
 const PATCHED_TESTS: &[&str] = &["ib_hardware_apm", "roce_hw_apm"];
 
 /// The guest script (run in place of a single test binary): both phases, or with
-/// `patched_boot` (the guest booted with `apm.rdma=patched`) phase 2 alone.
-pub fn script(modules_key: &str, patched_boot: bool) -> String {
-    let suite = "/mnt/hw --ignored --test-threads=1 --nocapture";
+/// `patched_boot` (the guest booted with `apm.rdma=patched`) phase 2 alone; `filter`
+/// narrows the suite's tests in both (test name substrings; empty: all of phase 1, the
+/// hardware-APM ones in phase 2).
+pub fn script(modules_key: &str, patched_boot: bool, filter: &[String]) -> String {
+    let base = "/mnt/hw --ignored --test-threads=1 --nocapture";
+    let narrowed = format!("{base} {}", filter.join(" "));
+    let suite = if filter.is_empty() {
+        base
+    } else {
+        narrowed.as_str()
+    };
     let mut s = String::from(
         "#!/bin/sh\n# The VM suite: stock RDMA modules, then kernel/rxe-apm's.\nstatus=0\n",
     );
@@ -91,11 +99,12 @@ pub fn script(modules_key: &str, patched_boot: bool) -> String {
          vA.10 vA.20 vB.10 vB.20 /tmp/rails.sh || status=1\n\
          echo 'APM-PHASE 2: the hardware suite on the APM-capable device'\n",
     );
-    let _ = writeln!(
-        s,
-        "APM_HWTEST_RDMA=patched {suite} {} || status=1",
-        PATCHED_TESTS.join(" ")
-    );
+    let patched_tests = if filter.is_empty() {
+        format!("{base} {}", PATCHED_TESTS.join(" "))
+    } else {
+        narrowed.clone()
+    };
+    let _ = writeln!(s, "APM_HWTEST_RDMA=patched {patched_tests} || status=1");
     s.push_str("exit $status\n");
     s
 }
@@ -186,9 +195,10 @@ mod tests {
 
     #[test]
     fn phase_two_runs_the_patch_test_on_checked_modules() {
-        let s = script("k1", false);
+        let s = script("k1", false, &[]);
         assert!(s.contains("rmmod rdma_rxe ib_uverbs ib_core"));
-        assert!(!script("k1", true).contains("rmmod"));
+        assert!(!script("k1", true, &[]).contains("rmmod"));
+        assert!(script("k1", true, &["x_y".into()]).contains("--nocapture x_y"));
         assert!(s.contains("*O*"));
         assert!(s.contains("/mnt/rxe_apm_test rxe0 rxe1"));
         assert!(s.contains("roce_hw_apm"));

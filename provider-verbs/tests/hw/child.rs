@@ -145,7 +145,7 @@ impl Pingpong {
         let mut cmd = std::process::Command::new(apm);
         cmd.arg("pingpong")
             .args(args)
-            .env("APM_LOG", "warn,provider_rxe=info");
+            .env("APM_LOG", "warn,provider_rxe=info,apm_core=info");
         Pingpong(ChildLines::spawn(cmd, name, true))
     }
 

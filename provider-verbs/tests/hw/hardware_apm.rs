@@ -2,276 +2,19 @@
 //! or on a RoCE device whose kernel accepts alternate paths (the patched soft-RoCE of
 //! `kernel/rxe-apm`, in the VM suite's second phase).
 
+use super::apm_plan::{plan, skip, PathEnd, Plan};
 use super::*;
-
-// ---------------------------------------------------------------- hardware APM (InfiniBand)
-
-/// The skip line of the InfiniBand hardware-APM tests: what this machine lacks.
-fn skip_ib(test: &str, why: &str) {
-    println!("SKIPPED {test}: {why}");
-}
-
-/// An active InfiniBand port with a LID.
-#[derive(Debug, Clone)]
-struct IbPort {
-    dev: String,
-    port: u8,
-    lid: u16,
-    lmc: u8,
-    sm_lid: u16,
-    /// GID 0's subnet prefix: ports that share it (and an SM) are on one subnet.
-    prefix: [u8; 8],
-    mtu: Mtu,
-    apm: bool,
-}
-
-/// Every active InfiniBand port of this machine (link layer InfiniBand, a LID assigned).
-fn ib_ports(v: &Verbs) -> Vec<IbPort> {
-    let mut out = Vec::new();
-    for d in v.devices().unwrap_or_default() {
-        let Ok(ctx) = v.open(&d.name) else { continue };
-        let Ok(dev) = ctx.query_device() else {
-            continue;
-        };
-        for port in 1..=dev.phys_port_cnt {
-            let Ok(p) = ctx.query_port(port) else {
-                continue;
-            };
-            if p.link_layer != LinkLayer::InfiniBand || p.state != PortState::Active || p.lid == 0 {
-                continue;
-            }
-            let gid0 = ctx.query_gid(port, 0).ok().flatten();
-            let mut prefix = [0u8; 8];
-            if let Some(g) = gid0 {
-                prefix.copy_from_slice(&g.gid[..8]);
-            }
-            out.push(IbPort {
-                dev: d.name.clone(),
-                port,
-                lid: p.lid,
-                lmc: p.lmc,
-                sm_lid: p.sm_lid,
-                prefix,
-                mtu: p.active_mtu,
-                apm: dev.auto_path_mig(),
-            });
-        }
-    }
-    out
-}
-
-/// One QP's two paths: the primary leaves `port` for the peer's `dlid`; the alternate
-/// leaves `alt_port` (with `alt_bits` as source path bits) for `alt_dlid`.
-#[derive(Debug, Clone, Copy)]
-struct IbSide {
-    port: u8,
-    dlid: u16,
-    alt_port: u8,
-    alt_bits: u8,
-    alt_dlid: u16,
-}
-
-/// Two ports that can reach each other, and primary/alternate paths between them.
-#[derive(Debug)]
-struct IbPlan {
-    a_dev: String,
-    b_dev: String,
-    a: IbSide,
-    b: IbSide,
-    mtu: Mtu,
-    /// How the alternate path differs from the primary.
-    how: String,
-    /// The alternate path uses other ports (not only other LIDs of the same ports).
-    two_ports: bool,
-}
-
-/// Pick two InfiniBand ports on one subnet with a distinct alternate path, or say why
-/// there are none (the skip reason).
-fn ib_plan(v: &Verbs) -> Result<IbPlan, String> {
-    let ports = ib_ports(v);
-    if ports.len() < 2 {
-        let names: Vec<String> = v
-            .devices()
-            .unwrap_or_default()
-            .into_iter()
-            .map(|d| d.name)
-            .collect();
-        return Err(format!(
-            "no two active InfiniBand ports (link layer InfiniBand) on this machine \
-             (devices: {names:?}, active IB ports: {})",
-            ports.len()
-        ));
-    }
-    let same_subnet = |x: &IbPort, y: &IbPort| x.prefix == y.prefix && x.sm_lid == y.sm_lid;
-    let mtu_of = |ps: &[&IbPort]| {
-        if ps.iter().any(|p| p.mtu == Mtu::Mtu256) {
-            Mtu::Mtu256
-        } else {
-            Mtu::Mtu1024
-        }
-    };
-    let mut reasons = Vec::new();
-    // 1. Two ports of one HCA: each QP's alternate leaves through the other's port.
-    for (i, x) in ports.iter().enumerate() {
-        for y in &ports[i + 1..] {
-            if x.dev != y.dev || !same_subnet(x, y) {
-                continue;
-            }
-            if !x.apm {
-                reasons.push(format!("{} lacks IBV_DEVICE_AUTO_PATH_MIG", x.dev));
-                continue;
-            }
-            return Ok(IbPlan {
-                a_dev: x.dev.clone(),
-                b_dev: y.dev.clone(),
-                a: IbSide {
-                    port: x.port,
-                    dlid: y.lid,
-                    alt_port: y.port,
-                    alt_bits: 0,
-                    alt_dlid: x.lid,
-                },
-                b: IbSide {
-                    port: y.port,
-                    dlid: x.lid,
-                    alt_port: x.port,
-                    alt_bits: 0,
-                    alt_dlid: y.lid,
-                },
-                mtu: mtu_of(&[x, y]),
-                how: format!(
-                    "{} port {} <-> port {}: primary {}:{} -> LID {}, alternate {}:{} -> LID {}",
-                    x.dev, x.port, y.port, x.dev, x.port, y.lid, x.dev, y.port, x.lid
-                ),
-                two_ports: true,
-            });
-        }
-    }
-    // 2. Two HCAs with two ports each on the subnet: primary over the first ports,
-    //    alternate over the second ones.
-    let on = |dev: &str| -> Vec<&IbPort> { ports.iter().filter(|p| p.dev == dev).collect() };
-    for (i, x) in ports.iter().enumerate() {
-        for y in &ports[i + 1..] {
-            if x.dev == y.dev || !same_subnet(x, y) || !x.apm || !y.apm {
-                continue;
-            }
-            let (xs, ys) = (on(&x.dev), on(&y.dev));
-            let x2 = xs.iter().find(|p| p.port != x.port && same_subnet(p, x));
-            let y2 = ys.iter().find(|p| p.port != y.port && same_subnet(p, y));
-            let (Some(x2), Some(y2)) = (x2, y2) else {
-                continue;
-            };
-            return Ok(IbPlan {
-                a_dev: x.dev.clone(),
-                b_dev: y.dev.clone(),
-                a: IbSide {
-                    port: x.port,
-                    dlid: y.lid,
-                    alt_port: x2.port,
-                    alt_bits: 0,
-                    alt_dlid: y2.lid,
-                },
-                b: IbSide {
-                    port: y.port,
-                    dlid: x.lid,
-                    alt_port: y2.port,
-                    alt_bits: 0,
-                    alt_dlid: x2.lid,
-                },
-                mtu: mtu_of(&[x, y, x2, y2]),
-                how: format!(
-                    "{}:{} <-> {}:{} primary, {}:{} <-> {}:{} alternate",
-                    x.dev, x.port, y.dev, y.port, x2.dev, x2.port, y2.dev, y2.port
-                ),
-                two_ports: true,
-            });
-        }
-    }
-    // 3. LMC > 0: the same ports, the alternate through each port's second LID.
-    for (i, x) in ports.iter().enumerate() {
-        for y in &ports[i + 1..] {
-            if !same_subnet(x, y) {
-                continue;
-            }
-            if !x.apm || !y.apm {
-                reasons.push(format!(
-                    "{} or {} lacks IBV_DEVICE_AUTO_PATH_MIG",
-                    x.dev, y.dev
-                ));
-                continue;
-            }
-            if x.lmc == 0 && y.lmc == 0 {
-                reasons.push(format!(
-                    "{}:{} and {}:{} have LMC 0 and no second port for an alternate path",
-                    x.dev, x.port, y.dev, y.port
-                ));
-                continue;
-            }
-            let (xb, yb) = (u8::from(x.lmc > 0), u8::from(y.lmc > 0));
-            return Ok(IbPlan {
-                a_dev: x.dev.clone(),
-                b_dev: y.dev.clone(),
-                a: IbSide {
-                    port: x.port,
-                    dlid: y.lid,
-                    alt_port: x.port,
-                    alt_bits: xb,
-                    alt_dlid: y.lid + u16::from(yb),
-                },
-                b: IbSide {
-                    port: y.port,
-                    dlid: x.lid,
-                    alt_port: y.port,
-                    alt_bits: yb,
-                    alt_dlid: x.lid + u16::from(xb),
-                },
-                mtu: mtu_of(&[x, y]),
-                how: format!(
-                    "{}:{} (LID {} LMC {}) <-> {}:{} (LID {} LMC {}): alternate LIDs {} <-> {}",
-                    x.dev,
-                    x.port,
-                    x.lid,
-                    x.lmc,
-                    y.dev,
-                    y.port,
-                    y.lid,
-                    y.lmc,
-                    x.lid + u16::from(xb),
-                    y.lid + u16::from(yb)
-                ),
-                two_ports: false,
-            });
-        }
-    }
-    if reasons.is_empty() {
-        reasons.push("no two active InfiniBand ports share a subnet (prefix and SM LID)".into());
-    }
-    Err(format!(
-        "no two InfiniBand ports with a distinct alternate path: {}",
-        reasons.join("; ")
-    ))
-}
-
-/// The address vector of a path through `port` (source path bits `bits`) to `dlid`.
-fn ib_av(port: u8, bits: u8, dlid: u16) -> AddressVector {
-    AddressVector {
-        dlid,
-        port_num: port,
-        src_path_bits: bits,
-        ..AddressVector::default()
-    }
-}
 
 const IB_ACK_TIMEOUT: u8 = 14;
 
 /// Connect `a` and `b` (RESET -> INIT -> RTR -> RTS) as `plan` says: the primary path
 /// with the AV and, when `load_alt`, the alternate path with `IBV_QP_ALT_PATH` in
 /// INIT->RTR. Migration state stays MIGRATED (no `IBV_QP_PATH_MIG_STATE`).
-fn ib_connect(a: &End, b: &End, plan: &IbPlan, load_alt: bool) {
+pub(crate) fn ib_connect(a: &End, b: &End, plan: &Plan, load_alt: bool) {
     for (me, peer, side, my_psn, peer_psn) in
         [(a, b, &plan.a, PSN_A, PSN_B), (b, a, &plan.b, PSN_B, PSN_A)]
     {
-        qp_to_init(me, side.port);
+        qp_to_init(me, side.primary.port());
         let mut rtr = QpAttr {
             qp_state: QpState::Rtr,
             path_mtu: plan.mtu,
@@ -279,7 +22,7 @@ fn ib_connect(a: &End, b: &End, plan: &IbPlan, load_alt: bool) {
             rq_psn: peer_psn,
             max_dest_rd_atomic: 1,
             min_rnr_timer: 12,
-            ah_attr: ib_av(side.port, 0, side.dlid),
+            ah_attr: side.primary.av(),
             ..QpAttr::default()
         };
         let mut mask = QpAttrMask::STATE
@@ -290,8 +33,8 @@ fn ib_connect(a: &End, b: &End, plan: &IbPlan, load_alt: bool) {
             | QpAttrMask::MAX_DEST_RD_ATOMIC
             | QpAttrMask::MIN_RNR_TIMER;
         if load_alt {
-            rtr.alt_ah_attr = ib_av(side.alt_port, side.alt_bits, side.alt_dlid);
-            rtr.alt_port_num = side.alt_port;
+            rtr.alt_ah_attr = side.alternate.av();
+            rtr.alt_port_num = side.alternate.port();
             rtr.alt_pkey_index = 0;
             rtr.alt_timeout = IB_ACK_TIMEOUT;
             mask = mask | QpAttrMask::ALT_PATH;
@@ -304,11 +47,11 @@ fn ib_connect(a: &End, b: &End, plan: &IbPlan, load_alt: bool) {
 }
 
 /// The two ends of `plan` (each with its own context, so each sees its QP's events).
-fn ib_ends(v: &Verbs, plan: &IbPlan) -> (End, End) {
+fn ib_ends(v: &Verbs, plan: &Plan) -> (End, End) {
     let open = |n: &str| v.open(n).unwrap_or_else(|e| panic!("open {n}: {e}"));
     (
-        End::on_port(open(&plan.a_dev), plan.a.port),
-        End::on_port(open(&plan.b_dev), plan.b.port),
+        End::on_port(open(&plan.a_dev), plan.a.primary.port()),
+        End::on_port(open(&plan.b_dev), plan.b.primary.port()),
     )
 }
 
@@ -334,7 +77,7 @@ fn ib_paths(e: &End) -> (QpAttr, u8) {
 
 /// Keep traffic going (a few messages each way: packets with MigReq=0) until both QPs
 /// report ARMED, within 10 s; returns how long it took.
-fn ib_wait_armed(a: &mut End, b: &mut End) -> Duration {
+pub(crate) fn ib_wait_armed(a: &mut End, b: &mut End) -> Duration {
     let start = Instant::now();
     loop {
         let (sa, ma) = hw_apm::query(&a.qp).expect("query a");
@@ -414,9 +157,9 @@ fn ib_wait_event(
 fn ib_hardware_apm_arm_forced_migration_path_mig_rearm() {
     const TEST: &str = "ib_hardware_apm";
     let v = verbs();
-    let plan = match ib_plan(&v) {
+    let plan = match plan(&v) {
         Ok(p) => p,
-        Err(why) => return skip_ib(TEST, &why),
+        Err(why) => return skip(TEST, &why),
     };
     println!("{TEST}: {}", plan.how);
     let (mut a, mut b) = ib_ends(&v, &plan);
@@ -430,35 +173,29 @@ fn ib_hardware_apm_arm_forced_migration_path_mig_rearm() {
     for (e, side) in [(&a, &plan.a), (&b, &plan.b)] {
         let (q, port) = ib_paths(e);
         println!(
-            "{} qpn {}: {:?} {:?}, primary port {port} dlid {}, alternate port {} dlid {} \
-             path bits {}",
+            "{} qpn {}: {:?} {:?}, primary {}, alternate {} (port {} dlid {} path bits {})",
             e.ctx.name(),
             e.qp.qp_num(),
             q.qp_state,
             q.path_mig_state,
-            q.ah_attr.dlid,
+            side.primary,
+            side.alternate,
             q.alt_port_num,
             q.alt_ah_attr.dlid,
             q.alt_ah_attr.src_path_bits
         );
         assert_eq!(q.path_mig_state, provider_verbs::ffi::MigState::Migrated);
-        assert_eq!((port, q.ah_attr.dlid), (side.port, side.dlid), "primary");
-        assert_eq!(
-            (q.alt_port_num, q.alt_ah_attr.dlid),
-            (side.alt_port, side.alt_dlid),
-            "alternate loaded at RTR"
+        assert!(side.primary.is(&q.ah_attr, port), "primary: {q:?}");
+        assert!(
+            side.alternate.is(&q.alt_ah_attr, q.alt_port_num)
+                && q.alt_port_num == side.alternate.port(),
+            "alternate loaded at RTR: {q:?}"
         );
     }
     // Which side forces, and the paths each side has now (primary, alternate).
-    let mut paths = [
-        (
-            ib_av(plan.a.port, 0, plan.a.dlid),
-            ib_av(plan.a.alt_port, plan.a.alt_bits, plan.a.alt_dlid),
-        ),
-        (
-            ib_av(plan.b.port, 0, plan.b.dlid),
-            ib_av(plan.b.alt_port, plan.b.alt_bits, plan.b.alt_dlid),
-        ),
+    let mut paths: [(PathEnd, PathEnd); 2] = [
+        (plan.a.primary, plan.a.alternate),
+        (plan.b.primary, plan.b.alternate),
     ];
     for (round, forcer) in [(1, 0usize), (2, 1)] {
         if round > 1 {
@@ -466,7 +203,7 @@ fn ib_hardware_apm_arm_forced_migration_path_mig_rearm() {
             // either asks for REARM.
             for (k, e) in [&a, &b].into_iter().enumerate() {
                 let alt = hw_apm::AltPath {
-                    av: paths[k].1,
+                    av: paths[k].1.av(),
                     pkey_index: 0,
                     timeout: IB_ACK_TIMEOUT,
                 };
@@ -558,16 +295,11 @@ fn ib_hardware_apm_arm_forced_migration_path_mig_rearm() {
             let (q, port) = ib_paths(e);
             let (old_primary, old_alt) = paths[k];
             println!(
-                "round {round}: {} qpn {}: {:?} {:?}, primary port {port} dlid {} path bits {} \
-                 (was port {} dlid {})",
+                "round {round}: {} qpn {}: {:?} {:?}, primary {old_alt} (was {old_primary})",
                 e.ctx.name(),
                 e.qp.qp_num(),
                 q.qp_state,
                 q.path_mig_state,
-                q.ah_attr.dlid,
-                q.ah_attr.src_path_bits,
-                old_primary.port_num,
-                old_primary.dlid
             );
             assert_eq!(q.qp_state, QpState::Rts, "{}: still RTS", e.ctx.name());
             assert_eq!(
@@ -576,10 +308,9 @@ fn ib_hardware_apm_arm_forced_migration_path_mig_rearm() {
                 "{}: MIGRATED after the migration",
                 e.ctx.name()
             );
-            assert_eq!(
-                (port, q.ah_attr.dlid),
-                (old_alt.port_num, old_alt.dlid),
-                "{}: the primary (port, DLID) is the old alternate",
+            assert!(
+                old_alt.is(&q.ah_attr, port),
+                "{}: the primary is the old alternate: {q:?}",
                 e.ctx.name()
             );
             paths[k] = (old_alt, old_primary);
@@ -590,7 +321,7 @@ fn ib_hardware_apm_arm_forced_migration_path_mig_rearm() {
     // Round 2 forced the other side and moved back: rearm once more and leave it ARMED.
     for (k, e) in [&a, &b].into_iter().enumerate() {
         let alt = hw_apm::AltPath {
-            av: paths[k].1,
+            av: paths[k].1.av(),
             pkey_index: 0,
             timeout: IB_ACK_TIMEOUT,
         };
@@ -635,15 +366,15 @@ fn mtu_code(m: Mtu) -> u8 {
 #[test]
 #[ignore = "needs RDMA devices: run `cargo xtask hwtest` (or `--vm`)"]
 fn ib_hardware_apm_through_the_verbs_facet() {
-    use apm_core::{ConnId, Input, Lid, MigState, Path, PortKey, QpControl, QpEvent};
+    use apm_core::{ConnId, Input, MigState, Path, QpControl, QpEvent};
     const TEST: &str = "ib_hardware_apm_facet";
     let v = verbs();
-    let plan = match ib_plan(&v) {
+    let plan = match plan(&v) {
         Ok(p) => p,
-        Err(why) => return skip_ib(TEST, &why),
+        Err(why) => return skip(TEST, &why),
     };
     if !plan.two_ports {
-        return skip_ib(
+        return skip(
             TEST,
             &format!(
                 "the only alternate path here is through LMC ({}); the facet loads \
@@ -668,44 +399,23 @@ fn ib_hardware_apm_through_the_verbs_facet() {
     exchange(&mut a, &mut b, 100);
     // Source LIDs as the engine has them from the SA: the port's base LID, plus the path
     // bits where the plan's alternate uses another LID of an LMC range.
-    let lid_of = |e: &End, port: u8, bits: u8| {
-        e.ctx.query_port(port).expect("query_port").lid + u16::from(bits)
-    };
-    let path = |dev: u16, port: u8, slid: u16, dlid: u16| Path {
-        port: PortKey::new(dev, port),
-        slid: Lid::from_wire(slid),
-        dlid: Lid::from_wire(dlid),
-        sgid: apm_core::Gid::default(),
-        dgid: apm_core::Gid::default(),
-        sgid_index: 0,
-        sl: 0,
-        flow_label: 0,
-        traffic_class: 0,
-        hop_limit: 0,
-        rate: 0,
-        mtu: mtu_code(plan.mtu),
-        pkey_index: 0,
-        ack_timeout: IB_ACK_TIMEOUT,
+    let path = |e: &End, dev: u16, p: PathEnd| {
+        let bits = match p {
+            PathEnd::Ib { bits, .. } => bits,
+            PathEnd::Roce { .. } => 0,
+        };
+        let slid = e.ctx.query_port(p.port()).expect("query_port").lid + u16::from(bits);
+        p.engine_path(dev, slid, mtu_code(plan.mtu), IB_ACK_TIMEOUT)
     };
     // (primary, alternate) of each connection.
-    let mut paths = [
+    let mut paths: [(Path, Path); 2] = [
         (
-            path(dev_a, plan.a.port, lid_of(&a, plan.a.port, 0), plan.a.dlid),
-            path(
-                dev_a,
-                plan.a.alt_port,
-                lid_of(&a, plan.a.alt_port, plan.a.alt_bits),
-                plan.a.alt_dlid,
-            ),
+            path(&a, dev_a, plan.a.primary),
+            path(&a, dev_a, plan.a.alternate),
         ),
         (
-            path(dev_b, plan.b.port, lid_of(&b, plan.b.port, 0), plan.b.dlid),
-            path(
-                dev_b,
-                plan.b.alt_port,
-                lid_of(&b, plan.b.alt_port, plan.b.alt_bits),
-                plan.b.alt_dlid,
-            ),
+            path(&b, dev_b, plan.b.primary),
+            path(&b, dev_b, plan.b.alternate),
         ),
     ];
     let conns = [ca, cb];
@@ -808,8 +518,8 @@ fn ib_hardware_apm_through_the_verbs_facet() {
             assert!(snap.operational, "{:?} operational", conns[k]);
             assert_eq!(snap.mig_state, MigState::Migrated, "{:?}", conns[k]);
             assert_eq!(
-                (snap.primary_port, snap.primary_dlid),
-                (old_alt.port, old_alt.dlid),
+                (snap.primary_port, snap.primary_dlid, snap.primary_dgid),
+                (old_alt.port, old_alt.dlid, old_alt.dgid),
                 "{:?}: the primary is the old alternate",
                 conns[k]
             );
