@@ -126,7 +126,8 @@ fn ib_wait_event(
     }
 }
 
-/// Hardware APM on InfiniBand, through provider-verbs' `hw_apm`: arm, forced migration
+/// Hardware APM on InfiniBand (or an APM-capable RoCE pair), through provider-verbs'
+/// `hw_apm`: arm, forced migration
 /// under traffic, `IBV_EVENT_PATH_MIG` on both sides, rearm, and the same back again.
 ///
 /// **Hardware needed**: two active InfiniBand ports (link layer InfiniBand, LIDs assigned
@@ -135,9 +136,11 @@ fn ib_wait_event(
 /// ports of one HCA cabled to a switch (each QP's alternate leaves through the other
 /// port), two HCAs with two ports each, or LMC > 0 (`opensm -l 1`; the alternate uses
 /// each port's second LID). Run it with `cargo xtask hwtest` on that machine (the suite
-/// runs `--ignored --test-threads=1`). Elsewhere — no RDMA, or only RoCE ports such as
-/// the rxe pair of `cargo xtask hwtest --vm` — it prints one `SKIPPED ib_hardware_apm:`
-/// line saying what is missing, and passes.
+/// runs `--ignored --test-threads=1`). Or two RoCE devices whose kernel accepts alternate
+/// paths, with the VM's rails (rail 10 primary, rail 20 alternate): the patched
+/// soft-RoCE in the second phase of `cargo xtask hwtest --vm`. Elsewhere — no RDMA, or
+/// stock RoCE such as the first phase's rxe pair — it prints one
+/// `SKIPPED ib_hardware_apm:` line saying what is missing, and passes.
 ///
 /// What it does: an RC pair connected with the primary path (`IBV_QP_AV`) and the
 /// alternate (`IBV_QP_ALT_PATH`) loaded in INIT->RTR; REARM on both (RTS->RTS); numbered
@@ -355,14 +358,15 @@ fn mtu_code(m: Mtu) -> u8 {
 /// other ports (two ports of one HCA on a switch, or two HCAs with two ports each): the
 /// facet builds the alternate with source path bits 0 (the base LID), so an LMC-only
 /// alternate cannot be expressed through it and that case is skipped with a note. Run
-/// with `cargo xtask hwtest`; without such ports (and under `--vm`, whose rxe ports are
-/// RoCE) it prints one `SKIPPED ib_hardware_apm_facet:` line and passes.
+/// with `cargo xtask hwtest`, or on the patched soft-RoCE of `hwtest --vm`'s second
+/// phase (RoCE alternates differ by GID: the facet looks the source GID's index up);
+/// without either it prints one `SKIPPED ib_hardware_apm_facet:` line and passes.
 ///
 /// Not covered: the engine's own decision to force a migration, which it takes on a local
 /// `PORT_ERR` (or an SA trap 65): a real port cannot be failed from here, so the test
 /// issues `force_migrate` itself, as the engine would. The engine's rearm after a
-/// migration also needs its peer channel (LAP/APR) and is exercised by `apm pingpong` on
-/// InfiniBand, not here.
+/// migration also needs its peer channel (LAP/APR) and is exercised by `apm pingpong`
+/// and the library test of `roce_apm.rs`, not here.
 #[test]
 #[ignore = "needs RDMA devices: run `cargo xtask hwtest` (or `--vm`)"]
 fn ib_hardware_apm_through_the_verbs_facet() {
