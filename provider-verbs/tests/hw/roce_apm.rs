@@ -146,6 +146,30 @@ impl Deployment {
             .map_or(start, |(t, _)| *t)
     }
 
+    /// What each side notified since `from`, in order, with the time since `from`.
+    fn timeline(&self, from: Instant) -> String {
+        let mut all: Vec<(Duration, &str, String)> = Vec::new();
+        for (k, side) in self.seen.iter().enumerate() {
+            for (t, n) in side {
+                let short = match n {
+                    NotificationKind::Migrated { forced, .. } => {
+                        format!("migrated{}", if *forced { " (forced)" } else { "" })
+                    }
+                    NotificationKind::Unprotected { reason } => format!("unprotected ({reason:?})"),
+                    NotificationKind::Rearmed { .. } => "re-armed".into(),
+                    NotificationKind::Protected { .. } => "protected".into(),
+                    other => format!("{other:?}"),
+                };
+                all.push((t.saturating_duration_since(from), ["A", "B"][k], short));
+            }
+        }
+        all.sort();
+        all.iter()
+            .map(|(t, side, what)| format!("{side} {what} at {:.0} ms", t.as_secs_f64() * 1e3))
+            .collect::<Vec<_>>()
+            .join(", ")
+    }
+
     fn forget(&mut self) {
         let _ = self.saw(0, &|_| false);
         self.seen = [Vec::new(), Vec::new()];
@@ -316,6 +340,7 @@ fn roce_hw_apm_library_deployment_and_rearm_races() {
         );
     }
     println!("(2) both re-armed with rail 10; ARMED again {t:?} later");
+    println!("(2) timeline from the report: {}", d.timeline(forced));
 
     // (3) Rail 20 cut under traffic: both migrate by themselves, LAPs cross.
     d.forget();
@@ -343,6 +368,7 @@ fn roce_hw_apm_library_deployment_and_rearm_races() {
             &mut traffic,
         );
     }
+    println!("(3) timeline from the cut: {}", d.timeline(cut));
     tc(&["qdisc", "del", "dev", "vA.20", "root"]);
     let t = ib_wait_armed(aa, bb);
     for (k, e) in [&*aa, &*bb].into_iter().enumerate() {
