@@ -230,7 +230,9 @@ fn build(
     std::fs::write(tree.join("Kbuild"), TOP_KBUILD)?;
     std::fs::write(tree.join("drivers/infiniband/core/Kbuild"), CORE_KBUILD)?;
     let jobs = std::thread::available_parallelism().map_or(2, |n| n.get());
-    let status = Command::new("make")
+    // Captured, and shown only when the build fails: a good build says nothing worth
+    // reading ("Skipping BTF generation" for each module: no vmlinux in the headers).
+    let made = Command::new("make")
         .arg("-s")
         .arg("-C")
         .arg(format!("/usr/src/linux-headers-{release}"))
@@ -242,8 +244,19 @@ fn build(
             tree.display()
         ))
         .arg("modules")
-        .status();
-    crate::util::check_status(status, "building the patched modules (make modules)")?;
+        .output()
+        .context("could not run make")?;
+    if !made.status.success() {
+        eprintln!(
+            "{}{}",
+            String::from_utf8_lossy(&made.stdout),
+            String::from_utf8_lossy(&made.stderr)
+        );
+        bail!(
+            "building the patched modules (make modules) failed: {}",
+            made.status
+        );
+    }
     let tmp = staging.join("out");
     std::fs::create_dir_all(&tmp)?;
     for (name, rel) in MODULES {

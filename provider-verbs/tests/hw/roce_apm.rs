@@ -340,7 +340,10 @@ fn roce_hw_apm_library_deployment_and_rearm_races() {
         );
     }
     println!("(2) both re-armed with rail 10; ARMED again {t:?} later");
-    println!("(2) timeline from the report: {}", d.timeline(forced));
+    println!(
+        "(2) timeline from the report, as the test read it: {}",
+        d.timeline(forced)
+    );
 
     // (3) Rail 20 cut under traffic: both migrate by themselves, LAPs cross.
     d.forget();
@@ -368,7 +371,10 @@ fn roce_hw_apm_library_deployment_and_rearm_races() {
             &mut traffic,
         );
     }
-    println!("(3) timeline from the cut: {}", d.timeline(cut));
+    println!(
+        "(3) timeline from the cut, as the test read it: {}",
+        d.timeline(cut)
+    );
     tc(&["qdisc", "del", "dev", "vA.20", "root"]);
     let t = ib_wait_armed(aa, bb);
     for (k, e) in [&*aa, &*bb].into_iter().enumerate() {
