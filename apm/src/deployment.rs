@@ -455,9 +455,12 @@ impl Apm {
     /// [`Qp::adopt`], on one of [`Apm::contexts`]) is registered with the deployment's
     /// QP facet as `spec.id`, then protected. On RoCE apm moves it with the SQ drain
     /// ([`provider_rxe::AdoptedQp`]: the QP must allow remote writes); a QP already in
-    /// ERR when a path fails is reported lost. On InfiniBand the HCA migrates it
-    /// (hardware APM: `spec.mode` must be [`MigrationMode::Hardware`]); apm loads its
-    /// alternate path, sets REARM and forces a migration when a path dies. Refused
+    /// ERR when a path fails is reported lost. With hardware APM (`verbs`: InfiniBand,
+    /// or RoCE where the kernel accepts alternate paths) the device migrates it
+    /// (`spec.mode` must be [`MigrationMode::Hardware`]); apm loads its alternate path,
+    /// sets REARM and forces a migration when a path dies. The QP must have been created
+    /// on apm's own context ([`Apm::contexts`]): libibverbs delivers a QP's async events
+    /// (`PATH_MIG`, `PATH_MIG_ERR`) to the context it was created on only. Refused
     /// ([`ProtectError::NoQpFacet`]) on simulated deployments and on those started with
     /// the caller's own QP facet.
     pub async fn protect_qp(&self, spec: ConnSpec, qp: Arc<Qp>) -> Result<(), ProtectError> {
