@@ -145,7 +145,7 @@ impl Pingpong {
         let mut cmd = std::process::Command::new(apm);
         cmd.arg("pingpong")
             .args(args)
-            .env("APM_LOG", "warn,provider_rxe=info,apm_core=info");
+            .env("APM_LOG", "warn,provider_rxe=info,apm_core=info,apm_core::engine::peer=debug,apm_core::engine::rearm=debug");
         Pingpong(ChildLines::spawn(cmd, name, true))
     }
 
