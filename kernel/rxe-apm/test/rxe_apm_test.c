@@ -58,6 +58,9 @@ static void die(const char *fmt, ...) {
 
 enum { SLOT = 64, DEPTH = 64, WINDOW = 16, MAX_EVENTS = 64 };
 enum { TIMEOUT = 14, ALT_TIMEOUT = 15, RETRY_CNT = 3 };
+/* The ACK timeout of the alternate step 5 migrates to (~1 s): step 6 holds one of A's
+ * sends unacknowledged on it, and A must not run out of retries meanwhile. */
+enum { LONG_TIMEOUT = 18 };
 
 struct event {
   enum ibv_event_type type;
@@ -453,7 +456,7 @@ int main(int argc, char **argv) {
          stall);
 
   /* 5 */
-  rearm(&a, &b, 1, ALT_TIMEOUT);
+  rearm(&a, &b, 1, LONG_TIMEOUT);
   exchange(&a, &b, 50, 0, NULL, 10000);
   sh("/usr/bin/ip link set %s down", netdev_a[0]);
   stall = exchange(&a, &b, 400, 0, NULL, 30000);
