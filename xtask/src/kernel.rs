@@ -16,8 +16,11 @@
 // A driver, not the engine: it reports how long the build took.
 #![allow(clippy::disallowed_methods)]
 
-use crate::vm::{Fnv, GuestKernel};
+use crate::util::Fnv;
+use crate::vm::{file_name, module_name, GuestKernel};
 use anyhow::{bail, Context, Result};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
@@ -273,6 +276,31 @@ fn build(
     Ok(())
 }
 
+/// The guest's module load order (`modules`, paths as in the kernel package) with the
+/// patched modules in place of the stock ones of the same name, each added to the
+/// image's `files` under `modules/patched/`.
+pub fn patched_order(
+    modules: &[String],
+    patched: &PatchedModules,
+    files: &mut BTreeMap<PathBuf, PathBuf>,
+) -> String {
+    let mut order = String::new();
+    for (i, m) in modules.iter().enumerate() {
+        let name = module_name(m);
+        match patched.files.iter().find(|(n, _)| *n == name) {
+            Some((n, host)) => {
+                let guest = format!("patched/{i:02}-{n}.ko");
+                files.insert(PathBuf::from("modules").join(&guest), host.clone());
+                let _ = writeln!(order, "{guest}");
+            }
+            None => {
+                let _ = writeln!(order, "{i:02}-{}", file_name(m));
+            }
+        }
+    }
+    order
+}
+
 /// Build the patch set's own test (`test/rxe_apm_test.c`, plain libibverbs) under
 /// `vm_dir` and return the executable.
 pub fn build_test(vm_dir: &Path) -> Result<PathBuf> {
@@ -302,6 +330,25 @@ mod tests {
         let p = "--- a/include/rdma/ib_verbs.h\n+++ b/include/rdma/ib_verbs.h\n\
                  --- a/drivers/infiniband/sw/rxe/rxe.c\n--- /dev/null\n";
         assert_eq!(extra_sources(p), ["include/rdma/ib_verbs.h"]);
+    }
+
+    #[test]
+    fn patched_modules_take_the_stock_ones_places() {
+        let modules = [
+            "kernel/drivers/infiniband/core/ib_core.ko".to_owned(),
+            "kernel/drivers/net/veth.ko".to_owned(),
+        ];
+        let patched = PatchedModules {
+            files: vec![("ib_core".into(), PathBuf::from("/built/ib_core.ko"))],
+            key: "k".into(),
+        };
+        let mut files = BTreeMap::new();
+        let order = patched_order(&modules, &patched, &mut files);
+        assert_eq!(order, "patched/00-ib_core.ko\n01-veth.ko\n");
+        assert_eq!(
+            files.get(Path::new("modules/patched/00-ib_core.ko")),
+            Some(&PathBuf::from("/built/ib_core.ko"))
+        );
     }
 
     #[test]

@@ -217,10 +217,10 @@ pub fn prepare_image(
         .enumerate()
         .map(|(i, m)| format!("{i:02}-{}\n", file_name(m)))
         .collect();
-    let order_patched = patched_order(&modules, patched, &mut files);
+    let order_patched = crate::kernel::patched_order(&modules, patched, &mut files);
 
     // The cache key: everything that decides the image's content.
-    let mut h = Fnv::new();
+    let mut h = crate::util::Fnv::new();
     h.write(IMAGE_FORMAT.as_bytes());
     h.write(INIT_SCRIPT.as_bytes());
     h.write(order.as_bytes());
@@ -272,30 +272,6 @@ pub fn prepare_image(
         &image.kernel,
     )?;
     Ok(image)
-}
-
-/// The load order with the patched modules in place of the stock ones of the same name
-/// (each added to `files` under `modules/patched/`).
-fn patched_order(
-    modules: &[String],
-    patched: &crate::kernel::PatchedModules,
-    files: &mut BTreeMap<PathBuf, PathBuf>,
-) -> String {
-    let mut order = String::new();
-    for (i, m) in modules.iter().enumerate() {
-        let name = module_name(m);
-        match patched.files.iter().find(|(n, _)| *n == name) {
-            Some((n, host)) => {
-                let guest = format!("patched/{i:02}-{n}.ko");
-                files.insert(PathBuf::from("modules").join(&guest), host.clone());
-                let _ = writeln!(order, "{guest}");
-            }
-            None => {
-                let _ = writeln!(order, "{i:02}-{}", file_name(m));
-            }
-        }
-    }
-    order
 }
 
 fn build_initramfs(
@@ -501,7 +477,7 @@ fn visit(
     order.push(m.to_owned());
 }
 
-fn module_name(path: &str) -> String {
+pub(crate) fn module_name(path: &str) -> String {
     let base = path.rsplit('/').next().unwrap_or(path);
     base.trim_end_matches(".ko")
         .trim_end_matches(".ko.xz")
@@ -788,7 +764,7 @@ fn strip_root(p: &Path) -> PathBuf {
     p.strip_prefix("/").unwrap_or(p).to_path_buf()
 }
 
-fn file_name(p: impl AsRef<Path>) -> String {
+pub(crate) fn file_name(p: impl AsRef<Path>) -> String {
     p.as_ref()
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -808,33 +784,6 @@ fn set_mode(p: &Path, mode: u32) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))?;
     Ok(())
-}
-
-/// FNV-1a, 64 bit: a content hash for the cache key (no crypto needed, no dependency).
-pub struct Fnv(u64);
-
-impl Default for Fnv {
-    fn default() -> Self {
-        Fnv::new()
-    }
-}
-
-impl Fnv {
-    pub fn new() -> Self {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-    pub fn write(&mut self, data: &[u8]) {
-        for b in data {
-            self.0 ^= u64::from(*b);
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        // Separate fields so that ("ab","c") and ("a","bc") differ.
-        self.0 ^= 0xff;
-        self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    pub fn finish(&self) -> u64 {
-        self.0
-    }
 }
 
 #[cfg(test)]
