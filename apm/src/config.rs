@@ -11,7 +11,7 @@
 //! ```toml
 //! [[device]]
 //! name = "mlx5_0"
-//! provider = "verbs"        # verbs (InfiniBand, hardware APM) | rxe (RoCE) | sim
+//! provider = "verbs"        # verbs (hardware APM) | rxe (RoCE, software) | sim
 //! ports = [1, 2]            # empty or absent: every port
 //!
 //! [sa]
@@ -80,7 +80,9 @@ pub fn sim_host(name: &str) -> Option<usize> {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum ProviderKind {
-    /// InfiniBand HCA through libibverbs, hardware APM (provider-verbs).
+    /// Hardware APM through libibverbs (provider-verbs): an InfiniBand HCA, or a RoCE
+    /// device whose kernel accepts alternate paths (the patched soft-RoCE of
+    /// `kernel/rxe-apm`; LAP/APR then go over `udp`).
     Verbs,
     /// Soft-RoCE or any RoCE device: software path migration (provider-rxe).
     Rxe,
@@ -439,21 +441,9 @@ impl Config {
                 );
             }
         }
-        let all_ib = !self.devices.is_empty()
-            && self
-                .devices
-                .iter()
-                .all(|d| *d.provider.get_ref() == ProviderKind::Verbs);
-        if all_ib && transport == LapTransport::Udp {
-            let (span, key) = transport_at(None);
-            at(
-                span,
-                &key,
-                "InfiniBand devices carry LAP/APR as MADs: use transport = \"vendor\" (the \
-                 default) or \"cm\"; udp is RoCE's"
-                    .into(),
-            );
-        } else if transport == LapTransport::Udp && lap.udp_listen.is_none() {
+        // `verbs` devices with `udp` are hardware APM on RoCE; whether they are RoCE is
+        // known only at start (InfiniBand ones are refused there, with the reason).
+        if transport == LapTransport::Udp && lap.udp_listen.is_none() {
             let (span, key) = transport_at(roce);
             let why = match &lap.transport {
                 Some(_) => "the udp transport",
@@ -551,15 +541,18 @@ mod tests {
     }
 
     #[test]
-    fn udp_is_refused_on_infiniband() {
+    fn udp_on_verbs_devices_is_left_to_the_start() {
+        // Hardware APM on RoCE carries LAP/APR over UDP; on InfiniBand the start refuses
+        // it (the link layer is known only there).
+        let c = Config::parse(
+            "[[device]]\nname = \"rxe0\"\nprovider = \"verbs\"\n[lap]\ntransport = \"udp\"\nudp_listen = \"0.0.0.0:1\"\n",
+        )
+        .expect("valid");
+        assert_eq!(c.lap_transport(), LapTransport::Udp);
         let es = errors(
-            "[[device]]\nname = \"mlx5_0\"\nprovider = \"verbs\"\n[lap]\ntransport = \"udp\"\nudp_listen = \"0.0.0.0:1\"\n",
+            "[[device]]\nname = \"rxe0\"\nprovider = \"verbs\"\n[lap]\ntransport = \"udp\"\n",
         );
-        assert_eq!(es.len(), 1, "{es:?}");
-        assert!(
-            es[0].starts_with("line 5") && es[0].contains("\"vendor\""),
-            "{es:?}"
-        );
+        assert!(es[0].contains("udp_listen"), "{es:?}");
     }
 
     #[test]

@@ -31,6 +31,12 @@
 //!   APM has its own tests in the hardware suite (`cargo xtask hwtest`), which skip
 //!   without an InfiniBand HCA. A `verbs` deployment on a real HCA has not run on this
 //!   project's machines (none has one).
+//! - `provider = "verbs"` on RoCE (hardware APM where the kernel accepts alternate
+//!   paths: the patched soft-RoCE of `kernel/rxe-apm`): provider-verbs' QP facet, cm-lap's
+//!   UDP channel (`[lap] transport = "udp"`, `udp_listen`, `[[lap.peer]]`) and the
+//!   protected connections' paths as the fabric, as for `rxe`. Every configured port
+//!   must do hardware APM (asked of the kernel, [`provider_verbs::roce_apm`]): a stock
+//!   RoCE device is refused with the reason (use `rxe`). Run in the VM suite.
 //! - Any QP facet of the caller's with the InfiniBand umad half:
 //!   [`Apm::start_with_qp`] / [`Apm::start_with_facets`] (deployments mixing provider
 //!   crates: an application's own QP control, a test facet).
@@ -41,7 +47,7 @@
 //! This module never reads a clock itself: time is tokio's (and the simulation follows
 //! it).
 
-use crate::config::{sim_host, Config, ProviderKind};
+use crate::config::{sim_host, Config, LapTransport, ProviderKind};
 use crate::ib::{UmadFacets, UmadOptions};
 use apm_core::{
     ConnId, ConnSpec, ConnStatus, FabricEvent, Gid, Manager, ManagerError, ManagerHandle,
@@ -287,12 +293,16 @@ impl Apm {
         }
     }
 
-    /// An InfiniBand deployment: provider-verbs' QP facet on every configured device
-    /// (opened through libibverbs), and the umad half of [`crate::ib`] (one SA client
-    /// and LAP channel per configured port) as the fabric and peer facets.
+    /// A hardware-APM deployment: provider-verbs' QP facet on every configured device
+    /// (opened through libibverbs), and on InfiniBand the umad half of [`crate::ib`] (one
+    /// SA client and LAP channel per configured port) as the fabric and peer facets; on
+    /// RoCE the UDP channel and the connections' own paths ([`Apm::start_verbs_roce`]).
     async fn start_verbs(config: &Config) -> Result<Apm, StartError> {
         one_kind(config, ProviderKind::Verbs, "verbs")?;
         let contexts = open_devices(config)?;
+        if roce_devices(config, &contexts)? {
+            return Apm::start_verbs_roce(config, contexts).await;
+        }
         let umad = UmadFacets::open(config, &UmadOptions::default())?;
         let facet = Arc::new(VerbsQpControl::new(contexts.clone()));
         let (peer, fabric) = umad.into_facets();
@@ -341,41 +351,50 @@ impl Apm {
         Ok(apm)
     }
 
+    /// Hardware APM on RoCE: provider-verbs' facet, cm-lap's UDP channel and the
+    /// protected connections' paths (RoCE has no SA), once every configured port is
+    /// known to do hardware APM.
+    async fn start_verbs_roce(config: &Config, contexts: Vec<Context>) -> Result<Apm, StartError> {
+        for (i, ctx) in contexts.iter().enumerate() {
+            for port in configured_ports(config, i, ctx)? {
+                provider_verbs::hw_apm::available(ctx, port).map_err(|e| {
+                    StartError::Unsupported {
+                        provider: "verbs",
+                        reason: format!("{e} (provider = \"rxe\" migrates in software)"),
+                    }
+                })?;
+            }
+        }
+        if config.lap_transport() != LapTransport::Udp {
+            return Err(StartError::Unsupported {
+                provider: "verbs",
+                reason: "RoCE devices carry LAP/APR over UDP: [lap] transport = \"udp\"".into(),
+            });
+        }
+        let udp = bind_udp(config).await?;
+        let peer_auth = Some(udp.authenticator());
+        let facet = Arc::new(VerbsQpControl::new(contexts.clone()));
+        let paths = StaticPaths::default();
+        let provider = Arc::new(Stack::new(Arc::clone(&facet), udp, paths.clone()));
+        let (manager, handle) = Manager::new(provider, config.engine_policy())?;
+        let mut apm = Apm::run(manager, handle).await?;
+        apm.devices = Some(Devices {
+            contexts,
+            facet: QpFacet::Verbs(facet),
+            paths: Some(paths),
+            peer_auth,
+        });
+        Ok(apm)
+    }
+
     /// A RoCE deployment: provider-rxe's facet on every configured device, cm-lap's UDP
     /// channel on `[lap] udp_listen` with the `[[lap.peer]]` table, and the paths of the
     /// protected connections as the fabric (RoCE has no SA).
     async fn start_rxe(config: &Config) -> Result<Apm, StartError> {
         one_kind(config, ProviderKind::Rxe, "rxe")?;
         let contexts = open_devices(config)?;
-        let listen = config
-            .lap
-            .udp_listen
-            .as_ref()
-            .map(|a| *a.get_ref())
-            .ok_or_else(|| {
-                StartError::Unavailable(
-                    "RoCE needs [lap] udp_listen for apm's peer messages".into(),
-                )
-            })?;
-        let first_port = config.devices[0]
-            .ports
-            .as_ref()
-            .and_then(|p| p.get_ref().first().copied())
-            .unwrap_or(1);
-        let auth = config
-            .peer_auth()
-            .map_err(|e| StartError::Unavailable(e.to_string()))?;
-        let udp = cm_lap::udp::UdpPeerChannel::bind(listen, PortKey::new(0, first_port))
-            .await
-            .map_err(|e| StartError::Unavailable(format!("binding udp_listen {listen}: {e}")))?
-            .with_auth(auth, cm_lap::auth::DEFAULT_MAX_SKEW);
+        let udp = bind_udp(config).await?;
         let peer_auth = Some(udp.authenticator());
-        for peer in &config.lap.peers {
-            // `Config::parse` checked every GID.
-            if let Ok(gid) = peer.gid.get_ref().parse::<Gid>() {
-                udp.add_peer(gid, *peer.addr.get_ref());
-            }
-        }
         let facet = Arc::new(RxeQpControl::new(contexts.clone(), RxeConfig::default()));
         let paths = StaticPaths::default();
         let provider = Arc::new(Stack::new(Arc::clone(&facet), udp, paths.clone()));
@@ -444,9 +463,12 @@ impl Apm {
     /// [`Qp::adopt`], on one of [`Apm::contexts`]) is registered with the deployment's
     /// QP facet as `spec.id`, then protected. On RoCE apm moves it with the SQ drain
     /// ([`provider_rxe::AdoptedQp`]: the QP must allow remote writes); a QP already in
-    /// ERR when a path fails is reported lost. On InfiniBand the HCA migrates it
-    /// (hardware APM: `spec.mode` must be [`MigrationMode::Hardware`]); apm loads its
-    /// alternate path, sets REARM and forces a migration when a path dies. Refused
+    /// ERR when a path fails is reported lost. With hardware APM (`verbs`: InfiniBand,
+    /// or RoCE where the kernel accepts alternate paths) the device migrates it
+    /// (`spec.mode` must be [`MigrationMode::Hardware`]); apm loads its alternate path,
+    /// sets REARM and forces a migration when a path dies. The QP must have been created
+    /// on apm's own context ([`Apm::contexts`]): libibverbs delivers a QP's async events
+    /// (`PATH_MIG`, `PATH_MIG_ERR`) to the context it was created on only. Refused
     /// ([`ProtectError::NoQpFacet`]) on simulated deployments and on those started with
     /// the caller's own QP facet.
     pub async fn protect_qp(&self, spec: ConnSpec, qp: Arc<Qp>) -> Result<(), ProtectError> {
@@ -593,6 +615,76 @@ pub(crate) fn one_kind(
             ),
         }),
         None => Ok(()),
+    }
+}
+
+/// cm-lap's UDP channel on `[lap] udp_listen`, with the `[[lap.peer]]` table and the
+/// `[lap] key_file` authentication if any (RoCE).
+async fn bind_udp(config: &Config) -> Result<cm_lap::udp::UdpPeerChannel, StartError> {
+    let listen = config
+        .lap
+        .udp_listen
+        .as_ref()
+        .map(|a| *a.get_ref())
+        .ok_or_else(|| {
+            StartError::Unavailable("RoCE needs [lap] udp_listen for apm's peer messages".into())
+        })?;
+    let first_port = config.devices[0]
+        .ports
+        .as_ref()
+        .and_then(|p| p.get_ref().first().copied())
+        .unwrap_or(1);
+    let auth = config
+        .peer_auth()
+        .map_err(|e| StartError::Unavailable(e.to_string()))?;
+    let udp = cm_lap::udp::UdpPeerChannel::bind(listen, PortKey::new(0, first_port))
+        .await
+        .map_err(|e| StartError::Unavailable(format!("binding udp_listen {listen}: {e}")))?
+        .with_auth(auth, cm_lap::auth::DEFAULT_MAX_SKEW);
+    for peer in &config.lap.peers {
+        // `Config::parse` checked every GID.
+        if let Ok(gid) = peer.gid.get_ref().parse::<Gid>() {
+            udp.add_peer(gid, *peer.addr.get_ref());
+        }
+    }
+    Ok(udp)
+}
+
+/// The ports of device `i` the configuration names (every port when it names none).
+fn configured_ports(config: &Config, i: usize, ctx: &Context) -> Result<Vec<u8>, StartError> {
+    if let Some(p) = config.devices[i]
+        .ports
+        .as_ref()
+        .filter(|p| !p.get_ref().is_empty())
+    {
+        return Ok(p.get_ref().clone());
+    }
+    let n = ctx
+        .query_device()
+        .map_err(|e| StartError::Unavailable(format!("{}: {e}", ctx.name())))?
+        .phys_port_cnt;
+    Ok((1..=n).collect())
+}
+
+/// Whether the configured ports are RoCE (all of them) or InfiniBand (all of them); a
+/// mix is refused: LAP/APR travel as MADs on one and over UDP on the other.
+fn roce_devices(config: &Config, contexts: &[Context]) -> Result<bool, StartError> {
+    let mut kinds = Vec::new();
+    for (i, ctx) in contexts.iter().enumerate() {
+        for port in configured_ports(config, i, ctx)? {
+            let p = ctx
+                .query_port(port)
+                .map_err(|e| StartError::Unavailable(format!("{} port {port}: {e}", ctx.name())))?;
+            kinds.push(p.link_layer == provider_verbs::ffi::LinkLayer::Ethernet);
+        }
+    }
+    match (kinds.iter().all(|r| *r), kinds.iter().any(|r| *r)) {
+        (true, _) => Ok(true),
+        (false, false) => Ok(false),
+        (false, true) => Err(StartError::Unsupported {
+            provider: "verbs",
+            reason: "the devices mix RoCE and InfiniBand ports: run one apm per link layer".into(),
+        }),
     }
 }
 

@@ -4,11 +4,14 @@
 //! Two processes (a server and a client) exchange QPN, PSN, rail addresses and their
 //! apm control address over TCP, connect one RC QP pair, put it under apm's protection
 //! and then send numbered messages both ways at a steady pace. On RoCE (soft-RoCE or
-//! RoCE NICs) the connection is protected by software path migration (provider-rxe) with
-//! apm's peer messages over UDP (cm-lap); each `--rail` is one local IP address whose
-//! RoCE v2 GID is a path, the first one the primary. On InfiniBand it is protected by
-//! hardware APM (provider-verbs), with the alternate path through `--alt-port` (or the
-//! port's next LID with LMC > 0); that mode has not met InfiniBand hardware yet.
+//! RoCE NICs) each `--rail` is one local IP address whose RoCE v2 GID is a path, the
+//! first one the primary, and apm's peer messages go over UDP (cm-lap). There the
+//! connection is protected by hardware APM (provider-verbs) when the device and the
+//! kernel do it (the kernel accepts alternate paths on the port: the patched soft-RoCE
+//! of `kernel/rxe-apm`), else by software path migration (provider-rxe); `--mode`
+//! chooses. On InfiniBand it is protected by hardware APM, with the alternate path
+//! through `--alt-port` (or the port's next LID with LMC > 0); that mode has not met
+//! InfiniBand hardware yet.
 //!
 //! Every failover apm performs is printed as it happens; at the end each side prints
 //! what it sent, received, lost (numbers that never arrived), duplicated (numbers that
@@ -45,9 +48,12 @@ Start the server first, then the client with --connect. Both sides exchange thei
 number, first PSN, rail addresses and apm control address over TCP (like \
 ibv_rc_pingpong), then both send --count messages (or for --duration) at --interval-ms.\n\n\
 RoCE: give each rail as --rail <local IP> in the same order on both sides (the first is \
-the primary path, the second the agreed alternate). apm watches the connection: when \
-sends stop completing for --stall-ms, or a send fails (link down), it moves both QPs to \
-the alternate in software and tells the peer over UDP (--control). Cut a rail with \
+the primary path, the second the agreed alternate). Where the device and kernel do hardware \
+APM (the kernel accepts alternate paths on the port), the QP holds the alternate and \
+migrates by itself when its retries on a dead path run out; apm re-arms it with the peer \
+over UDP (--control). Elsewhere apm watches the connection: when sends stop completing \
+for --stall-ms, or a send fails (link down), it moves both QPs to the alternate in \
+software and tells the peer. --mode chooses (both sides must agree). Cut a rail with \
 `tc qdisc add dev <rail> root netem loss 100%` or `ip link set <rail> down` to see it.\n\n\
 InfiniBand: hardware APM; the alternate path leaves through --alt-port.\n\n\
 At the end each side prints sent, received, lost, duplicated and the longest stall \
@@ -103,6 +109,15 @@ pub struct Args {
     /// QP local ACK timeout exponent (4.096 us * 2^t; 14 is ~67 ms).
     #[arg(long, default_value_t = 14)]
     ack_timeout: u8,
+    /// QP transport retry count (hardware APM migrates when the retries run out).
+    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u8).range(0..=7))]
+    retry_cnt: u8,
+    /// How the connection is protected on RoCE: `hardware` APM (the device migrates; the
+    /// kernel must accept alternate paths on the port), `software` path migration, or
+    /// `auto`: hardware where the kernel accepts alternate paths. InfiniBand is always
+    /// hardware.
+    #[arg(long, value_enum, default_value_t = ModeArg::Auto)]
+    mode: ModeArg,
     /// After sending, wait this long at most for the peer's last messages.
     #[arg(long, default_value_t = 20.0, value_parser = values::seconds)]
     drain_secs: f64,
@@ -114,6 +129,14 @@ pub struct Args {
     /// counted in the report.
     #[arg(long, value_name = "FILE")]
     peer_key: Option<std::path::PathBuf>,
+}
+
+/// `--mode`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum ModeArg {
+    Auto,
+    Hardware,
+    Software,
 }
 
 /// What the two sides tell each other over TCP before connecting.
@@ -128,6 +151,8 @@ struct Hello {
     comm_id: u32,
     mtu: u8,
     infiniband: bool,
+    /// Protected by hardware APM (else software migration).
+    hardware: bool,
 }
 
 /// Messages on the TCP control connection after the hello.
@@ -145,6 +170,10 @@ struct Event {
     at_ms: f64,
     kind: String,
     path: Option<String>,
+    /// For a failover: `device` (the QP migrated by itself), `forced` (apm forced it),
+    /// `peer` (software migration the peer asked for).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    how: Option<&'static str>,
 }
 
 /// A time with no message arriving.
@@ -220,6 +249,41 @@ pub fn run(args: Args) -> Result<()> {
     Ok(())
 }
 
+fn mode_name(hardware: bool) -> &'static str {
+    if hardware {
+        "hardware APM"
+    } else {
+        "software migration"
+    }
+}
+
+/// Whether this side protects the connection with hardware APM: always on InfiniBand;
+/// on RoCE as `--mode` says, `auto` asking the kernel whether it accepts alternate paths
+/// on the port (the capability bit and the link layer cannot tell: stock soft-RoCE
+/// advertises APM and the stock kernel refuses alternate paths on RoCE).
+fn hardware_mode(
+    ctx: &provider_verbs::ffi::Context,
+    args: &Args,
+    infiniband: bool,
+) -> Result<bool> {
+    if infiniband {
+        if args.mode == ModeArg::Software {
+            bail!("software path migration is for RoCE; InfiniBand uses hardware APM");
+        }
+        return Ok(true);
+    }
+    let available = provider_verbs::hw_apm::available(ctx, args.port);
+    match (args.mode, available) {
+        (ModeArg::Software, _) => Ok(false),
+        (ModeArg::Hardware, Err(e)) => Err(anyhow::anyhow!("--mode hardware: {e}")),
+        (_, Ok(())) => Ok(true),
+        (ModeArg::Auto, Err(e)) => {
+            tracing::info!(reason = %e, "no hardware APM here: software path migration");
+            Ok(false)
+        }
+    }
+}
+
 fn mtu_code(m: Mtu) -> u8 {
     match m {
         Mtu::Mtu256 => 1,
@@ -275,6 +339,7 @@ async fn session(args: &Args) -> Result<Report> {
             args.device
         );
     }
+    let hardware = hardware_mode(&ctx, args, infiniband)?;
     let port_key = PortKey::new(0, args.port);
     let rc = Arc::new(RcConn::create(
         &ctx,
@@ -363,6 +428,7 @@ async fn session(args: &Args) -> Result<Report> {
         comm_id: if client { 0xC11E_0001 } else { 0x5E4E_0001 },
         mtu: mtu_code(pattr.active_mtu).min(3),
         infiniband,
+        hardware,
     };
     send_line(&mut wr, &me).await?;
     let peer: Hello = serde_json::from_str(
@@ -374,6 +440,13 @@ async fn session(args: &Args) -> Result<Report> {
     .context("the peer's hello")?;
     if peer.infiniband != infiniband {
         bail!("one side is InfiniBand, the other RoCE");
+    }
+    if peer.hardware != hardware {
+        bail!(
+            "this side protects with {}, the peer with {}: give both the same --mode",
+            mode_name(hardware),
+            mode_name(peer.hardware)
+        );
     }
     if !infiniband && peer.rails.len() != args.rails.len() {
         bail!(
@@ -435,7 +508,7 @@ async fn session(args: &Args) -> Result<Report> {
             local_psn: psn,
             mtu: mtu_of(mtu),
             timeout: args.ack_timeout,
-            retry_cnt: 7,
+            retry_cnt: args.retry_cnt,
             rnr_retry: 7,
         },
         av,
@@ -450,7 +523,7 @@ async fn session(args: &Args) -> Result<Report> {
     let spec = ConnSpec {
         id: conn,
         role: if client { Role::Active } else { Role::Passive },
-        mode: if infiniband {
+        mode: if hardware {
             MigrationMode::Hardware
         } else {
             MigrationMode::Software
@@ -471,7 +544,7 @@ async fn session(args: &Args) -> Result<Report> {
     for p in &paths {
         udp.add_peer(p.dgid, peer_ctl);
     }
-    let (handle, manager_task) = if infiniband {
+    let (handle, manager_task) = if hardware {
         let facet = provider_verbs::VerbsQpControl::new(vec![ctx.clone()]);
         facet
             .register(conn, rc.qp().clone())
@@ -506,11 +579,7 @@ async fn session(args: &Args) -> Result<Report> {
         args.device,
         rc.qp_num(),
         peer.qpn,
-        if infiniband {
-            "hardware APM"
-        } else {
-            "software migration"
-        }
+        mode_name(hardware)
     ));
 
     send_line(&mut wr, &Ctl::Ready).await?;
@@ -676,21 +745,28 @@ async fn session(args: &Args) -> Result<Report> {
             n = notes.recv() => {
                 if let Ok(n) = n {
                     let at = ms(Instant::now());
+                    let mut how = None;
                     let (kind, path) = match &n.kind {
                         NotificationKind::Migrated { primary, forced } => {
                             failovers += 1;
                             let from = current;
                             current = *primary;
+                            let (key, text) = match (*forced, hardware) {
+                                (true, _) => ("forced", "apm moved first"),
+                                (false, true) => ("device", "the device migrated"),
+                                (false, false) => ("peer", "peer asked"),
+                            };
+                            how = Some(key);
                             say(format!(
-                                "{role}: FAILOVER at {:.1} s: {} -> {} ({})",
+                                "{role}: FAILOVER at {:.1} s: {} -> {} ({text})",
                                 at / 1e3,
                                 from.sgid,
                                 primary.sgid,
-                                if *forced { "apm moved first" } else { "peer asked" }
                             ));
                             ("failover".to_owned(), Some(primary.to_string()))
                         }
                         NotificationKind::Protected { alternate } => {
+                            say(format!("{role}: protected at {:.1} s: alternate {}", at / 1e3, alternate.sgid));
                             ("protected".to_owned(), Some(alternate.to_string()))
                         }
                         NotificationKind::Rearmed { alternate } => {
@@ -707,7 +783,7 @@ async fn session(args: &Args) -> Result<Report> {
                         }
                         other => (format!("{other:?}"), None),
                     };
-                    events.push(Event { at_ms: at, kind, path });
+                    events.push(Event { at_ms: at, kind, path, how });
                 }
             }
             () = tokio::time::sleep(Duration::from_millis(1)) => {}
@@ -730,7 +806,7 @@ async fn session(args: &Args) -> Result<Report> {
     Ok(Report {
         role,
         device: args.device.clone(),
-        mode: if infiniband { "hardware" } else { "software" },
+        mode: if hardware { "hardware" } else { "software" },
         sent,
         received,
         peer_sent,

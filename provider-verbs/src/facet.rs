@@ -230,6 +230,30 @@ fn alt_path(path: &Path, src_path_bits: u8) -> hw_apm::AltPath {
     }
 }
 
+/// A RoCE path's address vector: the source GID's index looked up now (RoCE GID indexes
+/// move as addresses come and go), always global, a hop limit IP will carry.
+fn roce_av(
+    ctx: &Context,
+    path: &Path,
+    av: ffi::AddressVector,
+) -> Result<ffi::AddressVector, String> {
+    let sgid = path.sgid.0;
+    let found = ctx
+        .first_gid(path.port.port, |g| {
+            g.gid == sgid && g.gid_type == ffi::GidType::RoceV2
+        })
+        .map_err(|e| e.to_string())?;
+    let entry = found.ok_or_else(|| format!("no RoCE v2 GID {} in the table", path.sgid))?;
+    let sgid_index =
+        u8::try_from(entry.index).map_err(|_| format!("GID index {} above 255", entry.index))?;
+    Ok(ffi::AddressVector {
+        is_global: true,
+        sgid_index,
+        hop_limit: if av.hop_limit <= 1 { 64 } else { av.hop_limit },
+        ..av
+    })
+}
+
 #[async_trait]
 impl QpControl for VerbsQpControl {
     async fn start(&self, sink: InputSink) -> Result<(), ProviderError> {
@@ -270,30 +294,25 @@ impl QpControl for VerbsQpControl {
 
     async fn load_alternate(&self, conn: ConnId, path: Path) -> Result<(), ProviderError> {
         let qp = self.qp(conn)?;
-        let port = qp
-            .context()
-            .query_port(path.port.port)
-            .map_err(|e| to_provider("query_port", e))?;
-        let bits = src_path_bits(path.slid.get(), port.lid, port.lmc).map_err(|detail| {
-            ProviderError::Refused {
-                operation: "load alternate path".into(),
-                detail: format!("port {}: {detail}", path.port.port),
-            }
-        })?;
-        hw_apm::load_alternate(&qp, &alt_path(&path, bits))
-            .map_err(|e| refine(&qp, to_provider("load alternate path", e)))
+        blocking(move || load(&qp, &path)).await
     }
 
     async fn set_rearm(&self, conn: ConnId) -> Result<MigState, ProviderError> {
         let qp = self.qp(conn)?;
-        hw_apm::set_rearm(&qp).map_err(|e| refine(&qp, to_provider("set REARM", e)))?;
-        let (_, m) = hw_apm::query(&qp).map_err(|e| to_provider("query QP", e))?;
-        mig_state(m)
+        blocking(move || {
+            hw_apm::set_rearm(&qp).map_err(|e| refine(&qp, to_provider("set REARM", e)))?;
+            let (_, m) = hw_apm::query(&qp).map_err(|e| to_provider("query QP", e))?;
+            mig_state(m)
+        })
+        .await
     }
 
     async fn force_migrate(&self, conn: ConnId) -> Result<(), ProviderError> {
         let qp = self.qp(conn)?;
-        hw_apm::force_migrated(&qp).map_err(|e| refine(&qp, to_provider("force MIGRATED", e)))
+        blocking(move || {
+            hw_apm::force_migrated(&qp).map_err(|e| refine(&qp, to_provider("force MIGRATED", e)))
+        })
+        .await
     }
 
     async fn software_migrate(&self, _conn: ConnId, _path: Path) -> Result<(), ProviderError> {
@@ -305,20 +324,55 @@ impl QpControl for VerbsQpControl {
 
     async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError> {
         let qp = self.qp(conn)?;
-        let a = qp
-            .query(ffi::QpAttrMask::STATE | ffi::QpAttrMask::PATH_MIG_STATE | ffi::QpAttrMask::AV)
-            .map_err(|e| to_provider("query QP", e))?;
         let device = self
             .device_index(qp.context().name())
             .ok_or(ProviderError::UnknownConnection(conn))?;
-        Ok(QpSnapshot {
-            operational: !matches!(a.qp_state, QpState::Err | QpState::Reset),
-            mig_state: mig_state(a.path_mig_state)?,
-            primary_port: PortKey::new(device, a.ah_attr.port_num.max(a.port_num).max(1)),
-            primary_dlid: Lid::from_wire(a.ah_attr.dlid),
-            primary_dgid: Gid(a.ah_attr.dgid),
+        blocking(move || {
+            let a = qp
+                .query(
+                    ffi::QpAttrMask::STATE | ffi::QpAttrMask::PATH_MIG_STATE | ffi::QpAttrMask::AV,
+                )
+                .map_err(|e| to_provider("query QP", e))?;
+            Ok(QpSnapshot {
+                operational: !matches!(a.qp_state, QpState::Err | QpState::Reset),
+                mig_state: mig_state(a.path_mig_state)?,
+                primary_port: PortKey::new(device, a.ah_attr.port_num.max(a.port_num).max(1)),
+                primary_dlid: Lid::from_wire(a.ah_attr.dlid),
+                primary_dgid: Gid(a.ah_attr.dgid),
+            })
         })
+        .await
     }
+}
+
+/// Run a QP verb off the async workers: `ibv_modify_qp` can wait in the kernel (loading
+/// a RoCE alternate resolves its neighbour, seconds on a dead rail), and the event
+/// pumps and the peer channel must keep going meanwhile (a LAP left waiting behind it
+/// arrives late and stale).
+async fn blocking<T: Send + 'static>(
+    f: impl FnOnce() -> Result<T, ProviderError> + Send + 'static,
+) -> Result<T, ProviderError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| ProviderError::Io(format!("a verbs call's thread failed: {e}")))?
+}
+
+/// Load `path` as the alternate of `qp` (blocking: see [`blocking`]).
+fn load(qp: &Qp, path: &Path) -> Result<(), ProviderError> {
+    let port = qp
+        .context()
+        .query_port(path.port.port)
+        .map_err(|e| to_provider("query_port", e))?;
+    let refused = |detail: String| ProviderError::Refused {
+        operation: "load alternate path".into(),
+        detail: format!("port {}: {detail}", path.port.port),
+    };
+    let bits = src_path_bits(path.slid.get(), port.lid, port.lmc).map_err(refused)?;
+    let mut alt = alt_path(path, bits);
+    if port.link_layer == ffi::LinkLayer::Ethernet {
+        alt.av = roce_av(qp.context(), path, alt.av).map_err(refused)?;
+    }
+    hw_apm::load_alternate(qp, &alt).map_err(|e| refine(qp, to_provider("load alternate path", e)))
 }
 
 /// The registered QPs, shared between the facet and its event pumps.

@@ -1,16 +1,20 @@
 //! Hardware APM on one RC QP: the QP-control operations the engine's commands map to.
 //!
-//! Every operation first checks that hardware APM can work on the QP's ports: the device
-//! must advertise `IBV_DEVICE_AUTO_PATH_MIG`, and no port involved may be RoCE (the kernel
-//! refuses `IBV_QP_ALT_PATH` on RoCE with EINVAL, and rxe, which advertises the
-//! capability, never migrates). The refusal comes before any verb is called, with an error
-//! that points RoCE users to provider-rxe. This module never reports success for an
-//! operation the device did not confirm.
+//! Every operation first checks that hardware APM can work on the QP's ports
+//! ([`available`]): the device must advertise `IBV_DEVICE_AUTO_PATH_MIG`, and on a RoCE
+//! port the kernel must accept alternate paths, which is asked of the kernel itself
+//! ([`crate::roce_apm`]): a stock kernel refuses `IBV_QP_ALT_PATH` on RoCE with EINVAL,
+//! and stock rxe, which advertises the capability, never migrates, while the patched
+//! soft-RoCE of `kernel/rxe-apm` does both. A refusal comes before the operation, with
+//! an error that points RoCE users to provider-rxe. This module never reports success
+//! for an operation the device did not confirm.
 #![forbid(unsafe_code)]
 
 use crate::ffi::{
-    AddressVector, LinkLayer, MigState, Qp, QpAttr, QpAttrMask, QpState, Result, VerbsError,
+    AddressVector, Context, LinkLayer, MigState, Qp, QpAttr, QpAttrMask, QpState, Result,
+    VerbsError,
 };
+use crate::roce_apm;
 
 /// An alternate path to load into a QP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,11 +27,11 @@ pub struct AltPath {
     pub timeout: u8,
 }
 
-/// Fail unless hardware APM can work on `qp` through local `port`.
-pub fn check_port(qp: &Qp, port: u8) -> Result<()> {
-    let ctx = qp.context();
+/// Fail unless hardware APM can work through local `port` of `ctx`: the capability bit,
+/// and on RoCE the kernel's own answer ([`crate::roce_apm::accepts_alternates`]).
+pub fn available(ctx: &Context, port: u8) -> Result<()> {
     let attr = ctx.query_port(port)?;
-    if attr.link_layer == LinkLayer::Ethernet {
+    if attr.link_layer == LinkLayer::Ethernet && !roce_apm::accepts_alternates(ctx, port)? {
         return Err(VerbsError::HardwareApmOnRoce {
             device: ctx.name().to_owned(),
             port,
@@ -39,6 +43,11 @@ pub fn check_port(qp: &Qp, port: u8) -> Result<()> {
         });
     }
     Ok(())
+}
+
+/// Fail unless hardware APM can work on `qp` through local `port`.
+pub fn check_port(qp: &Qp, port: u8) -> Result<()> {
+    available(qp.context(), port)
 }
 
 /// Check the QP's current primary port (and `alt_port` if given).
@@ -79,9 +88,14 @@ pub fn load_alternate(qp: &Qp, alt: &AltPath) -> Result<()> {
 }
 
 /// Ask the hardware to arm the loaded alternate path (`IBV_QP_PATH_MIG_STATE` = REARM);
-/// it becomes ARMED by itself once the peer's packets carry MigReq=0.
+/// it becomes ARMED by itself once the peer's packets carry MigReq=0. A QP that is ARMED
+/// already is left alone: the IBA defines REARM from MIGRATED only (rdmavt refuses it
+/// from ARMED), and a new alternate loaded while armed is armed at once.
 pub fn set_rearm(qp: &Qp) -> Result<()> {
     check_qp(qp, None)?;
+    if query(qp)?.1 == MigState::Armed {
+        return Ok(());
+    }
     set_mig_state(qp, MigState::Rearm)
 }
 

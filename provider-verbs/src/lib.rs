@@ -2,13 +2,17 @@
 //!
 //! - [`ffi`]: the libibverbs binding (loaded at run time), shared with provider-rxe.
 //! - [`hw_apm`]: hardware APM control of one RC QP (load the alternate path, REARM,
-//!   force MIGRATED, query), refusing RoCE ports up front: the kernel bans alternate paths
-//!   on RoCE, and provider-rxe migrates paths in software there.
+//!   force MIGRATED, query), refusing up front the ports where it cannot work: on RoCE
+//!   the stock kernel bans alternate paths (provider-rxe migrates in software there).
+//! - [`roce_apm`]: whether the kernel accepts alternate paths on a RoCE port, asked of
+//!   the kernel itself (an APM-capable RoCE driver, such as the patched soft-RoCE of
+//!   `kernel/rxe-apm`, has them accepted).
 //! - [`facet`]: [`VerbsQpControl`], apm-core's QP-control and local-event facet.
 
 pub mod facet;
 pub mod ffi;
 pub mod hw_apm;
+pub mod roce_apm;
 
 pub use facet::VerbsQpControl;
 pub use ffi::{Verbs, VerbsError};

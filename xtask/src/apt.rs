@@ -21,6 +21,37 @@ pub fn missing<'a>(wanted: &[&'a str]) -> Vec<&'a str> {
         .collect()
 }
 
+/// The installed version of `package`, if dpkg reports it installed.
+fn installed_version(package: &str) -> Option<String> {
+    let out = Command::new("dpkg-query")
+        .args(["-W", "-f=${Status}\t${Version}", package])
+        .output()
+        .ok()?;
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (status, version) = text.split_once('\t')?;
+    status
+        .contains("install ok installed")
+        .then(|| version.trim().to_owned())
+}
+
+/// Install each `(package, version)` at exactly that version unless it is installed so
+/// (the kernel source and headers must be the guest kernel's own).
+pub fn ensure_exact(wanted: &[(&str, &str)]) -> Result<()> {
+    let specs: Vec<String> = wanted
+        .iter()
+        .filter(|(p, v)| installed_version(p).as_deref() != Some(*v))
+        .map(|(p, v)| format!("{p}={v}"))
+        .collect();
+    if specs.is_empty() {
+        return Ok(());
+    }
+    let refs: Vec<&str> = specs.iter().map(String::as_str).collect();
+    install(
+        &refs,
+        "the patched RDMA modules (version-locked to the VM kernel)",
+    )
+}
+
 /// Install whatever of `wanted` is missing; `why` names the user of the packages for
 /// the error when this machine cannot install them.
 pub fn ensure(wanted: &[&str], why: &str) -> Result<()> {
@@ -28,6 +59,11 @@ pub fn ensure(wanted: &[&str], why: &str) -> Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
+    install(&missing, why)
+}
+
+/// `apt-get install` these package specs (names, or `name=version`).
+fn install(missing: &[&str], why: &str) -> Result<()> {
     if Command::new("apt-get").arg("--version").output().is_err() {
         bail!("{why} needs the Debian packages {missing:?} and this machine has no apt-get");
     }
@@ -51,7 +87,7 @@ pub fn ensure(wanted: &[&str], why: &str) -> Result<()> {
         std::thread::sleep(std::time::Duration::from_secs(10));
         apt(&["update", "-qq"])?;
     }
-    let mut install = vec!["install", "-y", "-qq", "--no-install-recommends"];
-    install.extend(missing.iter().copied());
-    apt(&install)
+    let mut cmd = vec!["install", "-y", "-qq", "--no-install-recommends"];
+    cmd.extend(missing.iter().copied());
+    apt(&cmd)
 }

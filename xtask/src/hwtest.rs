@@ -22,8 +22,14 @@ Runs provider-verbs' hardware suite (tests/hw.rs) on the RDMA devices of this ma
 skipping with a message when there are none.
 
   --vm              boot a stock Debian kernel under qemu (TCG) with two soft-RoCE devices
-                    (rxe0 on veth vA, rxe1 on its peer vB) and run the suite inside
-  --timeout SECS    wall-clock limit for the VM, boot to power-off (default 300)
+                    (rxe0 on veth vA, rxe1 on its peer vB) and run the suite inside: on the
+                    stock rdma_rxe, then on the APM-capable modules of kernel/rxe-apm
+                    (their own test, then the suite's hardware-APM tests)
+  --patched         with --vm: boot with the APM-capable RDMA modules (kernel/rxe-apm)
+                    instead of the stock ib_core, ib_uverbs and rdma_rxe (the suite: its
+                    second phase alone)
+  --timeout SECS    wall-clock limit for the VM, boot to power-off (default 900)
+  --filter NAME     with --vm: only the suite's tests whose names contain NAME (repeatable)
   --run PROGRAM ... with --vm: run this host program in the VM instead of the suite
 ";
 
@@ -42,16 +48,20 @@ echo 0 > /proc/sys/net/ipv6/conf/default/accept_dad
 
 pub fn main(args: &[String]) -> Result<()> {
     let mut use_vm = false;
-    let mut timeout = Duration::from_secs(300);
+    let mut patched = false;
+    let mut timeout = Duration::from_secs(900);
     let mut program: Option<Vec<String>> = None;
+    let mut filter = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--vm" => use_vm = true,
+            "--patched" => patched = true,
             "--timeout" => {
                 let v = it.next().context("--timeout needs a number of seconds")?;
                 timeout = Duration::from_secs(v.parse().context("--timeout SECS")?);
             }
+            "--filter" => filter.push(it.next().context("--filter needs a test name")?.clone()),
             "--run" => {
                 program = Some(it.by_ref().cloned().collect());
             }
@@ -63,10 +73,10 @@ pub fn main(args: &[String]) -> Result<()> {
         }
     }
     if use_vm {
-        in_vm(program, timeout)
+        in_vm(program, timeout, patched, &filter)
     } else {
-        if program.is_some() {
-            bail!("--run only makes sense with --vm");
+        if program.is_some() || patched {
+            bail!("--run and --patched only make sense with --vm");
         }
         native()
     }
@@ -110,9 +120,22 @@ fn local_devices() -> Vec<String> {
 }
 
 /// The suite inside a fresh VM.
-fn in_vm(program: Option<Vec<String>>, timeout: Duration) -> Result<()> {
+fn in_vm(
+    program: Option<Vec<String>>,
+    timeout: Duration,
+    patched: bool,
+    filter: &[String],
+) -> Result<()> {
     let t0 = Instant::now();
     vm::ensure_host_packages()?;
+    let prepare_start = Instant::now();
+    // Absolute: the initramfs is packed from inside its staging directory.
+    let vm_dir = std::env::current_dir()?.join("target").join("vm");
+    let kernel = vm::guest_kernel(&vm_dir)?;
+    let modules = crate::kernel::prepare(&vm_dir, &kernel)?;
+    let image = vm::prepare_image(&vm_dir, &kernel, &modules)?;
+    let prepare = prepare_start.elapsed();
+    let suite = program.is_none();
     let (binary, args, env, extra) = match program {
         Some(p) => {
             let Some((first, rest)) = p.split_first() else {
@@ -121,10 +144,8 @@ fn in_vm(program: Option<Vec<String>>, timeout: Duration) -> Result<()> {
             (which(first)?, rest.to_vec(), Vec::new(), Vec::new())
         }
         None => (
-            build_suite()?,
-            ["--ignored", "--test-threads=1", "--nocapture"]
-                .map(String::from)
-                .to_vec(),
+            suite_script(&vm_dir, &modules.key, patched, filter)?,
+            Vec::new(),
             vec![
                 ("APM_HWTEST".to_owned(), "1".to_owned()),
                 // The devices in the VM are the suite's own: it may take links down.
@@ -134,14 +155,14 @@ fn in_vm(program: Option<Vec<String>>, timeout: Duration) -> Result<()> {
                 // apm-capi's C example (its own RC QPs handed to apm), shipped likewise.
                 ("APM_C_EXAMPLE".to_owned(), "/mnt/rc_rxe".to_owned()),
             ],
-            vec![build_apm()?, crate::capi::build_c_example()?],
+            vec![
+                fixed_name(&build_suite()?, &vm_dir, "hw")?,
+                build_apm()?,
+                crate::capi::build_c_example()?,
+                crate::kernel::build_test(&vm_dir)?,
+            ],
         ),
     };
-    let prepare_start = Instant::now();
-    // Absolute: the initramfs is packed from inside its staging directory.
-    let vm_dir = std::env::current_dir()?.join("target").join("vm");
-    let image = vm::prepare_image(&vm_dir)?;
-    let prepare = prepare_start.elapsed();
     let spec = vm::RunSpec {
         binary,
         extra_binaries: extra,
@@ -149,6 +170,7 @@ fn in_vm(program: Option<Vec<String>>, timeout: Duration) -> Result<()> {
         env,
         setup: VM_SETUP.to_owned(),
         timeout,
+        patched_rdma: patched,
     };
     let work = vm_dir.join(format!("run-{}", std::process::id()));
     let out = vm::run(&image, &spec, &work)?;
@@ -168,6 +190,12 @@ fn in_vm(program: Option<Vec<String>>, timeout: Duration) -> Result<()> {
         out.total.as_secs_f64(),
         t0.elapsed().as_secs_f64()
     );
+    if suite && !patched && filter.is_empty() {
+        match crate::vmsuite::figure(&out.output) {
+            Ok(f) => print!("{f}"),
+            Err(e) => eprintln!("hwtest --vm: {e}"),
+        }
+    }
     if out.timed_out {
         bail!("hwtest --vm: the VM did not finish within {timeout:?} and was killed");
     }
@@ -176,6 +204,34 @@ fn in_vm(program: Option<Vec<String>>, timeout: Duration) -> Result<()> {
         Some(c) => bail!("hwtest --vm: the run in the VM failed with exit code {c}"),
         None => bail!("hwtest --vm: the VM powered off without reporting an exit code"),
     }
+}
+
+/// The guest script that runs the suite's two phases (see `vmsuite`), written under
+/// `vm_dir` for the share.
+fn suite_script(
+    vm_dir: &std::path::Path,
+    modules_key: &str,
+    patched: bool,
+    filter: &[String],
+) -> Result<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = vm_dir.join("suite");
+    std::fs::create_dir_all(&dir)?;
+    let path = dir.join("suite.sh");
+    std::fs::write(&path, crate::vmsuite::script(modules_key, patched, filter))?;
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755))?;
+    Ok(path)
+}
+
+/// A copy of `bin` named `name` under `vm_dir` (the guest script calls it by that name;
+/// cargo's test binaries carry a hash).
+fn fixed_name(bin: &std::path::Path, vm_dir: &std::path::Path, name: &str) -> Result<PathBuf> {
+    let dir = vm_dir.join("suite");
+    std::fs::create_dir_all(&dir)?;
+    let to = dir.join(name);
+    std::fs::copy(bin, &to)
+        .with_context(|| format!("copy {} to {}", bin.display(), to.display()))?;
+    Ok(to)
 }
 
 /// Build the suite's test binary and return its path.

@@ -14,9 +14,11 @@ mod codegen;
 mod fuzz;
 mod hwtest;
 mod ibsim;
+mod kernel;
 mod tshark;
 mod util;
 mod vm;
+mod vmsuite;
 
 use anyhow::{bail, Result};
 

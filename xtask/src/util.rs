@@ -34,3 +34,39 @@ pub fn run_env(program: &str, args: &[&str], env: &[(&str, &str)]) -> Result<()>
     }
     Ok(())
 }
+
+/// A spawned command's status as a result: `what` names it in the error.
+pub fn check_status(status: std::io::Result<std::process::ExitStatus>, what: &str) -> Result<()> {
+    let status = status.with_context(|| format!("could not start {what}"))?;
+    if !status.success() {
+        bail!("{what} failed: {status}");
+    }
+    Ok(())
+}
+
+/// FNV-1a, 64 bit: a content hash for the cache key (no crypto needed, no dependency).
+pub struct Fnv(u64);
+
+impl Default for Fnv {
+    fn default() -> Self {
+        Fnv::new()
+    }
+}
+
+impl Fnv {
+    pub fn new() -> Self {
+        Fnv(0xcbf2_9ce4_8422_2325)
+    }
+    pub fn write(&mut self, data: &[u8]) {
+        for b in data {
+            self.0 ^= u64::from(*b);
+            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+        }
+        // Separate fields so that ("ab","c") and ("a","bc") differ.
+        self.0 ^= 0xff;
+        self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
+    }
+    pub fn finish(&self) -> u64 {
+        self.0
+    }
+}

@@ -92,7 +92,11 @@ mount -t sysfs sysfs /sys
 mount -t devtmpfs devtmpfs /dev
 mount -t tmpfs tmpfs /tmp
 mount -t tmpfs tmpfs /run
-for m in $(cat /modules/order); do
+# `apm.rdma=patched` on the kernel command line: the APM-capable RDMA modules
+# (kernel/rxe-apm) instead of the stock ib_core, ib_uverbs and rdma_rxe.
+order=/modules/order
+grep -q 'apm.rdma=patched' /proc/cmdline && order=/modules/order-patched
+for m in $(cat $order); do
     insmod "/modules/$m" || echo "APM-VM: insmod $m failed"
 done
 if ! mount -t 9p -o trans=virtio,version=9p2000.L,msize=262144 share /mnt; then
@@ -116,6 +120,25 @@ pub struct Image {
     pub kernel_version: String,
 }
 
+/// The guest kernel: the package `linux-image-amd64` depends on, downloaded and unpacked.
+#[derive(Debug, Clone)]
+pub struct GuestKernel {
+    /// The downloaded image package.
+    pub deb: PathBuf,
+    /// Where it is unpacked.
+    pub root: PathBuf,
+    /// The kernel release (`uname -r` in the guest), e.g. `6.1.0-48-amd64`.
+    pub release: String,
+}
+
+/// Download and unpack the guest kernel (once).
+pub fn guest_kernel(vm_dir: &Path) -> Result<GuestKernel> {
+    std::fs::create_dir_all(vm_dir).with_context(|| format!("mkdir {}", vm_dir.display()))?;
+    let deb = kernel_deb(vm_dir)?;
+    let (root, release) = unpack_kernel(vm_dir, &deb)?;
+    Ok(GuestKernel { deb, root, release })
+}
+
 /// One program to run inside a fresh VM.
 #[derive(Debug, Clone)]
 pub struct RunSpec {
@@ -131,6 +154,8 @@ pub struct RunSpec {
     pub setup: String,
     /// Wall-clock limit for the whole VM, boot to power-off.
     pub timeout: Duration,
+    /// Boot with the patched RDMA modules (`apm.rdma=patched`) instead of the stock ones.
+    pub patched_rdma: bool,
 }
 
 /// What came back from the VM.
@@ -158,12 +183,16 @@ pub fn ensure_host_packages() -> Result<()> {
     crate::apt::ensure(HOST_PACKAGES, "the VM runner")
 }
 
-/// Build (or reuse from the cache) the guest kernel and initramfs.
-pub fn prepare_image(vm_dir: &Path) -> Result<Image> {
-    std::fs::create_dir_all(vm_dir).with_context(|| format!("mkdir {}", vm_dir.display()))?;
-    let deb = kernel_deb(vm_dir)?;
-    let (kroot, version) = unpack_kernel(vm_dir, &deb)?;
-    let moddir = kroot.join("lib/modules").join(&version);
+/// Build (or reuse from the cache) the guest kernel and initramfs. The image holds the
+/// stock modules and, in `modules/patched/`, the `patched` RDMA modules that replace
+/// theirs when the kernel command line says `apm.rdma=patched`.
+pub fn prepare_image(
+    vm_dir: &Path,
+    kernel: &GuestKernel,
+    patched: &crate::kernel::PatchedModules,
+) -> Result<Image> {
+    let (deb, kroot, version) = (&kernel.deb, &kernel.root, &kernel.release);
+    let moddir = kroot.join("lib/modules").join(version);
     let modules = module_load_order(&moddir)?;
 
     // Every host file that goes into the image, keyed by its path in the guest.
@@ -188,13 +217,15 @@ pub fn prepare_image(vm_dir: &Path) -> Result<Image> {
         .enumerate()
         .map(|(i, m)| format!("{i:02}-{}\n", file_name(m)))
         .collect();
+    let order_patched = crate::kernel::patched_order(&modules, patched, &mut files);
 
     // The cache key: everything that decides the image's content.
-    let mut h = Fnv::new();
+    let mut h = crate::util::Fnv::new();
     h.write(IMAGE_FORMAT.as_bytes());
     h.write(INIT_SCRIPT.as_bytes());
     h.write(order.as_bytes());
-    h.write(file_name(&deb).as_bytes());
+    h.write(order_patched.as_bytes());
+    h.write(file_name(deb).as_bytes());
     for (guest, host) in &files {
         h.write(guest.as_os_str().as_encoded_bytes());
         let data = std::fs::read(host).with_context(|| format!("read {}", host.display()))?;
@@ -232,7 +263,8 @@ pub fn prepare_image(vm_dir: &Path) -> Result<Image> {
     }
     let staging = vm_dir.join(format!("staging-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&staging);
-    let result = build_initramfs(&staging, &files, &symlinks, &order, &dir);
+    let orders = [("order", order.as_str()), ("order-patched", &order_patched)];
+    let result = build_initramfs(&staging, &files, &symlinks, &orders, &dir);
     let _ = std::fs::remove_dir_all(&staging);
     result?;
     copy(
@@ -246,7 +278,7 @@ fn build_initramfs(
     staging: &Path,
     files: &BTreeMap<PathBuf, PathBuf>,
     symlinks: &BTreeMap<PathBuf, PathBuf>,
-    order: &str,
+    orders: &[(&str, &str)],
     out_dir: &Path,
 ) -> Result<()> {
     for d in [
@@ -275,7 +307,9 @@ fn build_initramfs(
             std::os::unix::fs::symlink(target, &at)?;
         }
     }
-    std::fs::write(staging.join("modules/order"), order)?;
+    for (name, order) in orders {
+        std::fs::write(staging.join("modules").join(name), order)?;
+    }
     let init = staging.join("init");
     std::fs::write(&init, INIT_SCRIPT)?;
     set_mode(&init, 0o755)?;
@@ -443,7 +477,7 @@ fn visit(
     order.push(m.to_owned());
 }
 
-fn module_name(path: &str) -> String {
+pub(crate) fn module_name(path: &str) -> String {
     let base = path.rsplit('/').next().unwrap_or(path);
     base.trim_end_matches(".ko")
         .trim_end_matches(".ko.xz")
@@ -571,7 +605,12 @@ fn run_in(image: &Image, spec: &RunSpec, work: &Path, share: &Path) -> Result<Ou
     .arg(&image.kernel)
     .arg("-initrd")
     .arg(&image.initramfs)
-    .args(["-append", "console=ttyS0 panic=-1 quiet"])
+    .arg("-append")
+    .arg(if spec.patched_rdma {
+        "console=ttyS0 panic=-1 quiet apm.rdma=patched"
+    } else {
+        "console=ttyS0 panic=-1 quiet"
+    })
     .arg("-virtfs")
     .arg(format!(
         "local,path={},mount_tag=share,security_model=none,id=share",
@@ -725,7 +764,7 @@ fn strip_root(p: &Path) -> PathBuf {
     p.strip_prefix("/").unwrap_or(p).to_path_buf()
 }
 
-fn file_name(p: impl AsRef<Path>) -> String {
+pub(crate) fn file_name(p: impl AsRef<Path>) -> String {
     p.as_ref()
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
@@ -745,27 +784,6 @@ fn set_mode(p: &Path, mode: u32) -> Result<()> {
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(p, std::fs::Permissions::from_mode(mode))?;
     Ok(())
-}
-
-/// FNV-1a, 64 bit: a content hash for the cache key (no crypto needed, no dependency).
-struct Fnv(u64);
-
-impl Fnv {
-    fn new() -> Self {
-        Fnv(0xcbf2_9ce4_8422_2325)
-    }
-    fn write(&mut self, data: &[u8]) {
-        for b in data {
-            self.0 ^= u64::from(*b);
-            self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-        }
-        // Separate fields so that ("ab","c") and ("a","bc") differ.
-        self.0 ^= 0xff;
-        self.0 = self.0.wrapping_mul(0x0000_0100_0000_01b3);
-    }
-    fn finish(&self) -> u64 {
-        self.0
-    }
 }
 
 #[cfg(test)]

@@ -87,6 +87,7 @@ pub(super) fn open(verbs: &Verbs, name: &str) -> Result<Context> {
             verbs: verbs.clone(),
             ctx,
             name: name.to_owned(),
+            roce_apm: std::sync::Mutex::new(std::collections::BTreeMap::new()),
         }),
     })
 }
@@ -102,6 +103,9 @@ pub(crate) struct ContextInner {
     pub(crate) verbs: Verbs,
     pub(crate) ctx: *mut sys::ibv_context,
     pub(crate) name: String,
+    /// Per RoCE port: whether the kernel accepts alternate paths there
+    /// ([`crate::roce_apm`], asked once).
+    pub(crate) roce_apm: std::sync::Mutex<std::collections::BTreeMap<u8, bool>>,
 }
 
 // SAFETY: libibverbs contexts are thread-safe (the library locks internally; rdma-core
@@ -272,6 +276,24 @@ impl Context {
         &self.inner.verbs
     }
 
+    /// The cached answer of [`crate::roce_apm::accepts_alternates`] for `port`.
+    pub(crate) fn roce_apm_cached(&self, port: u8) -> Option<bool> {
+        let cache = self
+            .inner
+            .roce_apm
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        cache.get(&port).copied()
+    }
+
+    pub(crate) fn roce_apm_cache(&self, port: u8, accepted: bool) {
+        self.inner
+            .roce_apm
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(port, accepted);
+    }
+
     pub(crate) fn raw(&self) -> *mut sys::ibv_context {
         self.inner.ctx
     }
@@ -401,6 +423,26 @@ impl Context {
             }
         }
         Ok(out)
+    }
+
+    /// The first entry of `port`'s GID table, in index order, that `want` accepts,
+    /// reading no further than it (rxe's table has 1024 slots, and reading them all one
+    /// by one takes about a second under emulation) and no further than index 255 (an
+    /// address vector's GID index is one byte).
+    pub fn first_gid(
+        &self,
+        port: u8,
+        want: impl Fn(&GidEntry) -> bool,
+    ) -> Result<Option<GidEntry>> {
+        let len = self.query_port(port)?.gid_tbl_len;
+        for i in 0..u32::try_from(len).unwrap_or(0).min(256) {
+            if let Some(e) = self.query_gid(port, i)? {
+                if want(&e) {
+                    return Ok(Some(e));
+                }
+            }
+        }
+        Ok(None)
     }
 
     /// The GID table index holding `addr` (as a RoCE GID: IPv6, or IPv4-mapped), with the

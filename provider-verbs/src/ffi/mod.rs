@@ -68,11 +68,12 @@ pub enum VerbsError {
     /// An argument a verb would reject, caught before the call.
     #[error("invalid argument: {0}")]
     InvalidArgument(&'static str),
-    /// Hardware APM asked of a RoCE port: the kernel forbids alternate paths on RoCE.
+    /// Hardware APM asked of a RoCE port where the kernel refuses alternate paths (the
+    /// stock RDMA core bans them on RoCE; see [`crate::roce_apm`]).
     #[error(
         "hardware APM is not available on {device} port {port}: it is a RoCE port and \
-         the kernel refuses alternate paths on RoCE (and rxe never migrates); use \
-         provider-rxe, which migrates paths in software"
+         the kernel refuses alternate paths there (the stock RDMA core bans them on RoCE, \
+         and stock rxe never migrates); use provider-rxe, which migrates paths in software"
     )]
     HardwareApmOnRoce {
         /// Device name.

@@ -1,0 +1,157 @@
+//! The two-rail layout of the VM (VLANs 10 and 20 over the veth pair) and the tools to
+//! cut a rail and see where traffic goes.
+
+use super::*;
+
+/// The two-rail layout of a protected RoCE connection in one network namespace: VLANs 10
+/// and 20 on the veth pair `vA`<->`vB` (rxe0 on `vA`, rxe1 on `vB`); each VLAN's IPv4
+/// addresses become RoCE v2 GIDs of the device on its parent. Two local addresses talk
+/// over the wire only with `rp_filter` 0, `accept_local` 1, the `local` table rule moved
+/// below per-source rules for locally generated packets (`iif lo`), and each source
+/// address routed through its VLAN. Idempotent: earlier tests toggle `vA`, which also
+/// removes the per-source routes.
+pub(crate) const RAILS: [(u16, &str, &str); 2] = [
+    (10, "10.0.10.1", "10.0.10.2"),
+    (20, "10.0.20.1", "10.0.20.2"),
+];
+
+pub(crate) fn ip_quiet(args: &[&str]) -> bool {
+    std::process::Command::new("/usr/bin/ip")
+        .args(args)
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false)
+}
+
+pub(crate) fn sysctl(path: &str, value: &str) {
+    let p = format!("/proc/sys/net/ipv4/conf/{path}");
+    std::fs::write(&p, value).unwrap_or_else(|e| panic!("write {p}: {e}"));
+}
+
+pub(crate) fn rail_routes(vlan: u16, a: &str, b: &str) {
+    for (dev, src, dst, table) in [
+        (format!("vA.{vlan}"), a, b, 100 + u32::from(vlan)),
+        (format!("vB.{vlan}"), b, a, 200 + u32::from(vlan)),
+    ] {
+        let table = table.to_string();
+        ip(&[
+            "route", "replace", dst, "dev", &dev, "src", src, "table", &table,
+        ]);
+        if !rule_present(src, &table) {
+            ip(&[
+                "rule", "add", "pref", "100", "from", src, "iif", "lo", "lookup", &table,
+            ]);
+        }
+    }
+}
+
+pub(crate) fn rule_present(src: &str, table: &str) -> bool {
+    std::process::Command::new("/usr/bin/ip")
+        .args(["rule", "show"])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout).lines().any(|l| {
+                l.contains(&format!("from {src} ")) && l.contains(&format!("lookup {table}"))
+            })
+        })
+        .unwrap_or(false)
+}
+
+pub(crate) fn setup_rails() {
+    for (vlan, a, b) in RAILS {
+        for (parent, addr) in [("vA", a), ("vB", b)] {
+            let dev = format!("{parent}.{vlan}");
+            if !ip_quiet(&["link", "show", &dev]) {
+                ip(&[
+                    "link",
+                    "add",
+                    "link",
+                    parent,
+                    "name",
+                    &dev,
+                    "type",
+                    "vlan",
+                    "id",
+                    &vlan.to_string(),
+                ]);
+                ip(&["addr", "add", &format!("{addr}/24"), "dev", &dev]);
+            }
+            ip(&["link", "set", &dev, "up"]);
+        }
+    }
+    for dev in [
+        "all", "default", "vA", "vB", "vA.10", "vA.20", "vB.10", "vB.20", "lo",
+    ] {
+        sysctl(&format!("{dev}/rp_filter"), "0");
+        sysctl(&format!("{dev}/accept_local"), "1");
+    }
+    if !rule_present_pref("1000", "local") {
+        ip(&["rule", "add", "pref", "1000", "lookup", "local"]);
+    }
+    let _ = ip_quiet(&["rule", "del", "pref", "0"]);
+    for (vlan, a, b) in RAILS {
+        rail_routes(vlan, a, b);
+    }
+}
+
+pub(crate) fn rule_present_pref(pref: &str, table: &str) -> bool {
+    std::process::Command::new("/usr/bin/ip")
+        .args(["rule", "show"])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout).lines().any(|l| {
+                l.starts_with(&format!("{pref}:")) && l.contains(&format!("lookup {table}"))
+            })
+        })
+        .unwrap_or(false)
+}
+
+pub(crate) fn tc(args: &[&str]) {
+    let out = std::process::Command::new("/usr/sbin/tc")
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("tc {}: {e}", args.join(" ")));
+    assert!(
+        out.status.success(),
+        "tc {} failed: {}",
+        args.join(" "),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+pub(crate) fn tx_packets(dev: &str) -> u64 {
+    std::fs::read_to_string(format!("/sys/class/net/{dev}/statistics/tx_packets"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+/// Packets `dev` sends in `window` (is traffic on this rail?).
+pub(crate) fn rail_rate(dev: &str, window: Duration) -> u64 {
+    let before = tx_packets(dev);
+    std::thread::sleep(window);
+    tx_packets(dev).saturating_sub(before)
+}
+
+/// Wait until both devices list every rail address as a GID.
+pub(crate) fn wait_for_rail_gids(v: &Verbs) {
+    let until = Instant::now() + Duration::from_secs(10);
+    for (dev, side) in [("rxe0", 1usize), ("rxe1", 2)] {
+        let ctx = v.open(dev).expect("open");
+        for (_, a, b) in RAILS {
+            let addr: std::net::IpAddr = if side == 1 { a } else { b }.parse().expect("ip");
+            while ctx
+                .find_gid(1, addr, GidType::RoceV2)
+                .ok()
+                .flatten()
+                .is_none()
+            {
+                assert!(
+                    Instant::now() < until,
+                    "{dev}: no GID for {addr} after 10 s"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+    }
+}
