@@ -1,0 +1,39 @@
+//! `libapm_preload.so`: apm inside an unmodified verbs program (`apm run`, or
+//! `LD_PRELOAD` directly, e.g. under mpirun).
+//!
+//! **What it interposes**: three exported libibverbs control functions, nothing else —
+//! `ibv_modify_qp`, `ibv_query_qp` and `ibv_destroy_qp` ([`ffi`]). The real ones are
+//! found with `dlvsym(RTLD_NEXT, name, "IBVERBS_1.1")`, or through
+//! `dlopen("libibverbs.so.1", RTLD_NOLOAD)` when the program loaded libibverbs itself
+//! with `dlopen` (then it is not on `RTLD_NEXT`'s path). The data path (`ibv_post_send`,
+//! `ibv_post_recv`, `ibv_poll_cq`: static inline calls through the context's ops) and
+//! the program's async events are never touched: on rxe apm reads port events from a
+//! context of its own (every context of a device gets them) and needs no QP event
+//! (the drain's end is polled). rdma_cm programs reach the same `ibv_modify_qp`.
+//!
+//! **What it protects**: every RC QP on a soft-RoCE (rxe) device that the program moves
+//! to RTS ([`protect`]): peer and primary path from the QP's own attributes, alternates
+//! from the host's agent (hello with the peer's agent, rails paired by subnet), comm ids
+//! = the QP numbers of both ends, the side with the lower (GID, QPN) active. The program
+//! is never made to fail by apm: the real verb always runs and its result is returned
+//! unchanged; apm's own work runs after it, inside `catch_unwind`, on apm's threads
+//! (started at the first RTS: a program without verbs gets no thread). What cannot be
+//! protected (UD/UC/XRC QPs, an SRQ, no apm at the peer, no second path, another kind of
+//! device) is said once on stderr and in the report, and runs as without apm.
+//!
+//! **What it serialises**: the program's own `ibv_modify_qp`/`ibv_query_qp`/
+//! `ibv_destroy_qp` on a protected QP wait while apm moves it (milliseconds), so the
+//! program never sees it in SQD and never destroys it under apm; a QP the program
+//! takes out of RTS or destroys is retired from apm first.
+//!
+//! **Settings** come from the environment `apm run` sets: `APM_RUN_PORT` (the agent's
+//! UDP port), `APM_RUN_POLICY` (the engine policy as JSON), `APM_RUN_REPORT_DIR` (where
+//! each process writes its report, [`report`]), `APM_LOG` (a tracing filter for apm's
+//! own logs, off by default).
+#![deny(unsafe_code)]
+// A driver inside the program: it times real moves and unprotected intervals.
+#![allow(clippy::disallowed_methods)]
+
+mod ffi;
+pub mod protect;
+pub mod report;
