@@ -43,12 +43,19 @@ const WAIT: Duration = Duration::from_millis(400);
 
 type Waiters = Arc<Mutex<BTreeMap<Gid, Vec<oneshot::Sender<Option<Vec<Addr>>>>>>>;
 
+/// How long an answer is reused: an MPI job connects many QPs to one peer at once, and
+/// a host's addresses change rarely.
+const ANSWER_TTL: Duration = Duration::from_secs(10);
+
+type Answers = Arc<Mutex<BTreeMap<Gid, (tokio::time::Instant, Option<Vec<Addr>>)>>>;
+
 /// The hello socket of one agent: serves asks and asks others.
 #[derive(Debug, Clone)]
 pub struct HelloSocket {
     socket: Arc<UdpSocket>,
     port: u16,
     waiters: Waiters,
+    answers: Answers,
 }
 
 impl HelloSocket {
@@ -62,6 +69,7 @@ impl HelloSocket {
             socket: Arc::new(socket),
             port,
             waiters: Arc::default(),
+            answers: Arc::default(),
         })
     }
 
@@ -124,6 +132,16 @@ impl HelloSocket {
                 "{gid} is not an IP address (link-local or zero GID)"
             ));
         };
+        if let Some((at, a)) = self
+            .answers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&gid)
+        {
+            if at.elapsed() < ANSWER_TTL {
+                return Ok(a.clone());
+            }
+        }
         let to = self.dest(ip);
         let bytes = serde_json::to_vec(&Hello::Ask { gid }).map_err(|e| e.to_string())?;
         for _ in 0..TRIES {
@@ -138,6 +156,10 @@ impl HelloSocket {
                 debug!(%to, error = %e, "hello send failed");
             }
             if let Ok(Ok(answer)) = tokio::time::timeout(WAIT, rx).await {
+                self.answers
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .insert(gid, (tokio::time::Instant::now(), answer.clone()));
                 return Ok(answer);
             }
         }
@@ -185,9 +207,10 @@ mod tests {
         let other = crate::local::gid_of("127.0.0.2".parse().expect("ip"));
         assert_eq!(asker.ask(other).await, Ok(None), "answered: not here");
         // Nobody on that port: named as such.
+        let silent = HelloSocket::bind(0).await.expect("bind");
         let silent = HelloSocket {
             port: port.wrapping_add(7),
-            ..asker.clone()
+            ..silent
         };
         let err = silent.ask(me).await.expect_err("no agent");
         assert!(err.contains("no apm agent answered"), "{err}");

@@ -2275,3 +2275,6 @@ fn ib_hardware_apm_through_the_verbs_facet() {
     }
     println!("{TEST}: two forced migrations and rearms through the facet; passed");
 }
+// `apm run` with unmodified Debian programs (ibv_rc_pingpong, perftest, rping).
+#[path = "hw/apm_run.rs"]
+mod apm_run;

@@ -25,6 +25,7 @@ skipping with a message when there are none.
                     (rxe0 on veth vA, rxe1 on its peer vB) and run the suite inside
   --timeout SECS    wall-clock limit for the VM, boot to power-off (default 300)
   --run PROGRAM ... with --vm: run this host program in the VM instead of the suite
+  --filter NAME     run only the suite's tests whose name contains NAME
 ";
 
 /// Guest set-up for the suite: a veth pair with an rxe device on each end. DAD is off so
@@ -44,6 +45,7 @@ pub fn main(args: &[String]) -> Result<()> {
     let mut use_vm = false;
     let mut timeout = Duration::from_secs(300);
     let mut program: Option<Vec<String>> = None;
+    let mut filter: Option<String> = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -51,6 +53,9 @@ pub fn main(args: &[String]) -> Result<()> {
             "--timeout" => {
                 let v = it.next().context("--timeout needs a number of seconds")?;
                 timeout = Duration::from_secs(v.parse().context("--timeout SECS")?);
+            }
+            "--filter" => {
+                filter = Some(it.next().context("--filter needs a test name")?.clone());
             }
             "--run" => {
                 program = Some(it.by_ref().cloned().collect());
@@ -63,7 +68,7 @@ pub fn main(args: &[String]) -> Result<()> {
         }
     }
     if use_vm {
-        in_vm(program, timeout)
+        in_vm(program, timeout, filter)
     } else {
         if program.is_some() {
             bail!("--run only makes sense with --vm");
@@ -110,7 +115,7 @@ fn local_devices() -> Vec<String> {
 }
 
 /// The suite inside a fresh VM.
-fn in_vm(program: Option<Vec<String>>, timeout: Duration) -> Result<()> {
+fn in_vm(program: Option<Vec<String>>, timeout: Duration, filter: Option<String>) -> Result<()> {
     let t0 = Instant::now();
     vm::ensure_host_packages()?;
     let (binary, args, env, extra) = match program {
@@ -124,7 +129,9 @@ fn in_vm(program: Option<Vec<String>>, timeout: Duration) -> Result<()> {
             build_suite()?,
             ["--ignored", "--test-threads=1", "--nocapture"]
                 .map(String::from)
-                .to_vec(),
+                .into_iter()
+                .chain(filter)
+                .collect(),
             vec![
                 ("APM_HWTEST".to_owned(), "1".to_owned()),
                 // The devices in the VM are the suite's own: it may take links down.
@@ -134,7 +141,12 @@ fn in_vm(program: Option<Vec<String>>, timeout: Duration) -> Result<()> {
                 // apm-capi's C example (its own RC QPs handed to apm), shipped likewise.
                 ("APM_C_EXAMPLE".to_owned(), "/mnt/rc_rxe".to_owned()),
             ],
-            vec![build_apm()?, crate::capi::build_c_example()?],
+            {
+                let apm = build_apm()?;
+                // `apm run`'s interposition library, found beside the binary.
+                let preload = build_preload(&apm)?;
+                vec![apm, preload, crate::capi::build_c_example()?]
+            },
         ),
     };
     let prepare_start = Instant::now();
@@ -189,6 +201,24 @@ fn build_suite() -> Result<PathBuf> {
 /// Build the `apm` command (the failover tests drive `apm pingpong`) and return its path.
 fn build_apm() -> Result<PathBuf> {
     cargo_executable(&["build", "-p", "apm", "--bin", "apm"], "apm")
+}
+
+/// Build `apm run`'s interposition library beside the `apm` binary and return its path.
+fn build_preload(apm: &std::path::Path) -> Result<PathBuf> {
+    let args = ["build", "-p", "apm-preload"];
+    eprintln!("$ cargo {}", args.join(" "));
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(args)
+        .status()
+        .context("could not run cargo")?;
+    if !status.success() {
+        bail!("`cargo {}` failed", args.join(" "));
+    }
+    let lib = apm.with_file_name("libapm_preload.so");
+    if !lib.is_file() {
+        bail!("cargo built no {}", lib.display());
+    }
+    Ok(lib)
 }
 
 /// Run `cargo <args>` and return the executable of the artifact named `name`.
