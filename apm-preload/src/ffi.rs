@@ -109,6 +109,11 @@ pub unsafe extern "C" fn ibv_modify_qp(
         if let Some(seen) = unsafe { seen(qp) } {
             guarded("protect on RTS", || protect::on_rts(seen));
         }
+    } else if state == sys::IBV_QPS_RTR {
+        // SAFETY: a live QP per the contract.
+        if let Some(seen) = unsafe { seen(qp) } {
+            guarded("note RTR", || protect::on_rtr(seen));
+        }
     } else if state != sys::IBV_QPS_SQD {
         guarded("release on a state change", || {
             protect::release(key, "left RTS")

@@ -220,8 +220,39 @@ impl Protector {
     }
 }
 
+/// RC QPs in RTR that have not reached RTS (yet): a QP the program leaves in RTR
+/// (receive only, like perftest's bandwidth servers) cannot be moved on rxe (no RTR to
+/// RTR transition carries a new address vector, and SQD is entered from RTS only), so
+/// it is reported unprotected when the program lets go of it. Kept without starting
+/// apm's threads.
+fn rtr_only() -> &'static Mutex<BTreeMap<usize, QpSeen>> {
+    static RTR: OnceLock<Mutex<BTreeMap<usize, QpSeen>>> = OnceLock::new();
+    RTR.get_or_init(Mutex::default)
+}
+
+/// Why a QP left in RTR is not protected.
+const RTR_ONLY: &str = "it never left RTR (receive only): rxe can move a QP's path only \
+                        from RTS, through the SQ drain; its peer's apm finds no partner";
+
+/// An RC QP reached RTR.
+pub fn on_rtr(seen: QpSeen) {
+    if seen.kind == QpKind::Rc {
+        lock(rtr_only()).insert(seen.key, seen);
+    }
+}
+
+/// A QP in RTR that never reached RTS is gone (or the program ends): say why it was
+/// not protected.
+fn settle_rtr(key: usize) {
+    if let Some(seen) = lock(rtr_only()).remove(&key) {
+        report::seen();
+        report::refused(seen.qpn, &seen.device, RTR_ONLY);
+    }
+}
+
 /// An RC QP reached RTS: protect it if it can be, else say why.
 pub fn on_rts(seen: QpSeen) {
+    lock(rtr_only()).remove(&seen.key);
     let reason = match seen.kind {
         QpKind::Rc if seen.srq => {
             Some("it receives through a shared receive queue (SRQ), not supported yet")
@@ -281,6 +312,7 @@ pub fn with_held<R>(key: usize, f: impl FnOnce() -> R) -> Option<R> {
 /// The program destroys QP `key` or took it out of RTS: stop looking after it (waits
 /// for a move or an adoption in progress).
 pub fn release(key: usize, why: &str) {
+    settle_rtr(key);
     let Some(Ok(p)) = PROTECTOR.get() else { return };
     let Some(slot) = lock(&p.slots).remove(&key) else {
         return;
@@ -311,6 +343,10 @@ pub fn internal_failure(what: &str) {
 
 /// At the program's exit.
 pub fn at_exit() {
+    let left: Vec<usize> = lock(rtr_only()).keys().copied().collect();
+    for key in left {
+        settle_rtr(key);
+    }
     report::finish();
 }
 

@@ -25,7 +25,8 @@ skipping with a message when there are none.
                     (rxe0 on veth vA, rxe1 on its peer vB) and run the suite inside
   --timeout SECS    wall-clock limit for the VM, boot to power-off (default 300)
   --run PROGRAM ... with --vm: run this host program in the VM instead of the suite
-  --filter NAME     run only the suite's tests whose name contains NAME
+  --filter NAME     run only the suite's tests whose name contains NAME (repeatable)
+  --env K=V         with --vm: set K=V for the suite in the guest
 ";
 
 /// Guest set-up for the suite: a veth pair with an rxe device on each end. DAD is off so
@@ -45,7 +46,8 @@ pub fn main(args: &[String]) -> Result<()> {
     let mut use_vm = false;
     let mut timeout = Duration::from_secs(300);
     let mut program: Option<Vec<String>> = None;
-    let mut filter: Option<String> = None;
+    let mut filter: Vec<String> = Vec::new();
+    let mut env: Vec<(String, String)> = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -55,7 +57,12 @@ pub fn main(args: &[String]) -> Result<()> {
                 timeout = Duration::from_secs(v.parse().context("--timeout SECS")?);
             }
             "--filter" => {
-                filter = Some(it.next().context("--filter needs a test name")?.clone());
+                filter.push(it.next().context("--filter needs a test name")?.clone());
+            }
+            "--env" => {
+                let kv = it.next().context("--env needs K=V")?;
+                let (k, v) = kv.split_once('=').context("--env needs K=V")?;
+                env.push((k.to_owned(), v.to_owned()));
             }
             "--run" => {
                 program = Some(it.by_ref().cloned().collect());
@@ -68,7 +75,7 @@ pub fn main(args: &[String]) -> Result<()> {
         }
     }
     if use_vm {
-        in_vm(program, timeout, filter)
+        in_vm(program, timeout, filter, env)
     } else {
         if program.is_some() {
             bail!("--run only makes sense with --vm");
@@ -115,7 +122,12 @@ fn local_devices() -> Vec<String> {
 }
 
 /// The suite inside a fresh VM.
-fn in_vm(program: Option<Vec<String>>, timeout: Duration, filter: Option<String>) -> Result<()> {
+fn in_vm(
+    program: Option<Vec<String>>,
+    timeout: Duration,
+    filter: Vec<String>,
+    more_env: Vec<(String, String)>,
+) -> Result<()> {
     let t0 = Instant::now();
     vm::ensure_host_packages()?;
     let (binary, args, env, extra) = match program {
@@ -149,6 +161,7 @@ fn in_vm(program: Option<Vec<String>>, timeout: Duration, filter: Option<String>
             },
         ),
     };
+    let env = env.into_iter().chain(more_env).collect();
     let prepare_start = Instant::now();
     // Absolute: the initramfs is packed from inside its staging directory.
     let vm_dir = std::env::current_dir()?.join("target").join("vm");

@@ -29,7 +29,8 @@ Commands:
   codegen   regenerate provider-verbs' libibverbs bindings from rdma-core's headers
   capi-header  regenerate apm-capi/include/apm.h (cbindgen, installed when missing)
   ibsim     the OpenSM-over-ibsim bed: [--shell] [TEST-NAME-FILTER]
-  bench     the benchmarks (criterion): cargo bench per crate, extra args passed on
+  bench     the benchmarks (criterion): cargo bench per crate, extra args passed on;
+            `bench apm-run`: apm run's overhead (perftest) in the VM
   chaos     the simulator's long chaos run: [--seeds N (10000)] [--start S]
   fuzz      the ib-mad fuzz targets: [--seconds N] [TARGET...] (cargo-fuzz)
   help      this text
