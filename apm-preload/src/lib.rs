@@ -2,7 +2,7 @@
 //! `LD_PRELOAD` directly, e.g. under mpirun).
 //!
 //! **What it interposes**: three exported libibverbs control functions, nothing else —
-//! `ibv_modify_qp`, `ibv_query_qp` and `ibv_destroy_qp` ([`ffi`]). The real ones are
+//! `ibv_modify_qp`, `ibv_query_qp` and `ibv_destroy_qp` (module `ffi`). The real ones are
 //! found with `dlvsym(RTLD_NEXT, name, "IBVERBS_1.1")`, or through
 //! `dlopen("libibverbs.so.1", RTLD_NOLOAD)` when the program loaded libibverbs itself
 //! with `dlopen` (then it is not on `RTLD_NEXT`'s path). The data path (`ibv_post_send`,
@@ -25,6 +25,22 @@
 //! `ibv_destroy_qp` on a protected QP wait while apm moves it (milliseconds), so the
 //! program never sees it in SQD and never destroys it under apm; a QP the program
 //! takes out of RTS or destroys is retired from apm first.
+//!
+//! **Async events, and where hardware APM would need more.** A context has one async
+//! event queue, read by whoever calls `ibv_get_async_event` on it. On rxe apm needs
+//! none of the program's events: port events (`PORT_ERR`, `PORT_ACTIVE`, GID changes)
+//! reach every context of a device, so apm reads them on its own context, and the end
+//! of a drain is polled; so the program keeps its queue to itself and receives exactly
+//! what it would without apm. QP-affiliated events (`PATH_MIG`, `QP_FATAL`) go only to
+//! the program's context; hardware APM on InfiniBand would need them. The design for
+//! that (not built: nothing on rxe raises them for apm) is a tee: at `ibv_open_device`
+//! apm keeps the kernel's async fd for itself and puts a pipe in `ctx->async_fd`; apm's
+//! thread reads each event from the kernel fd, takes what it needs, and queues a copy
+//! for the program, writing one byte to the pipe per event; the interposed
+//! `ibv_get_async_event` pops the queue after reading its byte (so `poll`/`epoll` on
+//! `ctx->async_fd` and its `O_NONBLOCK` keep working), `ibv_ack_async_event` is the real
+//! one (the event's element pointers are unchanged), and `ibv_close_device` puts the
+//! kernel fd back before the real close.
 //!
 //! **Settings** come from the environment `apm run` sets: `APM_RUN_PORT` (the agent's
 //! UDP port), `APM_RUN_POLICY` (the engine policy as JSON), `APM_RUN_REPORT_DIR` (where

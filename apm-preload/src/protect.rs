@@ -1,14 +1,14 @@
 //! apm's work inside the program: deciding what to protect, the in-process engine per
 //! device, and letting go (see the crate docs).
 //!
-//! One [`Protector`] per process, started at the first RC QP that reaches RTS: a tokio
+//! One `Protector` per process, started at the first RC QP that reaches RTS: a tokio
 //! runtime on two threads of apm's own, the connection to the host's agent, and per
 //! device an apm-core `Manager` on provider-rxe's QP facet (on a context apm opens
 //! itself), an [`AgentPeer`] and the connections' own paths. If it cannot start (no
 //! agent on the host), every RC QP is reported unprotected with that reason and the
 //! program runs on as without apm.
 //!
-//! Each QP the program hands over goes through a [`Slot`]: the adoption of the QP (the
+//! Each QP the program hands over goes through a `Slot`: the adoption of the QP (the
 //! only moment apm touches it outside a move) runs under the slot's lock, which the
 //! program's `ibv_destroy_qp` takes too; afterwards the program's own control verbs
 //! and apm's moves serialise on the adopted QP's lock (`AdoptedQp::hold`).

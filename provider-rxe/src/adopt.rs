@@ -137,6 +137,10 @@ impl AdoptedQp {
             ));
         }
         let started = Instant::now();
+        // A drain with work lost on the dead path ends only once the QP's own retransmit
+        // timer has fired (rxe then rolls the send queue back): wait for at least three
+        // of its ACK timeouts (rdma_cm's default on RoCE is ~1 s).
+        let wait = drain_timeout.max(3 * self.ack_timeout());
         if state == QpState::Rts {
             let sqd = QpAttr {
                 qp_state: QpState::Sqd,
@@ -144,7 +148,7 @@ impl AdoptedQp {
             };
             self.qp.modify(&sqd, QpAttrMask::STATE)?;
         }
-        let drained = self.wait_drained(drain_timeout).await?;
+        let drained = self.wait_drained(wait).await?;
         let after_drain = started.elapsed();
         let moved = self.qp.modify(
             &QpAttr {
@@ -156,13 +160,7 @@ impl AdoptedQp {
         if moved.is_ok() {
             crate::route::flush_route_cache();
         }
-        let rts = self.qp.modify(
-            &QpAttr {
-                qp_state: QpState::Rts,
-                ..QpAttr::default()
-            },
-            QpAttrMask::STATE,
-        );
+        let rts = self.back_to_rts(wait).await;
         // Work rolled back by the drain (or posted meanwhile) goes out only at the next
         // post, on whichever path the QP now has: ring the doorbell (no work request).
         let kick = rts.as_ref().ok().map(|()| self.qp.ring_send_doorbell());
@@ -177,6 +175,39 @@ impl AdoptedQp {
         self.last_move_us.store(took.max(1), Ordering::Relaxed);
         info!(qpn, ?after_drain, drained, took = ?started.elapsed(), "moved the application's QP through SQ-drain");
         Ok(())
+    }
+
+    /// The QP's local ACK timeout (4.096 us * 2^timeout); 0 when it has none.
+    fn ack_timeout(&self) -> Duration {
+        let t = self
+            .qp
+            .query(QpAttrMask::TIMEOUT)
+            .map_or(0, |a| a.timeout.min(31));
+        if t == 0 {
+            return Duration::ZERO;
+        }
+        Duration::from_nanos(4096u64 << t)
+    }
+
+    /// SQD -> RTS. rxe refuses it while the send queue still drains (the drain ends
+    /// when the retransmit timer fires): retry until it is accepted or `limit` passed,
+    /// so a QP is never left in SQD.
+    async fn back_to_rts(&self, limit: Duration) -> Result<(), provider_verbs::VerbsError> {
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            ..QpAttr::default()
+        };
+        let until = Instant::now() + limit;
+        loop {
+            match self.qp.modify(&rts, QpAttrMask::STATE) {
+                Ok(()) => return Ok(()),
+                Err(e) if Instant::now() < until => {
+                    debug!(qpn = self.qp.qp_num(), error = %e, "SQD -> RTS refused: still draining");
+                    tokio::time::sleep(DRAIN_POLL * 5).await;
+                }
+                Err(e) => return Err(e),
+            }
+        }
     }
 
     /// Wait until the QP is in SQD and no longer draining. After `timeout` the move goes

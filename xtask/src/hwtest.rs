@@ -23,7 +23,7 @@ skipping with a message when there are none.
 
   --vm              boot a stock Debian kernel under qemu (TCG) with two soft-RoCE devices
                     (rxe0 on veth vA, rxe1 on its peer vB) and run the suite inside
-  --timeout SECS    wall-clock limit for the VM, boot to power-off (default 300)
+  --timeout SECS    wall-clock limit for the VM, boot to power-off (default 1200)
   --run PROGRAM ... with --vm: run this host program in the VM instead of the suite
   --filter NAME     run only the suite's tests whose name contains NAME (repeatable)
   --env K=V         with --vm: set K=V for the suite in the guest
@@ -44,7 +44,7 @@ echo 0 > /proc/sys/net/ipv6/conf/default/accept_dad
 
 pub fn main(args: &[String]) -> Result<()> {
     let mut use_vm = false;
-    let mut timeout = Duration::from_secs(300);
+    let mut timeout = Duration::from_secs(1200);
     let mut program: Option<Vec<String>> = None;
     let mut filter: Vec<String> = Vec::new();
     let mut env: Vec<(String, String)> = Vec::new();

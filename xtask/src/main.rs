@@ -87,7 +87,8 @@ fn test(_args: &[String]) -> Result<()> {
     util::run("cargo", &["test", "--workspace"])?;
     // Real peers: OpenSM over ibsim (installs its Debian packages when missing).
     ibsim::ibsim(&[])?;
-    // Real rxe devices: the hardware suite in a qemu VM (~20-30 s on 2 cores).
+    // Real rxe devices: the hardware suite in a qemu VM (a few minutes on 2 cores, most
+    // of it unmodified programs under `apm run` across rail cuts).
     hwtest::main(&["--vm".to_owned()])?;
     Ok(())
 }

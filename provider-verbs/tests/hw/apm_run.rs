@@ -472,7 +472,7 @@ fn apm_run_ibv_rc_pingpong_across_a_silent_rail_cut() {
     };
     without_then_with(
         "ibv_rc_pingpong",
-        &[pingpong(18601, 20_000)],
+        &[pingpong(18601, 8_000)],
         Duration::from_millis(1500),
         &apm,
     );
@@ -570,7 +570,7 @@ fn apm_run_two_processes_per_side() {
     let Some(apm) = prepare("/usr/bin/ibv_rc_pingpong") else {
         return;
     };
-    let pairs = [pingpong(18611, 5_000), pingpong(18612, 5_000)];
+    let pairs = [pingpong(18611, 3_000), pingpong(18612, 3_000)];
     let with = case(
         "two-pairs",
         &pairs,
@@ -743,4 +743,49 @@ fn bench_apm_run_overhead() {
     for r in rows {
         println!("  {r}");
     }
+}
+
+/// ucx_perftest over UCX's `rc_verbs` transport (UCX opens its InfiniBand transport as
+/// a module with `dlopen`). Skipped, with UCX's own words, where UCX does not run on rxe.
+#[test]
+#[ignore = "needs RDMA devices: run `cargo xtask hwtest` (or `--vm`)"]
+fn apm_run_ucx_perftest_rc_verbs_across_a_silent_rail_cut() {
+    let Some(apm) = prepare("/usr/bin/ucx_perftest") else {
+        return;
+    };
+    let (ga, gb) = rail10();
+    let ucx = |n: u32| -> Pair {
+        (
+            v(&format!(
+                "/bin/env UCX_IB_GID_INDEX={gb} /usr/bin/ucx_perftest -d rxe1:1 -x rc_verbs -p 18641"
+            )),
+            v(&format!(
+                "/bin/env UCX_IB_GID_INDEX={ga} /usr/bin/ucx_perftest -d rxe0:1 -x rc_verbs \
+                 -p 18641 -t put_bw -s 4096 -n {n} 127.0.0.1"
+            )),
+        )
+    };
+    // A short run without a fault first: does UCX run on rxe here at all, and how fast?
+    let probe = ucx(1000);
+    let mut s = spawn("ucx-probe-s", &probe.0, None, "/tmp/ucx-probe-s.json");
+    wait_listening(18641, Duration::from_secs(10));
+    let t0 = Instant::now();
+    let mut c = spawn("ucx-probe-c", &probe.1, None, "/tmp/ucx-probe-c.json");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (cs, ss) = (c.wait(deadline), s.wait(deadline + Duration::from_secs(3)));
+    let took = t0.elapsed();
+    if cs != Some(0) || ss != Some(0) {
+        println!(
+            "SKIPPED: ucx_perftest over rc_verbs does not run on rxe in this VM (client {cs:?}, \
+             server {ss:?}):\n  client: {}\n  server: {}",
+            c.tail(),
+            s.tail()
+        );
+        return;
+    }
+    // About 8 s of traffic at the probe's pace.
+    let per = took.as_secs_f64().max(0.01) / 1000.0;
+    let n = ((8.0 / per) as u32).clamp(2_000, 5_000_000);
+    println!("ucx_perftest: 1000 puts in {took:?}; the runs use {n}");
+    without_then_with("ucx_perftest", &[ucx(n)], Duration::from_millis(1500), &apm);
 }
