@@ -544,6 +544,9 @@ fn apm_run_rping_across_a_silent_rail_cut() {
         Cut::Silent,
         Duration::from_secs(2),
     );
+    // The client's pings complete only when the server did its part of each (reads,
+    // writes, sends), and `-V` checks the data: its last ping verified is both ends'.
+    // (The server's own output is block-buffered and lost when the test stops it.)
     let last = "rdma-ping-1999:";
     assert_eq!(
         with.status[1],
@@ -552,8 +555,8 @@ fn apm_run_rping_across_a_silent_rail_cut() {
         with.text
     );
     assert!(
-        with.outputs[0].contains(last) && with.outputs[1].contains(last),
-        "both ends saw the last ping:\n{}",
+        with.outputs[1].contains(last),
+        "the client verified the last ping:\n{}",
         with.text
     );
     assert!(
@@ -747,12 +750,23 @@ fn bench_apm_run_overhead() {
 
 /// ucx_perftest over UCX's `rc_verbs` transport (UCX opens its InfiniBand transport as
 /// a module with `dlopen`). Skipped, with UCX's own words, where UCX does not run on rxe.
+/// What it shows in this bed: UCX runs on rxe (with `/dev/shm` and bcopy puts), its
+/// `rc_verbs` QPs receive through an SRQ, which apm run reports unprotected (SRQ not
+/// supported yet), and the program runs exactly as without apm. ucx_perftest's server
+/// takes the client's device, so both ends land on rxe0 (a loopback pair the rail cut
+/// does not touch): this is not a failover check.
 #[test]
 #[ignore = "needs RDMA devices: run `cargo xtask hwtest` (or `--vm`)"]
 fn apm_run_ucx_perftest_rc_verbs_across_a_silent_rail_cut() {
     let Some(apm) = prepare("/usr/bin/ucx_perftest") else {
         return;
     };
+    // UCX maps its shared-memory transports under /dev/shm, which the VM's devtmpfs
+    // lacks.
+    let _ = std::fs::create_dir_all("/dev/shm");
+    let _ = Command::new("/bin/mount")
+        .args(["-t", "tmpfs", "tmpfs", "/dev/shm"])
+        .output();
     let (ga, gb) = rail10();
     let ucx = |n: u32| -> Pair {
         (
@@ -761,7 +775,7 @@ fn apm_run_ucx_perftest_rc_verbs_across_a_silent_rail_cut() {
             )),
             v(&format!(
                 "/bin/env UCX_IB_GID_INDEX={ga} /usr/bin/ucx_perftest -d rxe0:1 -x rc_verbs \
-                 -p 18641 -t put_bw -s 4096 -n {n} 127.0.0.1"
+                 -p 18641 -t put_bw -D bcopy -s 4096 -n {n} 127.0.0.1"
             )),
         )
     };
