@@ -419,9 +419,24 @@ fn pingpong(port: u16, iters: u32) -> Pair {
     )
 }
 
+/// The rails' VLAN links, deleted when a test is done: the suite's other tests toggle
+/// `vA` and expect no VLAN above it (each sets the rails up again when it needs them).
+struct Rails;
+
+impl Drop for Rails {
+    fn drop(&mut self) {
+        uncut();
+        for dev in ["vA.10", "vA.20", "vB.10", "vB.20"] {
+            let _ = Command::new("/usr/bin/ip")
+                .args(["link", "del", dev])
+                .output();
+        }
+    }
+}
+
 /// Set up the rails and the config; `None` (with the reason printed) when the test
 /// cannot run here.
-fn prepare(program: &str) -> Option<String> {
+fn prepare(program: &str) -> Option<(String, Rails)> {
     let Some(apm) = apm_bin() else {
         println!("SKIPPED: APM_BIN does not name the apm binary (hwtest sets it)");
         return None;
@@ -440,6 +455,7 @@ fn prepare(program: &str) -> Option<String> {
         println!("SKIPPED: {program} is not installed");
         return None;
     }
+    let rails = Rails;
     setup_rails();
     wait_for_rail_gids(&verbs());
     std::fs::write(
@@ -447,7 +463,7 @@ fn prepare(program: &str) -> Option<String> {
         format!("[lap]\nudp_listen = \"0.0.0.0:{PORT}\"\n"),
     )
     .expect("config");
-    Some(apm)
+    Some((apm, rails))
 }
 
 /// Without apm, then under `apm run`: the latter must end with status 0 everywhere.
@@ -467,7 +483,7 @@ fn without_then_with(name: &str, pairs: &[Pair], cut_after: Duration, apm: &str)
 #[test]
 #[ignore = "needs RDMA devices: run `cargo xtask hwtest` (or `--vm`)"]
 fn apm_run_ibv_rc_pingpong_across_a_silent_rail_cut() {
-    let Some(apm) = prepare("/usr/bin/ibv_rc_pingpong") else {
+    let Some((apm, _rails)) = prepare("/usr/bin/ibv_rc_pingpong") else {
         return;
     };
     without_then_with(
@@ -483,7 +499,7 @@ fn apm_run_ibv_rc_pingpong_across_a_silent_rail_cut() {
 #[test]
 #[ignore = "needs RDMA devices: run `cargo xtask hwtest` (or `--vm`)"]
 fn apm_run_perftest_bandwidth_across_a_silent_rail_cut() {
-    let Some(apm) = prepare("/usr/bin/ib_write_bw") else {
+    let Some((apm, _rails)) = prepare("/usr/bin/ib_write_bw") else {
         return;
     };
     let (ga, gb) = rail10();
@@ -523,7 +539,7 @@ fn apm_run_perftest_bandwidth_across_a_silent_rail_cut() {
 #[test]
 #[ignore = "needs RDMA devices: run `cargo xtask hwtest` (or `--vm`)"]
 fn apm_run_rping_across_a_silent_rail_cut() {
-    let Some(apm) = prepare("/usr/bin/rping") else {
+    let Some((apm, _rails)) = prepare("/usr/bin/rping") else {
         return;
     };
     let pair = (
@@ -570,7 +586,7 @@ fn apm_run_rping_across_a_silent_rail_cut() {
 #[test]
 #[ignore = "needs RDMA devices: run `cargo xtask hwtest` (or `--vm`)"]
 fn apm_run_two_processes_per_side() {
-    let Some(apm) = prepare("/usr/bin/ibv_rc_pingpong") else {
+    let Some((apm, _rails)) = prepare("/usr/bin/ibv_rc_pingpong") else {
         return;
     };
     let pairs = [pingpong(18611, 3_000), pingpong(18612, 3_000)];
@@ -593,7 +609,7 @@ fn apm_run_two_processes_per_side() {
 #[test]
 #[ignore = "needs RDMA devices: run `cargo xtask hwtest` (or `--vm`)"]
 fn apm_run_link_down_of_the_rail_in_use_on_rxe() {
-    let Some(apm) = prepare("/usr/bin/ibv_rc_pingpong") else {
+    let Some((apm, _rails)) = prepare("/usr/bin/ibv_rc_pingpong") else {
         return;
     };
     let _ = case(
@@ -690,7 +706,7 @@ fn bench_apm_run_overhead() {
         println!("SKIPPED: a benchmark: `cargo xtask bench apm-run` runs it");
         return;
     }
-    let Some(apm) = prepare("/usr/bin/ib_send_lat") else {
+    let Some((apm, _rails)) = prepare("/usr/bin/ib_send_lat") else {
         return;
     };
     let (ga, gb) = rail10();
@@ -758,7 +774,7 @@ fn bench_apm_run_overhead() {
 #[test]
 #[ignore = "needs RDMA devices: run `cargo xtask hwtest` (or `--vm`)"]
 fn apm_run_ucx_perftest_rc_verbs_across_a_silent_rail_cut() {
-    let Some(apm) = prepare("/usr/bin/ucx_perftest") else {
+    let Some((apm, _rails)) = prepare("/usr/bin/ucx_perftest") else {
         return;
     };
     // UCX maps its shared-memory transports under /dev/shm, which the VM's devtmpfs
