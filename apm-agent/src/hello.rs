@@ -49,6 +49,9 @@ const ANSWER_TTL: Duration = Duration::from_secs(10);
 
 type Answers = Arc<Mutex<BTreeMap<Gid, (tokio::time::Instant, Option<Vec<Addr>>)>>>;
 
+/// How long this host's own answer is reused (many processes ask at once at start).
+const OWN_TTL: Duration = Duration::from_secs(2);
+
 /// The hello socket of one agent: serves asks and asks others.
 #[derive(Debug, Clone)]
 pub struct HelloSocket {
@@ -56,6 +59,8 @@ pub struct HelloSocket {
     port: u16,
     waiters: Waiters,
     answers: Answers,
+    /// This host's answers, by asked GID.
+    mine: Answers,
 }
 
 impl HelloSocket {
@@ -70,6 +75,7 @@ impl HelloSocket {
             port,
             waiters: Arc::default(),
             answers: Arc::default(),
+            mine: Arc::default(),
         })
     }
 
@@ -99,14 +105,33 @@ impl HelloSocket {
             };
             match msg {
                 Hello::Ask { gid } => {
-                    let lookup = lookup.clone();
-                    let addrs = tokio::task::spawn_blocking(move || lookup(gid))
-                        .await
-                        .unwrap_or(None);
-                    let answer = Hello::Answer { gid, addrs };
-                    if let Ok(bytes) = serde_json::to_vec(&answer) {
-                        let _ = self.socket.send_to(&bytes, from).await;
-                    }
+                    // Answered on a task of its own: a lookup reads sysfs, and the loop
+                    // must keep receiving the answers to this agent's own asks.
+                    let (lookup, socket, mine) =
+                        (lookup.clone(), self.socket.clone(), self.mine.clone());
+                    tokio::spawn(async move {
+                        let cached = mine
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .get(&gid)
+                            .filter(|(at, _)| at.elapsed() < OWN_TTL)
+                            .map(|(_, a)| a.clone());
+                        let addrs = match cached {
+                            Some(a) => a,
+                            None => {
+                                let a = tokio::task::spawn_blocking(move || lookup(gid))
+                                    .await
+                                    .unwrap_or(None);
+                                mine.lock()
+                                    .unwrap_or_else(PoisonError::into_inner)
+                                    .insert(gid, (tokio::time::Instant::now(), a.clone()));
+                                a
+                            }
+                        };
+                        if let Ok(bytes) = serde_json::to_vec(&Hello::Answer { gid, addrs }) {
+                            let _ = socket.send_to(&bytes, from).await;
+                        }
+                    });
                 }
                 Hello::Answer { gid, addrs } => {
                     let waiting = self

@@ -56,7 +56,14 @@ struct State {
     clients: BTreeMap<u64, mpsc::UnboundedSender<FromAgent>>,
     routes: Vec<(u64, Route)>,
     channels: BTreeMap<Gid, Arc<UdpPeerChannel>>,
+    /// Messages for connections not registered yet, kept [`HOLD_UNROUTED`]: the two
+    /// ends of a connection register at different moments (each after its own hello),
+    /// and the first LAPs of the quicker end would otherwise be lost to the slower one.
+    unrouted: Vec<(tokio::time::Instant, PeerAddr, apm_core::PeerMsg)>,
 }
+
+/// How long a message for a connection nobody registered yet is kept.
+const HOLD_UNROUTED: Duration = Duration::from_secs(3);
 
 type Shared = Arc<Mutex<State>>;
 
@@ -170,6 +177,19 @@ async fn handle(
             s.routes.retain(|(c, r)| {
                 !(*c == id && r.local_qpn == route.local_qpn && r.remote_qpn == route.remote_qpn)
             });
+            // Hand over what arrived for this connection before it was registered.
+            let now = tokio::time::Instant::now();
+            let held = std::mem::take(&mut s.unrouted);
+            for (at, from, msg) in held {
+                if now.duration_since(at) > HOLD_UNROUTED {
+                    continue;
+                }
+                if matches_route(&route, &from, &msg) {
+                    let _ = me.send(FromAgent::Peer { from, msg });
+                } else {
+                    s.unrouted.push((at, from, msg));
+                }
+            }
             s.routes.push((id, route));
         }
         ToAgent::Unregister {
@@ -276,19 +296,35 @@ async fn channel(state: &Shared, gid: Gid, port: u16) -> Result<Arc<UdpPeerChann
     Ok(s.channels.entry(gid).or_insert(ch).clone())
 }
 
-/// Hand a received peer message to the process that registered its connection.
+/// Whether `msg` from `from` belongs to the connection `r`.
+fn matches_route(r: &Route, from: &PeerAddr, msg: &apm_core::PeerMsg) -> bool {
+    let (receiver, sender) = wire::comm_ids(msg);
+    r.local_qpn == receiver && r.remote_qpn == sender && r.peer_gids.contains(&from.gid)
+}
+
+/// Hand a received peer message to the process that registered its connection (or
+/// keep it a moment for one that has not registered yet).
 fn route(state: &Shared, from: PeerAddr, msg: apm_core::PeerMsg) {
-    let (receiver, sender) = wire::comm_ids(&msg);
-    let s = lock(state);
-    let owner = s.routes.iter().find(|(_, r)| {
-        r.local_qpn == receiver && r.remote_qpn == sender && r.peer_gids.contains(&from.gid)
-    });
-    match owner.and_then(|(c, _)| s.clients.get(c)) {
+    let mut s = lock(state);
+    let owner = s
+        .routes
+        .iter()
+        .find(|(_, r)| matches_route(r, &from, &msg))
+        .map(|(c, _)| *c);
+    match owner.and_then(|c| s.clients.get(&c)) {
         Some(c) => {
             let _ = c.send(FromAgent::Peer { from, msg });
         }
         None => {
-            debug!(from = %from.gid, receiver, sender, "peer message for no registered connection: dropped")
+            let (receiver, sender) = wire::comm_ids(&msg);
+            debug!(from = %from.gid, receiver, sender, "peer message for no registered connection: held");
+            let now = tokio::time::Instant::now();
+            s.unrouted
+                .retain(|(at, _, _)| now.duration_since(*at) <= HOLD_UNROUTED);
+            // Bounded: a stranger cannot make the agent hoard.
+            if s.unrouted.len() < 1024 {
+                s.unrouted.push((now, from, msg));
+            }
         }
     }
 }

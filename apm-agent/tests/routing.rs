@@ -91,8 +91,28 @@ async fn messages_reach_the_process_of_their_connection() {
         next(&mut a_rx).await,
         Some(FromAgent::Peer { .. })
     ));
-    // To c's address but from an address c does not know: dropped.
+    // To c's address but from an address c does not know: b's connection (the QP
+    // numbers and the sender are b's), whichever local address it arrived on.
     a.send(ga, gc, ack(17, 18)).expect("send");
+    match next(&mut b_rx).await {
+        Some(FromAgent::Peer { msg, .. }) => assert_eq!(msg, ack(17, 18)),
+        other => panic!("b expected its message, got {other:?}"),
+    }
+    // A message that arrives before its connection is registered is handed over at
+    // registration (the two ends register at different moments).
+    a.send(ga, gb, ack(17, 19)).expect("send early");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    b.register(Route {
+        local_qpn: 19,
+        remote_qpn: 17,
+        peer_gids: vec![ga],
+        local_gids: vec![gb],
+    })
+    .expect("register late");
+    match next(&mut b_rx).await {
+        Some(FromAgent::Peer { msg, .. }) => assert_eq!(msg, ack(17, 19)),
+        other => panic!("b expected the held message, got {other:?}"),
+    }
     a.rail_down(gb).expect("rail down");
     for rx in [&mut a_rx, &mut b_rx, &mut c_rx] {
         assert_eq!(next(rx).await, Some(FromAgent::RailDown { gid: gb }));
