@@ -21,7 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 type Pending = Arc<Mutex<BTreeMap<u64, oneshot::Sender<Result<Vec<(Gid, Gid)>, String>>>>>;
 
 /// How long a candidates request may take (the agent asks the peer's agent, with retries).
-const CANDIDATES_TIMEOUT: Duration = Duration::from_secs(10);
+const CANDIDATES_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// A process's connection to its host's agent.
 #[derive(Debug)]

@@ -37,8 +37,10 @@ pub enum Hello {
     },
 }
 
-/// How often an ask is sent before giving up, and the wait after each.
-const TRIES: u32 = 3;
+/// How often an ask is sent before giving up, and the wait after the first (doubling
+/// after each: 0.4 + 0.8 + 1.6 + 3.2 s). Generous: busy-polling programs on every core
+/// leave an agent little CPU.
+const TRIES: u32 = 4;
 const WAIT: Duration = Duration::from_millis(400);
 
 type Waiters = Arc<Mutex<BTreeMap<Gid, Vec<oneshot::Sender<Option<Vec<Addr>>>>>>>;
@@ -169,7 +171,7 @@ impl HelloSocket {
         }
         let to = self.dest(ip);
         let bytes = serde_json::to_vec(&Hello::Ask { gid }).map_err(|e| e.to_string())?;
-        for _ in 0..TRIES {
+        for attempt in 0..TRIES {
             let (tx, rx) = oneshot::channel();
             self.waiters
                 .lock()
@@ -180,7 +182,7 @@ impl HelloSocket {
             if let Err(e) = self.socket.send_to(&bytes, to).await {
                 debug!(%to, error = %e, "hello send failed");
             }
-            if let Ok(Ok(answer)) = tokio::time::timeout(WAIT, rx).await {
+            if let Ok(Ok(answer)) = tokio::time::timeout(WAIT * (1 << attempt), rx).await {
                 self.answers
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
