@@ -11,6 +11,7 @@ mod config_cmd;
 mod mad;
 mod out;
 mod pingpong;
+mod run;
 mod simulate;
 mod values;
 mod watch;
@@ -44,6 +45,10 @@ enum Command {
     Pingpong(pingpong::Args),
     /// Watch port and fabric events (port up/down, LID/SM changes, SA traps 64/65).
     Watch(watch::Args),
+    /// Run an unmodified verbs program with its RC connections protected (LD_PRELOAD).
+    Run(run::Args),
+    /// This host's agent for `apm run` (started on demand by `apm run`).
+    Agent(run::AgentArgs),
 }
 
 /// The longest line of an error message printed (characters).
@@ -61,6 +66,8 @@ fn main() {
         Command::Pingpong(args) => pingpong::run(args),
         Command::Config(cmd) => config_cmd::run(cmd),
         Command::Watch(args) => watch::run(args),
+        Command::Run(args) => run::run(args),
+        Command::Agent(args) => run::agent(args),
     };
     if let Err(err) = result {
         if out::is_stdout_closed(&err) {

@@ -171,7 +171,7 @@ impl RxeQpControl {
 
     /// Put an application's QP (from [`Qp::adopt`]) under this facet as connection
     /// `conn`, for software migration through [`AdoptedQp`]. Refused when the QP is not
-    /// connected or does not allow remote writes (see [`AdoptedQp::new`]).
+    /// connected (see [`AdoptedQp::new`]).
     pub fn adopt(&self, conn: ConnId, qp: Arc<Qp>) -> Result<(), ProviderError> {
         let adopted = AdoptedQp::new(qp.clone()).map_err(|e| ProviderError::Refused {
             operation: "adopt the application's QP".into(),
@@ -196,6 +196,15 @@ impl RxeQpControl {
             })?;
         conns.insert(conn, managed);
         Ok(())
+    }
+
+    /// The application-owned QP registered as `conn`, if it is one: for a caller that
+    /// must serialise its own use of the QP with apm's moves ([`AdoptedQp::hold`]).
+    pub fn adopted(&self, conn: ConnId) -> Option<Arc<AdoptedQp>> {
+        match lock(&self.conns).get(&conn) {
+            Some(Managed::Adopted(a)) => Some(a.clone()),
+            _ => None,
+        }
     }
 
     /// Forget connection `conn`.

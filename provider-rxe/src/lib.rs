@@ -26,7 +26,8 @@
 //!   a clear refusal of hardware-APM operations.
 //! - [`adopt`]: [`AdoptedQp`], the SQ-drain migration of a QP the application owns
 //!   (created, posted and polled by the application, handed over through
-//!   [`RxeQpControl::adopt`]): no replay, no monitor; a QP already in ERR is lost.
+//!   [`RxeQpControl::adopt`]): no replay, no monitor, a kick that posts nothing (the
+//!   send-queue doorbell); a QP already in ERR is lost.
 //! - [`route`]: the route cache flush rxe needs after an address vector moves.
 //! - [`roce_path`]: an engine path between two IP addresses (RoCE v2 GIDs).
 //!

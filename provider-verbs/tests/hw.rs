@@ -756,6 +756,9 @@ fn facet_reports_ports_and_events_and_refuses_hw_apm_on_roce() {
 
 #[path = "hw/apm_plan.rs"]
 mod apm_plan;
+// `apm run` with unmodified Debian programs (ibv_rc_pingpong, perftest, rping).
+#[path = "hw/apm_run.rs"]
+mod apm_run;
 #[path = "hw/child.rs"]
 mod child;
 #[path = "hw/failover.rs"]

@@ -1,4 +1,5 @@
-//! `cargo xtask bench [CARGO-BENCH-ARGS]`: the project's benchmarks (criterion).
+//! `cargo xtask bench [CARGO-BENCH-ARGS]`: the project's benchmarks (criterion);
+//! `cargo xtask bench apm-run`: `apm run`'s overhead on real rxe in the VM.
 //!
 //! Runs each crate's benches in turn; extra arguments go to every `cargo bench` (for
 //! instance a criterion filter after `--`). Crates add themselves to [`BENCH_CRATES`].
@@ -10,8 +11,21 @@ use anyhow::Result;
 /// time at 1k/10k/100k connections.
 const BENCH_CRATES: &[&str] = &["apm-core", "ib-mad", "provider-sim"];
 
-/// Run the benchmarks.
+/// Run the benchmarks. `apm-run` instead runs the `apm run` overhead benchmark in the
+/// VM (ib_write_bw and ib_send_lat with and without `apm run`, no fault).
 pub fn main(args: &[String]) -> Result<()> {
+    if args.first().map(String::as_str) == Some("apm-run") {
+        let vm = [
+            "--vm",
+            "--timeout",
+            "900",
+            "--filter",
+            "bench_apm_run",
+            "--env",
+            "APM_BENCH=1",
+        ];
+        return crate::hwtest::main(&vm.map(String::from));
+    }
     for krate in BENCH_CRATES {
         let mut full = vec!["bench", "-p", krate];
         full.extend(args.iter().map(String::as_str));

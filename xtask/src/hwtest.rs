@@ -26,10 +26,11 @@ skipping with a message when there are none.
                     stock rdma_rxe, then on the APM-capable modules of kernel/rxe-apm
                     (their own test, then the suite's hardware-APM tests)
   --patched         with --vm: boot with the APM-capable RDMA modules (kernel/rxe-apm)
-                    instead of the stock ib_core, ib_uverbs and rdma_rxe (the suite: its
-                    second phase alone)
-  --timeout SECS    wall-clock limit for the VM, boot to power-off (default 900)
-  --filter NAME     with --vm: only the suite's tests whose names contain NAME (repeatable)
+                    instead of the stock ones (the suite: its second phase alone)
+  --timeout SECS    wall-clock limit for the VM, boot to power-off (default 1200)
+  --filter NAME     only the suite's tests whose names contain NAME (repeatable; in the
+                    VM, in both phases)
+  --env K=V         with --vm: set K=V for the suite in the guest
   --run PROGRAM ... with --vm: run this host program in the VM instead of the suite
 ";
 
@@ -49,9 +50,10 @@ echo 0 > /proc/sys/net/ipv6/conf/default/accept_dad
 pub fn main(args: &[String]) -> Result<()> {
     let mut use_vm = false;
     let mut patched = false;
-    let mut timeout = Duration::from_secs(900);
+    let mut timeout = Duration::from_secs(1200);
     let mut program: Option<Vec<String>> = None;
-    let mut filter = Vec::new();
+    let mut filter: Vec<String> = Vec::new();
+    let mut env: Vec<(String, String)> = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -62,6 +64,11 @@ pub fn main(args: &[String]) -> Result<()> {
                 timeout = Duration::from_secs(v.parse().context("--timeout SECS")?);
             }
             "--filter" => filter.push(it.next().context("--filter needs a test name")?.clone()),
+            "--env" => {
+                let kv = it.next().context("--env needs K=V")?;
+                let (k, v) = kv.split_once('=').context("--env needs K=V")?;
+                env.push((k.to_owned(), v.to_owned()));
+            }
             "--run" => {
                 program = Some(it.by_ref().cloned().collect());
             }
@@ -73,7 +80,7 @@ pub fn main(args: &[String]) -> Result<()> {
         }
     }
     if use_vm {
-        in_vm(program, timeout, patched, &filter)
+        in_vm(program, timeout, patched, &filter, env)
     } else {
         if program.is_some() || patched {
             bail!("--run and --patched only make sense with --vm");
@@ -125,6 +132,7 @@ fn in_vm(
     timeout: Duration,
     patched: bool,
     filter: &[String],
+    more_env: Vec<(String, String)>,
 ) -> Result<()> {
     let t0 = Instant::now();
     vm::ensure_host_packages()?;
@@ -155,14 +163,21 @@ fn in_vm(
                 // apm-capi's C example (its own RC QPs handed to apm), shipped likewise.
                 ("APM_C_EXAMPLE".to_owned(), "/mnt/rc_rxe".to_owned()),
             ],
-            vec![
-                fixed_name(&build_suite()?, &vm_dir, "hw")?,
-                build_apm()?,
-                crate::capi::build_c_example()?,
-                crate::kernel::build_test(&vm_dir)?,
-            ],
+            {
+                let apm = build_apm()?;
+                // `apm run`'s interposition library, found beside the binary.
+                let preload = build_preload(&apm)?;
+                vec![
+                    fixed_name(&build_suite()?, &vm_dir, "hw")?,
+                    apm,
+                    preload,
+                    crate::capi::build_c_example()?,
+                    crate::kernel::build_test(&vm_dir)?,
+                ]
+            },
         ),
     };
+    let env = env.into_iter().chain(more_env).collect();
     let spec = vm::RunSpec {
         binary,
         extra_binaries: extra,
@@ -245,6 +260,24 @@ fn build_suite() -> Result<PathBuf> {
 /// Build the `apm` command (the failover tests drive `apm pingpong`) and return its path.
 fn build_apm() -> Result<PathBuf> {
     cargo_executable(&["build", "-p", "apm", "--bin", "apm"], "apm")
+}
+
+/// Build `apm run`'s interposition library beside the `apm` binary and return its path.
+fn build_preload(apm: &std::path::Path) -> Result<PathBuf> {
+    let args = ["build", "-p", "apm-preload"];
+    eprintln!("$ cargo {}", args.join(" "));
+    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+        .args(args)
+        .status()
+        .context("could not run cargo")?;
+    if !status.success() {
+        bail!("`cargo {}` failed", args.join(" "));
+    }
+    let lib = apm.with_file_name("libapm_preload.so");
+    if !lib.is_file() {
+        bail!("cargo built no {}", lib.display());
+    }
+    Ok(lib)
 }
 
 /// Run `cargo <args>` and return the executable of the artifact named `name`.

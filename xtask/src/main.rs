@@ -31,7 +31,8 @@ Commands:
   codegen   regenerate provider-verbs' libibverbs bindings from rdma-core's headers
   capi-header  regenerate apm-capi/include/apm.h (cbindgen, installed when missing)
   ibsim     the OpenSM-over-ibsim bed: [--shell] [TEST-NAME-FILTER]
-  bench     the benchmarks (criterion): cargo bench per crate, extra args passed on
+  bench     the benchmarks (criterion): cargo bench per crate, extra args passed on;
+            `bench apm-run`: apm run's overhead (perftest) in the VM
   chaos     the simulator's long chaos run: [--seeds N (10000)] [--start S]
   fuzz      the ib-mad fuzz targets: [--seconds N] [TARGET...] (cargo-fuzz)
   help      this text
@@ -88,7 +89,8 @@ fn test(_args: &[String]) -> Result<()> {
     util::run("cargo", &["test", "--workspace"])?;
     // Real peers: OpenSM over ibsim (installs its Debian packages when missing).
     ibsim::ibsim(&[])?;
-    // Real rxe devices: the hardware suite in a qemu VM (~20-30 s on 2 cores).
+    // Real rxe devices: the hardware suite in a qemu VM (a few minutes on 2 cores, most
+    // of it unmodified programs under `apm run` across rail cuts).
     hwtest::main(&["--vm".to_owned()])?;
     Ok(())
 }

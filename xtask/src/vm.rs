@@ -37,6 +37,10 @@ const HOST_PACKAGES: &[&str] = &[
     "ibverbs-utils",
     "rdma-core",
     "libibverbs-dev",
+    // Unmodified programs `apm run` is checked with.
+    "perftest",
+    "rdmacm-utils",
+    "ucx-utils",
 ];
 
 /// Kernel modules to load in the guest, by name; their dependencies are added from
@@ -45,6 +49,8 @@ const HOST_PACKAGES: &[&str] = &[
 const MODULE_ROOTS: &[&str] = &[
     "crc32_generic",
     "rdma_rxe",
+    // rdma_cm for rdma_cm programs (rping) under `apm run`.
+    "rdma_ucm",
     "veth",
     "dummy",
     "8021q",
@@ -61,6 +67,11 @@ const GUEST_PROGRAMS: &[&str] = &[
     "/usr/sbin/tc",
     "/usr/bin/ibv_devinfo",
     "/usr/bin/ibv_rc_pingpong",
+    "/usr/bin/ib_send_bw",
+    "/usr/bin/ib_write_bw",
+    "/usr/bin/ib_send_lat",
+    "/usr/bin/rping",
+    "/usr/bin/ucx_perftest",
 ];
 
 /// Shared objects that are loaded with `dlopen` and so do not show in `ldd`: libibverbs
@@ -68,6 +79,8 @@ const GUEST_PROGRAMS: &[&str] = &[
 const GUEST_DLOPENED: &[&str] = &[
     "/usr/lib/x86_64-linux-gnu/libibverbs.so.1",
     "/usr/lib/x86_64-linux-gnu/libibverbs/librxe-rdmav34.so",
+    // UCX's InfiniBand/RoCE transports, loaded as modules by ucx_perftest.
+    "/usr/lib/x86_64-linux-gnu/ucx/libuct_ib.so.0",
 ];
 
 /// Plain files copied as they are (libibverbs finds its providers through these).

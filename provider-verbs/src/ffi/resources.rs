@@ -974,6 +974,56 @@ impl Qp {
         )
     }
 
+    /// Ring the send queue's doorbell without posting anything: the kernel runs the QP's
+    /// requester, which sends whatever the queue holds (work rolled back by an SQ drain,
+    /// or posted while the QP was in SQD). This is the `POST_SEND` command with zero work
+    /// requests that rdma-core's rxe provider itself writes to the context's command fd
+    /// after every post; rxe's kernel driver answers it for user QPs by scheduling the
+    /// requester. Unlike [`Qp::post_kick`] it puts no work request in the queue, so no
+    /// completion can reach the application's CQ (even with `sq_sig_all`) and the peer
+    /// needs no access right. Other drivers may refuse it (an error, nothing sent).
+    pub fn ring_send_doorbell(&self) -> Result<()> {
+        /// `struct ib_uverbs_cmd_hdr` followed by `struct ib_uverbs_post_send` with no
+        /// work requests (kernel uapi `rdma/ib_user_verbs.h`).
+        #[repr(C)]
+        struct PostSendCmd {
+            command: u32,
+            in_words: u16,
+            out_words: u16,
+            response: u64,
+            qp_handle: u32,
+            wr_count: u32,
+            sge_count: u32,
+            wqe_size: u32,
+        }
+        /// `IB_USER_VERBS_CMD_POST_SEND` in the uapi's command enumeration.
+        const CMD_POST_SEND: u32 = 28;
+        // `struct ib_uverbs_post_send_resp { __u32 bad_wr; }`, written by the kernel.
+        let mut resp: u32 = 0;
+        // SAFETY: a live QP (constructor contracts); its context lives at least as long.
+        let (fd, handle) = unsafe { ((*(*self.qp).context).cmd_fd, (*self.qp).handle) };
+        let size = std::mem::size_of::<PostSendCmd>();
+        let cmd = PostSendCmd {
+            command: CMD_POST_SEND,
+            in_words: (size / 4) as u16,
+            out_words: (std::mem::size_of::<u32>() / 4) as u16,
+            response: std::ptr::addr_of_mut!(resp) as u64,
+            qp_handle: handle,
+            wr_count: 0,
+            sge_count: 0,
+            // At least the kernel's `ib_uverbs_send_wr`, as rdma-core passes it.
+            wqe_size: std::mem::size_of::<sys::ibv_send_wr>() as u32,
+        };
+        // SAFETY: writing a complete, initialised command of `size` bytes to the
+        // context's command fd; the kernel writes at most 4 bytes to `resp`, which lives
+        // through the call.
+        let n = unsafe { libc::write(fd, std::ptr::addr_of!(cmd).cast(), size) };
+        if usize::try_from(n).ok() != Some(size) {
+            return Err(VerbsError::last("write(cmd_fd, POST_SEND doorbell)"));
+        }
+        Ok(())
+    }
+
     fn post_send_raw(
         &self,
         wr_id: u64,

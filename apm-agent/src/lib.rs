@@ -1,0 +1,67 @@
+//! apm's per-host agent for `apm run`, and the client side the protected processes use.
+//!
+//! A program under `apm run` (or with apm's interposition library in `LD_PRELOAD`) runs
+//! its own apm engine in-process: only that process can modify its QPs. Its peer
+//! messages (LAP/APR, software-migration requests) must still reach the right process on
+//! the other host, and an MPI job has one process per core, all behind the same
+//! addresses. So one **agent** per host (per network namespace) owns apm's UDP peer
+//! port and routes:
+//!
+//! - **Out**: a process hands the agent `(from GID, to GID, message)`; the agent sends
+//!   it with cm-lap's UDP channel bound to the `from` address (one channel per local
+//!   RoCE address, so the receiver names the sender by the datagram's source address,
+//!   also when both ends share one host), to the peer's agent at `to`'s IP address and
+//!   the agent port.
+//! - **In**: a datagram's comm ids are the QP numbers of its two ends (apm run has no
+//!   CM exchange; both ends know both QPNs from the RTR attributes), so the agent hands
+//!   it to the process that registered that (local QPN, remote QPN) pair with the
+//!   sender's GID among the connection's peer GIDs.
+//! - **Hello**: to learn the peer's other rails, a process asks the agent for
+//!   candidate paths; the agent asks the peer host's agent (a JSON datagram on the hello
+//!   port, [`hello`]) which addresses the device holding the peer's GID has, and pairs
+//!   them with the local ones by subnet. No answer means no apm at the peer.
+//! - **Rail down**: a verdict that a local or remote address is unreachable (issue-14
+//!   probes will produce it in the agent; today it comes from `apm agent --rail-down`)
+//!   is broadcast to every process, which moves the connections whose primary uses it.
+//!
+//! The agent holds no connection state a process could not re-register, and it never
+//! touches a QP. When it dies, every process says so once and runs on unprotected.
+//!
+//! Modules: [`wire`] (process <-> agent messages), [`hello`] (agent <-> agent), [`local`]
+//! (this host's RoCE addresses and subnets, pairing), [`server`] (the agent), [`client`]
+//! (the process side and its `PeerChannel`).
+#![forbid(unsafe_code)]
+
+pub mod client;
+pub mod hello;
+pub mod local;
+pub mod report;
+pub mod server;
+pub mod wire;
+
+/// The UDP port apm's agents exchange peer messages on (LAP/APR, software migration).
+pub const DEFAULT_PEER_PORT: u16 = 47_910;
+
+/// The hello port is the peer port plus this.
+pub const HELLO_OFFSET: u16 = 1;
+
+/// The agent's local socket: an abstract Unix socket named after the peer port (one
+/// agent per port and network namespace, the same scope as the UDP port).
+pub fn socket_name(peer_port: u16) -> String {
+    format!("apm-agent-{peer_port}")
+}
+
+/// Why talking to the agent failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum AgentError {
+    /// No agent listens on this host (for this port).
+    #[error("no apm agent on this host (abstract socket @{0}): start `apm agent`, or run the program under `apm run`")]
+    NotRunning(String),
+    /// The agent went away.
+    #[error("the apm agent closed the connection")]
+    Gone,
+    /// Local IO.
+    #[error("apm agent: {0}")]
+    Io(#[from] std::io::Error),
+}

@@ -1,0 +1,330 @@
+//! The agent: routes peer messages between this host's protected processes and the
+//! agents of other hosts (see the crate docs).
+//!
+//! It never touches a QP and keeps nothing a process could not register again. It must
+//! never block a process: each process has its own writer task, and a process that
+//! stops reading only loses its own messages.
+
+use crate::hello::HelloSocket;
+use crate::local::{self, ip_of};
+use crate::wire::{self, FromAgent, Route, ToAgent};
+use crate::{AgentError, HELLO_OFFSET};
+use apm_core::{Gid, Input, Lid, PeerAddr, PeerChannel, PortKey};
+use cm_lap::udp::UdpPeerChannel;
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::os::linux::net::SocketAddrExt;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+/// How the agent runs.
+#[derive(Clone, Debug)]
+pub struct AgentConfig {
+    /// The UDP port of peer messages (hello: this + [`HELLO_OFFSET`]).
+    pub peer_port: u16,
+    /// Exit after this long without a connected process (`None`: run until killed).
+    pub idle_exit: Option<Duration>,
+}
+
+/// Why the agent did not start.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StartError {
+    /// Another agent serves this port here already (not an error for `apm run`).
+    #[error("an apm agent already runs for port {0} here")]
+    AlreadyRunning(u16),
+    /// A socket could not be bound.
+    #[error("apm agent: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The agent's listening sockets, bound: [`Agent::run`] serves them.
+#[derive(Debug)]
+pub struct Agent {
+    config: AgentConfig,
+    listener: UnixListener,
+    hello: HelloSocket,
+}
+
+#[derive(Default)]
+struct State {
+    next_client: u64,
+    clients: BTreeMap<u64, mpsc::UnboundedSender<FromAgent>>,
+    routes: Vec<(u64, Route)>,
+    channels: BTreeMap<Gid, Arc<UdpPeerChannel>>,
+    /// Messages for connections not registered yet, kept [`HOLD_UNROUTED`]: the two
+    /// ends of a connection register at different moments (each after its own hello),
+    /// and the first LAPs of the quicker end would otherwise be lost to the slower one.
+    unrouted: Vec<(tokio::time::Instant, PeerAddr, apm_core::PeerMsg)>,
+}
+
+/// How long a message for a connection nobody registered yet is kept.
+const HOLD_UNROUTED: Duration = Duration::from_secs(3);
+
+type Shared = Arc<Mutex<State>>;
+
+fn lock(s: &Shared) -> std::sync::MutexGuard<'_, State> {
+    // Whole inserts and removes only: a poisoned state is still consistent.
+    s.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl Agent {
+    /// Bind the agent's Unix socket and hello port. Call inside a tokio runtime.
+    pub async fn bind(config: AgentConfig) -> Result<Agent, StartError> {
+        let name = crate::socket_name(config.peer_port);
+        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
+        let std_listener = match std::os::unix::net::UnixListener::bind_addr(&addr) {
+            Ok(l) => l,
+            Err(e) if e.kind() == std::io::ErrorKind::AddrInUse => {
+                return Err(StartError::AlreadyRunning(config.peer_port))
+            }
+            Err(e) => return Err(e.into()),
+        };
+        std_listener.set_nonblocking(true)?;
+        let listener = UnixListener::from_std(std_listener)?;
+        let hello = HelloSocket::bind(config.peer_port.wrapping_add(HELLO_OFFSET)).await?;
+        Ok(Agent {
+            config,
+            listener,
+            hello,
+        })
+    }
+
+    /// Serve until idle for `idle_exit` (or forever).
+    pub async fn run(self) -> Result<(), AgentError> {
+        let state: Shared = Arc::default();
+        let hello = self.hello.clone();
+        tokio::spawn(async move { hello.serve(|g| local::device_addresses(&g)).await });
+        info!(port = self.config.peer_port, "apm agent serving");
+        let mut idle_since = Some(tokio::time::Instant::now());
+        let tick = Duration::from_millis(250);
+        loop {
+            tokio::select! {
+                accepted = self.listener.accept() => {
+                    let (stream, _) = accepted?;
+                    idle_since = None;
+                    let id = {
+                        let mut s = lock(&state);
+                        s.next_client += 1;
+                        s.next_client
+                    };
+                    tokio::spawn(serve_client(id, stream, state.clone(), self.hello.clone(), self.config.peer_port));
+                }
+                () = tokio::time::sleep(tick) => {
+                    let empty = lock(&state).clients.is_empty();
+                    match (empty, idle_since) {
+                        (false, _) => idle_since = None,
+                        (true, None) => idle_since = Some(tokio::time::Instant::now()),
+                        (true, Some(t)) => {
+                            if self.config.idle_exit.is_some_and(|d| t.elapsed() >= d) {
+                                info!("no protected process for a while: the agent exits");
+                                return Ok(());
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+async fn serve_client(id: u64, stream: UnixStream, state: Shared, hello: HelloSocket, port: u16) {
+    let (read, mut write) = stream.into_split();
+    let (tx, mut rx) = mpsc::unbounded_channel::<FromAgent>();
+    lock(&state).clients.insert(id, tx.clone());
+    let writer = tokio::spawn(async move {
+        while let Some(m) = rx.recv().await {
+            if write.write_all(&wire::line(&m)).await.is_err() {
+                return;
+            }
+        }
+    });
+    let mut lines = BufReader::new(read).lines();
+    while let Ok(Some(l)) = lines.next_line().await {
+        match serde_json::from_str::<ToAgent>(&l) {
+            Ok(m) => handle(id, m, &state, &hello, &tx, port).await,
+            Err(e) => warn!(client = id, error = %e, "unreadable line from a process: dropped"),
+        }
+    }
+    debug!(client = id, "process left");
+    let mut s = lock(&state);
+    s.clients.remove(&id);
+    s.routes.retain(|(c, _)| *c != id);
+    drop(s);
+    writer.abort();
+}
+
+async fn handle(
+    id: u64,
+    m: ToAgent,
+    state: &Shared,
+    hello: &HelloSocket,
+    me: &mpsc::UnboundedSender<FromAgent>,
+    port: u16,
+) {
+    match m {
+        ToAgent::Register { route } => {
+            for g in &route.local_gids {
+                if let Err(e) = channel(state, *g, port).await {
+                    warn!(gid = %g, error = %e, "cannot listen for peer messages on this address");
+                }
+            }
+            let mut s = lock(state);
+            s.routes.retain(|(c, r)| {
+                !(*c == id && r.local_qpn == route.local_qpn && r.remote_qpn == route.remote_qpn)
+            });
+            // Hand over what arrived for this connection before it was registered.
+            let now = tokio::time::Instant::now();
+            let held = std::mem::take(&mut s.unrouted);
+            for (at, from, msg) in held {
+                if now.duration_since(at) > HOLD_UNROUTED {
+                    continue;
+                }
+                if matches_route(&route, &from, &msg) {
+                    let _ = me.send(FromAgent::Peer { from, msg });
+                } else {
+                    s.unrouted.push((at, from, msg));
+                }
+            }
+            s.routes.push((id, route));
+        }
+        ToAgent::Unregister {
+            local_qpn,
+            remote_qpn,
+        } => lock(state)
+            .routes
+            .retain(|(c, r)| !(*c == id && r.local_qpn == local_qpn && r.remote_qpn == remote_qpn)),
+        ToAgent::Send { from, to, msg } => match channel(state, from, port).await {
+            Ok(ch) => {
+                let to = PeerAddr {
+                    gid: to,
+                    lid: Lid::from_wire(0),
+                };
+                if let Err(e) = ch.send(PortKey::new(0, 1), to, msg).await {
+                    debug!(error = %e, "peer message not sent");
+                }
+            }
+            Err(e) => warn!(gid = %from, error = %e, "no channel to send from"),
+        },
+        ToAgent::Candidates {
+            req,
+            sgid,
+            dgid,
+            local_gids,
+        } => {
+            let hello = hello.clone();
+            let me = me.clone();
+            tokio::spawn(async move {
+                let result = candidates(&hello, sgid, dgid, &local_gids).await;
+                let _ = me.send(FromAgent::Candidates { req, result });
+            });
+        }
+        ToAgent::RailDown { gid } => {
+            info!(%gid, "rail down: telling every process");
+            for c in lock(state).clients.values() {
+                let _ = c.send(FromAgent::RailDown { gid });
+            }
+        }
+    }
+}
+
+/// The alternates from the device of `sgid` to the host of `dgid` (see [`local::pair`]).
+async fn candidates(
+    hello: &HelloSocket,
+    sgid: Gid,
+    dgid: Gid,
+    local_gids: &[Gid],
+) -> Result<Vec<(Gid, Gid)>, String> {
+    let mine = tokio::task::spawn_blocking(move || local::device_addresses(&sgid))
+        .await
+        .ok()
+        .flatten()
+        .ok_or_else(|| format!("no local RDMA device holds {sgid}"))?;
+    let mine: Vec<_> = mine
+        .into_iter()
+        .filter(|a| local_gids.is_empty() || local_gids.contains(&a.gid))
+        .collect();
+    let theirs = hello
+        .ask(dgid)
+        .await?
+        .ok_or_else(|| format!("the peer's agent knows no device holding {dgid}"))?;
+    let pairs = local::pair(&mine, &theirs, &sgid, &dgid);
+    if pairs.is_empty() {
+        return Err(format!(
+            "no second path: no address of this device ({}) shares a subnet with one of the \
+             peer's ({}) other than the primary's",
+            list(mine.iter().map(|a| a.gid)),
+            list(theirs.iter().map(|a| a.gid))
+        ));
+    }
+    Ok(pairs)
+}
+
+fn list(gids: impl Iterator<Item = Gid>) -> String {
+    gids.filter_map(|g| ip_of(&g).map(|ip| ip.to_string()))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The UDP channel bound to local address `gid` (created, and started, on first use).
+async fn channel(state: &Shared, gid: Gid, port: u16) -> Result<Arc<UdpPeerChannel>, String> {
+    if let Some(ch) = lock(state).channels.get(&gid) {
+        return Ok(ch.clone());
+    }
+    let ip = ip_of(&gid).ok_or_else(|| format!("{gid} is not an IP address"))?;
+    let ch = UdpPeerChannel::bind(SocketAddr::new(ip, port), PortKey::new(0, 1))
+        .await
+        .map_err(|e| format!("binding {ip}:{port}: {e}"))?;
+    ch.derive_port(port);
+    let (tx, mut rx) = mpsc::unbounded_channel::<Input>();
+    ch.start(tx).await.map_err(|e| e.to_string())?;
+    let ch = Arc::new(ch);
+    let routed = state.clone();
+    tokio::spawn(async move {
+        while let Some(input) = rx.recv().await {
+            if let Input::PeerMessage { from, msg, .. } = input {
+                route(&routed, from, msg);
+            }
+        }
+    });
+    let mut s = lock(state);
+    // Another task may have bound it meanwhile (same address twice fails): keep the first.
+    Ok(s.channels.entry(gid).or_insert(ch).clone())
+}
+
+/// Whether `msg` from `from` belongs to the connection `r`.
+fn matches_route(r: &Route, from: &PeerAddr, msg: &apm_core::PeerMsg) -> bool {
+    let (receiver, sender) = wire::comm_ids(msg);
+    r.local_qpn == receiver && r.remote_qpn == sender && r.peer_gids.contains(&from.gid)
+}
+
+/// Hand a received peer message to the process that registered its connection (or
+/// keep it a moment for one that has not registered yet).
+fn route(state: &Shared, from: PeerAddr, msg: apm_core::PeerMsg) {
+    let mut s = lock(state);
+    let owner = s
+        .routes
+        .iter()
+        .find(|(_, r)| matches_route(r, &from, &msg))
+        .map(|(c, _)| *c);
+    match owner.and_then(|c| s.clients.get(&c)) {
+        Some(c) => {
+            let _ = c.send(FromAgent::Peer { from, msg });
+        }
+        None => {
+            let (receiver, sender) = wire::comm_ids(&msg);
+            debug!(from = %from.gid, receiver, sender, "peer message for no registered connection: held");
+            let now = tokio::time::Instant::now();
+            s.unrouted
+                .retain(|(at, _, _)| now.duration_since(*at) <= HOLD_UNROUTED);
+            // Bounded: a stranger cannot make the agent hoard.
+            if s.unrouted.len() < 1024 {
+                s.unrouted.push((now, from, msg));
+            }
+        }
+    }
+}

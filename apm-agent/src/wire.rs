@@ -1,0 +1,151 @@
+//! Messages between a protected process and its host's agent: one JSON object per line
+//! on the agent's Unix socket. Both ends are built from this crate, so the format only
+//! has to be stable within one apm version; the agent refuses a line it cannot parse
+//! (it logs and drops it) and never panics on one.
+
+use apm_core::{Gid, PeerAddr, PeerMsg};
+use serde::{Deserialize, Serialize};
+
+/// One protected connection as the agent routes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Route {
+    /// The local QP number (the connection's local comm id).
+    pub local_qpn: u32,
+    /// The peer's QP number (its remote comm id).
+    pub remote_qpn: u32,
+    /// The peer's addresses (GIDs) the connection may hear from.
+    pub peer_gids: Vec<Gid>,
+    /// The local addresses its paths leave from (the agent listens on each).
+    pub local_gids: Vec<Gid>,
+}
+
+/// From a process to the agent.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "op")]
+pub enum ToAgent {
+    /// Route peer messages of this connection to me.
+    Register {
+        /// The connection.
+        route: Route,
+    },
+    /// Stop routing them (the QP is gone).
+    Unregister {
+        /// Local QP number.
+        local_qpn: u32,
+        /// Peer QP number.
+        remote_qpn: u32,
+    },
+    /// Send a peer message from local address `from` to the peer address `to`.
+    Send {
+        /// The local address (GID) to send from.
+        from: Gid,
+        /// The peer's address (GID).
+        to: Gid,
+        /// The message.
+        msg: PeerMsg,
+    },
+    /// Which other paths lead from `local_gids` to the host of `dgid`? (hello).
+    Candidates {
+        /// Echoed in the answer.
+        req: u64,
+        /// The primary path's local address.
+        sgid: Gid,
+        /// The primary path's peer address.
+        dgid: Gid,
+        /// Every address of the local device and port the QP is on.
+        local_gids: Vec<Gid>,
+    },
+    /// Treat `gid` (a local or a peer address) as unreachable: tell every process.
+    RailDown {
+        /// The address.
+        gid: Gid,
+    },
+}
+
+/// From the agent to a process.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case", tag = "op")]
+pub enum FromAgent {
+    /// A peer message for one of the process's connections.
+    Peer {
+        /// The sender, named by the datagram's source address.
+        from: PeerAddr,
+        /// The message.
+        msg: PeerMsg,
+    },
+    /// The answer to [`ToAgent::Candidates`].
+    Candidates {
+        /// The request's id.
+        req: u64,
+        /// `(local GID, peer GID)` pairs on other rails than the primary, or why none
+        /// can be known (no apm at the peer, ...).
+        result: Result<Vec<(Gid, Gid)>, String>,
+    },
+    /// An address was found unreachable ([`ToAgent::RailDown`]).
+    RailDown {
+        /// The address.
+        gid: Gid,
+    },
+}
+
+/// The comm ids of a peer message: (the receiver's, the sender's).
+pub fn comm_ids(msg: &PeerMsg) -> (u32, u32) {
+    match msg {
+        PeerMsg::Lap(m) => (m.receiver_comm_id, m.sender_comm_id),
+        PeerMsg::Apr(m) => (m.receiver_comm_id, m.sender_comm_id),
+        PeerMsg::Mra(m) => (m.receiver_comm_id, m.sender_comm_id),
+        PeerMsg::Migrate(m) => (m.receiver_comm_id, m.sender_comm_id),
+        PeerMsg::MigrateAck(m) => (m.receiver_comm_id, m.sender_comm_id),
+        _ => (0, 0),
+    }
+}
+
+/// One line of JSON for `msg` (with its newline).
+pub fn line<T: Serialize>(msg: &T) -> Vec<u8> {
+    // Serialising these plain enums cannot fail (no maps with non-string keys).
+    let mut v = serde_json::to_vec(msg).unwrap_or_default();
+    v.push(b'\n');
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use apm_core::{Lid, MigrateAck};
+
+    #[test]
+    fn messages_survive_a_line_each() {
+        let gid: Gid = "::ffff:10.0.10.1".parse().expect("gid");
+        let msgs = [
+            FromAgent::Peer {
+                from: PeerAddr {
+                    gid,
+                    lid: Lid::from_wire(0),
+                },
+                msg: PeerMsg::MigrateAck(MigrateAck {
+                    sender_comm_id: 17,
+                    receiver_comm_id: 18,
+                    ok: true,
+                }),
+            },
+            FromAgent::Candidates {
+                req: 3,
+                result: Err("no apm at the peer".into()),
+            },
+            FromAgent::RailDown { gid },
+        ];
+        for m in msgs {
+            let l = line(&m);
+            assert_eq!(l.last(), Some(&b'\n'));
+            assert_eq!(l.iter().filter(|b| **b == b'\n').count(), 1);
+            let back: FromAgent = serde_json::from_slice(&l).expect("parse");
+            assert_eq!(back, m);
+        }
+        let ack = PeerMsg::MigrateAck(MigrateAck {
+            sender_comm_id: 17,
+            receiver_comm_id: 18,
+            ok: true,
+        });
+        assert_eq!(comm_ids(&ack), (18, 17));
+    }
+}

@@ -1,0 +1,127 @@
+//! The agent on loopback: two "processes" exchange peer messages through it by their
+//! QP numbers and addresses, a second connection with the same QP numbers on other
+//! addresses stays apart, and a rail-down verdict reaches every process.
+
+use apm_agent::client::AgentClient;
+use apm_agent::server::{Agent, AgentConfig, StartError};
+use apm_agent::wire::{FromAgent, Route};
+use apm_core::{Gid, MigrateAck, PeerMsg};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+fn gid(ip: &str) -> Gid {
+    apm_agent::local::gid_of(ip.parse().expect("ip"))
+}
+
+async fn next(rx: &mut mpsc::UnboundedReceiver<FromAgent>) -> Option<FromAgent> {
+    tokio::time::timeout(Duration::from_secs(3), rx.recv())
+        .await
+        .ok()
+        .flatten()
+}
+
+fn ack(from_qpn: u32, to_qpn: u32) -> PeerMsg {
+    PeerMsg::MigrateAck(MigrateAck {
+        sender_comm_id: from_qpn,
+        receiver_comm_id: to_qpn,
+        ok: true,
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_reach_the_process_of_their_connection() {
+    let port = 20_000 + (std::process::id() % 20_000) as u16;
+    let agent = Agent::bind(AgentConfig {
+        peer_port: port,
+        idle_exit: Some(Duration::from_secs(2)),
+    })
+    .await
+    .expect("agent");
+    assert!(matches!(
+        Agent::bind(AgentConfig {
+            peer_port: port,
+            idle_exit: None
+        })
+        .await,
+        Err(StartError::AlreadyRunning(_))
+    ));
+    let served = tokio::spawn(agent.run());
+
+    let (a_tx, mut a_rx) = mpsc::unbounded_channel();
+    let (b_tx, mut b_rx) = mpsc::unbounded_channel();
+    let (c_tx, mut c_rx) = mpsc::unbounded_channel();
+    let a = AgentClient::connect(port, a_tx).await.expect("a");
+    let b = AgentClient::connect(port, b_tx).await.expect("b");
+    let c = AgentClient::connect(port, c_tx).await.expect("c");
+    let (ga, gb, gc) = (gid("127.0.0.1"), gid("127.0.0.2"), gid("127.0.0.3"));
+    a.register(Route {
+        local_qpn: 17,
+        remote_qpn: 18,
+        peer_gids: vec![gb, gc],
+        local_gids: vec![ga],
+    })
+    .expect("register a");
+    b.register(Route {
+        local_qpn: 18,
+        remote_qpn: 17,
+        peer_gids: vec![ga],
+        local_gids: vec![gb],
+    })
+    .expect("register b");
+    // Same QP numbers, other addresses (another device pair): must stay apart.
+    c.register(Route {
+        local_qpn: 18,
+        remote_qpn: 17,
+        peer_gids: vec![gid("127.0.0.9")],
+        local_gids: vec![gc],
+    })
+    .expect("register c");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    a.send(ga, gb, ack(17, 18)).expect("send");
+    match next(&mut b_rx).await {
+        Some(FromAgent::Peer { from, msg }) => {
+            assert_eq!(from.gid, ga, "named by the source address");
+            assert_eq!(msg, ack(17, 18));
+        }
+        other => panic!("b expected the message, got {other:?}"),
+    }
+    b.send(gb, ga, ack(18, 17)).expect("send back");
+    assert!(matches!(
+        next(&mut a_rx).await,
+        Some(FromAgent::Peer { .. })
+    ));
+    // To c's address but from an address c does not know: b's connection (the QP
+    // numbers and the sender are b's), whichever local address it arrived on.
+    a.send(ga, gc, ack(17, 18)).expect("send");
+    match next(&mut b_rx).await {
+        Some(FromAgent::Peer { msg, .. }) => assert_eq!(msg, ack(17, 18)),
+        other => panic!("b expected its message, got {other:?}"),
+    }
+    // A message that arrives before its connection is registered is handed over at
+    // registration (the two ends register at different moments).
+    a.send(ga, gb, ack(17, 19)).expect("send early");
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    b.register(Route {
+        local_qpn: 19,
+        remote_qpn: 17,
+        peer_gids: vec![ga],
+        local_gids: vec![gb],
+    })
+    .expect("register late");
+    match next(&mut b_rx).await {
+        Some(FromAgent::Peer { msg, .. }) => assert_eq!(msg, ack(17, 19)),
+        other => panic!("b expected the held message, got {other:?}"),
+    }
+    a.rail_down(gb).expect("rail down");
+    for rx in [&mut a_rx, &mut b_rx, &mut c_rx] {
+        assert_eq!(next(rx).await, Some(FromAgent::RailDown { gid: gb }));
+    }
+    // The agent exits once every process has gone and the idle time passed.
+    drop((a, b, c));
+    tokio::time::timeout(Duration::from_secs(10), served)
+        .await
+        .expect("agent exits when idle")
+        .expect("join")
+        .expect("clean exit");
+}

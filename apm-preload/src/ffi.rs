@@ -1,0 +1,218 @@
+//! The interposed libibverbs functions and the lookup of the real ones.
+//!
+//! Every exported function calls the real verb and returns its result unchanged; apm's
+//! part runs around it inside `catch_unwind` and can neither fail the call nor unwind
+//! into C. Nothing here allocates or locks before the real verb on a QP apm does not
+//! protect beyond one map lookup.
+// The FFI boundary: exported C functions, dlvsym, raw QP pointers. Every block carries a
+// SAFETY comment; the rest of the crate is safe code.
+#![allow(unsafe_code)]
+
+use crate::protect::{self, QpSeen};
+use provider_verbs::ffi::sys;
+use std::ffi::{c_int, c_void, CStr};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::OnceLock;
+
+type ModifyFn = unsafe extern "C" fn(*mut sys::ibv_qp, *mut sys::ibv_qp_attr, c_int) -> c_int;
+type QueryFn = unsafe extern "C" fn(
+    *mut sys::ibv_qp,
+    *mut sys::ibv_qp_attr,
+    c_int,
+    *mut sys::ibv_qp_init_attr,
+) -> c_int;
+type DestroyFn = unsafe extern "C" fn(*mut sys::ibv_qp) -> c_int;
+
+static MODIFY: OnceLock<Option<ModifyFn>> = OnceLock::new();
+static QUERY: OnceLock<Option<QueryFn>> = OnceLock::new();
+static DESTROY: OnceLock<Option<DestroyFn>> = OnceLock::new();
+
+/// The real `name` of libibverbs (symbol version `IBVERBS_1.1`, the one programs link).
+fn real(name: &CStr) -> Option<*mut c_void> {
+    const VERSION: &CStr = c"IBVERBS_1.1";
+    // SAFETY: dlvsym with valid C strings; RTLD_NEXT searches the objects loaded after
+    // this one (libibverbs when the program links it).
+    let p = unsafe { libc::dlvsym(libc::RTLD_NEXT, name.as_ptr(), VERSION.as_ptr()) };
+    if !p.is_null() {
+        return Some(p);
+    }
+    // A program that dlopen'ed libibverbs (RTLD_LOCAL) is not on RTLD_NEXT's path:
+    // ask for the already loaded library by name, without loading it.
+    // SAFETY: RTLD_NOLOAD never runs constructors; the handle is only used for dlvsym
+    // and kept (the library stays loaded while the program uses it anyway).
+    let h = unsafe {
+        libc::dlopen(
+            c"libibverbs.so.1".as_ptr(),
+            libc::RTLD_NOLOAD | libc::RTLD_LAZY,
+        )
+    };
+    if h.is_null() {
+        return None;
+    }
+    // SAFETY: as above, on a live handle.
+    let p = unsafe { libc::dlvsym(h, name.as_ptr(), VERSION.as_ptr()) };
+    (!p.is_null()).then_some(p)
+}
+
+macro_rules! resolve {
+    ($cell:ident, $name:literal, $ty:ty) => {
+        *$cell.get_or_init(|| {
+            // SAFETY: the symbol is libibverbs' own function of that name, whose C
+            // signature `$ty` is (rdma-core's verbs.h, as bindgen took it).
+            real($name).map(|p| unsafe { std::mem::transmute::<*mut c_void, $ty>(p) })
+        })
+    };
+}
+
+/// Run apm's part; a panic in it is apm's failure alone and is reported, not unwound.
+fn guarded<R>(what: &str, f: impl FnOnce() -> R) -> Option<R> {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(r) => Some(r),
+        Err(_) => {
+            protect::internal_failure(what);
+            None
+        }
+    }
+}
+
+const NO_SYMBOL: c_int = libc::EOPNOTSUPP;
+
+/// `ibv_modify_qp`: the real one; then, when it moved an RC QP to RTS, apm starts
+/// protecting it, and when it took a protected QP out of RTS, apm lets go of it.
+///
+/// # Safety
+/// The caller's contract of `ibv_modify_qp` (a live QP, a valid attribute struct).
+#[no_mangle]
+pub unsafe extern "C" fn ibv_modify_qp(
+    qp: *mut sys::ibv_qp,
+    attr: *mut sys::ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
+    let Some(real) = resolve!(MODIFY, c"ibv_modify_qp", ModifyFn) else {
+        return NO_SYMBOL;
+    };
+    let key = qp as usize;
+    // SAFETY: the caller's own arguments, passed on unchanged.
+    let call = || unsafe { real(qp, attr, mask) };
+    let held = guarded("ibv_modify_qp", || protect::with_held(key, call)).flatten();
+    let rc = match held {
+        Some(rc) => rc,
+        None => call(),
+    };
+    if rc != 0 || attr.is_null() || mask & sys::IBV_QP_STATE as c_int == 0 {
+        return rc;
+    }
+    // SAFETY: a valid attribute struct per the contract.
+    let state = unsafe { (*attr).qp_state };
+    if state == sys::IBV_QPS_RTS {
+        // SAFETY: a live QP per the contract.
+        if let Some(seen) = unsafe { seen(qp) } {
+            guarded("protect on RTS", || protect::on_rts(seen));
+        }
+    } else if state == sys::IBV_QPS_RTR {
+        // SAFETY: a live QP per the contract.
+        if let Some(seen) = unsafe { seen(qp) } {
+            guarded("note RTR", || protect::on_rtr(seen));
+        }
+    } else if state != sys::IBV_QPS_SQD {
+        guarded("release on a state change", || {
+            protect::release(key, "left RTS")
+        });
+    }
+    rc
+}
+
+/// `ibv_query_qp`: the real one, after any move of a protected QP has finished.
+///
+/// # Safety
+/// The caller's contract of `ibv_query_qp`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_query_qp(
+    qp: *mut sys::ibv_qp,
+    attr: *mut sys::ibv_qp_attr,
+    mask: c_int,
+    init: *mut sys::ibv_qp_init_attr,
+) -> c_int {
+    let Some(real) = resolve!(QUERY, c"ibv_query_qp", QueryFn) else {
+        return NO_SYMBOL;
+    };
+    // SAFETY: the caller's own arguments, passed on unchanged.
+    let call = || unsafe { real(qp, attr, mask, init) };
+    match guarded("ibv_query_qp", || protect::with_held(qp as usize, call)).flatten() {
+        Some(rc) => rc,
+        None => call(),
+    }
+}
+
+/// `ibv_destroy_qp`: apm lets go of the QP first (waiting for a move in progress).
+///
+/// # Safety
+/// The caller's contract of `ibv_destroy_qp`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut sys::ibv_qp) -> c_int {
+    let Some(real) = resolve!(DESTROY, c"ibv_destroy_qp", DestroyFn) else {
+        return NO_SYMBOL;
+    };
+    guarded("release on destroy", || {
+        protect::release(qp as usize, "destroyed")
+    });
+    // SAFETY: the caller's own argument.
+    unsafe { real(qp) }
+}
+
+/// What apm needs to know of a QP that just reached RTS, read from the struct.
+///
+/// # Safety
+/// `qp` is a live QP.
+unsafe fn seen(qp: *mut sys::ibv_qp) -> Option<QpSeen> {
+    if qp.is_null() {
+        return None;
+    }
+    // SAFETY: a live QP and its live context and device (libibverbs' public structs).
+    unsafe {
+        let ctx = (*qp).context;
+        let device = if ctx.is_null() || (*ctx).device.is_null() {
+            String::new()
+        } else {
+            CStr::from_ptr((*(*ctx).device).name.as_ptr())
+                .to_string_lossy()
+                .into_owned()
+        };
+        Some(QpSeen {
+            key: qp as usize,
+            qpn: (*qp).qp_num,
+            kind: match (*qp).qp_type {
+                sys::IBV_QPT_RC => protect::QpKind::Rc,
+                sys::IBV_QPT_UC => protect::QpKind::Uc,
+                sys::IBV_QPT_UD => protect::QpKind::Ud,
+                sys::IBV_QPT_XRC_SEND | sys::IBV_QPT_XRC_RECV => protect::QpKind::Xrc,
+                _ => protect::QpKind::Other,
+            },
+            srq: !(*qp).srq.is_null(),
+            device,
+        })
+    }
+}
+
+/// Wrap the program's QP for apm.
+///
+/// The caller ([`protect`]) guarantees the QP is live until it is released: the
+/// program's `ibv_destroy_qp` waits in [`protect::release`] for the adoption in progress
+/// and retires the QP before the real destroy runs.
+pub(crate) fn adopt(
+    ctx: &provider_verbs::ffi::Context,
+    key: usize,
+) -> Result<provider_verbs::ffi::Qp, provider_verbs::VerbsError> {
+    // SAFETY: `key` is a live `struct ibv_qp *` of this process (see above), created
+    // through the libibverbs provider-verbs found already loaded.
+    unsafe { provider_verbs::ffi::Qp::adopt(ctx, key as *mut c_void) }
+}
+
+/// Runs at the program's exit: the last report and summary line.
+#[used]
+#[link_section = ".fini_array"]
+static AT_EXIT: extern "C" fn() = at_exit;
+
+extern "C" fn at_exit() {
+    let _ = catch_unwind(protect::at_exit);
+}

@@ -1,0 +1,591 @@
+//! apm's work inside the program: deciding what to protect, the in-process engine per
+//! device, and letting go (see the crate docs).
+//!
+//! One `Protector` per process, started at the first RC QP that reaches RTS: a tokio
+//! runtime on two threads of apm's own, the connection to the host's agent, and per
+//! device an apm-core `Manager` on provider-rxe's QP facet (on a context apm opens
+//! itself), an [`AgentPeer`] and the connections' own paths. If it cannot start (no
+//! agent on the host), every RC QP is reported unprotected with that reason and the
+//! program runs on as without apm.
+//!
+//! Each QP the program hands over goes through a `Slot`: the adoption of the QP (the
+//! only moment apm touches it outside a move) runs under the slot's lock, which the
+//! program's `ibv_destroy_qp` takes too; afterwards the program's own control verbs
+//! and apm's moves serialise on the adopted QP's lock (`AdoptedQp::hold`).
+
+use crate::report;
+use apm_agent::client::{AgentClient, AgentPeer};
+use apm_agent::local::ip_of;
+use apm_agent::wire::{FromAgent, Route};
+use apm_core::{
+    ConnId, ConnSpec, Gid, Manager, ManagerHandle, MigrationMode, NotificationKind, Path, PortKey,
+    Qpn, Role, Stack, StaticPaths,
+};
+use provider_rxe::{AdoptedQp, RxeConfig, RxeQpControl};
+use provider_verbs::ffi::{Context, Mtu, QpAttrMask, Verbs};
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tracing::{debug, info, warn};
+
+/// The kind of a QP, as far as protection goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QpKind {
+    /// Reliable connected: protectable.
+    Rc,
+    /// Unreliable connected.
+    Uc,
+    /// Unreliable datagram.
+    Ud,
+    /// XRC send or receive.
+    Xrc,
+    /// Anything else (raw packet, driver-specific).
+    Other,
+}
+
+/// A QP the program just moved to RTS.
+#[derive(Clone, Debug)]
+pub struct QpSeen {
+    /// The `struct ibv_qp *`, as a key.
+    pub key: usize,
+    /// Its number.
+    pub qpn: u32,
+    /// Its type.
+    pub kind: QpKind,
+    /// It receives through a shared receive queue.
+    pub srq: bool,
+    /// Its device's name.
+    pub device: String,
+}
+
+/// An adopted QP apm looks after.
+struct Adopted {
+    device: Arc<Device>,
+    id: ConnId,
+    qp: Arc<AdoptedQp>,
+    remote_qpn: u32,
+}
+
+/// One QP from RTS until released.
+#[derive(Default)]
+struct Slot {
+    /// The program destroyed it or took it out of RTS: stop.
+    released: bool,
+    adopted: Option<Adopted>,
+}
+
+/// What apm runs per device.
+struct Device {
+    name: String,
+    ctx: Context,
+    facet: Arc<RxeQpControl>,
+    peer: AgentPeer,
+    paths: StaticPaths,
+    handle: ManagerHandle,
+    /// Protected connections: their QP number, peer QP number and current primary.
+    conns: Mutex<BTreeMap<ConnId, Conn>>,
+}
+
+#[derive(Clone, Copy)]
+struct Conn {
+    qpn: u32,
+    primary: Path,
+    protected_once: bool,
+}
+
+/// The process's apm (see the module docs).
+struct Protector {
+    rt: tokio::runtime::Runtime,
+    client: Arc<AgentClient>,
+    policy: apm_core::Policy,
+    slots: Mutex<BTreeMap<usize, Arc<Mutex<Slot>>>>,
+    devices: tokio::sync::Mutex<BTreeMap<String, Result<Arc<Device>, String>>>,
+    /// Snapshot of the devices started, for the agent's events (sync access).
+    started: Mutex<Vec<Arc<Device>>>,
+}
+
+static PROTECTOR: OnceLock<Result<Protector, String>> = OnceLock::new();
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // Whole inserts and removes only: poisoned data is still consistent.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The agent's UDP port (`APM_RUN_PORT`, else apm's default).
+fn peer_port() -> u16 {
+    std::env::var("APM_RUN_PORT")
+        .ok()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or(apm_agent::DEFAULT_PEER_PORT)
+}
+
+fn protector() -> Result<&'static Protector, &'static str> {
+    PROTECTOR
+        .get_or_init(Protector::start)
+        .as_ref()
+        .map_err(String::as_str)
+}
+
+impl Protector {
+    fn start() -> Result<Protector, String> {
+        if let Ok(filter) = std::env::var("APM_LOG") {
+            let _ = tracing_subscriber::fmt()
+                .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+                .with_writer(std::io::stderr)
+                .try_init();
+        }
+        let policy = match std::env::var("APM_RUN_POLICY") {
+            Ok(j) => serde_json::from_str(&j)
+                .map_err(|e| format!("APM_RUN_POLICY is not a policy: {e}"))?,
+            Err(_) => apm_core::Policy::default(),
+        };
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("apm")
+            .enable_all()
+            .build()
+            .map_err(|e| format!("cannot start apm's threads: {e}"))?;
+        let (events_tx, events) = mpsc::unbounded_channel();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let port = peer_port();
+        rt.spawn(async move {
+            let _ = tx.send(AgentClient::connect(port, events_tx).await);
+        });
+        let client = rx
+            .recv_timeout(Duration::from_secs(5))
+            .map_err(|_| "the apm agent did not accept the connection in time".to_owned())?
+            .map_err(|e| e.to_string())?;
+        rt.spawn(dispatch(events));
+        Ok(Protector {
+            rt,
+            client: Arc::new(client),
+            policy,
+            slots: Mutex::new(BTreeMap::new()),
+            devices: tokio::sync::Mutex::new(BTreeMap::new()),
+            started: Mutex::new(Vec::new()),
+        })
+    }
+
+    /// apm's engine for device `name` (started on first use; a failure is remembered).
+    async fn device(&'static self, name: &str) -> Result<Arc<Device>, String> {
+        let mut devices = self.devices.lock().await;
+        if let Some(d) = devices.get(name) {
+            return d.clone();
+        }
+        let d = self.open(name).await.map(Arc::new);
+        if let Ok(dev) = &d {
+            lock(&self.started).push(dev.clone());
+            tokio::spawn(watch(dev.clone()));
+        }
+        devices.insert(name.to_owned(), d.clone());
+        d
+    }
+
+    async fn open(&self, name: &str) -> Result<Device, String> {
+        // Soft-RoCE devices name their netdev in `parent`; apm moves QPs in software
+        // only there (other RoCE drivers are untested with the SQ-drain move).
+        if !std::path::Path::new(&format!("/sys/class/infiniband/{name}/parent")).exists() {
+            return Err(format!(
+                "device {name} is not soft-RoCE (rxe): apm run protects rxe QPs only"
+            ));
+        }
+        let verbs = Verbs::load().map_err(|e| e.to_string())?;
+        let ctx = verbs
+            .open(name)
+            .map_err(|e| format!("apm cannot open {name}: {e}"))?;
+        let facet = Arc::new(RxeQpControl::new(vec![ctx.clone()], RxeConfig::default()));
+        let peer = AgentPeer::new(self.client.clone(), PortKey::new(0, 1));
+        let paths = StaticPaths::default();
+        let stack = Stack::new(facet.clone(), peer.clone(), paths.clone());
+        let (manager, handle) = Manager::new(Arc::new(stack), self.policy.clone())
+            .map_err(|e| format!("apm's engine refused to start: {e}"))?;
+        let task = tokio::spawn(manager.run());
+        if handle.stats().await.is_err() {
+            let why = match task.await {
+                Ok(Err(e)) => e.to_string(),
+                _ => "stopped".into(),
+            };
+            return Err(format!("apm's engine on {name} did not start: {why}"));
+        }
+        Ok(Device {
+            name: name.to_owned(),
+            ctx,
+            facet,
+            peer,
+            paths,
+            handle,
+            conns: Mutex::new(BTreeMap::new()),
+        })
+    }
+}
+
+/// RC QPs in RTR that have not reached RTS (yet): a QP the program leaves in RTR
+/// (receive only, like perftest's bandwidth servers) cannot be moved on rxe (no RTR to
+/// RTR transition carries a new address vector, and SQD is entered from RTS only), so
+/// it is reported unprotected when the program lets go of it. Kept without starting
+/// apm's threads.
+fn rtr_only() -> &'static Mutex<BTreeMap<usize, QpSeen>> {
+    static RTR: OnceLock<Mutex<BTreeMap<usize, QpSeen>>> = OnceLock::new();
+    RTR.get_or_init(Mutex::default)
+}
+
+/// Why a QP left in RTR is not protected.
+const RTR_ONLY: &str = "it never left RTR (receive only): rxe can move a QP's path only \
+                        from RTS, through the SQ drain; its peer's apm finds no partner";
+
+/// An RC QP reached RTR.
+pub fn on_rtr(seen: QpSeen) {
+    if seen.kind == QpKind::Rc {
+        lock(rtr_only()).insert(seen.key, seen);
+    }
+}
+
+/// A QP in RTR that never reached RTS is gone (or the program ends): say why it was
+/// not protected.
+fn settle_rtr(key: usize) {
+    if let Some(seen) = lock(rtr_only()).remove(&key) {
+        report::seen();
+        report::refused(seen.qpn, &seen.device, RTR_ONLY);
+    }
+}
+
+/// An RC QP reached RTS: protect it if it can be, else say why.
+pub fn on_rts(seen: QpSeen) {
+    lock(rtr_only()).remove(&seen.key);
+    let reason = match seen.kind {
+        QpKind::Rc if seen.srq => {
+            Some("it receives through a shared receive queue (SRQ), not supported yet")
+        }
+        QpKind::Rc => None,
+        QpKind::Ud => Some("a UD QP (apm protects RC connections)"),
+        QpKind::Uc => Some("a UC QP (apm protects RC connections)"),
+        QpKind::Xrc => Some("an XRC QP, not supported yet"),
+        QpKind::Other => Some("not an RC QP"),
+    };
+    let p = match protector() {
+        Ok(p) => Some(p),
+        Err(_) if reason.is_some() => None,
+        Err(e) => {
+            report::seen();
+            report::refused(seen.qpn, &seen.device, e);
+            return;
+        }
+    };
+    if let Some(r) = reason {
+        if p.is_none_or(|p| !lock(&p.slots).contains_key(&seen.key)) {
+            report::seen();
+            report::refused(seen.qpn, &seen.device, r);
+        }
+        return;
+    }
+    let Some(p) = p else { return };
+    let slot = {
+        let mut slots = lock(&p.slots);
+        if slots.contains_key(&seen.key) {
+            return; // RTS -> RTS: already looked after.
+        }
+        let slot = Arc::new(Mutex::new(Slot::default()));
+        slots.insert(seen.key, slot.clone());
+        slot
+    };
+    report::seen();
+    report::looking_after(seen.qpn);
+    p.rt.spawn(async move {
+        let (qpn, device) = (seen.qpn, seen.device.clone());
+        if let Err(why) = protect(p, seen, slot).await {
+            report::refused(qpn, &device, &why);
+        }
+    });
+}
+
+/// Run `f` (the program's own verb on QP `key`) while no move of it runs; `None` when
+/// apm does not look after that QP (the caller runs it itself).
+pub fn with_held<R>(key: usize, f: impl FnOnce() -> R) -> Option<R> {
+    let p = PROTECTOR.get()?.as_ref().ok()?;
+    let slot = lock(&p.slots).get(&key).cloned()?;
+    let qp = lock(&slot).adopted.as_ref().map(|a| a.qp.clone())?;
+    let _held = qp.hold();
+    Some(f())
+}
+
+/// The program destroys QP `key` or took it out of RTS: stop looking after it (waits
+/// for a move or an adoption in progress).
+pub fn release(key: usize, why: &str) {
+    settle_rtr(key);
+    let Some(Ok(p)) = PROTECTOR.get() else { return };
+    let Some(slot) = lock(&p.slots).remove(&key) else {
+        return;
+    };
+    let mut s = lock(&slot);
+    s.released = true;
+    let Some(a) = s.adopted.take() else { return };
+    drop(s);
+    a.qp.retire();
+    a.device.facet.unregister(a.id);
+    let qpn = a.qp.qp().qp_num();
+    lock(&a.device.conns).remove(&a.id);
+    let _ = p.client.unregister(qpn, a.remote_qpn);
+    report::released(qpn);
+    debug!(qpn, why, "apm let go of the QP");
+    let handle = a.device.handle.clone();
+    p.rt.spawn(async move {
+        let _ = handle.unprotect(a.id).await;
+    });
+}
+
+/// apm's own failure (a panic in its part of a verb): said once; the program goes on.
+pub fn internal_failure(what: &str) {
+    report::note(&format!(
+        "internal failure in apm ({what}): the program continues; its QPs may be unprotected"
+    ));
+}
+
+/// At the program's exit.
+pub fn at_exit() {
+    let left: Vec<usize> = lock(rtr_only()).keys().copied().collect();
+    for key in left {
+        settle_rtr(key);
+    }
+    report::finish();
+}
+
+/// Adopt and protect one RC QP; `Err` says why it is not protected.
+async fn protect(
+    p: &'static Protector,
+    seen: QpSeen,
+    slot: Arc<Mutex<Slot>>,
+) -> Result<(), String> {
+    let dev = p.device(&seen.device).await?;
+    // The QP is touched under the slot's lock: a destroy waits for this.
+    let (qp, attr) = {
+        let s = lock(&slot);
+        if s.released {
+            return Ok(());
+        }
+        let qp = crate::ffi::adopt(&dev.ctx, seen.key).map_err(|e| e.to_string())?;
+        let mask = QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::TIMEOUT;
+        let attr = qp.query(mask).map_err(|e| e.to_string())?;
+        (qp, attr)
+    };
+    let port = attr.ah_attr.port_num.max(1);
+    let sgid = dev
+        .ctx
+        .query_gid(port, u32::from(attr.ah_attr.sgid_index))
+        .ok()
+        .flatten()
+        .map(|e| Gid(e.gid))
+        .ok_or("its source GID is not in the device's GID table")?;
+    let dgid = Gid(attr.ah_attr.dgid);
+    let (Some(sip), Some(dip)) = (ip_of(&sgid), ip_of(&dgid)) else {
+        return Err(format!(
+            "its path {sgid} -> {dgid} is not between IP addresses (RoCE v2 GIDs; link-local \
+             IPv6 GIDs carry no interface scope)"
+        ));
+    };
+    let local_gids: Vec<Gid> = dev
+        .ctx
+        .gid_table(port)
+        .map(|t| t.into_iter().map(|e| Gid(e.gid)).collect())
+        .unwrap_or_default();
+    let rails = p.client.candidates(sgid, dgid, local_gids).await?;
+    let key = PortKey::new(0, port);
+    let mtu = mtu_code(attr.path_mtu);
+    let path = |l: Gid, r: Gid| -> Option<Path> {
+        let mut p = provider_rxe::roce_path(key, ip_of(&l)?, ip_of(&r)?, mtu, attr.timeout);
+        p.sgid_index = 0;
+        Some(p)
+    };
+    let mut primary = provider_rxe::roce_path(key, sip, dip, mtu, attr.timeout);
+    primary.sgid_index = attr.ah_attr.sgid_index;
+    let candidates: Vec<Path> = rails.iter().filter_map(|(l, r)| path(*l, *r)).collect();
+    let qpn = seen.qpn;
+    let remote_qpn = attr.dest_qp_num;
+    let id = ConnId(u64::from(qpn));
+    let adopted = {
+        let mut s = lock(&slot);
+        if s.released {
+            return Ok(());
+        }
+        dev.facet
+            .adopt(id, Arc::new(qp))
+            .map_err(|e| e.to_string())?;
+        let a = dev
+            .facet
+            .adopted(id)
+            .ok_or("the QP facet lost the adopted QP")?;
+        s.adopted = Some(Adopted {
+            device: dev.clone(),
+            id,
+            qp: a.clone(),
+            remote_qpn,
+        });
+        a
+    };
+    let _ = adopted;
+    let all: Vec<Path> = std::iter::once(primary)
+        .chain(candidates.iter().copied())
+        .collect();
+    dev.peer.learn(all.iter().map(|p| (p.sgid, p.dgid)));
+    dev.paths.add(all.iter().copied());
+    dev.facet.keep_warm(all.iter().copied());
+    p.client
+        .register(Route {
+            local_qpn: qpn,
+            remote_qpn,
+            peer_gids: all.iter().map(|p| p.dgid).collect(),
+            local_gids: all.iter().map(|p| p.sgid).collect(),
+        })
+        .map_err(|e| e.to_string())?;
+    lock(&dev.conns).insert(
+        id,
+        Conn {
+            qpn,
+            primary,
+            protected_once: false,
+        },
+    );
+    // The side with the lower (GID, QPN) plays the CM's active part.
+    let role = if (sgid, qpn) < (dgid, remote_qpn) {
+        Role::Active
+    } else {
+        Role::Passive
+    };
+    let spec = ConnSpec {
+        id,
+        role,
+        mode: MigrationMode::Software,
+        local_qpn: Qpn::new(qpn).ok_or("its QP number is out of range")?,
+        remote_qpn: Qpn::new(remote_qpn).ok_or("the peer's QP number is out of range")?,
+        local_comm_id: qpn,
+        remote_comm_id: remote_qpn,
+        primary,
+        agreed_alternate: None,
+        candidates,
+    };
+    info!(
+        qpn,
+        remote_qpn,
+        ?role,
+        rails = rails.len(),
+        "protecting the program's QP"
+    );
+    if let Err(e) = dev.handle.protect(spec).await {
+        release(seen.key, "the engine refused it");
+        return Err(format!("apm's engine refused it: {e}"));
+    }
+    Ok(())
+}
+
+/// Follow one device's notifications into the report and the connections' primaries.
+async fn watch(dev: Arc<Device>) {
+    let mut notes = dev.handle.notifications();
+    loop {
+        let n = match notes.recv().await {
+            Ok(n) => n,
+            Err(tokio::sync::broadcast::error::RecvError::Lagged(k)) => {
+                warn!(k, "apm missed notifications");
+                continue;
+            }
+            Err(_) => return,
+        };
+        let Some(conn) = lock(&dev.conns).get(&n.conn).copied() else {
+            continue;
+        };
+        match n.kind {
+            NotificationKind::Protected { .. } | NotificationKind::Rearmed { .. } => {
+                report::protected(conn.qpn, !conn.protected_once);
+                if let Some(c) = lock(&dev.conns).get_mut(&n.conn) {
+                    c.protected_once = true;
+                }
+            }
+            NotificationKind::Migrated { primary, .. } => {
+                if let Some(c) = lock(&dev.conns).get_mut(&n.conn) {
+                    c.primary = primary;
+                }
+                let took = dev
+                    .facet
+                    .adopted(n.conn)
+                    .and_then(|a| a.last_move())
+                    .map(|d| d.as_secs_f64() * 1000.0);
+                report::failover(conn.qpn, &dev.name, took, primary.to_string());
+            }
+            NotificationKind::Unprotected { reason } => {
+                debug!(qpn = conn.qpn, ?reason, "unprotected");
+                report::unprotected(conn.qpn);
+            }
+            NotificationKind::Lost { reason } => {
+                report::lost(conn.qpn, &dev.name, &format!("{reason:?}"));
+            }
+            _ => {}
+        }
+    }
+}
+
+/// What the agent sends: peer messages to the right engine, rail-down verdicts, its end.
+async fn dispatch(mut events: mpsc::UnboundedReceiver<FromAgent>) {
+    while let Some(ev) = events.recv().await {
+        let Some(Ok(p)) = PROTECTOR.get() else {
+            continue;
+        };
+        let devices: Vec<Arc<Device>> = lock(&p.started).clone();
+        match ev {
+            FromAgent::Peer { from, msg } => {
+                let (local, _) = apm_agent::wire::comm_ids(&msg);
+                let owner = devices
+                    .iter()
+                    .find(|d| lock(&d.conns).values().any(|c| c.qpn == local));
+                match owner {
+                    Some(d) => {
+                        d.peer.deliver(from, msg);
+                    }
+                    None => debug!(local, "peer message for no connection here"),
+                }
+            }
+            FromAgent::RailDown { gid } => {
+                for d in &devices {
+                    let hit: Vec<ConnId> = lock(&d.conns)
+                        .iter()
+                        .filter(|(_, c)| c.primary.sgid == gid || c.primary.dgid == gid)
+                        .map(|(id, _)| *id)
+                        .collect();
+                    for id in hit {
+                        info!(%id, %gid, "rail down under the primary: moving");
+                        let _ = d.handle.report_stall(id).await;
+                    }
+                }
+            }
+            FromAgent::Candidates { .. } => {}
+        }
+    }
+    // The agent went away: no peer messages any more. Connections run on unprotected.
+    report::note(
+        "the apm agent of this host went away: the program's connections run on unprotected",
+    );
+    if let Some(Ok(p)) = PROTECTOR.get() {
+        let devices = lock(&p.started).clone();
+        for d in devices {
+            let ids: Vec<ConnId> = lock(&d.conns).keys().copied().collect();
+            for id in ids {
+                let _ = d.handle.unprotect(id).await;
+            }
+        }
+    }
+}
+
+/// The IBA path-MTU code (1 = 256 .. 5 = 4096) of a QP's MTU.
+fn mtu_code(m: Mtu) -> u8 {
+    match m {
+        Mtu::Mtu256 => 1,
+        Mtu::Mtu512 => 2,
+        Mtu::Mtu1024 => 3,
+        Mtu::Mtu2048 => 4,
+        Mtu::Mtu4096 => 5,
+        Mtu::Other(v) => u8::try_from(v).unwrap_or(0),
+        _ => 0,
+    }
+}

@@ -1,0 +1,185 @@
+//! This process's report ([`apm_agent::report::ProcessReport`]): kept up to date as
+//! things happen and written whole to `APM_RUN_REPORT_DIR/<pid>.json` after each change
+//! (a program that ends with `_exit` or a signal still leaves its last state). Each
+//! distinct reason a QP is not protected is said once on stderr.
+
+use apm_agent::report::{Failover, ProcessReport, Refusal};
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::Instant;
+
+struct State {
+    report: ProcessReport,
+    said: BTreeSet<String>,
+    /// RC QPs apm looks after that have no agreed alternate now: since when.
+    unprotected: BTreeMap<u32, Instant>,
+    dir: Option<PathBuf>,
+    start: Instant,
+}
+
+static STATE: OnceLock<Mutex<State>> = OnceLock::new();
+
+fn state() -> &'static Mutex<State> {
+    STATE.get_or_init(|| {
+        let program = std::fs::read_to_string("/proc/self/comm")
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default();
+        Mutex::new(State {
+            report: ProcessReport {
+                pid: std::process::id(),
+                program,
+                ..ProcessReport::default()
+            },
+            said: BTreeSet::new(),
+            unprotected: BTreeMap::new(),
+            dir: std::env::var_os("APM_RUN_REPORT_DIR").map(PathBuf::from),
+            start: Instant::now(),
+        })
+    })
+}
+
+fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
+    // Whole updates only: a poisoned report is still consistent.
+    let mut s = state().lock().unwrap_or_else(PoisonError::into_inner);
+    let r = f(&mut s);
+    write(&s);
+    r
+}
+
+fn write(s: &State) {
+    let Some(dir) = &s.dir else { return };
+    let mut report = s.report.clone();
+    let now = Instant::now();
+    report.unprotected_ms += s
+        .unprotected
+        .values()
+        .map(|t| now.saturating_duration_since(*t).as_secs_f64() * 1000.0)
+        .sum::<f64>();
+    let Ok(json) = serde_json::to_vec_pretty(&report) else {
+        return;
+    };
+    let path = dir.join(format!("{}.json", report.pid));
+    let tmp = dir.join(format!(".{}.json.tmp", report.pid));
+    if std::fs::write(&tmp, json).is_ok() {
+        let _ = std::fs::rename(&tmp, &path);
+    }
+}
+
+/// Say `line` on stderr unless it was said already.
+fn say_once(s: &mut State, key: &str, line: &str) {
+    if s.said.insert(key.to_owned()) {
+        eprintln!("apm: {line}");
+    }
+}
+
+/// A QP reached RTS.
+pub fn seen() {
+    with(|s| s.report.qps_seen += 1);
+}
+
+/// A QP apm will not protect, and why (said once per reason).
+pub fn refused(qpn: u32, device: &str, reason: &str) {
+    with(|s| {
+        s.unprotected.remove(&qpn);
+        say_once(
+            s,
+            reason,
+            &format!("QP {qpn:#x} on {device} is not protected: {reason} (said once per reason)"),
+        );
+        s.report.not_protected.push(Refusal {
+            qpn,
+            device: device.to_owned(),
+            reason: reason.to_owned(),
+        });
+    });
+}
+
+/// apm started looking after an RC QP (unprotected until the peer agrees).
+pub fn looking_after(qpn: u32) {
+    with(|s| {
+        s.unprotected.entry(qpn).or_insert_with(Instant::now);
+    });
+}
+
+/// An alternate is agreed (`first`: the QP's first).
+pub fn protected(qpn: u32, first: bool) {
+    with(|s| {
+        if first {
+            s.report.protected += 1;
+        }
+        if let Some(t) = s.unprotected.remove(&qpn) {
+            s.report.unprotected_ms += t.elapsed().as_secs_f64() * 1000.0;
+        }
+    });
+}
+
+/// The QP has no agreed alternate any more.
+pub fn unprotected(qpn: u32) {
+    with(|s| {
+        s.unprotected.entry(qpn).or_insert_with(Instant::now);
+    });
+}
+
+/// A move onto the alternate.
+pub fn failover(qpn: u32, device: &str, move_ms: Option<f64>, to: String) {
+    with(|s| {
+        let at_ms = s.start.elapsed().as_secs_f64() * 1000.0;
+        s.unprotected.entry(qpn).or_insert_with(Instant::now);
+        s.report.failovers.push(Failover {
+            qpn,
+            device: device.to_owned(),
+            at_ms,
+            move_ms,
+            to,
+        });
+    });
+}
+
+/// The connection is lost (its QP in error).
+pub fn lost(qpn: u32, device: &str, reason: &str) {
+    with(|s| {
+        if let Some(t) = s.unprotected.remove(&qpn) {
+            s.report.unprotected_ms += t.elapsed().as_secs_f64() * 1000.0;
+        }
+        s.report.lost.push(Refusal {
+            qpn,
+            device: device.to_owned(),
+            reason: reason.to_owned(),
+        });
+    });
+}
+
+/// apm stopped looking after the QP (destroyed, out of RTS).
+pub fn released(qpn: u32) {
+    with(|s| {
+        if let Some(t) = s.unprotected.remove(&qpn) {
+            s.report.unprotected_ms += t.elapsed().as_secs_f64() * 1000.0;
+        }
+    });
+}
+
+/// Something said once, kept in the report's notes.
+pub fn note(line: &str) {
+    with(|s| {
+        say_once(s, line, line);
+        if !s.report.notes.iter().any(|n| n == line) {
+            s.report.notes.push(line.to_owned());
+        }
+    });
+}
+
+/// At exit: the last write; without `apm run`, a summary line of this process.
+pub fn finish() {
+    // A program that never moved a QP to RTS has no report: nothing to do.
+    let Some(s) = STATE.get() else { return };
+    let s = s.lock().unwrap_or_else(PoisonError::into_inner);
+    write(&s);
+    if s.dir.is_none() && s.report.qps_seen > 0 {
+        let run = apm_agent::report::RunReport {
+            exit_status: 0,
+            processes: vec![s.report.clone()],
+        };
+        eprintln!("{}", run.summary().replacen("apm run:", "apm:", 1));
+    }
+}
