@@ -320,9 +320,7 @@ impl Engine {
                 self.set_phase(id, Phase::Idle);
                 self.initiate(id);
             }
-            Phase::AwaitPeer { msg, .. }
-                if probe_path(&msg).is_some_and(|p| !self.path_up(&p)) =>
-            {
+            Phase::AwaitPeer { msg, .. } if probe_path(&msg).is_some_and(|p| !self.path_up(&p)) => {
                 // The path died since the probe went out: the move is off (the HCA
                 // decides at retry exhaustion).
                 self.release_slot(id);

@@ -82,7 +82,7 @@ impl Sim {
     }
 
     /// Route the inputs of `host` to `sink` instead of its controller, and let commands
-    /// for it come in through [`Sim::execute_external`] (for [`crate::SimProvider`]).
+    /// for it come in through [`Sim::submit_external`] (for [`crate::SimProvider`]).
     pub fn attach_external(
         &mut self,
         host: usize,
