@@ -42,9 +42,10 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Mutex};
 use tokio::sync::broadcast;
 
-/// The `wr_id` of the 0-byte RDMA WRITE apm posts on an application's RoCE QP after
-/// moving its path (it restarts the send queue). It is unsignalled: only a QP created
-/// with `sq_sig_all = 1` sees its completion, which it should ignore.
+/// Kept for programs written against earlier versions, which skipped completions with
+/// this `wr_id`: no completion carries it now. After moving a RoCE QP's path apm
+/// restarts its send queue with the send doorbell alone (a zero-work-request post), so
+/// nothing of apm's reaches the application's CQ, also with `sq_sig_all = 1`.
 pub const APM_KICK_WR_ID: u64 = 0xA9A9_0000_0000_4B1C;
 
 /// Result codes of every `apm_*` function that can fail.
@@ -549,8 +550,10 @@ unsafe fn spec_of(info: &ApmConnInfo) -> Result<ConnSpec, ApmStatus> {
 /// Put a connection under protection. `qp` is the application's `struct ibv_qp *`, an
 /// RC QP in RTS on the device `info->primary.device` names (the index of its
 /// `[[device]]` table); it stays the application's (apm never destroys it, and stops
-/// touching it at `apm_unprotect`). On RoCE it must allow `IBV_ACCESS_REMOTE_WRITE`
-/// (see `APM_KICK_WR_ID`). A simulated deployment has no QPs: pass NULL there.
+/// touching it at `apm_unprotect`). Nothing is asked of its access flags: on RoCE apm
+/// restarts its send queue after a move with the send doorbell alone, which posts no
+/// work request and completes nothing. A simulated deployment has no QPs: pass NULL
+/// there.
 ///
 /// # Safety
 /// `m` is a live manager; `info` points to a valid `ApmConnInfo` (and its candidates);

@@ -91,7 +91,7 @@ fn rust_calls_through_the_abi() {
 }
 
 #[test]
-fn the_kick_wr_id_in_the_header_is_the_one_apm_posts() {
+fn the_header_keeps_the_retired_kick_wr_id_of_the_library() {
     assert_eq!(APM_KICK_WR_ID, apm::KICK_WR_ID);
 }
 

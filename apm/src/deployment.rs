@@ -234,7 +234,7 @@ pub enum ProtectError {
          application's own QP facet): use protect"
     )]
     NoQpFacet,
-    /// The QP facet refused the QP (not connected, no remote write, unknown device, ...).
+    /// The QP facet refused the QP (not in RTS, in ERR, unknown device, ...).
     #[error("{0}")]
     Qp(ProviderError),
     /// The manager refused the connection.
@@ -462,8 +462,8 @@ impl Apm {
     /// Put a connection whose QP the application owns under protection: `qp` (from
     /// [`Qp::adopt`], on one of [`Apm::contexts`]) is registered with the deployment's
     /// QP facet as `spec.id`, then protected. On RoCE apm moves it with the SQ drain
-    /// ([`provider_rxe::AdoptedQp`]: the QP must allow remote writes); a QP already in
-    /// ERR when a path fails is reported lost. With hardware APM (`verbs`: InfiniBand,
+    /// ([`provider_rxe::AdoptedQp`]: nothing asked of its access flags, no completion
+    /// of apm's in its CQ); a QP already in ERR when a path fails is reported lost. With hardware APM (`verbs`: InfiniBand,
     /// or RoCE where the kernel accepts alternate paths) the device migrates it
     /// (`spec.mode` must be [`MigrationMode::Hardware`]); apm loads its alternate path,
     /// sets REARM and forces a migration when a path dies. The QP must have been created

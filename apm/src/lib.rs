@@ -35,7 +35,8 @@ pub mod input;
 pub use apm_core;
 pub use config::{Config, ConfigError};
 pub use deployment::{Apm, ProtectError, SimFabric, StartError};
-/// The work request id of apm's kick on an application's QP after a RoCE migration.
+/// The work request id apm's kick on an application's RoCE QP once carried; the kick is
+/// now the send doorbell alone and no completion carries it (kept for old programs).
 pub use provider_rxe::KICK_WR_ID;
 /// A simulated fabric's scenario (topology, faults, workload), for [`SimFabric::new`].
 pub use provider_sim::Scenario;

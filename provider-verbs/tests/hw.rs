@@ -525,8 +525,7 @@ fn adopted_qp_moves_through_the_sq_drain_and_a_failed_one_is_refused() {
     // SAFETY: the QP is live for the whole test (`a` outlives the adopted handle).
     let adopted = unsafe { Qp::adopt(&a.ctx, a.qp.as_raw()) }.expect("adopt");
     assert!(adopted.is_adopted());
-    let adopted =
-        provider_rxe::AdoptedQp::new(Arc::new(adopted)).expect("an RTS QP with remote write");
+    let adopted = provider_rxe::AdoptedQp::new(Arc::new(adopted)).expect("an RTS QP");
     let rt = runtime();
     let av = b.av_to(&a);
     let mut took = None;
