@@ -3,8 +3,11 @@
 //! out of tree against the matching `linux-headers-*` package, stripped, and cached under
 //! `target/vm/rdma-apm/<key>/` by the content that decides them (like the VM image).
 //!
-//! Only the modules the VM loads from the RDMA stack are built: `ib_core`, `ib_uverbs`
-//! and `rdma_rxe` (nothing else the guest loads depends on them). The patched tree keeps
+//! Every module of the RDMA stack the VM loads is built: `ib_core`, `ib_uverbs` and
+//! `rdma_rxe`, which the patches change, and the connection managers `apm run`'s
+//! rdma_cm programs need (`ib_cm`, `iw_cm`, `rdma_cm`, `rdma_ucm`), which are built from
+//! the same tree so that they match the patched core's symbols (nothing else the guest
+//! loads depends on any of them). The patched tree keeps
 //! the kernel's relative paths, so the patches apply with `patch -p1` as to the whole
 //! source.
 //!
@@ -28,10 +31,15 @@ use std::time::Instant;
 /// The patch set, applied in the order its `series` file gives.
 pub const PATCH_DIR: &str = "kernel/rxe-apm";
 
-/// The built modules, in load order, with the path of each inside the kernel tree.
+/// The built modules, in load order (each after those it depends on), with the path of
+/// each inside the kernel tree.
 pub const MODULES: &[(&str, &str)] = &[
     ("ib_core", "drivers/infiniband/core/ib_core.ko"),
+    ("ib_cm", "drivers/infiniband/core/ib_cm.ko"),
+    ("iw_cm", "drivers/infiniband/core/iw_cm.ko"),
+    ("rdma_cm", "drivers/infiniband/core/rdma_cm.ko"),
     ("ib_uverbs", "drivers/infiniband/core/ib_uverbs.ko"),
+    ("rdma_ucm", "drivers/infiniband/core/rdma_ucm.ko"),
     ("rdma_rxe", "drivers/infiniband/sw/rxe/rdma_rxe.ko"),
 ];
 
@@ -41,7 +49,7 @@ const SOURCE_DIRS: &[&str] = &["drivers/infiniband/core", "drivers/infiniband/sw
 
 /// Bumped whenever the way the modules are built changes in a way the key's inputs
 /// would not see.
-const RECIPE: &str = "apm-rdma-modules-1";
+const RECIPE: &str = "apm-rdma-modules-2";
 
 /// The out-of-tree build's top `Kbuild`. The extra include directory two levels down
 /// makes the trace headers' `TRACE_INCLUDE_PATH` (`../../drivers/infiniband/core`,
@@ -52,7 +60,8 @@ const TOP_KBUILD: &str = "obj-m += drivers/infiniband/core/ drivers/infiniband/s
 /// A `Kbuild` beside the core's Makefile (Kbuild files win over Makefiles): the core's
 /// own object lists, with only the modules the VM loads kept.
 const CORE_KBUILD: &str = "include $(src)/Makefile\n\
-                           obj-m := $(filter ib_core.o ib_uverbs.o,$(obj-m))\n";
+                           obj-m := $(filter ib_core.o ib_cm.o iw_cm.o rdma_cm.o ib_uverbs.o \
+                           rdma_ucm.o,$(obj-m))\n";
 
 /// Debian packages the build needs besides the version-locked kernel ones.
 const BUILD_PACKAGES: &[&str] = &["make", "patch", "xz-utils", "binutils", "gcc"];

@@ -12,6 +12,7 @@
 //! What it must never do: run phase 2 on anything but the patched modules (it checks
 //! that each is the out-of-tree one), or hide a phase's failure behind the other's.
 
+use crate::kernel::MODULES;
 use anyhow::{bail, Result};
 use std::fmt::Write as _;
 
@@ -50,61 +51,103 @@ done
 /// device doing hardware APM.
 const PATCHED_TESTS: &[&str] = &["ib_hardware_apm", "roce_hw_apm"];
 
+/// The name a filter selects the patch set's own test by.
+const PATCH_TEST: &str = "rxe_apm_test";
+
+/// `s` as one single-quoted shell word.
+fn quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
+}
+
 /// The guest script (run in place of a single test binary): both phases, or with
-/// `patched_boot` (the guest booted with `apm.rdma=patched`) phase 2 alone; `filter`
-/// narrows the suite's tests in both (test name substrings; empty: all of phase 1, the
-/// hardware-APM ones in phase 2).
+/// `patched_boot` (the guest booted with `apm.rdma=patched`) phase 2 alone. `filter`
+/// narrows each phase (test name substrings): phase 1 runs the suite's tests it selects,
+/// phase 2 the hardware-APM tests it selects and the patch set's test if a filter is
+/// part of [`PATCH_TEST`]'s name; a phase 2 with nothing selected is skipped, module
+/// swap included. With no filter: all of phase 1, and in phase 2 the patch set's test
+/// and every hardware-APM test.
 pub fn script(modules_key: &str, patched_boot: bool, filter: &[String]) -> String {
     let base = "/mnt/hw --ignored --test-threads=1 --nocapture";
-    let narrowed = format!("{base} {}", filter.join(" "));
-    let suite = if filter.is_empty() {
-        base
-    } else {
-        narrowed.as_str()
-    };
+    let words: Vec<String> = filter.iter().map(|f| quote(f)).collect();
     let mut s = String::from(
         "#!/bin/sh\n# The VM suite: stock RDMA modules, then kernel/rxe-apm's.\nstatus=0\n",
     );
     if !patched_boot {
         let _ = writeln!(s, "echo 'APM-PHASE 1: stock rdma_rxe: the hardware suite'");
-        let _ = writeln!(s, "{suite} || status=1");
+        let narrowed: String = words.iter().map(|w| format!(" {w}")).collect();
+        let _ = writeln!(s, "{base}{narrowed} || status=1");
+    }
+    // Phase 2's tests: the hardware-APM ones, narrowed by the filter (full names).
+    let _ = write!(
+        s,
+        "tests=$(/mnt/hw --ignored --list 2>/dev/null | sed -n 's/: test$//p' | grep{}",
+        PATCHED_TESTS
+            .iter()
+            .map(|t| format!(" -e {}", quote(t)))
+            .collect::<String>()
+    );
+    if !filter.is_empty() {
+        let _ = write!(
+            s,
+            " | grep -F{}",
+            words.iter().map(|w| format!(" -e {w}")).collect::<String>()
+        );
+    }
+    s.push_str(")\n");
+    let patch_test = filter.is_empty() || filter.iter().any(|f| PATCH_TEST.contains(f.as_str()));
+    if !patch_test {
+        s.push_str(
+            "if [ -z \"$tests\" ]; then\n  \
+               echo 'APM-PHASE 2: skipped: the filter selects none of its tests'\n  \
+               exit $status\n\
+             fi\n",
+        );
     }
     let _ = writeln!(
         s,
         "echo 'APM-PHASE 2: the patched RDMA modules (kernel/rxe-apm, build {modules_key})'"
     );
+    // Dependents first: the reverse of the load order.
+    let unload: Vec<&str> = MODULES.iter().rev().map(|(m, _)| *m).collect();
+    let all: Vec<&str> = MODULES.iter().map(|(m, _)| *m).collect();
     if !patched_boot {
-        s.push_str(
+        let _ = write!(
+            s,
             "/usr/bin/rdma link delete rxe0; /usr/bin/rdma link delete rxe1\n\
-             rmmod rdma_rxe ib_uverbs ib_core || { echo 'cannot unload the stock modules'; exit 1; }\n\
+             rmmod {} || {{ echo 'cannot unload the stock modules'; exit 1; }}\n\
              for m in $(grep '^patched/' /modules/order-patched); do\n  \
-               insmod /modules/$m || { echo \"insmod $m failed\"; exit 1; }\n\
+               insmod /modules/$m || {{ echo \"insmod $m failed\"; exit 1; }}\n\
              done\n\
              /usr/bin/rdma link add rxe0 type rxe netdev vA\n\
              /usr/bin/rdma link add rxe1 type rxe netdev vB\n",
+            unload.join(" ")
         );
     }
-    s.push_str(
-        "for m in ib_core ib_uverbs rdma_rxe; do\n  \
+    let _ = write!(
+        s,
+        "for m in {}; do\n  \
            t=$(cat /sys/module/$m/taint)\n  \
            case \"$t\" in *O*) ;; *) echo \"$m is not the patched module (taint '$t')\"; exit 1;; esac\n\
          done\n\
-         echo 'APM-PHASE 2: loaded the patched ib_core, ib_uverbs, rdma_rxe (out-of-tree taint O)'\n",
+         echo 'APM-PHASE 2: loaded the patched {} (out-of-tree taint O)'\n",
+        all.join(" "),
+        all.join(", ")
     );
     let _ = writeln!(s, "cat > /tmp/rails.sh <<'RAILS'\n{RAILS_SCRIPT}RAILS");
+    s.push_str("sh /tmp/rails.sh\n");
+    if patch_test {
+        s.push_str(
+            "echo 'APM-PHASE 2: the patch set test (kernel/rxe-apm/test/rxe_apm_test.c)'\n\
+             /mnt/rxe_apm_test rxe0 rxe1 10.0.10.1 10.0.10.2 10.0.20.1 10.0.20.2 \
+             vA.10 vA.20 vB.10 vB.20 /tmp/rails.sh || status=1\n",
+        );
+    }
     s.push_str(
-        "sh /tmp/rails.sh\n\
-         echo 'APM-PHASE 2: the patch set test (kernel/rxe-apm/test/rxe_apm_test.c)'\n\
-         /mnt/rxe_apm_test rxe0 rxe1 10.0.10.1 10.0.10.2 10.0.20.1 10.0.20.2 \
-         vA.10 vA.20 vB.10 vB.20 /tmp/rails.sh || status=1\n\
-         echo 'APM-PHASE 2: the hardware suite on the APM-capable device'\n",
+        "if [ -n \"$tests\" ]; then\n  \
+           echo 'APM-PHASE 2: the hardware suite on the APM-capable device'\n  \
+           APM_HWTEST_RDMA=patched ",
     );
-    let patched_tests = if filter.is_empty() {
-        format!("{base} {}", PATCHED_TESTS.join(" "))
-    } else {
-        narrowed.clone()
-    };
-    let _ = writeln!(s, "APM_HWTEST_RDMA=patched {patched_tests} || status=1");
+    let _ = writeln!(s, "{base} --exact $tests || status=1\nfi");
     s.push_str("exit $status\n");
     s
 }
@@ -196,11 +239,27 @@ mod tests {
     #[test]
     fn phase_two_runs_the_patch_test_on_checked_modules() {
         let s = script("k1", false, &[]);
-        assert!(s.contains("rmmod rdma_rxe ib_uverbs ib_core"));
+        assert!(s.contains("rmmod rdma_rxe rdma_ucm ib_uverbs rdma_cm iw_cm ib_cm ib_core"));
         assert!(!script("k1", true, &[]).contains("rmmod"));
-        assert!(script("k1", true, &["x_y".into()]).contains("--nocapture x_y"));
         assert!(s.contains("*O*"));
         assert!(s.contains("/mnt/rxe_apm_test rxe0 rxe1"));
-        assert!(s.contains("roce_hw_apm"));
+        assert!(s.contains("-e 'roce_hw_apm'"));
+        assert!(s.contains("--exact $tests"));
+        assert!(!s.contains("skipped"), "{s}");
+    }
+
+    #[test]
+    fn a_filter_narrows_both_phases() {
+        let s = script("k1", false, &["apm_run".into()]);
+        assert!(s.contains("--nocapture 'apm_run' || status=1"), "{s}");
+        assert!(s.contains("grep -F -e 'apm_run'"), "{s}");
+        // Phase 2 is skipped when the filter selects no hardware-APM test...
+        assert!(s.contains("skipped: the filter selects none"), "{s}");
+        assert!(!s.contains("/mnt/rxe_apm_test"), "{s}");
+        // ...and the patch set's test runs when the filter names it.
+        let s = script("k1", true, &["rxe_apm".into()]);
+        assert!(s.contains("/mnt/rxe_apm_test"), "{s}");
+        assert!(!s.contains("skipped"), "{s}");
+        assert_eq!(quote("it's"), r"'it'\''s'");
     }
 }
