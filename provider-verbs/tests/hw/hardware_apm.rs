@@ -364,9 +364,10 @@ fn mtu_code(m: Mtu) -> u8 {
 ///
 /// Not covered: the engine's own decision to force a migration, which it takes on a local
 /// `PORT_ERR` (or an SA trap 65): a real port cannot be failed from here, so the test
-/// issues `force_migrate` itself, as the engine would. The engine's rearm after a
-/// migration also needs its peer channel (LAP/APR) and is exercised by `apm pingpong`
-/// and the library test of `roce_apm.rs`, not here.
+/// issues `force_migrate` itself, as the engine would (after its peer answered the
+/// probe). The engine's own sequencing (the probe over the peer channel, the re-arm of
+/// the path left) is exercised by `apm pingpong` and the library test of `roce_apm.rs`,
+/// not here.
 #[test]
 #[ignore = "needs RDMA devices: run `cargo xtask hwtest` (or `--vm`)"]
 fn ib_hardware_apm_through_the_verbs_facet() {

@@ -1,8 +1,9 @@
 //! apm's hardware path on an APM-capable RoCE device (the patched soft-RoCE of
 //! `kernel/rxe-apm`, the VM suite's second phase): `apm pingpong --mode hardware`
 //! through a silent cut and a link down, and the library's `provider = "verbs"`
-//! deployment with application QPs through the re-arm races of seed 001. Each test
-//! skips with the reason where the kernel refuses alternate paths (stock rxe).
+//! deployment with application QPs through both kinds of move and the re-arm after
+//! each. Each test skips with the reason where the kernel refuses alternate paths
+//! (stock rxe).
 
 use super::apm_plan::{roce_plan, Plan};
 use super::hardware_apm::{ib_connect, ib_wait_armed};
@@ -20,8 +21,8 @@ fn hardware_apm_here(v: &Verbs) -> Result<(), String> {
 /// `apm pingpong --mode hardware` between rxe1 and rxe0 over rails 10 and 20: rail 10
 /// cut silently (netem), restored, then rail 20's link taken down and brought back.
 /// Each time the QPs migrate by themselves when their retries on the dead rail run out
-/// (`IBV_EVENT_PATH_MIG` on both sides: "the device migrated"), apm re-arms the other
-/// rail with the peer over UDP, and the connection ends on rail 10 again, re-armed.
+/// (`IBV_EVENT_PATH_MIG` on both sides: "the device migrated"), apm arms the rail they
+/// left at once, and the connection ends on rail 10 again, re-armed.
 /// Every message arrives once and in order. (No `PORT_ERR` on rxe here: one rxe port
 /// carries both rails, so a rail's link going down is no port event.)
 #[test]
@@ -224,19 +225,18 @@ fn rail_of(plan: &Plan, k: usize, av: &AddressVector) -> u16 {
 
 /// The library's `provider = "verbs"` deployment on the APM-capable rxe pair, with the
 /// application's own QPs (created on each Apm's context, so that their async events
-/// reach apm) registered through `Apm::protect_qp`, and seed 001's races on real verbs:
+/// reach apm) registered through `Apm::protect_qp`, on real verbs:
 ///
 /// 1. apm arms the agreed alternate (rail 20) on both sides: ARMED after traffic.
-/// 2. A LAP that arrives before the peer has migrated: the application on A reports a
-///    stall while nothing is sent; apm forces A to MIGRATED (`PATH_MIG` on A), and in
-///    the same step picks the next alternate (rail 10) and sends B a LAP; B's QP still
-///    runs on rail 10 (nothing came on its alternate yet). Then traffic resumes: B
-///    migrates on A's first MigReq=1 packet, and both end re-armed with rail 10 as the
-///    alternate, the new alternate loaded between the migration and the next traffic
-///    on the migrated path where the peer allows it.
-/// 3. A LAP that arrives after the peer has migrated: rail 20 cut silently under
-///    traffic; both QPs migrate by themselves (retries), both engines send LAPs, both
-///    end re-armed with rail 20 as the alternate.
+/// 2. A move apm makes: the application on A reports a stall while nothing is sent;
+///    A's engine asks B over rail 20 to move first (`Migrate`, a probe), B's QP is
+///    forced to MIGRATED, and A's follows on B's answer (both forced, neither by the
+///    device: no packet travelled). Both arm rail 10, the rail they left, at once, and
+///    are ARMED again once traffic flows.
+/// 3. A move the devices make: rail 20 cut silently under traffic; both QPs migrate by
+///    themselves when their retries run out (or on the peer's first MigReq=1 packet),
+///    both engines arm the dead rail 20 at once, and both are ARMED on it again once it
+///    returns.
 ///
 /// Every message arrives once and in order throughout (the exchange checks each).
 #[test]
@@ -277,39 +277,39 @@ fn roce_hw_apm_library_deployment_and_rearm_races() {
     let t = ib_wait_armed(&mut a, &mut b);
     println!("(1) protected through the library: both ARMED on rail 20 after {t:?} of traffic");
 
-    // (2) A forced while idle: the LAP reaches B before B has migrated.
+    // (2) A reports a stall while idle: B is asked to move first, A follows.
     d.forget();
     let forced = Instant::now();
     d.rt.block_on(d.apms[0].report_stall(ConnId(1)))
         .expect("report_stall");
-    let a_moved = d.wait(
-        0,
-        "A migrated",
-        &migrated,
-        Duration::from_secs(5),
-        &mut || {},
-    );
-    std::thread::sleep(Duration::from_millis(300));
-    let b_state = hw_apm::query(&b.qp).expect("query B");
-    let b_rail = rail_of(&plan, 1, &b.qp.query(QpAttrMask::AV).expect("B").ah_attr);
+    let mut moved = [forced; 2];
+    for (k, side) in [(1, "B"), (0, "A")] {
+        moved[k] = d.wait(
+            k,
+            &format!("{side} migrated"),
+            &migrated,
+            Duration::from_secs(5),
+            &mut || {},
+        );
+    }
+    let by_apm = |k: usize| {
+        d.seen[k]
+            .iter()
+            .any(|(_, n)| matches!(n, NotificationKind::Migrated { forced: true, .. }))
+    };
     println!(
-        "(2) A forced {:?} after the report; B meanwhile: {b_state:?} on rail {b_rail} (the LAP \
-         came while B had not migrated)",
-        a_moved - forced
+        "(2) after the report, as the test read it: B migrated after {:?}, A after {:?}",
+        moved[1] - forced,
+        moved[0] - forced
     );
-    assert_eq!(
-        b_rail, 10,
-        "B migrated with no packet from A on its alternate"
+    assert!(
+        by_apm(0) && by_apm(1),
+        "both QPs are moved by apm (B on A's probe, A on B's answer), none by the device \
+         with no traffic: {:?}",
+        d.seen
     );
     let (aa, bb) = (&mut a, &mut b);
     let mut traffic = || exchange(aa, bb, 4);
-    d.wait(
-        1,
-        "B migrated",
-        &migrated,
-        Duration::from_secs(10),
-        &mut traffic,
-    );
     for k in 0..2 {
         d.wait(
             k,
@@ -345,7 +345,7 @@ fn roce_hw_apm_library_deployment_and_rearm_races() {
         d.timeline(forced)
     );
 
-    // (3) Rail 20 cut under traffic: both migrate by themselves, LAPs cross.
+    // (3) Rail 20 cut under traffic: both migrate by themselves and arm it at once.
     d.forget();
     tc(&[
         "qdisc", "add", "dev", "vA.20", "root", "netem", "loss", "100%",
