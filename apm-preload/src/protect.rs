@@ -22,7 +22,7 @@ use apm_core::{
     Qpn, Role, Stack, StaticPaths,
 };
 use provider_rxe::{AdoptedQp, RxeConfig, RxeQpControl};
-use provider_verbs::ffi::{Context, Mtu, QpAttrMask, Verbs};
+use provider_verbs::ffi::{Context, QpAttrMask, Verbs};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
@@ -394,7 +394,7 @@ async fn protect(
         .unwrap_or_default();
     let rails = p.client.candidates(sgid, dgid, local_gids).await?;
     let key = PortKey::new(0, port);
-    let mtu = mtu_code(attr.path_mtu);
+    let mtu = attr.path_mtu.code();
     let path = |l: Gid, r: Gid| -> Option<Path> {
         let mut p = provider_rxe::roce_path(key, ip_of(&l)?, ip_of(&r)?, mtu, attr.timeout);
         p.sgid_index = 0;
@@ -574,18 +574,5 @@ async fn dispatch(mut events: mpsc::UnboundedReceiver<FromAgent>) {
                 let _ = d.handle.unprotect(id).await;
             }
         }
-    }
-}
-
-/// The IBA path-MTU code (1 = 256 .. 5 = 4096) of a QP's MTU.
-fn mtu_code(m: Mtu) -> u8 {
-    match m {
-        Mtu::Mtu256 => 1,
-        Mtu::Mtu512 => 2,
-        Mtu::Mtu1024 => 3,
-        Mtu::Mtu2048 => 4,
-        Mtu::Mtu4096 => 5,
-        Mtu::Other(v) => u8::try_from(v).unwrap_or(0),
-        _ => 0,
     }
 }

@@ -371,20 +371,8 @@ impl Apm {
                 reason: "RoCE devices carry LAP/APR over UDP: [lap] transport = \"udp\"".into(),
             });
         }
-        let udp = bind_udp(config).await?;
-        let peer_auth = Some(udp.authenticator());
         let facet = Arc::new(VerbsQpControl::new(contexts.clone()));
-        let paths = StaticPaths::default();
-        let provider = Arc::new(Stack::new(Arc::clone(&facet), udp, paths.clone()));
-        let (manager, handle) = Manager::new(provider, config.engine_policy())?;
-        let mut apm = Apm::run(manager, handle).await?;
-        apm.devices = Some(Devices {
-            contexts,
-            facet: QpFacet::Verbs(facet),
-            paths: Some(paths),
-            peer_auth,
-        });
-        Ok(apm)
+        Apm::start_roce(config, contexts, Arc::clone(&facet), QpFacet::Verbs(facet)).await
     }
 
     /// A RoCE deployment: provider-rxe's facet on every configured device, cm-lap's UDP
@@ -393,16 +381,28 @@ impl Apm {
     async fn start_rxe(config: &Config) -> Result<Apm, StartError> {
         one_kind(config, ProviderKind::Rxe, "rxe")?;
         let contexts = open_devices(config)?;
+        let facet = Arc::new(RxeQpControl::new(contexts.clone(), RxeConfig::default()));
+        Apm::start_roce(config, contexts, Arc::clone(&facet), QpFacet::Rxe(facet)).await
+    }
+
+    /// The RoCE half both RoCE deployments share: `qp` (the facet `keep` holds too),
+    /// cm-lap's UDP channel ([`bind_udp`]) and the protected connections' paths as the
+    /// fabric.
+    async fn start_roce<Q: QpControl + 'static>(
+        config: &Config,
+        contexts: Vec<Context>,
+        qp: Arc<Q>,
+        keep: QpFacet,
+    ) -> Result<Apm, StartError> {
         let udp = bind_udp(config).await?;
         let peer_auth = Some(udp.authenticator());
-        let facet = Arc::new(RxeQpControl::new(contexts.clone(), RxeConfig::default()));
         let paths = StaticPaths::default();
-        let provider = Arc::new(Stack::new(Arc::clone(&facet), udp, paths.clone()));
+        let provider = Arc::new(Stack::new(qp, udp, paths.clone()));
         let (manager, handle) = Manager::new(provider, config.engine_policy())?;
         let mut apm = Apm::run(manager, handle).await?;
         apm.devices = Some(Devices {
             contexts,
-            facet: QpFacet::Rxe(facet),
+            facet: keep,
             paths: Some(paths),
             peer_auth,
         });

@@ -31,7 +31,7 @@ use apm_core::{
     ConnId, Gid, Input, InputSink, MigState, Path, ProviderError, QpControl, QpEvent, QpSnapshot,
 };
 use async_trait::async_trait;
-use provider_verbs::ffi::{AddressVector, AsyncEventKind, Context, EventElement, GidType, Qp};
+use provider_verbs::ffi::{AddressVector, AsyncEventKind, Context, EventElement, Qp};
 use provider_verbs::VerbsQpControl;
 use std::collections::BTreeMap;
 use std::net::IpAddr;
@@ -278,35 +278,18 @@ pub fn address_vector(ctx: &Context, path: &Path) -> Result<AddressVector, Provi
     })
 }
 
-/// The index of `gid` in `ctx` port `port`'s GID table, a RoCE v2 entry first. Scans
-/// from index 0 and stops at the first RoCE v2 match: rxe's table has 1024 slots, and
-/// reading all of them one by one takes long enough (about a second under emulation) to
-/// matter in a failover.
+/// The index of `gid` in `ctx` port `port`'s GID table, a RoCE v2 entry first
+/// ([`Context::roce_gid_index`]).
 pub fn gid_index(ctx: &Context, port: u8, gid: &Gid) -> Result<u8, ProviderError> {
-    let refused = |e: provider_verbs::VerbsError| ProviderError::Refused {
-        operation: "query GID table".into(),
-        detail: e.to_string(),
-    };
-    let len = ctx.query_port(port).map_err(refused)?.gid_tbl_len;
-    let mut fallback = None;
-    for i in 0..u32::try_from(len).unwrap_or(0).min(256) {
-        let Some(e) = ctx.query_gid(port, i).map_err(refused)? else {
-            continue;
-        };
-        if e.gid != gid.0 {
-            continue;
-        }
-        let index = u8::try_from(e.index)
-            .map_err(|_| ProviderError::Io(format!("GID index {} > 255", e.index)))?;
-        if e.gid_type == GidType::RoceV2 {
-            return Ok(index);
-        }
-        fallback.get_or_insert(index);
-    }
-    fallback.ok_or_else(|| ProviderError::Refused {
-        operation: "find source GID".into(),
-        detail: format!("{gid} is not in {} port {port}'s GID table", ctx.name()),
-    })
+    ctx.roce_gid_index(port, &gid.0)
+        .map_err(|e| ProviderError::Refused {
+            operation: "query GID table".into(),
+            detail: e.to_string(),
+        })?
+        .ok_or_else(|| ProviderError::Refused {
+            operation: "find source GID".into(),
+            detail: format!("{gid} is not in {} port {port}'s GID table", ctx.name()),
+        })
 }
 
 #[async_trait]

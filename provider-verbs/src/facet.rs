@@ -237,15 +237,10 @@ fn roce_av(
     path: &Path,
     av: ffi::AddressVector,
 ) -> Result<ffi::AddressVector, String> {
-    let sgid = path.sgid.0;
-    let found = ctx
-        .first_gid(path.port.port, |g| {
-            g.gid == sgid && g.gid_type == ffi::GidType::RoceV2
-        })
-        .map_err(|e| e.to_string())?;
-    let entry = found.ok_or_else(|| format!("no RoCE v2 GID {} in the table", path.sgid))?;
-    let sgid_index =
-        u8::try_from(entry.index).map_err(|_| format!("GID index {} above 255", entry.index))?;
+    let sgid_index = ctx
+        .roce_gid_index(path.port.port, &path.sgid.0)
+        .map_err(|e| e.to_string())?
+        .ok_or_else(|| format!("no RoCE GID {} in the table", path.sgid))?;
     Ok(ffi::AddressVector {
         is_global: true,
         sgid_index,

@@ -109,27 +109,6 @@ fn hardware_mode(ctx: &Context, args: &Args, infiniband: bool) -> Result<bool> {
     }
 }
 
-fn mtu_code(m: Mtu) -> u8 {
-    match m {
-        Mtu::Mtu256 => 1,
-        Mtu::Mtu512 => 2,
-        Mtu::Mtu1024 => 3,
-        Mtu::Mtu2048 => 4,
-        Mtu::Mtu4096 => 5,
-        _ => 1,
-    }
-}
-
-fn mtu_of(code: u8) -> Mtu {
-    match code {
-        2 => Mtu::Mtu512,
-        3 => Mtu::Mtu1024,
-        4 => Mtu::Mtu2048,
-        5 => Mtu::Mtu4096,
-        _ => Mtu::Mtu256,
-    }
-}
-
 /// One JSON line on the TCP control connection.
 pub(super) async fn send_line<T: Serialize>(w: &mut OwnedWriteHalf, v: &T) -> Result<()> {
     let mut s = serde_json::to_string(v)?;
@@ -333,7 +312,7 @@ fn connect_qp(
             remote_qpn: peer.qpn,
             remote_psn: peer.psn,
             local_psn: psn,
-            mtu: mtu_of(mtu),
+            mtu: Mtu::from_code(mtu),
             timeout: args.ack_timeout,
             retry_cnt: args.retry_cnt,
             rnr_retry: 7,
@@ -444,7 +423,7 @@ pub(super) async fn start(args: &Args) -> Result<Session> {
         rails: args.rails.clone(),
         control,
         comm_id: if client { 0xC11E_0001 } else { 0x5E4E_0001 },
-        mtu: mtu_code(pattr.active_mtu).min(3),
+        mtu: pattr.active_mtu.code().clamp(1, 3),
         infiniband,
         hardware,
     };

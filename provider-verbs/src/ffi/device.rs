@@ -432,7 +432,7 @@ impl Context {
     pub fn first_gid(
         &self,
         port: u8,
-        want: impl Fn(&GidEntry) -> bool,
+        mut want: impl FnMut(&GidEntry) -> bool,
     ) -> Result<Option<GidEntry>> {
         let len = self.query_port(port)?.gid_tbl_len;
         for i in 0..u32::try_from(len).unwrap_or(0).min(256) {
@@ -443,6 +443,29 @@ impl Context {
             }
         }
         Ok(None)
+    }
+
+    /// The index of `gid` in `port`'s GID table for a RoCE address vector: its RoCE v2
+    /// entry, or where it has none the first entry of another type; `None` when the
+    /// table does not hold it. Reads in index order, stops at the RoCE v2 entry and
+    /// never past index 255, as [`Context::first_gid`] does (RoCE GID indexes move when
+    /// addresses come and go: look them up each time).
+    pub fn roce_gid_index(&self, port: u8, gid: &[u8; 16]) -> Result<Option<u8>> {
+        let mut other_type = None;
+        let v2 = self.first_gid(port, |e| {
+            if e.gid != *gid {
+                return false;
+            }
+            if e.gid_type == GidType::RoceV2 {
+                return true;
+            }
+            other_type.get_or_insert(e.index);
+            false
+        })?;
+        Ok(v2
+            .map(|e| e.index)
+            .or(other_type)
+            .and_then(|i| u8::try_from(i).ok()))
     }
 
     /// The GID table index holding `addr` (as a RoCE GID: IPv6, or IPv4-mapped), with the

@@ -33,6 +33,17 @@ impl Mtu {
             o => Mtu::Other(o),
         }
     }
+    /// The IBA path-MTU code (1 = 256 ... 5 = 4096, `enum ibv_mtu`'s values), as an
+    /// engine `Path` carries it; 0 for a value no code fits.
+    pub fn code(self) -> u8 {
+        u8::try_from(self.raw()).unwrap_or(0)
+    }
+
+    /// The MTU of an IBA path-MTU code (see [`Mtu::code`]).
+    pub fn from_code(code: u8) -> Self {
+        Self::from_raw(u32::from(code))
+    }
+
     fn raw(self) -> u32 {
         match self {
             Mtu::Mtu256 => sys::IBV_MTU_256,

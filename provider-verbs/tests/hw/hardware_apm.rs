@@ -337,17 +337,6 @@ fn ib_hardware_apm_arm_forced_migration_path_mig_rearm() {
     println!("{TEST}: rearmed after moving back: ARMED on both in {t:?}; passed");
 }
 
-/// The IBA MTU code of a path MTU (1 = 256 ... 5 = 4096).
-fn mtu_code(m: Mtu) -> u8 {
-    match m {
-        Mtu::Mtu256 => 1,
-        Mtu::Mtu512 => 2,
-        Mtu::Mtu2048 => 4,
-        Mtu::Mtu4096 => 5,
-        _ => 3,
-    }
-}
-
 /// The same hardware APM cycle as [`ib_hardware_apm_arm_forced_migration_path_mig_rearm`],
 /// driven through apm-core's QP-control facet, [`provider_verbs::VerbsQpControl`]: the
 /// engine's commands (`load_alternate`, `set_rearm`, `force_migrate`, `query_qp`) on real
@@ -410,7 +399,7 @@ fn ib_hardware_apm_through_the_verbs_facet() {
             PathEnd::Roce { .. } => 0,
         };
         let slid = e.ctx.query_port(p.port()).expect("query_port").lid + u16::from(bits);
-        p.engine_path(dev, slid, mtu_code(plan.mtu), IB_ACK_TIMEOUT)
+        p.engine_path(dev, slid, plan.mtu.code(), IB_ACK_TIMEOUT)
     };
     // (primary, alternate) of each connection.
     let mut paths: [(Path, Path); 2] = [
