@@ -6,6 +6,7 @@
 //! rxe needs, the host's iproute2/rdma-core tools and libibverbs with its rxe provider.
 //! The binary under test is a host binary handed over a 9p share (so the guest runs the
 //! very libibverbs it was built against); its output and exit code come back the same way.
+//! This module builds the image; `vm/qemu.rs` boots it and runs the program.
 //!
 //! What it must never do: leave a qemu running (a wall-clock timeout kills it by PID, and
 //! a guard kills it on every early return), touch anything outside `target/vm/` except
@@ -17,12 +18,12 @@
 
 use anyhow::{bail, Context, Result};
 use std::collections::{BTreeMap, BTreeSet};
-use std::fmt::Write as _;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::process::Command;
+
+mod qemu;
+pub(crate) use qemu::shell_quote;
+pub use qemu::{run, RunSpec};
 
 /// Debian packages the runner needs on the host (qemu, the initramfs tools, and the
 /// userspace that is copied into the guest).
@@ -150,45 +151,6 @@ pub fn guest_kernel(vm_dir: &Path) -> Result<GuestKernel> {
     let deb = kernel_deb(vm_dir)?;
     let (root, release) = unpack_kernel(vm_dir, &deb)?;
     Ok(GuestKernel { deb, root, release })
-}
-
-/// One program to run inside a fresh VM.
-#[derive(Debug, Clone)]
-pub struct RunSpec {
-    /// Host binary to run in the guest (copied to the share).
-    pub binary: PathBuf,
-    /// More host binaries the run uses (copied to the share as `/mnt/<name>`, with their
-    /// libraries), e.g. the `apm` command the suite drives.
-    pub extra_binaries: Vec<PathBuf>,
-    pub args: Vec<String>,
-    pub env: Vec<(String, String)>,
-    /// Shell commands run in the guest before the binary (device set-up); a failure
-    /// fails the run.
-    pub setup: String,
-    /// Wall-clock limit for the whole VM, boot to power-off.
-    pub timeout: Duration,
-    /// Boot with the patched RDMA modules (`apm.rdma=patched`) instead of the stock ones.
-    pub patched_rdma: bool,
-}
-
-/// What came back from the VM.
-#[derive(Debug)]
-pub struct Outcome {
-    /// Exit code of the run script (set-up and binary); `None` if none came back.
-    pub exit_code: Option<i32>,
-    /// Combined stdout and stderr of the run script.
-    pub output: String,
-    /// The serial console (kernel and init messages).
-    pub console: String,
-    pub timed_out: bool,
-    /// The guest never reached its init within [`BOOT_TIMEOUT`] (qemu was killed).
-    pub boot_hung: bool,
-    /// qemu start to the guest's "booted" marker.
-    pub boot: Option<Duration>,
-    /// "booted" marker to "done" marker.
-    pub run: Option<Duration>,
-    /// qemu start to qemu exit.
-    pub total: Duration,
 }
 
 /// Install the host packages the runner needs, when any is missing (Debian only).
@@ -540,239 +502,6 @@ pub fn ldd(obj: &Path) -> Result<Vec<PathBuf>> {
     Ok(libs)
 }
 
-/// A guest that has not reached init by now is stuck: TCG boots it in ~10 s (~30 s
-/// with both host cores busy). Seen once in a CI run: the kernel silent after
-/// "Booting from ROM..." for 300 s, with the same image that booted before and after.
-pub const BOOT_TIMEOUT: Duration = Duration::from_secs(120);
-
-/// Boot a VM from `image`, run `spec` inside, and power off. A boot that hangs before
-/// init ([`BOOT_TIMEOUT`]) is retried once, and said so: nothing of the test had run.
-pub fn run(image: &Image, spec: &RunSpec, work: &Path) -> Result<Outcome> {
-    let first = run_once(image, spec, work)?;
-    if !first.boot_hung {
-        return Ok(first);
-    }
-    eprintln!(
-        "hwtest --vm: the guest did not reach init within {BOOT_TIMEOUT:?} (console:\n{}); \
-         booting once more",
-        first.console.trim_end()
-    );
-    run_once(image, spec, work)
-}
-
-fn run_once(image: &Image, spec: &RunSpec, work: &Path) -> Result<Outcome> {
-    let share = work.join("share");
-    let _ = std::fs::remove_dir_all(work);
-    std::fs::create_dir_all(share.join("lib"))?;
-    let result = run_in(image, spec, work, &share);
-    // The share holds a copy of the binary: never leave it behind.
-    let _ = std::fs::remove_dir_all(work);
-    result
-}
-
-fn run_in(image: &Image, spec: &RunSpec, work: &Path, share: &Path) -> Result<Outcome> {
-    let bin_name = file_name(&spec.binary);
-    for bin in std::iter::once(&spec.binary).chain(&spec.extra_binaries) {
-        copy(bin, &share.join(file_name(bin)))?;
-        // The binary's libraries go to the share (the image only has what its own tools
-        // need, e.g. no libgcc_s); the dynamic loader is in the image already.
-        for lib in ldd(bin)? {
-            let name = file_name(&lib);
-            if !name.starts_with("ld-linux") {
-                copy(&lib, &share.join("lib").join(name))?;
-            }
-        }
-    }
-    let mut script = String::from(
-        "set -e\n\
-         export PATH=/bin:/usr/bin:/usr/sbin\n\
-         export LD_LIBRARY_PATH=/mnt/lib:/usr/lib/x86_64-linux-gnu\n\
-         export HOME=/tmp RUST_BACKTRACE=1\n\
-         cd /tmp\n",
-    );
-    script.push_str(&spec.setup);
-    script.push('\n');
-    for (k, v) in &spec.env {
-        let _ = writeln!(script, "export {k}={}", shell_quote(v));
-    }
-    let _ = write!(script, "exec /mnt/{}", shell_quote(&bin_name));
-    for a in &spec.args {
-        let _ = write!(script, " {}", shell_quote(a));
-    }
-    script.push('\n');
-    std::fs::write(share.join("run.sh"), script)?;
-
-    let mut cmd = Command::new("qemu-system-x86_64");
-    cmd.args([
-        "-accel",
-        "tcg,thread=multi",
-        "-cpu",
-        "max",
-        "-smp",
-        "2",
-        "-m",
-        "1024",
-    ])
-    .args(["-nographic", "-no-reboot", "-nic", "none"])
-    .arg("-kernel")
-    .arg(&image.kernel)
-    .arg("-initrd")
-    .arg(&image.initramfs)
-    .arg("-append")
-    .arg(if spec.patched_rdma {
-        "console=ttyS0 panic=-1 quiet apm.rdma=patched"
-    } else {
-        "console=ttyS0 panic=-1 quiet"
-    })
-    .arg("-virtfs")
-    .arg(format!(
-        "local,path={},mount_tag=share,security_model=none,id=share",
-        share.display()
-    ))
-    .stdin(Stdio::null())
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped());
-    let start = Instant::now();
-    let child = cmd.spawn().context("could not start qemu-system-x86_64")?;
-    let mut guard = QemuGuard(child);
-    let pid = guard.0.id();
-
-    let (tx, rx) = mpsc::channel::<(Instant, String)>();
-    let stdout = guard.0.stdout.take();
-    let reader = std::thread::spawn(move || {
-        if let Some(out) = stdout {
-            for line in BufReader::new(out).split(b'\n') {
-                let Ok(line) = line else { break };
-                let text = String::from_utf8_lossy(&line).trim_end().to_owned();
-                if tx.send((Instant::now(), text)).is_err() {
-                    break;
-                }
-            }
-        }
-    });
-    let stderr = guard.0.stderr.take();
-    let err_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        if let Some(mut e) = stderr {
-            let _ = std::io::Read::read_to_string(&mut e, &mut s);
-        }
-        s
-    });
-
-    let deadline = start + spec.timeout;
-    let mut console = String::new();
-    let (mut booted, mut done) = (None, None);
-    let mut timed_out = false;
-    let mut boot_hung = false;
-    let mut exited = false;
-    loop {
-        let now = Instant::now();
-        if now >= deadline {
-            timed_out = true;
-            break;
-        }
-        if booted.is_none() && now >= start + BOOT_TIMEOUT.min(spec.timeout) {
-            boot_hung = true;
-            break;
-        }
-        match rx.recv_timeout((deadline - now).min(Duration::from_millis(200))) {
-            Ok((at, line)) => {
-                if line.contains(MARK_BOOTED) && booted.is_none() {
-                    booted = Some(at);
-                }
-                if line.contains(MARK_DONE) && done.is_none() {
-                    done = Some(at);
-                }
-                console.push_str(&line);
-                console.push('\n');
-            }
-            Err(mpsc::RecvTimeoutError::Timeout) => {}
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                exited = true;
-                break;
-            }
-        }
-    }
-    if boot_hung {
-        eprintln!("hwtest --vm: no init after {BOOT_TIMEOUT:?}: killing qemu (pid {pid})");
-    }
-    if timed_out {
-        eprintln!(
-            "hwtest --vm: timeout after {:?}: killing qemu (pid {pid})",
-            spec.timeout
-        );
-    }
-    let status = if exited {
-        // stdout closed: qemu is exiting; give it a moment, then make sure.
-        wait_timeout(&mut guard.0, Duration::from_secs(10))?
-    } else {
-        None
-    };
-    if status.is_none() {
-        let _ = guard.0.kill();
-        let _ = guard.0.wait();
-    }
-    let total = start.elapsed();
-    let _ = reader.join();
-    while let Ok((_, line)) = rx.try_recv() {
-        console.push_str(&line);
-        console.push('\n');
-    }
-    let qemu_err = err_reader.join().unwrap_or_default();
-    if !qemu_err.trim().is_empty() {
-        let _ = writeln!(console, "[qemu stderr] {}", qemu_err.trim());
-    }
-    let output = std::fs::read_to_string(share.join("output.txt")).unwrap_or_default();
-    let exit_code = std::fs::read_to_string(share.join("exit-code"))
-        .ok()
-        .and_then(|s| s.trim().parse().ok());
-    // Kept for a look after a failure; one file, overwritten by the next run.
-    if let Some(dir) = work.parent() {
-        let _ = std::fs::write(dir.join("last-console.log"), &console);
-    }
-    Ok(Outcome {
-        exit_code,
-        output,
-        console,
-        timed_out: timed_out || boot_hung,
-        boot_hung,
-        boot: booted.map(|b| b - start),
-        run: booted
-            .zip(done)
-            .map(|(b, d)| d.saturating_duration_since(b)),
-        total,
-    })
-}
-
-/// Kills qemu if it is still running when the runner returns early.
-struct QemuGuard(Child);
-
-impl Drop for QemuGuard {
-    fn drop(&mut self) {
-        if let Ok(None) = self.0.try_wait() {
-            let _ = self.0.kill();
-            let _ = self.0.wait();
-        }
-    }
-}
-
-fn wait_timeout(child: &mut Child, limit: Duration) -> Result<Option<std::process::ExitStatus>> {
-    let until = Instant::now() + limit;
-    loop {
-        if let Some(s) = child.try_wait()? {
-            return Ok(Some(s));
-        }
-        if Instant::now() >= until {
-            return Ok(None);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn shell_quote(s: &str) -> String {
-    format!("'{}'", s.replace('\'', r"'\''"))
-}
-
 fn strip_root(p: &Path) -> PathBuf {
     p.strip_prefix("/").unwrap_or(p).to_path_buf()
 }
@@ -821,10 +550,5 @@ mod tests {
         let (mut seen, mut order) = (BTreeSet::new(), Vec::new());
         visit("a.ko", &deps, &mut seen, &mut order);
         assert_eq!(order, ["c.ko", "b.ko", "a.ko"]);
-    }
-
-    #[test]
-    fn quoting_survives_single_quotes() {
-        assert_eq!(shell_quote("it's"), r"'it'\''s'");
     }
 }
