@@ -1,12 +1,14 @@
 //! apm's own vendor-class attributes for software path migration, and the whole peer
 //! message (LAP, APR, MRA, Migrate, MigrateAck) as one 256-byte vendor MAD.
 //!
-//! RoCE has no hardware APM: when a path dies both QPs move their primary address vector
-//! in software, and the side that moved first tells the other with `Migrate`, answered by
-//! `MigrateAck` (apm-core's engine decides when; this module only says how they look on
-//! the wire). They travel in the same vendor class, class version and OUI as the LAP, APR
-//! and MRA of [`crate::umad_transport`]'s vendor channel, method Send (0x03), under two
-//! attribute IDs of apm's own:
+//! When a path dies apm asks the peer over the alternate to move first with `Migrate`,
+//! answered by `MigrateAck`: on RoCE both QPs then move their primary address vector in
+//! software, with hardware APM the QPs are forced to migrate (apm-core's engine decides
+//! when; this module only says how they look on the wire). They travel in the same vendor
+//! class, class version and OUI as the LAP, APR and MRA of [`crate::umad_transport`]'s
+//! vendor channel (on InfiniBand, that channel itself carries them; on RoCE, UDP
+//! datagrams of the whole MAD), method Send (0x03), under two attribute IDs of apm's
+//! own:
 //!
 //! **Migrate** (attribute [`MIGRATE_ATTR`] = 0xA001). Offsets within the 216 vendor data
 //! bytes (MAD byte 40 on), big-endian; every byte not listed is reserved and sent as 0:
@@ -105,8 +107,27 @@ pub fn decode(class: u8, oui: [u8; 3], port: PortKey, mad: &[u8]) -> Option<(u64
         return None;
     }
     let tid = v.header.transaction_id;
-    let d = &v.data[..];
-    let msg = match v.header.attribute_id {
+    let msg = match decode_attribute(v.header.attribute_id, &v.data[..], port) {
+        Some(m) => m,
+        None if is_apm_attribute(v.header.attribute_id) => return None,
+        None => {
+            let body = umad_transport::decode(CmChannel::Vendor { class, oui }, mad)?;
+            to_peer_msg(&body, port)?
+        }
+    };
+    Some((tid, msg))
+}
+
+/// Whether `attr` is one of apm's own attributes ([`MIGRATE_ATTR`], [`MIGRATE_ACK_ATTR`]).
+pub fn is_apm_attribute(attr: AttributeId) -> bool {
+    attr == MIGRATE_ATTR || attr == MIGRATE_ACK_ATTR
+}
+
+/// The Migrate or MigrateAck in the vendor data `d` of a MAD with attribute `attr`
+/// (`None` for another attribute or values the engine's types cannot hold). `port` is
+/// the local port the engine should see it arrive on.
+pub fn decode_attribute(attr: AttributeId, d: &[u8], port: PortKey) -> Option<PeerMsg> {
+    Some(match attr {
         MIGRATE_ATTR => PeerMsg::Migrate(Migrate {
             sender_comm_id: be32(d, 0)?,
             receiver_comm_id: be32(d, 4)?,
@@ -142,12 +163,8 @@ pub fn decode(class: u8, oui: [u8; 3], port: PortKey, mad: &[u8]) -> Option<(u64
                 _ => return None,
             },
         }),
-        _ => {
-            let body = umad_transport::decode(CmChannel::Vendor { class, oui }, mad)?;
-            to_peer_msg(&body, port)?
-        }
-    };
-    Some((tid, msg))
+        _ => return None,
+    })
 }
 
 fn oui_of(oui: [u8; 3]) -> Oui {

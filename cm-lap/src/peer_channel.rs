@@ -1,5 +1,8 @@
 //! The engine's peer facet ([`apm_core::PeerChannel`]) over the umad transport: the
-//! engine's LAP/APR/MRA become CM messages on the wire and back.
+//! engine's LAP/APR/MRA become CM messages on the wire and back, and on a vendor
+//! channel its Migrate/MigrateAck (a hardware-APM engine asks its peer to move before it
+//! forces a migration) become apm's own attributes ([`crate::apm_msg`]). The CM class
+//! has no room for those: a send of one is refused.
 //!
 //! The engine checks that a message comes from the connection's peer by the sender's
 //! GID. A MAD without a GRH carries only the source LID (set by the fabric, not by the
@@ -8,7 +11,7 @@
 //! owns. It never answers a LAP itself: the engine decides, this only carries.
 
 use crate::answer_tids::AnswerTids;
-use crate::umad_transport::{Incoming, TransportError, UmadCmTransport};
+use crate::umad_transport::{CmChannel, Incoming, TransportError, UmadCmTransport};
 use apm_core::{
     ApStatus, Apr, Gid, Input, InputSink, Lap, Lid, Mra, Path, PeerAddr, PeerChannel, PeerMsg,
     PortKey, ProviderError, Qpn,
@@ -174,7 +177,11 @@ impl PeerChannel for UmadPeerChannel {
         let tids = self.lap_tids.clone();
         tokio::spawn(async move {
             while let Some(m) = rx.recv().await {
-                let Some(msg) = to_peer_msg(&m.body, port) else {
+                let msg = match &m.body {
+                    CmBody::Other(d) => crate::apm_msg::decode_attribute(m.attribute, &d[..], port),
+                    body => to_peer_msg(body, port),
+                };
+                let Some(msg) = msg else {
                     debug!("CM message the engine does not take: dropped");
                     continue;
                 };
@@ -202,16 +209,31 @@ impl PeerChannel for UmadPeerChannel {
         if port != self.port && !self.carried.contains(&port) {
             return Err(self.refused(format!("{port} is not this channel's port")));
         }
-        let body = from_peer_msg(&msg).map_err(|e| self.refused(e.to_string()))?;
         // An answer reuses its LAP's TID; a LAP (and a resent one) gets a fresh one.
         let tid = self
             .lap_tids
             .for_answer(&msg)
             .unwrap_or_else(|| self.transport.next_tid());
         let dlid = self.routes.get(&to.gid.0).copied().unwrap_or(to.lid.get());
-        self.transport
-            .send(Dest::gsi(dlid, 0), tid, &body)
-            .map_err(|e| ProviderError::Io(e.to_string()))
+        let sent = match (&msg, self.transport.channel()) {
+            (PeerMsg::Migrate(_) | PeerMsg::MigrateAck(_), CmChannel::Vendor { class, oui }) => {
+                let mad = crate::apm_msg::encode(class, oui, tid, &msg)
+                    .map_err(|e| self.refused(e.to_string()))?;
+                self.transport.send_mad(Dest::gsi(dlid, 0), &mad)
+            }
+            (PeerMsg::Migrate(_) | PeerMsg::MigrateAck(_), CmChannel::CmClass) => {
+                return Err(self.refused(
+                    "the CM class has no attribute for apm's Migrate (the probe before a \
+                     forced migration): use a vendor class"
+                        .into(),
+                ))
+            }
+            _ => {
+                let body = from_peer_msg(&msg).map_err(|e| self.refused(e.to_string()))?;
+                self.transport.send(Dest::gsi(dlid, 0), tid, &body)
+            }
+        };
+        sent.map_err(|e| ProviderError::Io(e.to_string()))
     }
 }
 
@@ -256,8 +278,8 @@ pub fn to_peer_msg(body: &CmBody, port: PortKey) -> Option<PeerMsg> {
     })
 }
 
-/// The CM message for an engine message. Software-migration messages do not travel
-/// over MADs (they are RoCE's, over UDP).
+/// The CM message for an engine message. Migrate and MigrateAck are no CM messages
+/// ([`crate::apm_msg`] encodes them).
 pub fn from_peer_msg(msg: &PeerMsg) -> Result<CmBody, TransportError> {
     let bad = |what: &str| TransportError::Encode(format!("{what} out of range"));
     Ok(match msg {

@@ -10,6 +10,10 @@
 //!   bytes under the CM attribute ID; the private data is cut to fit (the exchange
 //!   carries none).
 //!
+//! A vendor channel also carries apm's own attributes, Migrate and MigrateAck
+//! ([`crate::apm_msg`]): what a hardware-APM engine asks its peer before a forced
+//! migration. The CM class cannot (it has no attributes of apm's).
+//!
 //! Every message is a Send (a request, so umad2sim and the kernel hand it to the
 //! receiver's agent as unsolicited); the protocol engine pairs LAPs and APRs by comm
 //! IDs, retransmits and detects duplicates. This module only encodes, sends, receives
@@ -88,7 +92,11 @@ pub struct Incoming {
     pub from: RecvAddr,
     /// Its transaction ID (as received; high bits may have been rewritten).
     pub tid: u64,
-    /// The message (LAP, APR or MRA).
+    /// The MAD's attribute ID: a CM message's, or one of apm's own
+    /// ([`crate::apm_msg::is_apm_attribute`]).
+    pub attribute: AttributeId,
+    /// The message (LAP, APR or MRA); apm's own attributes arrive as `Other` holding
+    /// the vendor data bytes (decode with [`crate::apm_msg::decode_attribute`]).
     pub body: CmBody,
 }
 
@@ -112,11 +120,12 @@ impl UmadCmTransport {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(async move {
             while let Some(m) = unsolicited.recv().await {
-                match decode(channel, &m.mad) {
-                    Some(body) => {
+                match decode_carried(channel, &m.mad) {
+                    Some((attribute, body)) => {
                         let inc = Incoming {
                             from: m.src,
                             tid: m.tid(),
+                            attribute,
                             body,
                         };
                         if tx.send(inc).is_err() {
@@ -151,6 +160,37 @@ impl UmadCmTransport {
         self.port.send(&mad, to)?;
         Ok(())
     }
+
+    /// Send a MAD encoded elsewhere (apm's own attributes, [`crate::apm_msg::encode`])
+    /// to `to`.
+    pub fn send_mad(&self, to: Dest, mad: &[u8; ib_mad::MAD_SIZE]) -> Result<(), TransportError> {
+        self.port.send(mad, to)?;
+        Ok(())
+    }
+}
+
+/// What [`UmadCmTransport`] passes on from a received MAD: a LAP, APR or MRA, or on a
+/// vendor channel one of apm's own attributes (as `Other`, the vendor data bytes).
+fn decode_carried(channel: CmChannel, mad: &[u8]) -> Option<(AttributeId, CmBody)> {
+    if let Some(body) = decode(channel, mad) {
+        return Some((body.attribute_id()?, body));
+    }
+    let CmChannel::Vendor { class, oui } = channel else {
+        return None;
+    };
+    let v = VendorMad::decode(mad).ok()?;
+    let want = u32::from_be_bytes([0, oui[0], oui[1], oui[2]]);
+    let attr = v.header.attribute_id;
+    if v.header.mgmt_class.0 != class
+        || v.oui.0.get() != want
+        || v.header.method != Method::SEND
+        || !crate::apm_msg::is_apm_attribute(attr)
+    {
+        return None;
+    }
+    let mut data = Box::new([0u8; ib_mad::cm::CM_DATA_SIZE]);
+    data[..VENDOR_DATA_SIZE].copy_from_slice(&v.data[..]);
+    Some((attr, CmBody::Other(data)))
 }
 
 /// Encode `body` for `channel`.
@@ -236,6 +276,34 @@ mod tests {
             alt_remote_lid: ib_mad::types::Lid(13),
             ..Lap::default()
         }
+    }
+
+    #[test]
+    fn a_vendor_channel_passes_apm_attributes_on_the_cm_class_does_not() {
+        let (class, oui) = (DEFAULT_VENDOR_CLASS, [0x00, 0x14, 0x05]);
+        let msg = apm_core::PeerMsg::MigrateAck(apm_core::MigrateAck {
+            sender_comm_id: 7,
+            receiver_comm_id: 9,
+            ok: true,
+        });
+        let wire = crate::apm_msg::encode(class, oui, 0x42, &msg).unwrap();
+        let (attr, body) = decode_carried(CmChannel::Vendor { class, oui }, &wire).unwrap();
+        assert_eq!(attr, crate::apm_msg::MIGRATE_ACK_ATTR);
+        let CmBody::Other(d) = body else {
+            panic!("apm's attribute as Other: {body:?}")
+        };
+        let port = apm_core::PortKey::new(0, 1);
+        assert_eq!(
+            crate::apm_msg::decode_attribute(attr, &d[..], port),
+            Some(msg)
+        );
+        assert_eq!(decode_carried(CmChannel::CmClass, &wire), None);
+        // Another OUI's is not ours.
+        let other = CmChannel::Vendor {
+            class,
+            oui: [0, 0, 1],
+        };
+        assert_eq!(decode_carried(other, &wire), None);
     }
 
     #[test]
