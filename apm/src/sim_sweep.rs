@@ -60,7 +60,10 @@ pub struct FamilyResult {
 }
 
 /// Run the sweep. `progress` is told after each seed.
-pub fn run(sweep: &Sweep, progress: Option<&indicatif::ProgressBar>) -> anyhow::Result<Vec<FamilyResult>> {
+pub fn run(
+    sweep: &Sweep,
+    progress: Option<&indicatif::ProgressBar>,
+) -> anyhow::Result<Vec<FamilyResult>> {
     let jobs: Vec<(Family, u64)> = sweep
         .families
         .iter()
@@ -199,7 +202,17 @@ pub fn table(sweep: &Sweep, results: &[FamilyResult]) -> String {
     let _ = writeln!(
         o,
         "{:<22} {:>6} | {:>6} {:>6} {:>7} | {:>13} {:>13} | {:>6} | {:>6} {:>7} {:>7}",
-        "family", "conns", "apm", "hw", "reload", "better/=/worse", "better/=/worse", "seeds", "apm", "hw", "reload"
+        "family",
+        "conns",
+        "apm",
+        "hw",
+        "reload",
+        "better/=/worse",
+        "better/=/worse",
+        "seeds",
+        "apm",
+        "hw",
+        "reload"
     );
     let p99 = |r: &FamilyResult, p: &str| {
         r.restore_p99_ms
@@ -231,13 +244,17 @@ pub fn table(sweep: &Sweep, results: &[FamilyResult]) -> String {
             p99(r, "reload-local"),
         );
     }
-    let _ = writeln!(
+    let _ =
+        writeln!(
         o,
         "\nkept seeds: seeds where apm lost a connection that a baseline kept. Replay one with\n  \
          apm simulate --family FAMILY{} --seed N",
         if sweep.size == Size::Small { " --small" } else { "" }
     );
-    for r in results.iter().filter(|r| !r.seeds_losing_a_kept_connection.is_empty()) {
+    for r in results
+        .iter()
+        .filter(|r| !r.seeds_losing_a_kept_connection.is_empty())
+    {
         let shown: Vec<String> = r
             .seeds_losing_a_kept_connection
             .iter()

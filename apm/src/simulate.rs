@@ -381,14 +381,21 @@ pub fn table(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
         ("  disjoint armed: p99 (ms)", |r| {
             ms(&r.restore_disjoint_ms, r.restore_disjoint_ms.p99)
         }),
-        ("armed, port-disjoint (conn-s)", |r| conn_s(r.armed_disjoint_ms_total)),
-        ("armed, same port (conn-s)", |r| conn_s(r.armed_shared_ms_total)),
+        ("armed, port-disjoint (conn-s)", |r| {
+            conn_s(r.armed_disjoint_ms_total)
+        }),
+        ("armed, same port (conn-s)", |r| {
+            conn_s(r.armed_shared_ms_total)
+        }),
         ("unprotected (conn-s)", |r| conn_s(r.unprotected_ms_total)),
         ("  of which lost (conn-s)", |r| conn_s(r.lost_ms_total)),
         ("SA queries", |r| r.sa_queries.to_string()),
         ("MADs sent", |r| r.mads_sent.to_string()),
         ("armed at the end (disjoint)", |r| {
-            format!("{}/{} ({})", r.end_state[0], r.connections, r.end_armed_disjoint)
+            format!(
+                "{}/{} ({})",
+                r.end_state[0], r.connections, r.end_armed_disjoint
+            )
         }),
     ];
     for (name, f) in rows {

@@ -55,7 +55,11 @@ fn json_has_exactly_the_fields_and_is_deterministic() {
             "{name}"
         );
         assert_eq!(keys(&p["restore_ms"]), ["max", "p50", "p99"], "{name}");
-        assert_eq!(keys(&p["restore_disjoint_ms"]), ["max", "p50", "p99"], "{name}");
+        assert_eq!(
+            keys(&p["restore_disjoint_ms"]),
+            ["max", "p50", "p99"],
+            "{name}"
+        );
         assert_eq!(p["connections"], 300, "{name}");
     }
     // The point of the default scenario: apm loses nothing, hw-only does.
@@ -71,7 +75,11 @@ fn no_restore_is_null_not_zero() {
     let file = dir.join("quiet.toml");
     std::fs::write(&file, "duration_ms = 200\n[workload]\nconnections = 10\n").unwrap();
     let out = apm(&["simulate", "--json", "--scenario", file.to_str().unwrap()]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(doc["policies"]["apm"]["restore_ms"]["p99"].is_null());
     let table = apm(&["simulate", "--scenario", file.to_str().unwrap()]);
@@ -83,13 +91,27 @@ fn no_restore_is_null_not_zero() {
 #[test]
 fn a_family_seed_replays_and_a_small_sweep_prints_every_family() {
     let out = apm(&[
-        "simulate", "--family", "random-dual-rail-lmc1", "--small", "--seed", "3", "--json",
+        "simulate",
+        "--family",
+        "random-dual-rail-lmc1",
+        "--small",
+        "--seed",
+        "3",
+        "--json",
     ]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert!(doc["scenario"].as_str().unwrap().contains("seed 3"));
     let sweep = apm(&["simulate", "--sweep", "2", "--small"]);
-    assert!(sweep.status.success(), "{}", String::from_utf8_lossy(&sweep.stderr));
+    assert!(
+        sweep.status.success(),
+        "{}",
+        String::from_utf8_lossy(&sweep.stderr)
+    );
     let text = String::from_utf8_lossy(&sweep.stdout);
     for family in provider_sim::Family::ALL {
         assert!(text.contains(family.name()), "{text}");

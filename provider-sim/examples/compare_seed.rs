@@ -53,6 +53,9 @@ fn main() {
     for line in compare::dominance_violations(&reports) {
         println!("WORSE: {line}");
     }
+    for line in compare::findings(&reports) {
+        println!("FINDING: {line}");
+    }
     if let Some(r) = reports.first() {
         for (t, what) in &r.timeline {
             println!("{t:>9.1} ms  {what}");

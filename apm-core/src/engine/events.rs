@@ -606,12 +606,13 @@ impl Engine {
                 self.send_migrate_ack(id, r, true);
                 if back {
                     // The word comes within a round trip and a device command; without
-                    // it after a LAP timeout or two, re-arm by LAP.
-                    let at = self
+                    // it, ask (every quarter LAP timeout), and after two LAP timeouts
+                    // arm anyway.
+                    let give_up = self
                         .now
                         .plus(Policy::ms(self.policy.lap_timeout_ms.saturating_mul(2)));
-                    self.set_phase(id, Phase::AwaitFollow { old });
-                    self.set_deadline(id, Some(at));
+                    self.set_phase(id, Phase::AwaitFollow { old, give_up });
+                    self.set_deadline(id, Some(self.follow_check_at(give_up)));
                 } else {
                     self.after_phase(id);
                 }
@@ -646,10 +647,17 @@ impl Engine {
         }
     }
 
+    /// When a connection in `AwaitFollow` next asks its peer whether it followed.
+    pub(super) fn follow_check_at(&self, give_up: Time) -> Time {
+        self.now
+            .plus(Policy::ms((self.policy.lap_timeout_ms / 4).max(1)))
+            .min(give_up)
+    }
+
     /// The peer that asked us to move has moved too (`AwaitFollow`): arm the path we
     /// both left.
     pub(super) fn peer_followed(&mut self, id: ConnId) {
-        let Some(Phase::AwaitFollow { old }) = self.conns.get(&id).map(|c| c.phase().clone())
+        let Some(Phase::AwaitFollow { old, .. }) = self.conns.get(&id).map(|c| c.phase().clone())
         else {
             return;
         };

@@ -310,6 +310,12 @@ impl Engine {
             }
         }
         match phase {
+            Phase::AwaitFollow { give_up, .. } if self.now < give_up => {
+                // No word yet that the peer followed (its own was lost, say): ask. Its
+                // "ok" answer (it runs on our primary) ends the wait.
+                self.ask_if_followed(id);
+                self.set_deadline(id, Some(self.follow_check_at(give_up)));
+            }
             Phase::AwaitFollow { .. } => {
                 // No word that the peer followed (under MAD loss, say). By now our
                 // packets with MigReq=1 have moved its ARMED QP if they reach it at
@@ -320,9 +326,7 @@ impl Engine {
                 self.set_phase(id, Phase::Idle);
                 self.initiate(id);
             }
-            Phase::AwaitPeer { msg, .. }
-                if probe_path(&msg).is_some_and(|p| !self.path_up(&p)) =>
-            {
+            Phase::AwaitPeer { msg, .. } if probe_path(&msg).is_some_and(|p| !self.path_up(&p)) => {
                 // The path died since the probe went out: the move is off (the HCA
                 // decides at retry exhaustion).
                 self.release_slot(id);

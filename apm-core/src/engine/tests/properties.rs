@@ -50,10 +50,11 @@ fn check_no_dead_moves(n: &Node, from: usize) -> Result<(), TestCaseError> {
             Output::Command(c) => &c.op,
             // Where a forced migration went (the QP's alternate at the time).
             Output::Notify(Notification {
-                kind: NotificationKind::Migrated {
-                    primary,
-                    forced: true,
-                },
+                kind:
+                    NotificationKind::Migrated {
+                        primary,
+                        forced: true,
+                    },
                 ..
             }) => {
                 prop_assert!(

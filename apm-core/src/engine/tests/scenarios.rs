@@ -226,7 +226,9 @@ fn hardware_migration_arms_the_old_primary_which_protects_when_good_again() {
     // The old primary is armed again although its ends are out of service.
     let a = p.a.status(1);
     assert!(a.primary.same_route(&path('a', 2, 2)), "{}", a.primary);
-    assert!(a.alternate.is_some_and(|alt| alt.same_route(&path('a', 1, 1))));
+    assert!(a
+        .alternate
+        .is_some_and(|alt| alt.same_route(&path('a', 1, 1))));
     assert_eq!(a.protection, Protection::Unprotected);
     // Trap 64: good again, and protecting.
     p.input(

@@ -209,7 +209,10 @@ fn check(row: &Row) -> Option<String> {
     }
     let got = (p.a.status(1).protection, p.b.status(1).protection);
     if got != row.expect {
-        return Some(format!("protection (a, b) {got:?}, expected {:?}", row.expect));
+        return Some(format!(
+            "protection (a, b) {got:?}, expected {:?}",
+            row.expect
+        ));
     }
     let prim = p.a.status(1).primary;
     let want = (row.a_primary.0, gid('b', row.a_primary.1));
