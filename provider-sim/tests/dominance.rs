@@ -90,3 +90,16 @@ fn a_lost_moved_word_does_not_hold_back_the_rearm() {
     let s = Family::RandomDualRailLmc1.scenario(2982, Size::Small);
     assert_dominates(&s, 2982);
 }
+
+/// RoCE, both rails: the SM resent a Report (trap 65) that declared rail A's ports out
+/// of service after the newer trap 64 had said they were back (OpenSM resends a Report
+/// until the subscriber answers, and the subscribers had been unreachable). apm moved
+/// onto B and held A dead; when B died, its connections had nowhere to go while A
+/// worked all along, and the baselines, never having left A, kept them. Fixed by asking
+/// the SA at once, when the primary dies, about an armed alternate held dead only by a
+/// notice.
+#[test]
+fn a_stale_out_of_service_notice_is_checked_when_it_matters() {
+    let s = Family::RandomRoce.scenario(6776, Size::Small);
+    assert_dominates(&s, 6776);
+}
