@@ -2,7 +2,8 @@
 //! connection to see why it was lost:
 //! `cargo run -p provider-sim --example compare_seed -- FAMILY SEED [small|full] [CONN]`
 //! With CONN, the runs of apm and of the baselines log every change of that
-//! connection's QPs (and apm's engine logs, `RUST_LOG=apm_core=debug`) to stderr, with
+//! connection's QPs (and apm's engine logs, `RUST_LOG=provider_sim=debug,apm_core=debug`)
+//! to stderr, with
 //! the virtual time and the host on each line.
 
 use provider_sim::{compare, Family, PolicyKind, RunConfig, Sim, Size};
@@ -52,6 +53,9 @@ fn main() {
     }
     for line in compare::dominance_violations(&reports) {
         println!("WORSE: {line}");
+    }
+    for line in compare::findings(&reports) {
+        println!("FINDING: {line}");
     }
     if let Some(r) = reports.first() {
         for (t, what) in &r.timeline {

@@ -28,54 +28,108 @@ pub fn run_all(scenario: &Scenario, seed: u64, policy: &Policy) -> Result<Vec<Ru
 }
 
 /// What apm did worse than a baseline, if anything: one line per baseline, naming the
-/// connections apm lost that the baseline kept. Losses in the re-arm window after a
-/// migration (see [`RunReport::lost_in_rearm_window`]) are left out: they are
-/// [`findings`], reported apart. `reports` holds apm's run and the baselines' (in any
-/// order).
+/// connections apm lost that the baseline kept. A connection apm lost that the
+/// baseline kept is a violation unless it was lost in the re-arm window after a
+/// migration or in a total outage (those are [`findings`]); and apm must not lose more
+/// connections than the baseline, counting every loss but those findings. `reports`
+/// holds apm's run and the baselines' (in any order).
 pub fn dominance_violations(reports: &[RunReport]) -> Vec<String> {
-    compare_with_baselines(reports, false)
+    compare_with_baselines(reports, Side::Violations)
 }
 
-/// The losses apm could not avoid: connections apm lost that a baseline kept, whose
-/// primary died in the re-arm window right after a migration (no policy that moves
-/// before the retry budget runs out can avoid it; waiting that budget out, as the
-/// baselines do, is what kept them).
+/// The losses apm could not avoid, one line per baseline: connections apm lost that the
+/// baseline kept, either
+/// - in the re-arm window right after a migration (see
+///   [`RunReport::lost_in_rearm_window`]): no policy that moves before the retry budget
+///   runs out can avoid it; waiting that budget out, as the baselines do, is what kept
+///   them; or
+/// - in a total outage (see [`RunReport::lost_in_outage`]): nothing could carry their
+///   packets, and which connections outlast it depends on where each QP's retry timer
+///   stood when a path came back.
 pub fn findings(reports: &[RunReport]) -> Vec<String> {
-    compare_with_baselines(reports, true)
+    compare_with_baselines(reports, Side::Findings)
 }
 
-fn compare_with_baselines(reports: &[RunReport], in_window: bool) -> Vec<String> {
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Side {
+    Violations,
+    Findings,
+}
+
+/// Why apm lost a connection, as far as the comparison cares.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum LossKind {
+    RearmWindow,
+    Outage,
+    Other,
+}
+
+fn loss_kind(apm: &RunReport, id: u64) -> LossKind {
+    if apm.lost_in_rearm_window.binary_search(&id).is_ok() {
+        LossKind::RearmWindow
+    } else if apm.lost_in_outage.binary_search(&id).is_ok() {
+        LossKind::Outage
+    } else {
+        LossKind::Other
+    }
+}
+
+fn compare_with_baselines(reports: &[RunReport], side: Side) -> Vec<String> {
     let Some(apm) = reports.iter().find(|r| r.policy == PolicyKind::Apm.name()) else {
         return vec!["no apm run to compare".into()];
     };
-    let window = |id: &u64| apm.lost_in_rearm_window.binary_search(id).is_ok();
+    let raced = apm.lost_in_rearm_window.len() as u64;
+    let in_outage = apm.lost_in_outage.len();
     let mut out = Vec::new();
     for base in reports.iter().filter(|r| r.policy != apm.policy) {
-        let kept: Vec<u64> = apm
-            .lost_ids
-            .iter()
-            .copied()
-            .filter(|id| base.lost_ids.binary_search(id).is_err())
-            .filter(|id| window(id) == in_window)
-            .collect();
-        let raced = apm.lost_ids.iter().filter(|id| window(id)).count() as u64;
-        // Counted without the window's losses, apm must not lose more than the baseline.
-        let worse_count = !in_window && apm.lost.saturating_sub(raced) > base.lost;
-        if worse_count || !kept.is_empty() {
-            out.push(format!(
-                "apm lost {} connection(s) ({} in the re-arm window after a move), {} lost {}; \
-                 {}: {}",
-                apm.lost,
-                raced,
-                base.policy,
-                base.lost,
-                if in_window {
-                    format!("lost in that window, {} kept", base.policy)
-                } else {
-                    format!("apm lost {} that {} kept", kept.len(), base.policy)
-                },
-                ids(&kept)
-            ));
+        let kept = |kind: LossKind| -> Vec<u64> {
+            apm.lost_ids
+                .iter()
+                .copied()
+                .filter(|id| base.lost_ids.binary_search(id).is_err())
+                .filter(|&id| loss_kind(apm, id) == kind)
+                .collect()
+        };
+        let head = format!(
+            "apm lost {} connection(s) ({raced} in the re-arm window after a move, \
+             {in_outage} in a total outage), {} lost {}",
+            apm.lost, base.policy, base.lost
+        );
+        match side {
+            Side::Violations => {
+                let other = kept(LossKind::Other);
+                let excused =
+                    (kept(LossKind::RearmWindow).len() + kept(LossKind::Outage).len()) as u64;
+                if apm.lost.saturating_sub(excused) > base.lost || !other.is_empty() {
+                    out.push(format!(
+                        "{head}; apm lost {} that {} kept: {}",
+                        other.len(),
+                        base.policy,
+                        ids(&other)
+                    ));
+                }
+            }
+            Side::Findings => {
+                let (window, outage) = (kept(LossKind::RearmWindow), kept(LossKind::Outage));
+                let mut parts = Vec::new();
+                if !window.is_empty() {
+                    parts.push(format!(
+                        "lost in that window, {} kept: {}",
+                        base.policy,
+                        ids(&window)
+                    ));
+                }
+                if !outage.is_empty() {
+                    parts.push(format!(
+                        "lost in an outage, {} kept: {}",
+                        base.policy,
+                        ids(&outage)
+                    ));
+                }
+                if !parts.is_empty() {
+                    out.push(format!("{head}; {}", parts.join("; ")));
+                }
+            }
         }
     }
     out

@@ -81,6 +81,13 @@ pub struct RunReport {
     /// packets arrive). No policy that moves before the retry budget runs out can
     /// avoid it; the dominance check reports such losses as findings.
     pub lost_in_rearm_window: Vec<u64>,
+    /// Of those, the ones lost in or after a total outage: at some moment between
+    /// their last working and their QPs going to ERR, no path between their two hosts
+    /// worked (every rail cut somewhere). Which connections outlast such an outage
+    /// depends on where each QP's retry timer stands when a path comes back, not on a
+    /// choice a policy makes; the dominance check still counts these losses but
+    /// reports which ones differ from a baseline's as findings.
+    pub lost_in_outage: Vec<u64>,
     /// Messages the applications offered over the whole run and that never reached the
     /// other side: a dead connection keeps counting what its application would have
     /// sent, so dying early never looks better.

@@ -80,7 +80,8 @@ fn chaos() {
     eprintln!(
         "chaos: {} seed(s) over the scenario families, {events} events in the invariant runs, \
          connections lost apm {lost} / hw-only {hw} / reload-local {rl}, {} failure(s), \
-         {} seed(s) with losses in the re-arm window after a move",
+         {} seed(s) with findings (losses a baseline avoided, in the re-arm window after a \
+         move or in a total outage)",
         results.len(),
         failures.len(),
         findings.len()

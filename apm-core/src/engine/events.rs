@@ -196,6 +196,7 @@ impl Engine {
         let h = self.remotes.entry(gid).or_insert_with(|| Health::new(true));
         if in_service {
             self.rechecks.remove(&gid);
+            self.urgent_rechecks.remove(&gid);
             if let Some(usable_at) = h.recover(now, &policy) {
                 info!(%gid, held_until = %usable_at, "remote GID in service");
                 // Its LIDs may have changed (trap 64 follows a sweep).
@@ -232,14 +233,6 @@ impl Engine {
             self.rechecks.remove(&gid);
             return;
         }
-        let ports: Vec<PortKey> = self
-            .ports
-            .iter()
-            .filter(|(_, p)| {
-                p.info.link_layer == LinkLayer::InfiniBand && p.health.usable(self.now)
-            })
-            .map(|(k, _)| *k)
-            .collect();
         let interval = self
             .rechecks
             .get(&gid)
@@ -250,6 +243,20 @@ impl Engine {
             .min(self.policy.remote_recheck_max_ms.max(interval));
         self.schedule_recheck(gid, next);
         let due = self.rechecks.get(&gid).map_or(Time::ZERO, |r| r.0);
+        self.ask_sa_about(gid, due);
+    }
+
+    /// Ask the SA, through every usable InfiniBand port, for paths to `gid`; the answer
+    /// counts only while the recheck due at `due` is still the latest.
+    fn ask_sa_about(&mut self, gid: Gid, due: Time) {
+        let ports: Vec<PortKey> = self
+            .ports
+            .iter()
+            .filter(|(_, p)| {
+                p.info.link_layer == LinkLayer::InfiniBand && p.health.usable(self.now)
+            })
+            .map(|(k, _)| *k)
+            .collect();
         for port in ports {
             debug!(%gid, %port, "asking the SA whether an out-of-service GID is back");
             self.stats.path_queries += 1;
@@ -338,9 +345,41 @@ impl Engine {
                 // connection survives if the port returns before the transport gives up.
                 if !armed_on_dead {
                     self.need_rearm(id);
+                } else {
+                    self.recheck_alternate_now(id);
                 }
             }
         }
+    }
+
+    /// The primary of `id` is dead and its armed alternate is held dead only because
+    /// the SM said its remote GID is out of service: ask the SA now whether it routes
+    /// there, rather than at the next scheduled recheck. A Report the SM resent after a
+    /// newer one (OpenSM resends a Report until the subscriber answers) can declare a
+    /// working port dead; on the connection's last path that mistake is fatal. A "yes"
+    /// revives the GID and the connection moves there (`path_up_while_held`).
+    fn recheck_alternate_now(&mut self, id: ConnId) {
+        let Some(alt) = self.conns.get(&id).and_then(|c| c.alternate) else {
+            return;
+        };
+        let port_up = self.ports.get(&alt.port).is_some_and(|p| p.health.up);
+        let gid = alt.dgid;
+        if !port_up || self.remotes.get(&gid).is_none_or(|h| h.up) {
+            return;
+        }
+        let recent = Policy::ms(self.policy.lap_timeout_ms);
+        if self
+            .urgent_rechecks
+            .get(&gid)
+            .is_some_and(|t| self.now.since(*t) < recent)
+        {
+            return;
+        }
+        self.urgent_rechecks.insert(gid, self.now);
+        let Some(&(due, _)) = self.rechecks.get(&gid) else {
+            return;
+        };
+        self.ask_sa_about(gid, due);
     }
 
     /// Force `id` onto its armed alternate (hardware).
@@ -606,12 +645,13 @@ impl Engine {
                 self.send_migrate_ack(id, r, true);
                 if back {
                     // The word comes within a round trip and a device command; without
-                    // it after a LAP timeout or two, re-arm by LAP.
-                    let at = self
+                    // it, ask (every quarter LAP timeout), and after two LAP timeouts
+                    // arm anyway.
+                    let give_up = self
                         .now
                         .plus(Policy::ms(self.policy.lap_timeout_ms.saturating_mul(2)));
-                    self.set_phase(id, Phase::AwaitFollow { old });
-                    self.set_deadline(id, Some(at));
+                    self.set_phase(id, Phase::AwaitFollow { old, give_up });
+                    self.set_deadline(id, Some(self.follow_check_at(give_up)));
                 } else {
                     self.after_phase(id);
                 }
@@ -646,10 +686,17 @@ impl Engine {
         }
     }
 
+    /// When a connection in `AwaitFollow` next asks its peer whether it followed.
+    pub(super) fn follow_check_at(&self, give_up: Time) -> Time {
+        self.now
+            .plus(Policy::ms((self.policy.lap_timeout_ms / 4).max(1)))
+            .min(give_up)
+    }
+
     /// The peer that asked us to move has moved too (`AwaitFollow`): arm the path we
     /// both left.
     pub(super) fn peer_followed(&mut self, id: ConnId) {
-        let Some(Phase::AwaitFollow { old }) = self.conns.get(&id).map(|c| c.phase().clone())
+        let Some(Phase::AwaitFollow { old, .. }) = self.conns.get(&id).map(|c| c.phase().clone())
         else {
             return;
         };

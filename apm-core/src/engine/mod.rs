@@ -161,6 +161,9 @@ pub struct Engine {
     remotes: BTreeMap<Gid, Health>,
     /// Remote GIDs out of service awaiting an SA recheck: (when it is due, interval).
     rechecks: BTreeMap<Gid, (Time, u64)>,
+    /// When the SA was last asked out of turn about a GID (see
+    /// `Engine::recheck_alternate_now`): at most once per LAP timeout.
+    urgent_rechecks: BTreeMap<Gid, Time>,
     cache: BTreeMap<(PortKey, Gid), CacheEntry>,
     pending: PendingTable<Pending>,
     timers: Timers,
@@ -182,6 +185,7 @@ impl Engine {
             ports: BTreeMap::new(),
             remotes: BTreeMap::new(),
             rechecks: BTreeMap::new(),
+            urgent_rechecks: BTreeMap::new(),
             cache: BTreeMap::new(),
             pending: PendingTable::new(1),
             timers: Timers::default(),

@@ -536,9 +536,22 @@ impl Engine {
     /// Tell the peer where we run now (`Migrate`), retransmitted until it answers; the
     /// re-arm waits for the answer (or for the retries to run out).
     pub(super) fn announce_migration(&mut self, id: ConnId) {
-        let Some(c) = self.conns.get(&id) else {
-            return;
-        };
+        if let Some((path, msg)) = self.moved_msg(id) {
+            self.await_peer(id, path.port, PeerAddr::far_end(&path), msg);
+        }
+    }
+
+    /// `AwaitFollow`: ask the peer whether it runs on our primary (our `Migrate`
+    /// "moved", sent once; an "ok" answer arrives as `peer_followed`).
+    pub(super) fn ask_if_followed(&mut self, id: ConnId) {
+        if let Some((path, msg)) = self.moved_msg(id) {
+            self.send(path.port, PeerAddr::far_end(&path), msg);
+        }
+    }
+
+    /// "We run on our primary now": the `Migrate` (intent moved) naming it.
+    fn moved_msg(&self, id: ConnId) -> Option<(Path, PeerMsg)> {
+        let c = self.conns.get(&id)?;
         let path = c.primary;
         let msg = PeerMsg::Migrate(Migrate {
             sender_comm_id: c.local_comm_id,
@@ -546,7 +559,7 @@ impl Engine {
             path,
             intent: MigrateIntent::Moved,
         });
-        self.await_peer(id, path.port, PeerAddr::far_end(&path), msg);
+        Some((path, msg))
     }
 
     /// Send `msg` to the peer and wait for its answer (retransmitted at the deadline).

@@ -310,6 +310,12 @@ impl Engine {
             }
         }
         match phase {
+            Phase::AwaitFollow { give_up, .. } if self.now < give_up => {
+                // No word yet that the peer followed (its own was lost, say): ask. Its
+                // "ok" answer (it runs on our primary) ends the wait.
+                self.ask_if_followed(id);
+                self.set_deadline(id, Some(self.follow_check_at(give_up)));
+            }
             Phase::AwaitFollow { .. } => {
                 // No word that the peer followed (under MAD loss, say). By now our
                 // packets with MigReq=1 have moved its ARMED QP if they reach it at

@@ -248,6 +248,8 @@ impl Sim {
                 interrupted_at: None,
                 moved_unarmed: None,
                 in_rearm_window: false,
+                outage_in_stall: false,
+                lost_in_outage: false,
                 guard: None,
                 excused: false,
             });

@@ -63,7 +63,13 @@ impl Sim {
                 self.conns[i].guard = None;
             }
         }
+        // A stall that lives through a total outage: which connections outlast it is
+        // down to where each QP's retry timer stands when a path comes back.
+        let outage_now = new == ConnState::Migrating
+            && !self.conns[i].outage_in_stall
+            && !self.hosts_connected(self.conns[i].qp[0].host, self.conns[i].qp[1].host);
         let c = &mut self.conns[i];
+        c.outage_in_stall |= outage_now;
         let (old, old_bucket) = (c.state, c.bucket);
         if bucket != old_bucket {
             self.c.bucket_ns[old_bucket.idx()] += u128::from(now.0 - c.since.0);
@@ -89,6 +95,7 @@ impl Sim {
             c.guard_disjoint = old_bucket == Bucket::ArmedDisjoint;
         } else if old == ConnState::Migrating && new.working() {
             c.in_rearm_window = false;
+            c.outage_in_stall = false;
             if let Some(t) = c.interrupted_at.take() {
                 self.c.restore_ns.push(now.0 - t.0);
                 if c.guard_disjoint {
@@ -98,6 +105,10 @@ impl Sim {
             c.guard = None;
         }
         if new == ConnState::Lost {
+            let (ha, hb) = (c.qp[0].host, c.qp[1].host);
+            let outage = c.outage_in_stall || !self.hosts_connected(ha, hb);
+            let c = &mut self.conns[i];
+            c.lost_in_outage = outage;
             self.c.lost += 1;
             let guard = c.guard.take();
             let excused = c.excused;
@@ -108,6 +119,20 @@ impl Sim {
                 ));
             }
         }
+    }
+
+    /// Some path between hosts `a` and `b` works both ways now (any rail, any LID
+    /// variant).
+    fn hosts_connected(&self, a: usize, b: usize) -> bool {
+        (1..=self.fab.ports_per_host()).any(|num| {
+            let (Some(x), Some(y)) = (self.fab.port_of(a, num), self.fab.port_of(b, num)) else {
+                return false;
+            };
+            self.fab
+                .all_paths(x, y, self.p.ack_timeout)
+                .iter()
+                .any(|p| self.path_ok(p) && self.fab.route(p.dlid.get(), p.slid.get()).is_some())
+        })
     }
 
     /// How long after a migration a connection may take to arm again in the ordinary
@@ -146,7 +171,8 @@ impl Sim {
         };
         let now = format!("{} | {}", side(&c.qp[0]), side(&c.qp[1]));
         if now != c.traced {
-            tracing::info!(target: "provider_sim::trace", conn = i, "{now}");
+            let at = self.now;
+            tracing::info!(target: "provider_sim::trace", conn = i, "{at} {now}");
             self.conns[i].traced = now;
         }
     }
@@ -317,6 +343,10 @@ impl Sim {
             .filter(|&i| self.conns[i].state == ConnState::Lost && self.conns[i].in_rearm_window)
             .map(|i| i as u64)
             .collect();
+        let lost_in_outage = (0..self.conns.len())
+            .filter(|&i| self.conns[i].state == ConnState::Lost && self.conns[i].lost_in_outage)
+            .map(|i| i as u64)
+            .collect();
         let ms_of = |b: Bucket| self.c.bucket_ns[b.idx()] as f64 / 1e6;
         RunReport {
             policy: self.cfg.policy.name().to_string(),
@@ -324,6 +354,7 @@ impl Sim {
             lost: self.c.lost,
             lost_ids,
             lost_in_rearm_window,
+            lost_in_outage,
             messages_lost: offered - delivered,
             messages_duplicated: self.c.messages_duplicated,
             failovers: self.c.failovers,
