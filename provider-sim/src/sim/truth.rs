@@ -98,6 +98,7 @@ impl Sim {
             c.outage_in_stall = false;
             if let Some(t) = c.interrupted_at.take() {
                 self.c.restore_ns.push(now.0 - t.0);
+                self.c.restore_conns.push(i as u32);
                 if c.guard_disjoint {
                     self.c.restore_disjoint_ns.push(now.0 - t.0);
                 }
@@ -360,6 +361,7 @@ impl Sim {
             failovers: self.c.failovers,
             restore_ms: Percentiles::of(self.c.restore_ns.clone()),
             restore_samples_ns: std::mem::take(&mut self.c.restore_ns),
+            restore_sample_conns: std::mem::take(&mut self.c.restore_conns),
             restore_disjoint_ms: Percentiles::of(std::mem::take(&mut self.c.restore_disjoint_ns)),
             unprotected_ms_total: ms_of(Bucket::Unprotected)
                 + ms_of(Bucket::Migrating)
