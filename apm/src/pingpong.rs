@@ -690,10 +690,10 @@ async fn session(args: &Args) -> Result<Report> {
                             ));
                             ("failover".to_owned(), Some(primary.to_string()))
                         }
-                        NotificationKind::Protected { alternate } => {
+                        NotificationKind::Protected { alternate, .. } => {
                             ("protected".to_owned(), Some(alternate.to_string()))
                         }
-                        NotificationKind::Rearmed { alternate } => {
+                        NotificationKind::Rearmed { alternate, .. } => {
                             say(format!("{role}: re-armed at {:.1} s: alternate {}", at / 1e3, alternate.sgid));
                             ("rearmed".to_owned(), Some(alternate.to_string()))
                         }
