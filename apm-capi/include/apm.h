@@ -129,7 +129,9 @@ typedef struct ApmNotification {
   // What happened.
   enum ApmNotificationKind kind;
   // For `Unprotected` and `Lost`: a short reason, NUL-terminated ("alternate_down",
-  // "qp_fatal", ...); empty otherwise.
+  // "qp_fatal", ...); for `Protected` and `Rearmed`: what the alternate survives
+  // ("port_disjoint", "one_port_shared" or "same_ports"); "forced" for a `Migrated`
+  // apm forced, empty otherwise.
   char reason[32];
   // The alternate (`Protected`, `Rearmed`) or the new primary (`Migrated`).
   struct ApmPath path;

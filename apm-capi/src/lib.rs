@@ -168,7 +168,9 @@ pub struct ApmNotification {
     /// What happened.
     pub kind: ApmNotificationKind,
     /// For `Unprotected` and `Lost`: a short reason, NUL-terminated ("alternate_down",
-    /// "qp_fatal", ...); empty otherwise.
+    /// "qp_fatal", ...); for `Protected` and `Rearmed`: what the alternate survives
+    /// ("port_disjoint", "one_port_shared" or "same_ports"); "forced" for a `Migrated`
+    /// apm forced, empty otherwise.
     pub reason: [c_char; 32],
     /// The alternate (`Protected`, `Rearmed`) or the new primary (`Migrated`).
     pub path: ApmPath,
@@ -934,12 +936,22 @@ fn unprotected_reason(r: UnprotectedReason) -> &'static str {
 
 fn c_note(n: &Notification) -> ApmNotification {
     let (kind, reason, path) = match &n.kind {
-        NotificationKind::Protected { alternate } => {
-            (ApmNotificationKind::Protected, "", c_path(alternate))
-        }
-        NotificationKind::Rearmed { alternate } => {
-            (ApmNotificationKind::Rearmed, "", c_path(alternate))
-        }
+        NotificationKind::Protected {
+            alternate,
+            survives,
+        } => (
+            ApmNotificationKind::Protected,
+            survives.name(),
+            c_path(alternate),
+        ),
+        NotificationKind::Rearmed {
+            alternate,
+            survives,
+        } => (
+            ApmNotificationKind::Rearmed,
+            survives.name(),
+            c_path(alternate),
+        ),
         NotificationKind::Migrated { primary, forced } => (
             ApmNotificationKind::Migrated,
             if *forced { "forced" } else { "" },

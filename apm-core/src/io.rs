@@ -431,6 +431,44 @@ pub struct Notification {
     pub kind: NotificationKind,
 }
 
+/// What an armed alternate protects against, by the ports it shares with the primary.
+/// Ordered worst to best: the engine arms the best kind it can find (see
+/// `engine::select`), and a dead port-disjoint alternate is worth more than a working
+/// one through the same ports.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum AlternateKind {
+    /// The same two ports through other LIDs (an LMC variant): survives a switch path
+    /// failing, not a port or a cable.
+    SamePorts,
+    /// Another port at one end only: survives a failure at that end.
+    OnePortShared,
+    /// Another local port and another remote port: survives either port, its cable or
+    /// its switch failing.
+    PortDisjoint,
+}
+
+impl AlternateKind {
+    /// The kind of `alt` as an alternate of `primary`.
+    pub fn of(primary: &Path, alt: &Path) -> AlternateKind {
+        match (alt.port != primary.port, alt.dgid != primary.dgid) {
+            (true, true) => AlternateKind::PortDisjoint,
+            (true, false) | (false, true) => AlternateKind::OnePortShared,
+            (false, false) => AlternateKind::SamePorts,
+        }
+    }
+
+    /// The name used in JSON and the C API: `port_disjoint`, `one_port_shared`,
+    /// `same_ports`.
+    pub fn name(self) -> &'static str {
+        match self {
+            AlternateKind::PortDisjoint => "port_disjoint",
+            AlternateKind::OnePortShared => "one_port_shared",
+            AlternateKind::SamePorts => "same_ports",
+        }
+    }
+}
+
 /// Kinds of [`Notification`].
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]
@@ -440,11 +478,15 @@ pub enum NotificationKind {
     Protected {
         /// The armed alternate.
         alternate: Path,
+        /// What it survives that the primary does not.
+        survives: AlternateKind,
     },
     /// Armed again after a migration or a loss of protection.
     Rearmed {
         /// The armed alternate.
         alternate: Path,
+        /// What it survives that the primary does not.
+        survives: AlternateKind,
     },
     /// The connection moved to its alternate path.
     Migrated {

@@ -459,7 +459,7 @@ mod tests {
         handle.protect(spec()).await.expect("accepted");
         let n = notes.recv().await.expect("a notification");
         assert!(
-            matches!(n.kind, NotificationKind::Protected { alternate } if alternate.same_route(&path(2)))
+            matches!(n.kind, NotificationKind::Protected { alternate, .. } if alternate.same_route(&path(2)))
         );
         let names: Vec<_> = ops.lock().expect("ok").iter().map(|o| o.name()).collect();
         assert_eq!(

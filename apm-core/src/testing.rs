@@ -291,11 +291,11 @@ pub fn paired_conn_spec(
 /// `Migrated forced=<bool> primary port=<p> dlid=<lid>`, the other kinds as `Debug`.
 pub fn notification_line(kind: &NotificationKind) -> String {
     match kind {
-        NotificationKind::Protected { alternate } => format!(
+        NotificationKind::Protected { alternate, .. } => format!(
             "Protected alt port={} dlid={}",
             alternate.port.port, alternate.dlid
         ),
-        NotificationKind::Rearmed { alternate } => format!(
+        NotificationKind::Rearmed { alternate, .. } => format!(
             "Rearmed alt port={} dlid={}",
             alternate.port.port, alternate.dlid
         ),

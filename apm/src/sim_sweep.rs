@@ -1,8 +1,9 @@
 //! `apm simulate --sweep N`: every scenario family over N seeds, apm against both
 //! baselines on each, summed per family: connections lost per policy, the seeds where
-//! apm did better, the same or worse than each baseline, the seeds where apm lost a
-//! connection a baseline kept (with the command that replays the first few), and the
-//! restore p99 of all restores pooled.
+//! apm did better, the same or worse than each baseline (by connections lost), the
+//! seeds that break dominance and those with findings (`provider_sim::compare`; the
+//! first few listed with the command that replays them), and the restore p99 of all
+//! restores pooled.
 //!
 //! Seeds run on every core, each seed's three runs on one thread; results are gathered
 //! in seed order, so the output is the same whatever the machine.
@@ -53,10 +54,17 @@ pub struct FamilyResult {
     pub lost: BTreeMap<String, u64>,
     /// apm against each baseline, by seed.
     pub versus: BTreeMap<String, Versus>,
-    /// Seeds where apm lost a connection that a baseline kept.
-    pub seeds_losing_a_kept_connection: Vec<u64>,
+    /// Seeds where apm did worse than a baseline (`compare::dominance_violations`).
+    pub seeds_violating: Vec<u64>,
+    /// Seeds where apm lost a connection a baseline kept in the re-arm window after a
+    /// move or in a total outage (`compare::findings`).
+    pub seeds_with_findings: Vec<u64>,
     /// Restore p99 over every restore of every seed, per policy (`None`: none).
     pub restore_p99_ms: BTreeMap<String, Option<f64>>,
+    /// The same over the connections no policy lost on that seed: a policy that keeps
+    /// connections through long outages restores them late, and the others have no
+    /// sample for what they lost.
+    pub restore_p99_kept_by_all_ms: BTreeMap<String, Option<f64>>,
 }
 
 /// Run the sweep. `progress` is told after each seed.
@@ -126,10 +134,25 @@ fn summarise(family: Family, per_seed: &[(u64, &Vec<RunReport>)]) -> FamilyResul
     let mut lost: BTreeMap<String, u64> = BTreeMap::new();
     let mut versus: BTreeMap<String, Versus> = BTreeMap::new();
     let mut restores: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-    let mut kept = Vec::new();
+    let mut restores_kept: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+    let (mut violating, mut with_findings) = (Vec::new(), Vec::new());
     let mut connections = 0;
     for (seed, reports) in per_seed {
+        let lost_by_any: std::collections::BTreeSet<u64> = reports
+            .iter()
+            .flat_map(|r| r.lost_ids.iter().copied())
+            .collect();
         for r in reports.iter() {
+            let kept = r
+                .restore_samples_ns
+                .iter()
+                .zip(&r.restore_sample_conns)
+                .filter(|(_, c)| !lost_by_any.contains(&u64::from(**c)))
+                .map(|(ns, _)| *ns);
+            restores_kept
+                .entry(r.policy.clone())
+                .or_default()
+                .extend(kept);
             *lost.entry(r.policy.clone()).or_default() += r.lost;
             restores
                 .entry(r.policy.clone())
@@ -149,17 +172,14 @@ fn summarise(family: Family, per_seed: &[(u64, &Vec<RunReport>)]) -> FamilyResul
             }
         }
         if !compare::dominance_violations(reports).is_empty() {
-            kept.push(*seed);
+            violating.push(*seed);
+        }
+        if !compare::findings(reports).is_empty() {
+            with_findings.push(*seed);
         }
     }
-    let restore_p99_ms = restores
-        .into_iter()
-        .map(|(p, mut ns)| {
-            ns.sort_unstable();
-            let pct = Percentiles::of_sorted(&ns);
-            (p, (!pct.is_empty()).then_some(round2(pct.p99)))
-        })
-        .collect();
+    let restore_p99_ms = p99_per_policy(restores);
+    let restore_p99_kept_by_all_ms = p99_per_policy(restores_kept);
     FamilyResult {
         family: family.name().to_string(),
         description: family.description().to_string(),
@@ -167,8 +187,102 @@ fn summarise(family: Family, per_seed: &[(u64, &Vec<RunReport>)]) -> FamilyResul
         connections,
         lost,
         versus,
-        seeds_losing_a_kept_connection: kept,
+        seeds_violating: violating,
+        seeds_with_findings: with_findings,
         restore_p99_ms,
+        restore_p99_kept_by_all_ms,
+    }
+}
+
+/// The p99 of each policy's pooled samples, in milliseconds (`None`: no sample).
+fn p99_per_policy(samples: BTreeMap<String, Vec<u64>>) -> BTreeMap<String, Option<f64>> {
+    samples
+        .into_iter()
+        .map(|(p, mut ns)| {
+            ns.sort_unstable();
+            let pct = Percentiles::of_sorted(&ns);
+            (p, (!pct.is_empty()).then_some(round2(pct.p99)))
+        })
+        .collect()
+}
+
+/// Connections lost per policy and apm's verdicts, one row per family.
+fn losses_table(o: &mut String, results: &[FamilyResult]) {
+    use std::fmt::Write;
+    let _ = writeln!(
+        o,
+        "{:<22} {:>6} | {:>21} | {:>14} {:>14} | {:>10}",
+        "", "", "connections lost", "apm vs hw-only", "vs reload-loc", "seeds"
+    );
+    let _ = writeln!(
+        o,
+        "{:<22} {:>6} | {:>6} {:>6} {:>7} | {:>14} {:>14} | {:>4} {:>5}",
+        "family",
+        "conns",
+        "apm",
+        "hw",
+        "reload",
+        "better/=/worse",
+        "better/=/worse",
+        "viol",
+        "find"
+    );
+    let vs = |r: &FamilyResult, p: &str| {
+        r.versus.get(p).map_or("-".to_string(), |v| {
+            format!("{}/{}/{}", v.better, v.same, v.worse)
+        })
+    };
+    for r in results {
+        let lost = |p: &str| r.lost.get(p).copied().unwrap_or(0);
+        let _ = writeln!(
+            o,
+            "{:<22} {:>6} | {:>6} {:>6} {:>7} | {:>14} {:>14} | {:>4} {:>5}",
+            r.family,
+            r.connections,
+            lost("apm"),
+            lost("hw-only"),
+            lost("reload-local"),
+            vs(r, "hw-only"),
+            vs(r, "reload-local"),
+            r.seeds_violating.len(),
+            r.seeds_with_findings.len(),
+        );
+    }
+}
+
+/// Restore p99 per policy, over every restore and over the connections no policy
+/// lost, one row per family.
+fn restores_table(o: &mut String, results: &[FamilyResult]) {
+    use std::fmt::Write;
+    let _ = writeln!(
+        o,
+        "\n{:<22} | {:>22} | {:>22}",
+        "restore p99 (ms)", "every restore", "connections all kept"
+    );
+    let _ = writeln!(
+        o,
+        "{:<22} | {:>6} {:>7} {:>7} | {:>6} {:>7} {:>7}",
+        "family", "apm", "hw", "reload", "apm", "hw", "reload"
+    );
+    let ms = |m: &BTreeMap<String, Option<f64>>, p: &str| {
+        m.get(p)
+            .copied()
+            .flatten()
+            .map_or("n/a".to_string(), |v| format!("{v:.1}"))
+    };
+    for r in results {
+        let (all, kept) = (&r.restore_p99_ms, &r.restore_p99_kept_by_all_ms);
+        let _ = writeln!(
+            o,
+            "{:<22} | {:>6} {:>7} {:>7} | {:>6} {:>7} {:>7}",
+            r.family,
+            ms(all, "apm"),
+            ms(all, "hw-only"),
+            ms(all, "reload-local"),
+            ms(kept, "apm"),
+            ms(kept, "hw-only"),
+            ms(kept, "reload-local"),
+        );
     }
 }
 
@@ -194,74 +308,34 @@ pub fn table(sweep: &Sweep, results: &[FamilyResult]) -> String {
         sweep.first_seed,
         sweep.first_seed + sweep.seeds.saturating_sub(1)
     );
-    let _ = writeln!(
-        o,
-        "{:<22} {:>6} | {:>21} | {:>13} {:>13} | {:>6} | {:>22}",
-        "", "", "connections lost", "apm vs hw-only", "vs reload-loc", "kept", "restore p99 (ms)"
-    );
-    let _ = writeln!(
-        o,
-        "{:<22} {:>6} | {:>6} {:>6} {:>7} | {:>13} {:>13} | {:>6} | {:>6} {:>7} {:>7}",
-        "family",
-        "conns",
-        "apm",
-        "hw",
-        "reload",
-        "better/=/worse",
-        "better/=/worse",
-        "seeds",
-        "apm",
-        "hw",
-        "reload"
-    );
-    let p99 = |r: &FamilyResult, p: &str| {
-        r.restore_p99_ms
-            .get(p)
-            .copied()
-            .flatten()
-            .map_or("n/a".to_string(), |v| format!("{v:.1}"))
-    };
-    let vs = |r: &FamilyResult, p: &str| {
-        r.versus.get(p).map_or("-".to_string(), |v| {
-            format!("{}/{}/{}", v.better, v.same, v.worse)
-        })
-    };
-    for r in results {
-        let lost = |p: &str| r.lost.get(p).copied().unwrap_or(0);
-        let _ = writeln!(
-            o,
-            "{:<22} {:>6} | {:>6} {:>6} {:>7} | {:>13} {:>13} | {:>6} | {:>6} {:>7} {:>7}",
-            r.family,
-            r.connections,
-            lost("apm"),
-            lost("hw-only"),
-            lost("reload-local"),
-            vs(r, "hw-only"),
-            vs(r, "reload-local"),
-            r.seeds_losing_a_kept_connection.len(),
-            p99(r, "apm"),
-            p99(r, "hw-only"),
-            p99(r, "reload-local"),
-        );
-    }
+    losses_table(&mut o, results);
+    restores_table(&mut o, results);
     let _ =
         writeln!(
         o,
-        "\nkept seeds: seeds where apm lost a connection that a baseline kept. Replay one with\n  \
+        "\nviol: seeds where apm did worse than a baseline (more connections lost, or one lost\n\
+         that the baseline kept). find: seeds with findings (a connection lost that a baseline\n\
+         kept, in the re-arm window after a move or in a total outage). Replay one with\n  \
          apm simulate --family FAMILY{} --seed N",
         if sweep.size == Size::Small { " --small" } else { "" }
     );
-    for r in results
-        .iter()
-        .filter(|r| !r.seeds_losing_a_kept_connection.is_empty())
-    {
-        let shown: Vec<String> = r
-            .seeds_losing_a_kept_connection
-            .iter()
-            .take(10)
-            .map(u64::to_string)
-            .collect();
-        let _ = writeln!(o, "  {}: {}", r.family, shown.join(" "));
+    let listed = |what: &str, seeds: &[u64]| -> Option<String> {
+        (!seeds.is_empty()).then(|| {
+            let shown: Vec<String> = seeds.iter().take(10).map(u64::to_string).collect();
+            format!("{what} {}", shown.join(" "))
+        })
+    };
+    for r in results {
+        let lines: Vec<String> = [
+            listed("viol", &r.seeds_violating),
+            listed("find", &r.seeds_with_findings),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        if !lines.is_empty() {
+            let _ = writeln!(o, "  {}: {}", r.family, lines.join("; "));
+        }
     }
     o
 }

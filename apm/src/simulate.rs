@@ -15,7 +15,9 @@ mod sim_sweep;
 use crate::out::{out, outln};
 use anyhow::{bail, Context};
 use apm::input::SCENARIO_LIMIT;
-use provider_sim::{Family, Percentiles, PolicyKind, RunConfig, RunReport, Scenario, Sim, Size};
+use provider_sim::{
+    compare, Family, Percentiles, PolicyKind, RunConfig, RunReport, Scenario, Sim, Size,
+};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
@@ -77,6 +79,11 @@ pub struct Args {
 struct JsonPolicy {
     connections: u64,
     lost: u64,
+    /// Which connections were lost (indices), and of those the ones lost in the re-arm
+    /// window after a move and in or after a total outage.
+    lost_ids: Vec<u64>,
+    lost_in_rearm_window: Vec<u64>,
+    lost_in_outage: Vec<u64>,
     /// Offered by the applications over the whole run and never delivered.
     messages_lost: u64,
     messages_offered: u64,
@@ -120,6 +127,17 @@ struct JsonDoc {
     seed: u64,
     scenario: String,
     policies: BTreeMap<String, JsonPolicy>,
+    /// apm against the baselines (with all three policies run): what it did worse
+    /// (`violations`) and the losses a baseline avoided that no policy moving early can
+    /// (`findings`; see `provider_sim::compare`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    dominance: Option<JsonDominance>,
+}
+
+#[derive(Debug, Serialize)]
+struct JsonDominance {
+    violations: Vec<String>,
+    findings: Vec<String>,
 }
 
 /// Load the scenario and apply the command-line overrides.
@@ -321,6 +339,9 @@ fn json_doc(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> JsonDoc {
                     JsonPolicy {
                         connections: r.connections,
                         lost: r.lost,
+                        lost_ids: r.lost_ids.clone(),
+                        lost_in_rearm_window: r.lost_in_rearm_window.clone(),
+                        lost_in_outage: r.lost_in_outage.clone(),
                         messages_lost: r.messages_lost,
                         messages_offered: r.messages_posted,
                         messages_duplicated: r.messages_duplicated,
@@ -339,6 +360,10 @@ fn json_doc(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> JsonDoc {
                 )
             })
             .collect(),
+        dominance: (reports.len() == PolicyKind::ALL.len()).then(|| JsonDominance {
+            violations: compare::dominance_violations(reports),
+            findings: compare::findings(reports),
+        }),
     }
 }
 

@@ -28,7 +28,9 @@ fn json_has_exactly_the_fields_and_is_deterministic() {
     let again = apm(&args);
     assert_eq!(out.stdout, again.stdout, "same seed, same bytes");
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(keys(&doc), ["policies", "scenario", "seed"]);
+    assert_eq!(keys(&doc), ["dominance", "policies", "scenario", "seed"]);
+    assert_eq!(keys(&doc["dominance"]), ["findings", "violations"]);
+    assert_eq!(doc["dominance"]["violations"], serde_json::json!([]));
     assert_eq!(doc["seed"], 4);
     assert_eq!(keys(&doc["policies"]), ["apm", "hw-only", "reload-local"]);
     for (name, p) in doc["policies"].as_object().unwrap() {
@@ -42,6 +44,9 @@ fn json_has_exactly_the_fields_and_is_deterministic() {
                 "connections",
                 "failovers",
                 "lost",
+                "lost_ids",
+                "lost_in_outage",
+                "lost_in_rearm_window",
                 "lost_ms_total",
                 "mads_sent",
                 "messages_duplicated",

@@ -104,6 +104,9 @@ pub struct RunReport {
     /// Every restore time, in nanoseconds (for pooling runs; not serialised).
     #[serde(skip)]
     pub restore_samples_ns: Vec<u64>,
+    /// The connection each of those samples belongs to (not serialised).
+    #[serde(skip)]
+    pub restore_sample_conns: Vec<u32>,
     /// Summed time connections spent without an armed healthy alternate: working
     /// unarmed, failing over, or lost (a lost connection counts until the end).
     pub unprotected_ms_total: f64,

@@ -531,15 +531,20 @@ impl Engine {
         }
         let first = !c.ever_protected;
         let c_alt = c.alternate;
+        let c_primary = c.primary;
         if let Some(c) = self.conns.get_mut(&id) {
             c.told = Some(now);
             c.ever_protected |= now == Told::Protected;
         }
         let kind = match (now, c_alt) {
-            (Told::Protected, Some(alternate)) if first => {
-                NotificationKind::Protected { alternate }
-            }
-            (Told::Protected, Some(alternate)) => NotificationKind::Rearmed { alternate },
+            (Told::Protected, Some(alternate)) if first => NotificationKind::Protected {
+                alternate,
+                survives: AlternateKind::of(&c_primary, &alternate),
+            },
+            (Told::Protected, Some(alternate)) => NotificationKind::Rearmed {
+                alternate,
+                survives: AlternateKind::of(&c_primary, &alternate),
+            },
             (_, _) => NotificationKind::Unprotected { reason },
         };
         self.notify(id, kind);

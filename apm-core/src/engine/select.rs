@@ -1,9 +1,9 @@
 //! Choosing an alternate path: which candidates are usable and how they rank.
 //!
-//! Rank (higher is better), relative to the primary:
-//! 3. a different local port and a different remote port (survives either port dying),
-//! 2. a different local port or a different remote port,
-//! 1. the same ports but different LIDs (an LMC variant: survives a switch path failure).
+//! Rank, best first, relative to the primary ([`AlternateKind`]):
+//! - a different local port and a different remote port (survives either port dying),
+//! - a different local port or a different remote port,
+//! - the same ports but different LIDs (an LMC variant: survives a switch path failure).
 //!
 //! A candidate on the same route as the primary, on another device (a QP lives on one
 //! HCA), or with a different MTU (IBA requires the alternate MTU to match) is not a
@@ -16,28 +16,23 @@
 //! path is the one that survives what the primary does not. apm never forces a
 //! connection onto a dead path; it only keeps one armed.
 
+use crate::io::AlternateKind;
 use crate::types::Path;
 
 /// How good `cand` is as an alternate for `primary`; `None` when it cannot be one.
-pub(crate) fn rank(primary: &Path, cand: &Path) -> Option<u8> {
+pub(crate) fn rank(primary: &Path, cand: &Path) -> Option<AlternateKind> {
     if cand.port.device != primary.port.device || cand.mtu != primary.mtu {
         return None;
     }
     if cand.same_route(primary) {
         return None;
     }
-    let port_differs = cand.port != primary.port;
-    let remote_differs = cand.dgid != primary.dgid;
-    Some(match (port_differs, remote_differs) {
-        (true, true) => 3,
-        (true, false) | (false, true) => 2,
-        (false, false) => 1,
-    })
+    Some(AlternateKind::of(primary, cand))
 }
 
 /// How good an alternate is: its rank, then whether it is usable now (see the module
 /// documentation). Higher is better.
-pub(crate) type Score = (u8, bool);
+pub(crate) type Score = (AlternateKind, bool);
 
 /// The score of `cand` as an alternate for `primary`, `None` when it cannot be one.
 pub(crate) fn score(primary: &Path, cand: &Path, usable: bool) -> Option<Score> {

@@ -139,18 +139,20 @@ impl Notes {
                 say(args, line);
                 ("failover".to_owned(), Some(primary.to_string()))
             }
-            NotificationKind::Protected { alternate } => {
+            NotificationKind::Protected { alternate, survives } => {
                 let line = format!(
-                    "{role}: protected at {secs:.1} s: alternate {}",
-                    alternate.sgid
+                    "{role}: protected at {secs:.1} s: alternate {} ({})",
+                    alternate.sgid,
+                    survives.name()
                 );
                 say(args, line);
                 ("protected".to_owned(), Some(alternate.to_string()))
             }
-            NotificationKind::Rearmed { alternate } => {
+            NotificationKind::Rearmed { alternate, survives } => {
                 let line = format!(
-                    "{role}: re-armed at {secs:.1} s: alternate {}",
-                    alternate.sgid
+                    "{role}: re-armed at {secs:.1} s: alternate {} ({})",
+                    alternate.sgid,
+                    survives.name()
                 );
                 say(args, line);
                 ("rearmed".to_owned(), Some(alternate.to_string()))

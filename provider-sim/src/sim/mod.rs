@@ -400,6 +400,8 @@ struct Counters {
     messages_retransmitted: u64,
     failovers: u64,
     restore_ns: Vec<u64>,
+    /// The connection of each `restore_ns` sample.
+    restore_conns: Vec<u32>,
     restore_disjoint_ns: Vec<u64>,
     /// Connection-nanoseconds per [`Bucket`].
     bucket_ns: [u128; Bucket::ALL],

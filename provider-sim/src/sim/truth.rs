@@ -2,6 +2,7 @@
 //! invariants checked against it, and the run's report.
 
 use super::*;
+use apm_core::AlternateKind;
 
 impl Sim {
     // ------------------------------------------------------------------ ground truth
@@ -39,7 +40,7 @@ impl Sim {
         };
         match alts {
             Some((Some(x), Some(y))) if mirrors(&x, &y) && self.path_ok(&x) && self.path_ok(&y) => {
-                let bucket = if disjoint(&a.primary, &x) {
+                let bucket = if AlternateKind::of(&a.primary, &x) == AlternateKind::PortDisjoint {
                     Bucket::ArmedDisjoint
                 } else {
                     Bucket::ArmedShared
@@ -98,6 +99,7 @@ impl Sim {
             c.outage_in_stall = false;
             if let Some(t) = c.interrupted_at.take() {
                 self.c.restore_ns.push(now.0 - t.0);
+                self.c.restore_conns.push(i as u32);
                 if c.guard_disjoint {
                     self.c.restore_disjoint_ns.push(now.0 - t.0);
                 }
@@ -251,7 +253,7 @@ impl Sim {
                 continue;
             };
             let (ha, hb) = (self.fab.ports[pa].host, self.fab.ports[pb].host);
-            let mut best_healthy: Option<u8> = None;
+            let mut best_healthy: Option<AlternateKind> = None;
             for num in 1..=self.fab.ports_per_host() {
                 let (Some(x), Some(y)) = (self.fab.port_of(ha, num), self.fab.port_of(hb, num))
                 else {
@@ -262,14 +264,16 @@ impl Sim {
                         && self.path_ok(&p)
                         && self.fab.route(p.dlid.get(), p.slid.get()).is_some()
                     {
-                        best_healthy = best_healthy.max(Some(rank(&a.primary, &p)));
+                        best_healthy = best_healthy.max(Some(AlternateKind::of(&a.primary, &p)));
                     }
                 }
             }
             let Some(best) = best_healthy else {
                 continue;
             };
-            let kept = self.agreed_alternate(i).map(|alt| rank(&a.primary, &alt));
+            let kept = self
+                .agreed_alternate(i)
+                .map(|alt| AlternateKind::of(&a.primary, &alt));
             if kept.is_none_or(|k| k < best) {
                 out.push(i);
             }
@@ -360,6 +364,7 @@ impl Sim {
             failovers: self.c.failovers,
             restore_ms: Percentiles::of(self.c.restore_ns.clone()),
             restore_samples_ns: std::mem::take(&mut self.c.restore_ns),
+            restore_sample_conns: std::mem::take(&mut self.c.restore_conns),
             restore_disjoint_ms: Percentiles::of(std::mem::take(&mut self.c.restore_disjoint_ns)),
             unprotected_ms_total: ms_of(Bucket::Unprotected)
                 + ms_of(Bucket::Migrating)
@@ -426,21 +431,4 @@ impl Sim {
             }
             + 1000)
     }
-}
-
-/// How good `cand` is as an alternate for `primary`, as the engine ranks it (`apm_core`'s
-/// `select` module): 3 through another local and another remote port, 2 another of
-/// either, 1 the same ports (an LMC variant).
-fn rank(primary: &Path, cand: &Path) -> u8 {
-    match (cand.port != primary.port, cand.dgid != primary.dgid) {
-        (true, true) => 3,
-        (true, false) | (false, true) => 2,
-        (false, false) => 1,
-    }
-}
-
-/// `alt` survives the loss of either port of `primary`: it leaves through another local
-/// port and arrives at another remote port.
-fn disjoint(primary: &Path, alt: &Path) -> bool {
-    alt.port != primary.port && alt.dgid != primary.dgid
 }
