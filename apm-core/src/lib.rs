@@ -16,6 +16,7 @@ pub mod engine;
 pub mod io;
 pub mod manager;
 pub mod policy;
+pub mod probe;
 pub mod provider;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;

@@ -1,0 +1,456 @@
+//! Liveness probes: one session per path between two hosts (a local port GID and a peer
+//! port GID), in the spirit of BFD's asynchronous mode (RFC 5880), so that a failure no
+//! local event reports (a cable cut between two switches, a far-end port down on RoCE
+//! where no SA tells anyone, a switch that black-holes traffic) is found in
+//! `multiplier x interval` instead of a QP's retry budget or a stall timer.
+//!
+//! Sans-IO like the engine: [`Prober`] never reads a clock and never sends; the caller
+//! hands it the time and the probes that arrived, carries the [`ProbeOutput::Send`]s over
+//! apm's peer channel, and turns [`ProbeOutput::Down`]/[`ProbeOutput::Up`] into engine
+//! input. Jitter comes from a seeded generator: same seed, same sends.
+//!
+//! Cost is per path, never per QP: a host with `P` peers reached over `R` rails runs
+//! `P x R` sessions however many connections share them. With the default 20 ms interval
+//! a session sends 50 probes a second, so 1,000 peers on two rails would be 100,000
+//! probes a second; [`ProbePolicy::max_probes_per_sec`] (default 20,000) stretches the
+//! interval instead (to 100 ms there, detection in 300 ms), and says so in
+//! [`Prober::interval`].
+//!
+//! What the module must never do: create state for a path nobody asked it to watch (a
+//! stranger's probe is counted and dropped), or report a path down that it never saw up
+//! (a session that has not come up yet says nothing: the engine keeps its own view).
+
+mod session;
+
+pub use session::{Diag, SessionState};
+
+use crate::types::{Gid, Time};
+use serde::{Deserialize, Serialize};
+use session::Session;
+use std::collections::{BTreeMap, VecDeque};
+use std::time::Duration;
+
+/// The two ends of a probed path, seen from this host.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+pub struct PathEnds {
+    /// This host's port GID (on RoCE, the rail's GID).
+    pub local: Gid,
+    /// The peer's port GID on the same rail.
+    pub remote: Gid,
+}
+
+impl PathEnds {
+    /// The same path seen from the other end.
+    pub fn reversed(self) -> PathEnds {
+        PathEnds {
+            local: self.remote,
+            remote: self.local,
+        }
+    }
+}
+
+/// The most of the sender's dead ports one probe names (more are left out; the next
+/// probe on another session names them again).
+pub const MAX_PORTS_DOWN: usize = 8;
+
+/// One probe packet (carried by the peer channel as apm's vendor attribute).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Probe {
+    /// The sender's session state.
+    pub state: SessionState,
+    /// Why the sender's session last left Up.
+    pub diag: Diag,
+    /// The sender's detection multiplier.
+    pub detect_mult: u8,
+    /// The sender's discriminator for this session (never 0).
+    pub my_disc: u32,
+    /// The receiver's discriminator as last heard, 0 when none.
+    pub your_disc: u32,
+    /// The interval the sender transmits at, in microseconds.
+    pub tx_interval_us: u32,
+    /// The shortest interval the sender wants to receive at, in microseconds.
+    pub rx_interval_us: u32,
+    /// The path, from the sender's side (`local` is the sender's GID).
+    pub ends: PathEnds,
+    /// The sender's ports that are down (at most [`MAX_PORTS_DOWN`]): lets the receiver
+    /// tell a peer port failure from the fabric's.
+    pub ports_down: Vec<Gid>,
+}
+
+/// Probe timing, part of the policy.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProbePolicy {
+    /// Probe on every watched path. Default true.
+    pub enabled: bool,
+    /// Interval between probes on an Up session. Default 20 ms: with the multiplier, a
+    /// silent failure is found in 60 ms, well inside the 100 ms a stalled collective or
+    /// storage request tolerates and far below a QP's retry budget (537 ms at ACK timeout
+    /// 14, 34 s at NCCL's 20), while a lost probe or two (a scheduling hiccup of the
+    /// sender) does not end a session.
+    pub interval_ms: u32,
+    /// Probes missed in a row before a session is declared down. Default 3 (BFD's usual
+    /// value: one lost packet never ends a session).
+    pub multiplier: u8,
+    /// Interval while a session is not Up (no point probing a dead path fast; RFC 5880
+    /// says one a second, apm uses 250 ms so that a repaired path is found quickly).
+    pub down_interval_ms: u32,
+    /// Cap on the probes this host sends a second over every session together; beyond
+    /// it the interval is stretched evenly. Default 20,000 (about 1.3 MB/s of 64-byte
+    /// datagrams, a few percent of one core).
+    pub max_probes_per_sec: u32,
+}
+
+impl Default for ProbePolicy {
+    fn default() -> ProbePolicy {
+        ProbePolicy {
+            enabled: true,
+            interval_ms: 20,
+            multiplier: 3,
+            down_interval_ms: 250,
+            max_probes_per_sec: 20_000,
+        }
+    }
+}
+
+impl ProbePolicy {
+    /// Problems with the values, as `(key, what is wrong)`.
+    pub fn problems(&self) -> Vec<(&'static str, String)> {
+        let mut out = Vec::new();
+        if !(1..=10_000).contains(&self.interval_ms) {
+            out.push(("interval_ms", "must be 1..=10000".to_owned()));
+        }
+        if !(1..=50).contains(&self.multiplier) {
+            out.push(("multiplier", "must be 1..=50".to_owned()));
+        }
+        if self.down_interval_ms < self.interval_ms || self.down_interval_ms > 60_000 {
+            out.push((
+                "down_interval_ms",
+                "must be at least interval_ms and at most 60000".to_owned(),
+            ));
+        }
+        if self.max_probes_per_sec == 0 {
+            out.push(("max_probes_per_sec", "must be at least 1".to_owned()));
+        }
+        out
+    }
+}
+
+/// What kind of failure took a path down.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailureKind {
+    /// This host's port on the path is down.
+    LocalPort,
+    /// The peer's port on the path is down (the peer said so over another path).
+    PeerPort,
+    /// Both ports are up but probes stopped: a cable, switch or route between.
+    Fabric,
+}
+
+impl FailureKind {
+    /// The name used in notifications and JSON: `local_port`, `peer_port`, `fabric`.
+    pub fn name(self) -> &'static str {
+        match self {
+            FailureKind::LocalPort => "local_port",
+            FailureKind::PeerPort => "peer_port",
+            FailureKind::Fabric => "fabric",
+        }
+    }
+}
+
+/// What the prober asks of its caller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ProbeOutput {
+    /// Send `probe` over the path `ends` (from `ends.local` to `ends.remote`).
+    Send {
+        /// The path.
+        ends: PathEnds,
+        /// The packet.
+        probe: Probe,
+    },
+    /// A session that was Up went down.
+    Down {
+        /// The path.
+        ends: PathEnds,
+        /// What kind of failure it was.
+        kind: FailureKind,
+    },
+    /// A session came up after having been down (or for the first time).
+    Up {
+        /// The path.
+        ends: PathEnds,
+        /// False the first time the session comes up: nothing changed for the engine.
+        after_down: bool,
+    },
+}
+
+/// Counters for `apm watch` and the tests.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProbeCounters {
+    /// Probes handed out to send.
+    pub sent: u64,
+    /// Probes accepted.
+    pub received: u64,
+    /// Probes for a path not watched, or with a discriminator that does not match.
+    pub dropped: u64,
+}
+
+/// Every probe session of one host.
+#[derive(Debug)]
+pub struct Prober {
+    policy: ProbePolicy,
+    sessions: BTreeMap<PathEnds, Session>,
+    /// This host's ports that are down.
+    local_down: BTreeMap<Gid, ()>,
+    /// Peer ports a peer said are down, with when it last said so.
+    peer_down: BTreeMap<Gid, Time>,
+    rng: u64,
+    next_disc: u32,
+    out: VecDeque<ProbeOutput>,
+    counters: ProbeCounters,
+}
+
+impl Prober {
+    /// A prober with no sessions; `seed` drives the jitter.
+    pub fn new(policy: ProbePolicy, seed: u64) -> Prober {
+        Prober {
+            policy,
+            sessions: BTreeMap::new(),
+            local_down: BTreeMap::new(),
+            peer_down: BTreeMap::new(),
+            // xorshift must not start at 0.
+            rng: seed ^ 0x9E37_79B9_7F4A_7C15,
+            next_disc: 1,
+            out: VecDeque::new(),
+            counters: ProbeCounters::default(),
+        }
+    }
+
+    /// The interval Up sessions transmit at now: the policy's, stretched when the
+    /// sessions together would send more than `max_probes_per_sec`.
+    pub fn interval(&self) -> Duration {
+        let base = Duration::from_millis(u64::from(self.policy.interval_ms));
+        let n = self.sessions.len() as u64;
+        let cap = u64::from(self.policy.max_probes_per_sec.max(1));
+        base.max(Duration::from_micros(n.saturating_mul(1_000_000) / cap))
+    }
+
+    /// Probe `ends` from now on. Watching a watched path again does nothing; the session
+    /// starts Down and sends at once.
+    pub fn watch(&mut self, now: Time, ends: PathEnds) {
+        if self.sessions.contains_key(&ends) || !self.policy.enabled {
+            return;
+        }
+        let disc = self.next_disc;
+        self.next_disc = self.next_disc.checked_add(1).unwrap_or(1);
+        let mut s = Session::new(disc, self.policy.multiplier);
+        s.next_tx = now;
+        self.sessions.insert(ends, s);
+    }
+
+    /// Stop probing `ends` (no output: nobody needs that path any more).
+    pub fn unwatch(&mut self, ends: PathEnds) {
+        self.sessions.remove(&ends);
+    }
+
+    /// The paths watched, with their state.
+    pub fn sessions(&self) -> impl Iterator<Item = (PathEnds, SessionState)> + '_ {
+        self.sessions.iter().map(|(e, s)| (*e, s.state))
+    }
+
+    /// The state of one path's session.
+    pub fn state(&self, ends: PathEnds) -> Option<SessionState> {
+        self.sessions.get(&ends).map(|s| s.state)
+    }
+
+    /// The counters so far.
+    pub fn counters(&self) -> ProbeCounters {
+        self.counters
+    }
+
+    /// One of this host's ports went down or came up. Down ends its sessions at once
+    /// (kind [`FailureKind::LocalPort`]); every other session sends at once, so that
+    /// peers learn which port died without waiting for their detection time.
+    pub fn local_port(&mut self, now: Time, gid: Gid, up: bool) {
+        let changed = if up {
+            self.local_down.remove(&gid).is_some()
+        } else {
+            self.local_down.insert(gid, ()).is_none()
+        };
+        if !changed {
+            return;
+        }
+        let keys: Vec<PathEnds> = self.sessions.keys().copied().collect();
+        for ends in keys {
+            if ends.local == gid && !up {
+                self.session_down(ends, Diag::LocalPortDown, FailureKind::LocalPort);
+            } else if let Some(s) = self.sessions.get_mut(&ends) {
+                s.next_tx = now;
+            }
+        }
+    }
+
+    /// A probe arrived (already authenticated by the channel).
+    pub fn receive(&mut self, now: Time, probe: &Probe) {
+        let ends = probe.ends.reversed();
+        let detect = self.detect_time(probe);
+        let Some(s) = self.sessions.get_mut(&ends) else {
+            self.counters.dropped += 1;
+            return;
+        };
+        if self.local_down.contains_key(&ends.local) || !s.accepts(probe) {
+            self.counters.dropped += 1;
+            return;
+        }
+        self.counters.received += 1;
+        let was = s.state;
+        let after_down = s.was_up;
+        s.heard(now, probe, detect);
+        let now_state = s.state;
+        if now_state != was {
+            // A change is told to the peer at once (BFD's poll sequence, simplified).
+            s.next_tx = now;
+        }
+        self.note_peer_ports(now, probe);
+        match (was, now_state) {
+            (SessionState::Up, SessionState::Down) => {
+                let kind = self.kind_of(ends, now);
+                self.out.push_back(ProbeOutput::Down { ends, kind });
+            }
+            (w, SessionState::Up) if w != SessionState::Up => {
+                self.out.push_back(ProbeOutput::Up { ends, after_down });
+            }
+            _ => {}
+        }
+    }
+
+    /// Run the timers due at `now`: detection expiries and sends.
+    pub fn poll_timers(&mut self, now: Time) {
+        let expired: Vec<PathEnds> = self
+            .sessions
+            .iter()
+            .filter(|(_, s)| s.detect_at.is_some_and(|t| t <= now))
+            .map(|(e, _)| *e)
+            .collect();
+        for ends in expired {
+            let kind = self.kind_of(ends, now);
+            self.session_down(ends, Diag::DetectionExpired, kind);
+        }
+        let up_interval = self.interval();
+        let down_interval = Duration::from_millis(u64::from(self.policy.down_interval_ms));
+        let ports_down: Vec<Gid> = self
+            .local_down
+            .keys()
+            .copied()
+            .take(MAX_PORTS_DOWN)
+            .collect();
+        let keys: Vec<PathEnds> = self.sessions.keys().copied().collect();
+        for ends in keys {
+            let jitter = self.jitter();
+            let Some(s) = self.sessions.get_mut(&ends) else {
+                continue;
+            };
+            if s.next_tx > now || self.local_down.contains_key(&ends.local) {
+                continue;
+            }
+            let interval = if s.state == SessionState::Up {
+                up_interval
+            } else {
+                down_interval
+            };
+            let probe = s.packet(ends, up_interval, ports_down.clone());
+            // RFC 5880 6.8.7: each interval shortened by 0-25% so senders never lock step.
+            s.next_tx = now.plus(interval.mul_f64(1.0 - 0.25 * jitter));
+            self.counters.sent += 1;
+            self.out.push_back(ProbeOutput::Send { ends, probe });
+        }
+    }
+
+    /// The earliest time [`Prober::poll_timers`] has work.
+    pub fn next_deadline(&self) -> Option<Time> {
+        self.sessions
+            .iter()
+            .flat_map(|(e, s)| {
+                let tx = (!self.local_down.contains_key(&e.local)).then_some(s.next_tx);
+                [tx, s.detect_at]
+            })
+            .flatten()
+            .min()
+    }
+
+    /// The next output, if any.
+    pub fn poll_output(&mut self) -> Option<ProbeOutput> {
+        self.out.pop_front()
+    }
+
+    /// How long the peer's session may stay silent: its multiplier times the slower of
+    /// its transmit interval and the interval we want to receive at (RFC 5880 6.8.4).
+    fn detect_time(&self, probe: &Probe) -> Duration {
+        let ours = self.interval();
+        let theirs = Duration::from_micros(u64::from(probe.tx_interval_us));
+        ours.max(theirs) * u32::from(probe.detect_mult.max(1))
+    }
+
+    fn session_down(&mut self, ends: PathEnds, diag: Diag, kind: FailureKind) {
+        let Some(s) = self.sessions.get_mut(&ends) else {
+            return;
+        };
+        let was_up = s.state == SessionState::Up;
+        s.go_down(diag);
+        if was_up {
+            self.out.push_back(ProbeOutput::Down { ends, kind });
+        }
+    }
+
+    /// Remember the peer ports `probe`'s sender says are down; a session to one of them
+    /// that is still Up ends now (the peer cannot send on it, and waiting for the
+    /// detection time would only lose traffic).
+    fn note_peer_ports(&mut self, now: Time, probe: &Probe) {
+        for gid in probe.ports_down.iter().take(MAX_PORTS_DOWN) {
+            self.peer_down.insert(*gid, now);
+            let keys: Vec<PathEnds> = self
+                .sessions
+                .iter()
+                .filter(|(e, s)| e.remote == *gid && s.state == SessionState::Up)
+                .map(|(e, _)| *e)
+                .collect();
+            for ends in keys {
+                self.session_down(ends, Diag::NeighborSignaledDown, FailureKind::PeerPort);
+            }
+        }
+        // The sender's own port is evidently up; old words about others fade.
+        self.peer_down.remove(&probe.ends.local);
+        self.peer_down
+            .retain(|_, said| now.since(*said) < STALE_PEER_PORT);
+    }
+
+    fn kind_of(&self, ends: PathEnds, now: Time) -> FailureKind {
+        if self.local_down.contains_key(&ends.local) {
+            FailureKind::LocalPort
+        } else if self
+            .peer_down
+            .get(&ends.remote)
+            .is_some_and(|t| now.since(*t) < STALE_PEER_PORT)
+        {
+            FailureKind::PeerPort
+        } else {
+            FailureKind::Fabric
+        }
+    }
+
+    /// A number in [0, 1) (xorshift64*).
+    fn jitter(&mut self) -> f64 {
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        let x = self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D);
+        (x >> 11) as f64 / (1u64 << 53) as f64
+    }
+}
+
+/// How long a peer's word that one of its ports is down counts.
+const STALE_PEER_PORT: Duration = Duration::from_secs(2);
+
+#[cfg(test)]
+mod tests;

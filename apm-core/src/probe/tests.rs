@@ -1,0 +1,274 @@
+//! Two probers wired back to back over two rails, driven in 1 ms steps.
+
+use super::*;
+
+fn gid(host: u8, rail: u8) -> Gid {
+    let mut b = [0u8; 16];
+    b[0] = 0xfe;
+    b[1] = 0x80;
+    b[14] = host;
+    b[15] = rail;
+    Gid(b)
+}
+
+fn ends(from: u8, rail: u8) -> PathEnds {
+    let to = if from == 1 { 2 } else { 1 };
+    PathEnds {
+        local: gid(from, rail),
+        remote: gid(to, rail),
+    }
+}
+
+/// Hosts 1 and 2, each watching its two rails to the other.
+struct Bed {
+    now: Time,
+    hosts: [Prober; 2],
+    /// Rails whose probes are lost (a silent cut).
+    cut: Vec<u8>,
+    /// Probes in flight: (arrival, to host index, probe).
+    wire: Vec<(Time, usize, Probe)>,
+    /// Every Up/Down seen, with the host index and the time.
+    seen: Vec<(Time, usize, ProbeOutput)>,
+}
+
+impl Bed {
+    fn new(seed: u64) -> Bed {
+        let mut hosts = [
+            Prober::new(ProbePolicy::default(), seed),
+            Prober::new(ProbePolicy::default(), seed + 1),
+        ];
+        for (i, h) in hosts.iter_mut().enumerate() {
+            for rail in 1..=2 {
+                h.watch(Time::ZERO, ends(i as u8 + 1, rail));
+            }
+        }
+        Bed {
+            now: Time::ZERO,
+            hosts,
+            cut: Vec::new(),
+            wire: Vec::new(),
+            seen: Vec::new(),
+        }
+    }
+
+    fn run_ms(&mut self, ms: u64) {
+        for _ in 0..ms {
+            self.now = self.now.plus(Duration::from_millis(1));
+            let now = self.now;
+            let (due, later): (Vec<_>, Vec<_>) = self.wire.drain(..).partition(|w| w.0 <= now);
+            self.wire = later;
+            for (_, to, probe) in due {
+                self.hosts[to].receive(now, &probe);
+            }
+            for i in 0..2 {
+                self.hosts[i].poll_timers(now);
+                while let Some(o) = self.hosts[i].poll_output() {
+                    match o {
+                        ProbeOutput::Send { ends, probe } => {
+                            let rail = ends.local.0[15];
+                            if !self.cut.contains(&rail) {
+                                self.wire.push((
+                                    now.plus(Duration::from_micros(100)),
+                                    1 - i,
+                                    probe,
+                                ));
+                            }
+                        }
+                        other => self.seen.push((now, i, other)),
+                    }
+                }
+            }
+        }
+    }
+
+    fn downs(&self) -> Vec<(usize, PathEnds, FailureKind)> {
+        self.seen
+            .iter()
+            .filter_map(|(_, h, o)| match o {
+                ProbeOutput::Down { ends, kind } => Some((*h, *ends, *kind)),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+#[test]
+fn sessions_come_up_within_a_few_milliseconds_and_say_so_once() {
+    let mut bed = Bed::new(1);
+    bed.run_ms(10);
+    for h in &bed.hosts {
+        assert!(
+            h.sessions().all(|(_, s)| s == SessionState::Up),
+            "{:?}",
+            h.sessions().collect::<Vec<_>>()
+        );
+    }
+    let ups: Vec<_> = bed
+        .seen
+        .iter()
+        .filter(|(_, _, o)| {
+            matches!(
+                o,
+                ProbeOutput::Up {
+                    after_down: false,
+                    ..
+                }
+            )
+        })
+        .collect();
+    assert_eq!(ups.len(), 4, "{:?}", bed.seen);
+    bed.run_ms(1000);
+    assert_eq!(
+        bed.seen.len(),
+        4,
+        "nothing more happens on a quiet fabric: {:?}",
+        bed.seen
+    );
+}
+
+#[test]
+fn a_silent_cut_is_a_fabric_failure_on_both_sides_within_the_detection_time() {
+    let mut bed = Bed::new(2);
+    bed.run_ms(100);
+    let t0 = bed.now;
+    bed.cut.push(1);
+    bed.run_ms(200);
+    let downs: Vec<_> = bed
+        .seen
+        .iter()
+        .filter(|(_, _, o)| matches!(o, ProbeOutput::Down { .. }))
+        .collect();
+    assert_eq!(downs.len(), 2, "{downs:?}");
+    for (t, _, o) in downs {
+        let ProbeOutput::Down { ends, kind } = o else {
+            unreachable!()
+        };
+        assert_eq!(ends.local.0[15], 1);
+        assert_eq!(*kind, FailureKind::Fabric);
+        // Detection: 3 x 20 ms after the last probe heard, which left up to 20 ms before
+        // the cut.
+        let after = t.since(t0);
+        assert!(after <= Duration::from_millis(62), "{after:?}");
+        assert!(after >= Duration::from_millis(40), "{after:?}");
+    }
+    assert_eq!(bed.hosts[0].state(ends(1, 2)), Some(SessionState::Up));
+}
+
+#[test]
+fn a_repaired_path_comes_up_again_and_says_it_was_down() {
+    let mut bed = Bed::new(3);
+    bed.run_ms(100);
+    bed.cut.push(2);
+    bed.run_ms(200);
+    bed.cut.clear();
+    bed.run_ms(300);
+    let again: Vec<_> = bed
+        .seen
+        .iter()
+        .filter(|(_, _, o)| {
+            matches!(
+                o,
+                ProbeOutput::Up {
+                    after_down: true,
+                    ..
+                }
+            )
+        })
+        .collect();
+    assert_eq!(again.len(), 2, "{:?}", bed.seen);
+    for h in &bed.hosts {
+        assert!(h.sessions().all(|(_, s)| s == SessionState::Up));
+    }
+}
+
+#[test]
+fn a_port_down_is_local_at_once_and_the_peers_port_on_the_other_side_before_detection() {
+    let mut bed = Bed::new(4);
+    bed.run_ms(100);
+    let t0 = bed.now;
+    // Host 1's rail-1 port dies: its probes on that rail stop (the cut) and it knows.
+    bed.cut.push(1);
+    bed.hosts[0].local_port(t0, gid(1, 1), false);
+    bed.run_ms(200);
+    let downs = bed.downs();
+    assert!(
+        downs.contains(&(0, ends(1, 1), FailureKind::LocalPort)),
+        "{downs:?}"
+    );
+    assert!(
+        downs.contains(&(1, ends(2, 1), FailureKind::PeerPort)),
+        "{downs:?}"
+    );
+    assert_eq!(downs.len(), 2, "{downs:?}");
+    let peer_at = bed
+        .seen
+        .iter()
+        .find(|(_, h, o)| *h == 1 && matches!(o, ProbeOutput::Down { .. }))
+        .map(|(t, _, _)| *t)
+        .expect("the peer saw it");
+    assert!(
+        peer_at.since(t0) <= Duration::from_millis(5),
+        "told over rail 2 at once"
+    );
+}
+
+#[test]
+fn strangers_and_wrong_discriminators_change_nothing() {
+    let mut bed = Bed::new(5);
+    bed.run_ms(50);
+    let before: Vec<_> = bed.hosts[0].sessions().collect();
+    let mut p = bed.hosts[1]
+        .sessions
+        .get(&ends(2, 1))
+        .expect("watched")
+        .packet(ends(2, 1), Duration::from_millis(20), Vec::new());
+    // Wrong discriminator: claims Down, would end the session.
+    p.state = SessionState::Down;
+    p.your_disc = 0xdead;
+    bed.hosts[0].receive(bed.now, &p);
+    // A path host 1 does not watch.
+    let mut q = p.clone();
+    q.ends.local = gid(9, 1);
+    q.your_disc = 0;
+    bed.hosts[0].receive(bed.now, &q);
+    assert_eq!(bed.hosts[0].counters().dropped, 2);
+    assert_eq!(before, bed.hosts[0].sessions().collect::<Vec<_>>());
+    assert_eq!(
+        bed.hosts[0].sessions.len(),
+        2,
+        "no session created for a stranger"
+    );
+}
+
+#[test]
+fn many_sessions_stretch_the_interval_to_the_rate_cap() {
+    let mut p = Prober::new(ProbePolicy::default(), 0);
+    for host in 0..1000u16 {
+        for rail in 1..=2 {
+            let mut r = gid(0, rail);
+            r.0[12..14].copy_from_slice(&host.to_be_bytes());
+            p.watch(
+                Time::ZERO,
+                PathEnds {
+                    local: gid(250, rail),
+                    remote: r,
+                },
+            );
+        }
+    }
+    // 2,000 sessions at 20,000 probes a second: one probe each every 100 ms.
+    assert_eq!(p.interval(), Duration::from_millis(100));
+}
+
+#[test]
+fn same_seed_same_sends() {
+    let run = |seed| {
+        let mut bed = Bed::new(seed);
+        bed.cut.push(1);
+        bed.run_ms(50);
+        bed.cut.clear();
+        bed.run_ms(500);
+        format!("{:?}", bed.seen)
+    };
+    assert_eq!(run(7), run(7));
+}
