@@ -283,6 +283,8 @@ pub enum PeerMsg {
     Migrate(Migrate),
     /// Answer to [`PeerMsg::Migrate`].
     MigrateAck(MigrateAck),
+    /// A liveness probe ([`crate::probe`]): for the host's prober, never the engine.
+    Probe(crate::probe::Probe),
 }
 
 /// LAP contents. `alt` is written from the sender's point of view (its `slid`/`sgid` are

@@ -35,11 +35,31 @@
 //! **MigrateAck** (attribute [`MIGRATE_ACK_ATTR`] = 0xA002): SenderCommID @0 (4),
 //! ReceiverCommID @4 (4), Status @8 (1): 0 = moved (or already there), 1 = refused.
 //!
+//! **Probe** (attribute [`PROBE_ATTR`] = 0xA003): a liveness probe of one path
+//! (`apm_core::probe`, after BFD's control packet, RFC 5880 4.1, with GIDs in place of
+//! addresses and the sender's dead ports added):
+//!
+//! | offset | size | field                                                        |
+//! |-------:|-----:|--------------------------------------------------------------|
+//! | 0      | 1    | Version (1)                                                  |
+//! | 1      | 1    | State: 0 AdminDown, 1 Down, 2 Init, 3 Up                     |
+//! | 2      | 1    | Diag: 0 none, 1 detection expired, 3 neighbour down, 4 port down |
+//! | 3      | 1    | DetectMult (at least 1)                                      |
+//! | 4      | 4    | MyDiscriminator (never 0)                                    |
+//! | 8      | 4    | YourDiscriminator (0 until the sender has heard the receiver) |
+//! | 12     | 4    | DesiredMinTxInterval, microseconds                           |
+//! | 16     | 4    | RequiredMinRxInterval, microseconds                          |
+//! | 20     | 16   | Sender's GID on the path                                     |
+//! | 36     | 16   | Receiver's GID on the path                                   |
+//! | 52     | 1    | N: how many of the sender's ports are down (at most 8)       |
+//! | 56     | 16 N | their GIDs                                                   |
+//!
 //! Values the engine's types cannot hold (a reserved status, an over-wide field) make a
 //! received message undecodable: it is dropped, never truncated into something else.
 
 use crate::peer_channel::{from_peer_msg, to_peer_msg};
 use crate::umad_transport::{self, CmChannel, VENDOR_CLASS_VERSION};
+use apm_core::probe::{Diag, PathEnds, PortsDown, Probe, SessionState, MAX_PORTS_DOWN};
 use apm_core::{Gid, Lid, Migrate, MigrateAck, MigrateIntent, Path, PeerMsg, PortKey};
 use ib_mad::types::{Oui, U24};
 use ib_mad::vendor::VendorMad;
@@ -49,6 +69,10 @@ use ib_mad::{AttributeId, Method, MgmtClass, MAD_SIZE};
 pub const MIGRATE_ATTR: AttributeId = AttributeId(0xA001);
 /// Attribute ID of a software-migration answer.
 pub const MIGRATE_ACK_ATTR: AttributeId = AttributeId(0xA002);
+/// Attribute ID of a liveness probe.
+pub const PROBE_ATTR: AttributeId = AttributeId(0xA003);
+/// The probe layout's version.
+const PROBE_VERSION: u8 = 1;
 
 /// Why a peer message could not be put on the wire.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -75,6 +99,7 @@ pub fn encode(
     let (attr, data) = match msg {
         PeerMsg::Migrate(m) => (MIGRATE_ATTR, migrate_data(m)?),
         PeerMsg::MigrateAck(a) => (MIGRATE_ACK_ATTR, ack_data(a)),
+        PeerMsg::Probe(p) => (PROBE_ATTR, probe_data(p)),
         other => {
             let body = from_peer_msg(other).map_err(|e| EncodeError::OutOfRange(e.to_string()))?;
             return umad_transport::encode(CmChannel::Vendor { class, oui }, tid, &body)
@@ -118,9 +143,10 @@ pub fn decode(class: u8, oui: [u8; 3], port: PortKey, mad: &[u8]) -> Option<(u64
     Some((tid, msg))
 }
 
-/// Whether `attr` is one of apm's own attributes ([`MIGRATE_ATTR`], [`MIGRATE_ACK_ATTR`]).
+/// Whether `attr` is one of apm's own attributes ([`MIGRATE_ATTR`], [`MIGRATE_ACK_ATTR`],
+/// [`PROBE_ATTR`]).
 pub fn is_apm_attribute(attr: AttributeId) -> bool {
-    attr == MIGRATE_ATTR || attr == MIGRATE_ACK_ATTR
+    attr == MIGRATE_ATTR || attr == MIGRATE_ACK_ATTR || attr == PROBE_ATTR
 }
 
 /// The Migrate or MigrateAck in the vendor data `d` of a MAD with attribute `attr`
@@ -163,8 +189,56 @@ pub fn decode_attribute(attr: AttributeId, d: &[u8], port: PortKey) -> Option<Pe
                 _ => return None,
             },
         }),
+        PROBE_ATTR => PeerMsg::Probe(probe_of(d)?),
         _ => return None,
     })
+}
+
+fn probe_of(d: &[u8]) -> Option<Probe> {
+    if *d.get(0)? != PROBE_VERSION {
+        return None;
+    }
+    let gid_at = |at: usize| -> Option<Gid> { Some(Gid(d.get(at..at + 16)?.try_into().ok()?)) };
+    let n = usize::from(*d.get(52)?);
+    if n > MAX_PORTS_DOWN {
+        return None;
+    }
+    let down: Option<Vec<Gid>> = (0..n).map(|i| gid_at(56 + 16 * i)).collect();
+    Some(Probe {
+        state: SessionState::from_code(*d.get(1)?)?,
+        diag: Diag::from_code(*d.get(2)?),
+        detect_mult: Some(*d.get(3)?).filter(|m| *m >= 1)?,
+        my_disc: Some(be32(d, 4)?).filter(|x| *x != 0)?,
+        your_disc: be32(d, 8)?,
+        tx_interval_us: be32(d, 12)?,
+        rx_interval_us: be32(d, 16)?,
+        ends: PathEnds {
+            local: gid_at(20)?,
+            remote: gid_at(36)?,
+        },
+        ports_down: PortsDown::of(down?),
+    })
+}
+
+fn probe_data(p: &Probe) -> Vec<u8> {
+    let down = p.ports_down.as_slice();
+    let mut d = vec![0u8; 56 + 16 * down.len()];
+    d[0] = PROBE_VERSION;
+    d[1] = p.state.code();
+    d[2] = p.diag.code();
+    d[3] = p.detect_mult;
+    d[4..8].copy_from_slice(&p.my_disc.to_be_bytes());
+    d[8..12].copy_from_slice(&p.your_disc.to_be_bytes());
+    d[12..16].copy_from_slice(&p.tx_interval_us.to_be_bytes());
+    d[16..20].copy_from_slice(&p.rx_interval_us.to_be_bytes());
+    d[20..36].copy_from_slice(&p.ends.local.0);
+    d[36..52].copy_from_slice(&p.ends.remote.0);
+    // At most MAX_PORTS_DOWN (8) by PortsDown's construction.
+    d[52] = down.len() as u8;
+    for (i, g) in down.iter().enumerate() {
+        d[56 + 16 * i..72 + 16 * i].copy_from_slice(&g.0);
+    }
+    d
 }
 
 fn oui_of(oui: [u8; 3]) -> Oui {
@@ -252,6 +326,46 @@ mod tests {
         }
     }
 
+    fn probe(down: &[Gid]) -> Probe {
+        Probe {
+            state: SessionState::Up,
+            diag: Diag::DetectionExpired,
+            detect_mult: 3,
+            my_disc: 0x0102_0304,
+            your_disc: 9,
+            tx_interval_us: 20_000,
+            rx_interval_us: 20_000,
+            ends: PathEnds {
+                local: path().sgid,
+                remote: path().dgid,
+            },
+            ports_down: PortsDown::of(down.iter().copied()),
+        }
+    }
+
+    #[test]
+    fn a_probe_is_laid_out_as_documented_and_nonsense_is_dropped() {
+        let p = probe(&[path().dgid]);
+        let wire = encode(CLASS, OUI, 1, &PeerMsg::Probe(p)).expect("encodes");
+        assert_eq!(u16::from_be_bytes([wire[16], wire[17]]), PROBE_ATTR.0);
+        let d = &wire[40..];
+        assert_eq!(&d[..4], &[1, 3, 1, 3]);
+        assert_eq!(&d[4..8], &[1, 2, 3, 4]);
+        assert_eq!(&d[12..16], &20_000u32.to_be_bytes());
+        assert_eq!(&d[20..36], &path().sgid.0);
+        assert_eq!(d[52], 1);
+        assert_eq!(&d[56..72], &path().dgid.0);
+        let port = PortKey::new(0, 1);
+        for (at, bad) in [(0usize, 2u8), (1, 4), (3, 0), (52, 9)] {
+            let mut w = wire;
+            w[40 + at] = bad;
+            assert_eq!(decode(CLASS, OUI, port, &w), None, "byte {at} = {bad}");
+        }
+        let mut w = wire;
+        w[44..48].fill(0);
+        assert_eq!(decode(CLASS, OUI, port, &w), None, "discriminator 0");
+    }
+
     #[test]
     fn every_message_survives_the_wire() {
         let msgs = [
@@ -287,6 +401,8 @@ mod tests {
                 receiver_comm_id: 5,
                 service_timeout: 12,
             }),
+            PeerMsg::Probe(probe(&[])),
+            PeerMsg::Probe(probe(&[path().sgid, path().dgid])),
         ];
         for msg in msgs {
             let wire = encode(CLASS, OUI, 0x77, &msg).expect("encodes");

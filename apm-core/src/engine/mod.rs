@@ -303,7 +303,7 @@ impl Engine {
             PeerMsg::Apr(_) => self.stats.aprs_sent += 1,
             PeerMsg::Mra(_) => self.stats.mras_sent += 1,
             PeerMsg::Migrate(_) | PeerMsg::MigrateAck(_) => self.stats.migrate_msgs_sent += 1,
-            PeerMsg::Lap(_) => {}
+            PeerMsg::Lap(_) | PeerMsg::Probe(_) => {}
         }
         self.issue(CommandOp::SendPeer { port, to, msg }, Pending::Send);
     }

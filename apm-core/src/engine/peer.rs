@@ -36,6 +36,8 @@ impl Engine {
             PeerMsg::Mra(mra) => self.mra_arrived(from, mra),
             PeerMsg::Migrate(m) => self.migrate_arrived(from, port, m),
             PeerMsg::MigrateAck(a) => self.migrate_ack_arrived(from, a),
+            // The Manager hands probes to its prober; one here is counted and ignored.
+            PeerMsg::Probe(_) => debug!(from = %from.gid, "a probe reached the engine: ignored"),
         }
     }
 

@@ -49,12 +49,41 @@ impl PathEnds {
     }
 }
 
-/// The most of the sender's dead ports one probe names (more are left out; the next
-/// probe on another session names them again).
+/// The most of the sender's dead ports one probe names (more are left out).
 pub const MAX_PORTS_DOWN: usize = 8;
 
+/// The sender's ports that are down, as a probe carries them (at most
+/// [`MAX_PORTS_DOWN`]; a fixed array so that peer messages stay `Copy`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortsDown {
+    len: u8,
+    gids: [Gid; MAX_PORTS_DOWN],
+}
+
+impl PortsDown {
+    /// The first [`MAX_PORTS_DOWN`] of `gids`.
+    pub fn of(gids: impl IntoIterator<Item = Gid>) -> PortsDown {
+        let mut p = PortsDown::default();
+        for g in gids.into_iter().take(MAX_PORTS_DOWN) {
+            p.gids[usize::from(p.len)] = g;
+            p.len += 1;
+        }
+        p
+    }
+
+    /// The GIDs.
+    pub fn as_slice(&self) -> &[Gid] {
+        &self.gids[..usize::from(self.len).min(MAX_PORTS_DOWN)]
+    }
+
+    /// Whether `gid` is among them.
+    pub fn contains(&self, gid: &Gid) -> bool {
+        self.as_slice().contains(gid)
+    }
+}
+
 /// One probe packet (carried by the peer channel as apm's vendor attribute).
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Probe {
     /// The sender's session state.
     pub state: SessionState,
@@ -72,9 +101,9 @@ pub struct Probe {
     pub rx_interval_us: u32,
     /// The path, from the sender's side (`local` is the sender's GID).
     pub ends: PathEnds,
-    /// The sender's ports that are down (at most [`MAX_PORTS_DOWN`]): lets the receiver
-    /// tell a peer port failure from the fabric's.
-    pub ports_down: Vec<Gid>,
+    /// The sender's ports that are down: lets the receiver tell a peer port failure
+    /// from the fabric's.
+    pub ports_down: PortsDown,
 }
 
 /// Probe timing, part of the policy.
@@ -339,12 +368,7 @@ impl Prober {
         }
         let up_interval = self.interval();
         let down_interval = Duration::from_millis(u64::from(self.policy.down_interval_ms));
-        let ports_down: Vec<Gid> = self
-            .local_down
-            .keys()
-            .copied()
-            .take(MAX_PORTS_DOWN)
-            .collect();
+        let ports_down = PortsDown::of(self.local_down.keys().copied());
         let keys: Vec<PathEnds> = self.sessions.keys().copied().collect();
         for ends in keys {
             let jitter = self.jitter();
@@ -359,7 +383,7 @@ impl Prober {
             } else {
                 down_interval
             };
-            let probe = s.packet(ends, up_interval, ports_down.clone());
+            let probe = s.packet(ends, up_interval, ports_down);
             // RFC 5880 6.8.7: each interval shortened by 0-25% so senders never lock step.
             s.next_tx = now.plus(interval.mul_f64(1.0 - 0.25 * jitter));
             self.counters.sent += 1;
@@ -407,7 +431,7 @@ impl Prober {
     /// that is still Up ends now (the peer cannot send on it, and waiting for the
     /// detection time would only lose traffic).
     fn note_peer_ports(&mut self, now: Time, probe: &Probe) {
-        for gid in probe.ports_down.iter().take(MAX_PORTS_DOWN) {
+        for gid in probe.ports_down.as_slice() {
             self.peer_down.insert(*gid, now);
             let keys: Vec<PathEnds> = self
                 .sessions

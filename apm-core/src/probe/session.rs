@@ -3,8 +3,8 @@
 //! without demand mode or echo (apm probes the path itself, never through the peer's
 //! forwarding plane).
 
-use super::{PathEnds, Probe};
-use crate::types::{Gid, Time};
+use super::{PathEnds, PortsDown, Probe};
+use crate::types::Time;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -166,7 +166,12 @@ impl Session {
     }
 
     /// The probe to send now.
-    pub(super) fn packet(&self, ends: PathEnds, interval: Duration, ports_down: Vec<Gid>) -> Probe {
+    pub(super) fn packet(
+        &self,
+        ends: PathEnds,
+        interval: Duration,
+        ports_down: PortsDown,
+    ) -> Probe {
         let us = u32::try_from(interval.as_micros()).unwrap_or(u32::MAX);
         Probe {
             state: self.state,

@@ -221,7 +221,7 @@ fn strangers_and_wrong_discriminators_change_nothing() {
         .sessions
         .get(&ends(2, 1))
         .expect("watched")
-        .packet(ends(2, 1), Duration::from_millis(20), Vec::new());
+        .packet(ends(2, 1), Duration::from_millis(20), PortsDown::default());
     // Wrong discriminator: claims Down, would end the session.
     p.state = SessionState::Down;
     p.your_disc = 0xdead;
