@@ -195,7 +195,7 @@ pub fn decode_attribute(attr: AttributeId, d: &[u8], port: PortKey) -> Option<Pe
 }
 
 fn probe_of(d: &[u8]) -> Option<Probe> {
-    if *d.get(0)? != PROBE_VERSION {
+    if *d.first()? != PROBE_VERSION {
         return None;
     }
     let gid_at = |at: usize| -> Option<Gid> { Some(Gid(d.get(at..at + 16)?.try_into().ok()?)) };
