@@ -227,7 +227,7 @@ fn strangers_and_wrong_discriminators_change_nothing() {
     p.your_disc = 0xdead;
     bed.hosts[0].receive(bed.now, &p);
     // A path host 1 does not watch.
-    let mut q = p.clone();
+    let mut q = p;
     q.ends.local = gid(9, 1);
     q.your_disc = 0;
     bed.hosts[0].receive(bed.now, &q);
