@@ -44,6 +44,20 @@ pub enum Input {
         /// True for trap 64 (in service), false for trap 65 (out of service).
         in_service: bool,
     },
+    /// A liveness probe session ([`crate::probe`]) that was up went down: every
+    /// connection whose primary runs between these two GIDs moves, and no alternate
+    /// between them is armed onto until the session comes back.
+    PathDown {
+        /// The path (this host's GID, the peer's GID).
+        ends: crate::probe::PathEnds,
+        /// What kind of failure the prober saw.
+        kind: crate::probe::FailureKind,
+    },
+    /// A probe session came back up after being down: like trap 64 for that path.
+    PathUp {
+        /// The path.
+        ends: crate::probe::PathEnds,
+    },
     /// A LAP/APR/MRA (or software-migration message) from a peer.
     PeerMessage {
         /// Where the transport says it came from.

@@ -9,6 +9,7 @@
 use crate::engine::{ConnStatus, Engine, EngineError, Stats};
 use crate::io::*;
 use crate::policy::{Policy, PolicyError};
+use crate::probe::{FailureKind, PathEnds, ProbeAction, ProbeDriver};
 use crate::provider::{InputSink, Provider};
 use crate::types::*;
 use std::sync::Arc;
@@ -87,6 +88,15 @@ pub enum FabricEventKind {
         /// In service or not.
         in_service: bool,
     },
+    /// A liveness probe session went down or came back.
+    Path {
+        /// The path (this host's GID, the peer's).
+        ends: PathEnds,
+        /// Up again, or down.
+        up: bool,
+        /// For a path down: local port, peer port or the fabric between.
+        failure: Option<FailureKind>,
+    },
 }
 
 impl FabricEventKind {
@@ -102,6 +112,16 @@ impl FabricEventKind {
             Input::RemoteGid { gid, in_service } => FabricEventKind::RemoteGid {
                 gid: *gid,
                 in_service: *in_service,
+            },
+            Input::PathDown { ends, kind } => FabricEventKind::Path {
+                ends: *ends,
+                up: false,
+                failure: Some(*kind),
+            },
+            Input::PathUp { ends } => FabricEventKind::Path {
+                ends: *ends,
+                up: true,
+                failure: None,
             },
             _ => return None,
         })
@@ -227,22 +247,37 @@ impl<P: Provider> Manager<P> {
             Time(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
         };
         let (input_tx, mut input_rx): (InputSink, _) = mpsc::unbounded_channel();
+        // Seeded from the start time: probes of hosts started together must not beat in
+        // step (the jitter is what keeps them apart).
+        let seed = std::process::id().into();
+        let mut probes = ProbeDriver::new(&self.engine.policy().probe, seed);
         self.provider
             .start(input_tx.clone())
             .await
             .map_err(ManagerError::Start)?;
         // The ports the provider reported at start must be known before any API call.
         while let Ok(input) = input_rx.try_recv() {
-            if let Err(e) = self.engine.handle_input(elapsed(), input) {
+            let input = match probes.as_mut() {
+                Some(p) => p.on_input(elapsed(), input),
+                None => Some(input),
+            };
+            if let Some(Err(e)) = input.map(|i| self.engine.handle_input(elapsed(), i)) {
                 warn!(error = %e, "provider input refused by the engine");
             }
         }
         loop {
+            if let Some(p) = probes.as_mut() {
+                self.run_probes(p, elapsed());
+            }
             self.flush(&input_tx);
-            let deadline = self
-                .engine
-                .poll_timeout()
-                .map(|t| start + std::time::Duration::from_nanos(t.as_nanos()));
+            let next = [
+                self.engine.poll_timeout(),
+                probes.as_ref().and_then(|p| p.next_deadline()),
+            ]
+            .into_iter()
+            .flatten()
+            .min();
+            let deadline = next.map(|t| start + std::time::Duration::from_nanos(t.as_nanos()));
             let sleep = async {
                 match deadline {
                     Some(at) => tokio::time::sleep_until(at).await,
@@ -261,7 +296,11 @@ impl<P: Provider> Manager<P> {
                         // No watcher is fine: the stream is advisory.
                         let _ = self.handle.events.send(FabricEvent { time: now, kind });
                     }
-                    if let Err(e) = self.engine.handle_input(now, input) {
+                    let input = match probes.as_mut() {
+                        Some(p) => p.on_input(now, input),
+                        None => Some(input),
+                    };
+                    if let Some(Err(e)) = input.map(|i| self.engine.handle_input(now, i)) {
                         warn!(error = %e, "provider input refused by the engine");
                     }
                 }
@@ -271,9 +310,15 @@ impl<P: Provider> Manager<P> {
                     match req {
                         Request::Protect(spec, tx) => {
                             let _ = tx.send(self.engine.handle_input(now, Input::Protect(spec)));
+                            if let Some(p) = probes.as_mut() {
+                                p.follow(now, self.engine.probe_paths());
+                            }
                         }
                         Request::Unprotect(id, tx) => {
                             let _ = tx.send(self.engine.handle_input(now, Input::Unprotect(id)));
+                            if let Some(p) = probes.as_mut() {
+                                p.follow(now, self.engine.probe_paths());
+                            }
                         }
                         Request::ReportStall(id, tx) => {
                             let stalled = Input::QpEvent {
@@ -300,6 +345,33 @@ impl<P: Provider> Manager<P> {
 
     /// Hand every pending output on: commands to provider tasks, notifications to
     /// subscribers.
+    /// Run the prober's due timers: its sends go out on their own tasks (a lost probe
+    /// is what probes are for: results are only logged), its verdicts go to the engine
+    /// and to the fabric event stream.
+    fn run_probes(&mut self, probes: &mut ProbeDriver, now: Time) {
+        for action in probes.poll(now) {
+            match action {
+                ProbeAction::Send { port, to, msg } => {
+                    let provider = Arc::clone(&self.provider);
+                    tokio::spawn(async move {
+                        let op = CommandOp::SendPeer { port, to, msg };
+                        if let Err(e) = provider.execute(op).await {
+                            debug!(error = %e, "probe not sent");
+                        }
+                    });
+                }
+                ProbeAction::Engine(input) => {
+                    if let Some(kind) = FabricEventKind::of(&input) {
+                        let _ = self.handle.events.send(FabricEvent { time: now, kind });
+                    }
+                    if let Err(e) = self.engine.handle_input(now, input) {
+                        warn!(error = %e, "probe verdict refused by the engine");
+                    }
+                }
+            }
+        }
+    }
+
     fn flush(&mut self, results: &InputSink) {
         while let Some(out) = self.engine.poll_output() {
             match out {
@@ -386,8 +458,42 @@ mod tests {
             *started.lock().expect("not poisoned") = Some(s);
             Ok(())
         });
+        let silent = Arc::clone(&SILENT_PORT_1);
+        let answers = sink.clone();
         m.expect_execute().returning(move |op| {
             ops.lock().expect("not poisoned").push(op.clone());
+            // The peer's prober: answers every probe at once (a quicker peer than BFD's
+            // own schedule, which changes nothing here), except on port 1 once that path
+            // goes silent.
+            if let CommandOp::SendPeer {
+                port,
+                to,
+                msg: PeerMsg::Probe(p),
+            } = &op
+            {
+                if port.port == 1 && silent.load(std::sync::atomic::Ordering::SeqCst) {
+                    return Ok(CommandOutcome::Done);
+                }
+                let answer = crate::probe::Probe {
+                    state: match p.state {
+                        crate::probe::SessionState::Down => crate::probe::SessionState::Init,
+                        _ => crate::probe::SessionState::Up,
+                    },
+                    my_disc: 77,
+                    your_disc: p.my_disc,
+                    ends: p.ends.reversed(),
+                    ..*p
+                };
+                let input = Input::PeerMessage {
+                    from: *to,
+                    port: *port,
+                    msg: PeerMsg::Probe(answer),
+                };
+                if let Some(s) = answers.lock().expect("not poisoned").as_ref() {
+                    let _ = s.send(input);
+                }
+                return Ok(CommandOutcome::Done);
+            }
             if let CommandOp::SendPeer {
                 port,
                 msg: PeerMsg::Migrate(m),
@@ -427,11 +533,27 @@ mod tests {
         task: tokio::task::JoinHandle<Result<(), ManagerError>>,
     }
 
+    /// Whether the mock's peer has stopped answering probes on port 1 (one test sets it;
+    /// the others never run probes).
+    static SILENT_PORT_1: std::sync::LazyLock<Arc<std::sync::atomic::AtomicBool>> =
+        std::sync::LazyLock::new(|| Arc::new(std::sync::atomic::AtomicBool::new(false)));
+
+    /// The default policy without probes (their sends would crowd the command log).
+    fn no_probes() -> Policy {
+        let mut p = Policy::default();
+        p.probe.enabled = false;
+        p
+    }
+
     fn start() -> Running {
+        start_with(no_probes())
+    }
+
+    fn start_with(policy: Policy) -> Running {
         let sink = Arc::new(Mutex::new(None));
         let ops = Arc::new(Mutex::new(Vec::new()));
         let provider = Arc::new(mock(sink.clone(), ops.clone()));
-        let (manager, handle) = Manager::new(provider, Policy::default()).expect("valid");
+        let (manager, handle) = Manager::new(provider, policy).expect("valid");
         let notes = handle.notifications();
         let events = handle.fabric_events();
         let task = tokio::spawn(manager.run());
@@ -510,6 +632,67 @@ mod tests {
             handle.protect(spec()).await,
             Err(ManagerError::Stopped)
         ));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn probes_run_per_path_and_a_silent_primary_moves_the_connection() {
+        let Running {
+            handle,
+            mut notes,
+            mut events,
+            ops,
+            ..
+        } = start_with(Policy::default());
+        tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+        handle.protect(spec()).await.expect("accepted");
+        let n = notes.recv().await.expect("protected");
+        assert!(
+            matches!(n.kind, NotificationKind::Protected { .. }),
+            "{n:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+        let probed: std::collections::BTreeSet<Gid> = ops
+            .lock()
+            .expect("ok")
+            .iter()
+            .filter_map(|o| match o {
+                CommandOp::SendPeer {
+                    to,
+                    msg: PeerMsg::Probe(_),
+                    ..
+                } => Some(to.gid),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(probed, [path(1).dgid, path(2).dgid].into_iter().collect());
+
+        // The primary's path goes silent with both ports up: found within 3 x 20 ms
+        // (plus one interval), a fabric failure, and the connection moves.
+        SILENT_PORT_1.store(true, std::sync::atomic::Ordering::SeqCst);
+        let cut = tokio::time::Instant::now();
+        let ev = events.recv().await.expect("the probe verdict is published");
+        assert_eq!(
+            ev.kind,
+            FabricEventKind::Path {
+                ends: PathEnds {
+                    local: path(1).sgid,
+                    remote: path(1).dgid
+                },
+                up: false,
+                failure: Some(FailureKind::Fabric),
+            }
+        );
+        let n = notes.recv().await.expect("migrated");
+        assert!(
+            matches!(n.kind, NotificationKind::Migrated { forced: true, .. }),
+            "{n:?}"
+        );
+        assert!(
+            cut.elapsed() <= std::time::Duration::from_millis(85),
+            "{:?}",
+            cut.elapsed()
+        );
+        SILENT_PORT_1.store(false, std::sync::atomic::Ordering::SeqCst);
     }
 
     #[tokio::test(start_paused = true)]

@@ -3,6 +3,7 @@
 //! `Policy` deserialises from TOML (durations in milliseconds, `*_ms` keys); missing keys
 //! take the defaults below, unknown keys are an error so a typo never goes unnoticed.
 
+pub use crate::probe::ProbePolicy;
 use serde::{Deserialize, Serialize};
 use std::time::Duration;
 
@@ -87,6 +88,8 @@ pub struct Policy {
     /// as long for its retransmission, and a path that comes back is found up to one
     /// (longer) retry interval later. 0 keeps the connection's own timeout.
     pub alternate_timeout_boost: u8,
+    /// Liveness probes per path (`[policy.probe]`): see [`ProbePolicy`]'s fields.
+    pub probe: ProbePolicy,
 }
 
 impl Default for Policy {
@@ -111,6 +114,7 @@ impl Default for Policy {
             remote_recheck_max_ms: 60_000,
             unexpected_lap: UnexpectedLap::Reject,
             alternate_timeout_boost: 2,
+            probe: ProbePolicy::default(),
         }
     }
 }
@@ -171,6 +175,7 @@ impl Policy {
                 why: "must be at least remote_recheck_ms",
             });
         }
+        self.probe.validate()?;
         if self.alternate_timeout_boost > 8 {
             return Err(PolicyError::OutOfRange {
                 field: "alternate_timeout_boost",

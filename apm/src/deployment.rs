@@ -426,7 +426,11 @@ impl Apm {
             )));
         }
         let provider = Arc::new(fabric.shared.for_host(host).stack());
-        let (manager, handle) = Manager::new(provider, config.engine_policy())?;
+        let mut policy = config.engine_policy();
+        // The simulated fabric's other hosts run engines without probers: nothing would
+        // ever answer, and every probe would queue among the hosts' real MADs.
+        policy.probe.enabled = false;
+        let (manager, handle) = Manager::new(provider, policy)?;
         Apm::run(manager, handle).await
     }
 

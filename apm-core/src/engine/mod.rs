@@ -18,6 +18,7 @@ mod events;
 mod health;
 mod peer;
 mod pending;
+mod probed;
 mod rearm;
 mod results;
 mod select;
@@ -28,12 +29,13 @@ use crate::policy::{Policy, PolicyError};
 use crate::types::*;
 // `Responder` is used by the submodules, which import this module's names with
 // `use super::*`.
+use crate::probe::PathEnds;
 #[allow(unused_imports)]
 use conn::{Conn, MoveReason, Phase, Responder, Told};
 use health::Health;
 use pending::PendingTable;
 use serde::Serialize;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use timers::{TimerKey, Timers};
 use tracing::{debug, info, warn};
 
@@ -102,6 +104,8 @@ pub struct Stats {
     pub migrate_msgs_sent: u64,
     /// Migrations the engine forced (hardware) or performed (software).
     pub migrations_forced: u64,
+    /// Paths a probe session reported down.
+    pub probe_paths_down: u64,
     /// Hardware migrations the engine learnt of from `PATH_MIG`.
     pub migrations_observed: u64,
     /// Times a connection became armed.
@@ -164,6 +168,8 @@ pub struct Engine {
     /// When the SA was last asked out of turn about a GID (see
     /// `Engine::recheck_alternate_now`): at most once per LAP timeout.
     urgent_rechecks: BTreeMap<Gid, Time>,
+    /// Paths whose probe session is down (module `probed`).
+    dead_paths: BTreeSet<PathEnds>,
     cache: BTreeMap<(PortKey, Gid), CacheEntry>,
     pending: PendingTable<Pending>,
     timers: Timers,
@@ -186,6 +192,7 @@ impl Engine {
             remotes: BTreeMap::new(),
             rechecks: BTreeMap::new(),
             urgent_rechecks: BTreeMap::new(),
+            dead_paths: BTreeSet::new(),
             cache: BTreeMap::new(),
             pending: PendingTable::new(1),
             timers: Timers::default(),
@@ -236,7 +243,7 @@ impl Engine {
     /// True when `path` is usable now: its local port is up and not held down, and its
     /// remote GID is not known to be out of service or held down.
     pub fn path_usable(&self, path: &Path) -> bool {
-        self.port_usable(path.port) && self.remote_usable(&path.dgid)
+        self.port_usable(path.port) && self.remote_usable(&path.dgid) && !self.probed_dead(path)
     }
 
     fn status_of(&self, c: &Conn) -> ConnStatus {
@@ -278,6 +285,7 @@ impl Engine {
     pub fn path_up(&self, path: &Path) -> bool {
         self.ports.get(&path.port).is_some_and(|p| p.health.up)
             && self.remotes.get(&path.dgid).is_none_or(|h| h.up)
+            && !self.probed_dead(path)
     }
 
     // ---------------------------------------------------------------- outputs
@@ -349,6 +357,8 @@ impl Engine {
             Input::DeviceFatal { device } => self.device_fatal(device),
             Input::QpEvent { conn, event } => self.qp_event(conn, event)?,
             Input::RemoteGid { gid, in_service } => self.remote_gid(gid, in_service),
+            Input::PathDown { ends, kind } => self.probe_path_down(ends, kind),
+            Input::PathUp { ends } => self.probe_path_up(ends),
             Input::PeerMessage { from, port, msg } => self.peer_message(from, port, msg),
             Input::CommandDone { id, result } => self.command_done(id, result),
         }

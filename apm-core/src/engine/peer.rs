@@ -22,6 +22,12 @@ use super::*;
 
 impl Engine {
     pub(super) fn peer_message(&mut self, from: PeerAddr, port: PortKey, msg: PeerMsg) {
+        if let PeerMsg::Probe(_) = msg {
+            // The Manager hands probes to its prober; one here is ignored, and proves
+            // nothing to the engine (its sender may not even run probes for us).
+            debug!(from = %from.gid, "a probe reached the engine: ignored");
+            return;
+        }
         // A message from a GID proves it is in service. Held out of service, it was put
         // there by a stale Report: the SM resends each Report on its own schedule, so a
         // retransmitted trap 65 can arrive after the trap 64 that followed it, and no
@@ -36,8 +42,7 @@ impl Engine {
             PeerMsg::Mra(mra) => self.mra_arrived(from, mra),
             PeerMsg::Migrate(m) => self.migrate_arrived(from, port, m),
             PeerMsg::MigrateAck(a) => self.migrate_ack_arrived(from, a),
-            // The Manager hands probes to its prober; one here is counted and ignored.
-            PeerMsg::Probe(_) => debug!(from = %from.gid, "a probe reached the engine: ignored"),
+            PeerMsg::Probe(_) => {}
         }
     }
 

@@ -20,10 +20,13 @@
 //! stranger's probe is counted and dropped), or report a path down that it never saw up
 //! (a session that has not come up yet says nothing: the engine keeps its own view).
 
+mod driver;
 mod session;
 
+pub use driver::{ProbeAction, ProbeDriver};
 pub use session::{Diag, SessionState};
 
+use crate::policy::PolicyError;
 use crate::types::{Gid, Time};
 use serde::{Deserialize, Serialize};
 use session::Session;
@@ -143,25 +146,36 @@ impl Default for ProbePolicy {
 }
 
 impl ProbePolicy {
-    /// Problems with the values, as `(key, what is wrong)`.
-    pub fn problems(&self) -> Vec<(&'static str, String)> {
-        let mut out = Vec::new();
+    /// Check the settings against their ranges.
+    pub fn validate(&self) -> Result<(), PolicyError> {
+        let bad = |field, value: u32, why| {
+            Err(PolicyError::OutOfRange {
+                field,
+                value: u64::from(value),
+                why,
+            })
+        };
         if !(1..=10_000).contains(&self.interval_ms) {
-            out.push(("interval_ms", "must be 1..=10000".to_owned()));
+            return bad("probe.interval_ms", self.interval_ms, "must be 1..=10000");
         }
         if !(1..=50).contains(&self.multiplier) {
-            out.push(("multiplier", "must be 1..=50".to_owned()));
+            return bad(
+                "probe.multiplier",
+                u32::from(self.multiplier),
+                "must be 1..=50",
+            );
         }
         if self.down_interval_ms < self.interval_ms || self.down_interval_ms > 60_000 {
-            out.push((
-                "down_interval_ms",
-                "must be at least interval_ms and at most 60000".to_owned(),
-            ));
+            return bad(
+                "probe.down_interval_ms",
+                self.down_interval_ms,
+                "must be at least interval_ms and at most 60000",
+            );
         }
         if self.max_probes_per_sec == 0 {
-            out.push(("max_probes_per_sec", "must be at least 1".to_owned()));
+            return bad("probe.max_probes_per_sec", 0, "must be at least 1");
         }
-        out
+        Ok(())
     }
 }
 
