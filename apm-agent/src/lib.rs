@@ -20,9 +20,13 @@
 //!   candidate paths; the agent asks the peer host's agent (a JSON datagram on the hello
 //!   port, [`hello`]) which addresses the device holding the peer's GID has, and pairs
 //!   them with the local ones by subnet. No answer means no apm at the peer.
-//! - **Rail down**: a verdict that a local or remote address is unreachable (issue-14
-//!   probes will produce it in the agent; today it comes from `apm agent --rail-down`)
-//!   is broadcast to every process, which moves the connections whose primary uses it.
+//! - **Probes**: the agent probes every path its processes registered, once per host
+//!   (`probes`: BFD-like sessions, apm-core's `probe` module), and tells every process
+//!   when one goes down (of which kind) or comes back; their engines move the
+//!   connections on it and stop arming onto it.
+//! - **Rail down**: an operator's verdict that an address is unreachable (`apm agent
+//!   --rail-down`) is broadcast to every process, which moves the connections whose
+//!   primary uses it.
 //!
 //! The agent holds no connection state a process could not re-register, and it never
 //! touches a QP. When it dies, every process says so once and runs on unprotected.
@@ -35,6 +39,7 @@
 pub mod client;
 pub mod hello;
 pub mod local;
+mod probes;
 pub mod report;
 pub mod server;
 pub mod wire;

@@ -7,8 +7,10 @@
 
 use crate::hello::HelloSocket;
 use crate::local::{self, ip_of};
+use crate::probes::AgentProbes;
 use crate::wire::{self, FromAgent, Route, ToAgent};
 use crate::{AgentError, HELLO_OFFSET};
+use apm_core::probe::{PathEnds, ProbePolicy};
 use apm_core::{Gid, Input, Lid, PeerAddr, PeerChannel, PortKey};
 use cm_lap::udp::UdpPeerChannel;
 use std::collections::BTreeMap;
@@ -28,6 +30,8 @@ pub struct AgentConfig {
     pub peer_port: u16,
     /// Exit after this long without a connected process (`None`: run until killed).
     pub idle_exit: Option<Duration>,
+    /// Liveness probes of the processes' paths (`enabled = false`: none).
+    pub probe: ProbePolicy,
 }
 
 /// Why the agent did not start.
@@ -60,6 +64,8 @@ struct State {
     /// ends of a connection register at different moments (each after its own hello),
     /// and the first LAPs of the quicker end would otherwise be lost to the slower one.
     unrouted: Vec<(tokio::time::Instant, PeerAddr, apm_core::PeerMsg)>,
+    /// The host's probes (absent when the policy turns them off).
+    probes: Option<AgentProbes>,
 }
 
 /// How long a message for a connection nobody registered yet is kept.
@@ -97,6 +103,10 @@ impl Agent {
     /// Serve until idle for `idle_exit` (or forever).
     pub async fn run(self) -> Result<(), AgentError> {
         let state: Shared = Arc::default();
+        if self.config.probe.enabled {
+            lock(&state).probes = Some(AgentProbes::new(self.config.probe.clone()));
+            tokio::spawn(probe_loop(state.clone(), self.config.peer_port));
+        }
         let hello = self.hello.clone();
         tokio::spawn(async move { hello.serve(|g| local::device_addresses(&g)).await });
         info!(port = self.config.peer_port, "apm agent serving");
@@ -154,6 +164,7 @@ async fn serve_client(id: u64, stream: UnixStream, state: Shared, hello: HelloSo
     let mut s = lock(&state);
     s.clients.remove(&id);
     s.routes.retain(|(c, _)| *c != id);
+    refollow(&mut s);
     drop(s);
     writer.abort();
 }
@@ -191,13 +202,18 @@ async fn handle(
                 }
             }
             s.routes.push((id, route));
+            refollow(&mut s);
         }
         ToAgent::Unregister {
             local_qpn,
             remote_qpn,
-        } => lock(state)
-            .routes
-            .retain(|(c, r)| !(*c == id && r.local_qpn == local_qpn && r.remote_qpn == remote_qpn)),
+        } => {
+            let mut s = lock(state);
+            s.routes.retain(|(c, r)| {
+                !(*c == id && r.local_qpn == local_qpn && r.remote_qpn == remote_qpn)
+            });
+            refollow(&mut s);
+        }
         ToAgent::Send { from, to, msg } => match channel(state, from, port).await {
             Ok(ch) => {
                 let to = PeerAddr {
@@ -306,6 +322,13 @@ fn matches_route(r: &Route, from: &PeerAddr, msg: &apm_core::PeerMsg) -> bool {
 /// keep it a moment for one that has not registered yet).
 fn route(state: &Shared, from: PeerAddr, msg: apm_core::PeerMsg) {
     let mut s = lock(state);
+    if let apm_core::PeerMsg::Probe(p) = &msg {
+        // Probes are the agent's own: a process never sees one.
+        if let Some(probes) = s.probes.as_mut() {
+            probes.receive(p);
+        }
+        return;
+    }
     let owner = s
         .routes
         .iter()
@@ -324,6 +347,72 @@ fn route(state: &Shared, from: PeerAddr, msg: apm_core::PeerMsg) {
             // Bounded: a stranger cannot make the agent hoard.
             if s.unrouted.len() < 1024 {
                 s.unrouted.push((now, from, msg));
+            }
+        }
+    }
+}
+
+/// Probe the paths of every registered connection, and nothing else.
+fn refollow(s: &mut State) {
+    let paths = s
+        .routes
+        .iter()
+        .flat_map(|(_, r)| r.paths.iter())
+        .map(|(local, remote)| PathEnds {
+            local: *local,
+            remote: *remote,
+        })
+        .collect();
+    if let Some(p) = s.probes.as_mut() {
+        p.follow(paths);
+    }
+}
+
+/// Run the host's prober: send its probes from the paths' local addresses to the peers'
+/// agents, and tell every process its verdicts.
+async fn probe_loop(state: Shared, port: u16) {
+    // New paths are probed within this long even when nothing else is due.
+    let idle = Duration::from_millis(50);
+    loop {
+        let wake = {
+            let s = lock(&state);
+            let Some(p) = s.probes.as_ref() else { return };
+            let latest = tokio::time::Instant::now() + idle;
+            p.next_wake().map_or(latest, |w| w.min(latest))
+        };
+        tokio::time::sleep_until(wake).await;
+        let step = {
+            let mut s = lock(&state);
+            let Some(p) = s.probes.as_mut() else { return };
+            let step = p.step();
+            for (ends, up, kind) in &step.verdicts {
+                info!(local = %ends.local, remote = %ends.remote, up, ?kind, "probes: path verdict");
+                for c in s.clients.values() {
+                    let _ = c.send(FromAgent::Path {
+                        local: ends.local,
+                        remote: ends.remote,
+                        up: *up,
+                        kind: *kind,
+                    });
+                }
+            }
+            step
+        };
+        for (from, probe) in step.sends {
+            let to = PeerAddr {
+                gid: probe.ends.remote,
+                lid: Lid::from_wire(0),
+            };
+            match channel(&state, from, port).await {
+                Ok(ch) => {
+                    if let Err(e) = ch
+                        .send(PortKey::new(0, 1), to, apm_core::PeerMsg::Probe(probe))
+                        .await
+                    {
+                        debug!(error = %e, "probe not sent");
+                    }
+                }
+                Err(e) => debug!(gid = %from, error = %e, "no channel to probe from"),
             }
         }
     }

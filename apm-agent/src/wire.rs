@@ -3,6 +3,7 @@
 //! has to be stable within one apm version; the agent refuses a line it cannot parse
 //! (it logs and drops it) and never panics on one.
 
+use apm_core::probe::FailureKind;
 use apm_core::{Gid, PeerAddr, PeerMsg};
 use serde::{Deserialize, Serialize};
 
@@ -17,6 +18,10 @@ pub struct Route {
     pub peer_gids: Vec<Gid>,
     /// The local addresses its paths leave from (the agent listens on each).
     pub local_gids: Vec<Gid>,
+    /// The connection's paths as (local GID, peer GID): the primary and every
+    /// candidate. The agent probes each (once per host, however many connections).
+    #[serde(default)]
+    pub paths: Vec<(Gid, Gid)>,
 }
 
 /// From a process to the agent.
@@ -85,6 +90,18 @@ pub enum FromAgent {
     RailDown {
         /// The address.
         gid: Gid,
+    },
+    /// The agent's probes found a path dead (`kind`: local port, peer port or the
+    /// fabric between) or, with `kind` absent, back.
+    Path {
+        /// This host's GID on the path.
+        local: Gid,
+        /// The peer's GID on the path.
+        remote: Gid,
+        /// Up again, or down.
+        up: bool,
+        /// What kind of failure, for a path down.
+        kind: Option<FailureKind>,
     },
 }
 

@@ -1,6 +1,7 @@
 //! The agent on loopback: two "processes" exchange peer messages through it by their
 //! QP numbers and addresses, a second connection with the same QP numbers on other
-//! addresses stays apart, and a rail-down verdict reaches every process.
+//! addresses stays apart, a rail-down verdict reaches every process, and the agent's
+//! probes tell every process when a path stops answering and when it is back.
 
 use apm_agent::client::AgentClient;
 use apm_agent::server::{Agent, AgentConfig, StartError};
@@ -34,13 +35,15 @@ async fn messages_reach_the_process_of_their_connection() {
     let agent = Agent::bind(AgentConfig {
         peer_port: port,
         idle_exit: Some(Duration::from_secs(2)),
+        probe: Default::default(),
     })
     .await
     .expect("agent");
     assert!(matches!(
         Agent::bind(AgentConfig {
             peer_port: port,
-            idle_exit: None
+            idle_exit: None,
+            probe: Default::default(),
         })
         .await,
         Err(StartError::AlreadyRunning(_))
@@ -59,6 +62,7 @@ async fn messages_reach_the_process_of_their_connection() {
         remote_qpn: 18,
         peer_gids: vec![gb, gc],
         local_gids: vec![ga],
+        paths: vec![],
     })
     .expect("register a");
     b.register(Route {
@@ -66,6 +70,7 @@ async fn messages_reach_the_process_of_their_connection() {
         remote_qpn: 17,
         peer_gids: vec![ga],
         local_gids: vec![gb],
+        paths: vec![],
     })
     .expect("register b");
     // Same QP numbers, other addresses (another device pair): must stay apart.
@@ -74,6 +79,7 @@ async fn messages_reach_the_process_of_their_connection() {
         remote_qpn: 17,
         peer_gids: vec![gid("127.0.0.9")],
         local_gids: vec![gc],
+        paths: vec![],
     })
     .expect("register c");
     tokio::time::sleep(Duration::from_millis(200)).await;
@@ -107,6 +113,7 @@ async fn messages_reach_the_process_of_their_connection() {
         remote_qpn: 17,
         peer_gids: vec![ga],
         local_gids: vec![gb],
+        paths: vec![],
     })
     .expect("register late");
     match next(&mut b_rx).await {
@@ -119,6 +126,74 @@ async fn messages_reach_the_process_of_their_connection() {
     }
     // The agent exits once every process has gone and the idle time passed.
     drop((a, b, c));
+    tokio::time::timeout(Duration::from_secs(10), served)
+        .await
+        .expect("agent exits when idle")
+        .expect("join")
+        .expect("clean exit");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_path_that_stops_answering_probes_is_reported_down_then_back() {
+    let port = 20_000 + ((std::process::id() + 7919) % 20_000) as u16;
+    let agent = Agent::bind(AgentConfig {
+        peer_port: port,
+        idle_exit: Some(Duration::from_secs(2)),
+        probe: Default::default(),
+    })
+    .await
+    .expect("agent");
+    let served = tokio::spawn(agent.run());
+    let (a_tx, mut a_rx) = mpsc::unbounded_channel();
+    let (b_tx, _b_rx) = mpsc::unbounded_channel();
+    let a = AgentClient::connect(port, a_tx).await.expect("a");
+    let b = AgentClient::connect(port, b_tx).await.expect("b");
+    // One agent plays both hosts: each end's probes of the path reach the other's
+    // session through the same prober.
+    let (ga, gb) = (gid("127.0.0.4"), gid("127.0.0.5"));
+    let route = |local, remote, lq, rq| Route {
+        local_qpn: lq,
+        remote_qpn: rq,
+        peer_gids: vec![remote],
+        local_gids: vec![local],
+        paths: vec![(local, remote)],
+    };
+    a.register(route(ga, gb, 1, 2)).expect("register a");
+    b.register(route(gb, ga, 2, 1)).expect("register b");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // b's end stops probing (its connection is gone): a's session times out in about
+    // 3 x 20 ms, a fabric failure (both addresses are up).
+    b.unregister(2, 1).expect("unregister b");
+    let t0 = tokio::time::Instant::now();
+    match next(&mut a_rx).await {
+        Some(FromAgent::Path {
+            local,
+            remote,
+            up: false,
+            kind: Some(kind),
+        }) => {
+            assert_eq!((local, remote), (ga, gb));
+            assert_eq!(kind, apm_core::probe::FailureKind::Fabric);
+        }
+        other => panic!("a expected a path down, got {other:?}"),
+    }
+    // A loaded machine may be slow; the bound is only that it is not a retry budget.
+    assert!(
+        t0.elapsed() < Duration::from_millis(500),
+        "{:?}",
+        t0.elapsed()
+    );
+    b.register(route(gb, ga, 2, 1)).expect("register b again");
+    assert_eq!(
+        next(&mut a_rx).await,
+        Some(FromAgent::Path {
+            local: ga,
+            remote: gb,
+            up: true,
+            kind: None
+        })
+    );
+    drop((a, b));
     tokio::time::timeout(Duration::from_secs(10), served)
         .await
         .expect("agent exits when idle")

@@ -39,6 +39,7 @@ enum Request {
     Protect(ConnSpec, oneshot::Sender<Result<(), EngineError>>),
     Unprotect(ConnId, oneshot::Sender<Result<(), EngineError>>),
     ReportStall(ConnId, oneshot::Sender<Result<(), EngineError>>),
+    PathHealth(Input),
     Status(ConnId, oneshot::Sender<Option<ConnStatus>>),
     Stats(oneshot::Sender<Stats>),
     Shutdown,
@@ -165,6 +166,25 @@ impl ManagerHandle {
             .send(Request::ReportStall(id, tx))
             .map_err(|_| ManagerError::Stopped)?;
         Ok(rx.await.map_err(|_| ManagerError::Stopped)??)
+    }
+
+    /// A liveness verdict from a prober outside this Manager (`apm run`'s per-host agent
+    /// probes for every process of the host): `up` false is [`Input::PathDown`] of
+    /// `kind`, true is [`Input::PathUp`].
+    pub fn path_health(
+        &self,
+        ends: PathEnds,
+        up: bool,
+        kind: FailureKind,
+    ) -> Result<(), ManagerError> {
+        let input = if up {
+            Input::PathUp { ends }
+        } else {
+            Input::PathDown { ends, kind }
+        };
+        self.requests
+            .send(Request::PathHealth(input))
+            .map_err(|_| ManagerError::Stopped)
     }
 
     /// How a connection stands.
@@ -326,6 +346,14 @@ impl<P: Provider> Manager<P> {
                                 event: QpEvent::PrimaryStalled,
                             };
                             let _ = tx.send(self.engine.handle_input(now, stalled));
+                        }
+                        Request::PathHealth(input) => {
+                            if let Some(kind) = FabricEventKind::of(&input) {
+                                let _ = self.handle.events.send(FabricEvent { time: now, kind });
+                            }
+                            if let Err(e) = self.engine.handle_input(now, input) {
+                                warn!(error = %e, "path verdict refused by the engine");
+                            }
                         }
                         Request::Status(id, tx) => {
                             let _ = tx.send(self.engine.connection(id));

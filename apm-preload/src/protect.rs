@@ -140,6 +140,10 @@ impl Protector {
                 .map_err(|e| format!("APM_RUN_POLICY is not a policy: {e}"))?,
             Err(_) => apm_core::Policy::default(),
         };
+        // The host's agent probes every path once for all of the host's processes and
+        // hands its verdicts over (FromAgent::Path): no process probes on its own.
+        let mut policy: apm_core::Policy = policy;
+        policy.probe.enabled = false;
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .thread_name("apm")
@@ -439,6 +443,7 @@ async fn protect(
             remote_qpn,
             peer_gids: all.iter().map(|p| p.dgid).collect(),
             local_gids: all.iter().map(|p| p.sgid).collect(),
+            paths: all.iter().map(|p| (p.sgid, p.dgid)).collect(),
         })
         .map_err(|e| e.to_string())?;
     lock(&dev.conns).insert(
@@ -557,6 +562,19 @@ async fn dispatch(mut events: mpsc::UnboundedReceiver<FromAgent>) {
                         info!(%id, %gid, "rail down under the primary: moving");
                         let _ = d.handle.report_stall(id).await;
                     }
+                }
+            }
+            FromAgent::Path {
+                local,
+                remote,
+                up,
+                kind,
+            } => {
+                let ends = apm_core::probe::PathEnds { local, remote };
+                let kind = kind.unwrap_or(apm_core::probe::FailureKind::Fabric);
+                info!(%local, %remote, up, kind = kind.name(), "the agent's probes: path");
+                for d in &devices {
+                    let _ = d.handle.path_health(ends, up, kind);
                 }
             }
             FromAgent::Candidates { .. } => {}

@@ -20,6 +20,7 @@ use anyhow::{bail, Context, Result};
 use apm::Config;
 use apm_agent::report::{ProcessReport, RunReport};
 use apm_agent::server::{Agent, AgentConfig, StartError};
+use apm_core::probe::ProbePolicy;
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
@@ -56,6 +57,32 @@ pub struct AgentArgs {
     /// unreachable, and exit.
     #[arg(long, value_name = "ADDR")]
     pub rail_down: Option<std::net::IpAddr>,
+    /// Interval between liveness probes on each path (`[policy.probe] interval_ms`).
+    #[arg(long, value_name = "MS", default_value_t = ProbePolicy::default().interval_ms)]
+    pub probe_interval_ms: u32,
+    /// Probes missed in a row before a path is declared down.
+    #[arg(long, value_name = "N", default_value_t = ProbePolicy::default().multiplier)]
+    pub probe_multiplier: u8,
+    /// Do not probe (silent failures are then found only by a stall or a verdict).
+    #[arg(long)]
+    pub no_probes: bool,
+}
+
+impl AgentArgs {
+    /// The probe policy these arguments say, checked.
+    fn probe_policy(&self) -> Result<ProbePolicy> {
+        let p = ProbePolicy {
+            enabled: !self.no_probes,
+            interval_ms: self.probe_interval_ms,
+            multiplier: self.probe_multiplier,
+            down_interval_ms: ProbePolicy::default()
+                .down_interval_ms
+                .max(self.probe_interval_ms),
+            ..ProbePolicy::default()
+        };
+        p.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(p)
+    }
 }
 
 /// What the configuration decides for a run.
@@ -124,8 +151,9 @@ fn preload_library(given: Option<PathBuf>) -> Result<PathBuf> {
     )
 }
 
-/// Make sure this host's agent for `port` runs; `Err` says why it cannot.
-fn ensure_agent(port: u16) -> Result<()> {
+/// Make sure this host's agent for `port` runs, probing as `probe` says (an agent
+/// already running keeps its own); `Err` says why it cannot.
+fn ensure_agent(port: u16, probe: &ProbePolicy) -> Result<()> {
     if agent_listens(port) {
         return Ok(());
     }
@@ -141,7 +169,12 @@ fn ensure_agent(port: u16) -> Result<()> {
             &port.to_string(),
             "--idle-exit-secs",
             "10",
+            "--probe-interval-ms",
+            &probe.interval_ms.to_string(),
+            "--probe-multiplier",
+            &probe.multiplier.to_string(),
         ])
+        .args((!probe.enabled).then_some("--no-probes"))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(log)
@@ -176,7 +209,7 @@ pub fn run(args: Args) -> Result<()> {
             "apm run needs a program: apm run [--config FILE] [--report FILE] -- PROGRAM [ARGS...]"
         );
     };
-    if let Err(e) = ensure_agent(settings.port) {
+    if let Err(e) = ensure_agent(settings.port, &settings.policy.probe) {
         eprintln!("apm run: {e:#}: the program runs unprotected");
     }
     let dir = std::env::temp_dir().join(format!("apm-run-{}", std::process::id()));
@@ -304,6 +337,7 @@ pub fn agent(args: AgentArgs) -> Result<()> {
         let agent = match Agent::bind(AgentConfig {
             peer_port: args.port,
             idle_exit: args.idle_exit_secs.map(Duration::from_secs),
+            probe: args.probe_policy()?,
         })
         .await
         {
