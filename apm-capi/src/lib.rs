@@ -852,6 +852,8 @@ impl ApmManager {
             .and_then(|a| a.sim())
             .ok_or_else(|| fail(ApmStatus::Unsupported, "not a simulated deployment"))?;
         let host = fabric.hosts().first().copied().unwrap_or(0);
+        // In the runtime's context, so the simulation reads its paused clock.
+        let _clock = self.rt.enter();
         Ok(fabric.connections(host))
     }
 

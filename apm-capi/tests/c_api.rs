@@ -118,11 +118,18 @@ fn a_device_deployment_without_the_rdma_stack_or_device_is_refused_with_the_reas
 #[test]
 fn a_c_program_runs_against_the_header_and_the_cdylib() {
     // Cargo copies the cdylib up to target/<profile>/ only when the library itself is a
-    // requested target; under `cargo test` on a fresh tree it stays in deps/.
+    // requested target; under `cargo test` it is rebuilt in deps/ and the copy may be an
+    // old build: take the newer of the two.
     let profile = profile_dir();
+    let modified = |d: &std::path::PathBuf| {
+        std::fs::metadata(d.join("libapm_capi.so"))
+            .and_then(|m| m.modified())
+            .ok()
+    };
     let dir = [profile.clone(), profile.join("deps")]
         .into_iter()
-        .find(|d| d.join("libapm_capi.so").is_file())
+        .filter(|d| modified(d).is_some())
+        .max_by_key(|d| modified(d))
         .unwrap_or_else(|| {
             panic!(
                 "libapm_capi.so is in neither {} nor its deps/ (cargo test builds it)",

@@ -67,7 +67,14 @@ impl SimProvider {
         self.shared.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Virtual time now: tokio's clock since the origin. Outside a runtime (a caller
+    /// between two `block_on`s, as the C API's are) `Instant::now()` reads the wall
+    /// clock, not the runtime's paused one, and would jump the simulation ahead by
+    /// however long the caller took: there the simulation stays where it is.
     fn now_of(sh: &Shared) -> Time {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return sh.sim.now();
+        }
         let d = Instant::now().saturating_duration_since(sh.origin);
         Time(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
     }

@@ -132,7 +132,11 @@ fn spawn(tag: &str, argv: &[String], apm: Option<&str>, report: &str) -> End {
             c
         }
     };
-    cmd.stdin(Stdio::null())
+    // Its own process group: a hung end is killed with everything it started (`apm
+    // run`'s program too: SIGKILL is not forwarded), so that no QP outlives its test.
+    use std::os::unix::process::CommandExt;
+    cmd.process_group(0)
+        .stdin(Stdio::null())
         .stdout(file.try_clone().expect("dup"))
         .stderr(file)
         .env(
@@ -148,6 +152,18 @@ fn spawn(tag: &str, argv: &[String], apm: Option<&str>, report: &str) -> End {
     }
 }
 
+impl Drop for End {
+    /// An end still running when its test is over (a panic before the wait) goes with
+    /// its whole group.
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let group = format!("-{}", self.child.id());
+            let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+            let _ = self.child.wait();
+        }
+    }
+}
+
 impl End {
     /// Wait until `deadline`; `None` if it is still running (then it is killed).
     fn wait(&mut self, deadline: Instant) -> Option<i32> {
@@ -157,6 +173,8 @@ impl End {
                 return Some(s.code().unwrap_or(128 + s.signal().unwrap_or(0)));
             }
             if Instant::now() >= deadline {
+                let group = format!("-{}", self.child.id());
+                let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
                 let _ = self.child.kill();
                 let _ = self.child.wait();
                 return None;
