@@ -670,7 +670,12 @@ mod tests {
             mut events,
             ops,
             ..
-        } = start_with(Policy::default());
+        } = start_with({
+            // The mock's ports are InfiniBand ones, probed only on request.
+            let mut p = Policy::default();
+            p.probe.infiniband = true;
+            p
+        });
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
         handle.protect(spec()).await.expect("accepted");
         let n = notes.recv().await.expect("protected");

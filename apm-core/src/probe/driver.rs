@@ -5,8 +5,8 @@
 
 use super::{PathEnds, ProbeOutput, ProbePolicy, Prober};
 use crate::io::{Input, PeerMsg, PortEvent};
-use crate::types::{Gid, Lid, PeerAddr, PortKey, Time};
-use std::collections::BTreeMap;
+use crate::types::{Gid, Lid, LinkLayer, PeerAddr, PortKey, Time};
+use std::collections::{BTreeMap, BTreeSet};
 
 /// What the driver asks of the Manager.
 #[derive(Clone, Debug, PartialEq)]
@@ -32,6 +32,9 @@ pub struct ProbeDriver {
     paths: BTreeMap<PathEnds, (PortKey, Lid)>,
     /// This host's GIDs, by port.
     port_gids: BTreeMap<PortKey, Vec<Gid>>,
+    /// This host's InfiniBand ports (probed only with `ProbePolicy::infiniband`).
+    ib_ports: BTreeSet<PortKey>,
+    probe_infiniband: bool,
 }
 
 impl ProbeDriver {
@@ -41,6 +44,8 @@ impl ProbeDriver {
             prober: Prober::new(policy.clone(), seed),
             paths: BTreeMap::new(),
             port_gids: BTreeMap::new(),
+            ib_ports: BTreeSet::new(),
+            probe_infiniband: policy.infiniband,
         })
     }
 
@@ -62,6 +67,11 @@ impl ProbeDriver {
             }
             Input::PortInfo(info) => {
                 self.port_gids.insert(info.key, info.gids.clone());
+                if info.link_layer == LinkLayer::InfiniBand {
+                    self.ib_ports.insert(info.key);
+                } else {
+                    self.ib_ports.remove(&info.key);
+                }
             }
             Input::PortEvent { port, event } => {
                 let up = match event {
@@ -78,8 +88,12 @@ impl ProbeDriver {
         Some(input)
     }
 
-    /// Watch exactly `paths` (from [`crate::Engine::probe_paths`]).
-    pub fn follow(&mut self, now: Time, paths: BTreeMap<PathEnds, (PortKey, Lid)>) {
+    /// Watch exactly `paths` (from [`crate::Engine::probe_paths`]), leaving out
+    /// InfiniBand ones unless the policy asks for them.
+    pub fn follow(&mut self, now: Time, mut paths: BTreeMap<PathEnds, (PortKey, Lid)>) {
+        if !self.probe_infiniband {
+            paths.retain(|_, (port, _)| !self.ib_ports.contains(port));
+        }
         for ends in self.paths.keys().filter(|e| !paths.contains_key(e)) {
             self.prober.unwatch(*ends);
         }

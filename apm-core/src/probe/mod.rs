@@ -131,6 +131,12 @@ pub struct ProbePolicy {
     /// it the interval is stretched evenly. Default 20,000 (about 1.3 MB/s of 64-byte
     /// datagrams, a few percent of one core).
     pub max_probes_per_sec: u32,
+    /// Probe InfiniBand paths too. Default false: there probes would ride vendor MADs on
+    /// QP1, whose rate is small (an HCA's MAD path, and every MAD shares it with the SM's
+    /// traffic: on the OpenSM bed 200 probes a second delayed the SA's Reports past their
+    /// tests' deadlines), while the SM's traps 64/65 already report ports. RoCE paths
+    /// (UDP) are always probed when `enabled`.
+    pub infiniband: bool,
 }
 
 impl Default for ProbePolicy {
@@ -141,6 +147,7 @@ impl Default for ProbePolicy {
             multiplier: 3,
             down_interval_ms: 250,
             max_probes_per_sec: 20_000,
+            infiniband: false,
         }
     }
 }
