@@ -160,10 +160,31 @@ impl Drop for End {
     /// its whole group.
     fn drop(&mut self) {
         if matches!(self.child.try_wait(), Ok(None)) {
-            let group = format!("-{}", self.child.id());
-            let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+            kill_group(&self.child);
             let _ = self.child.wait();
         }
+    }
+}
+
+/// SIGKILL to every process of the group `child` leads, found in /proc (the guest's
+/// busybox `kill` takes no `-- -PGID` and its `pkill` no `-g`; a plain pid works with
+/// every `kill`).
+fn kill_group(child: &Child) {
+    let group = child.id().to_string();
+    let members: Vec<String> = std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter_map(|e| {
+            let pid = e.file_name().to_string_lossy().into_owned();
+            let stat = std::fs::read_to_string(e.path().join("stat")).ok()?;
+            // pid (comm) state ppid pgrp ...: comm may hold spaces, so after the ')'.
+            let after = stat.rsplit_once(')')?.1;
+            (after.split_whitespace().nth(2)? == group).then_some(pid)
+        })
+        .collect();
+    if !members.is_empty() {
+        let _ = Command::new("kill").arg("-KILL").args(&members).status();
     }
 }
 
@@ -176,8 +197,7 @@ impl End {
                 return Some(s.code().unwrap_or(128 + s.signal().unwrap_or(0)));
             }
             if Instant::now() >= deadline {
-                let group = format!("-{}", self.child.id());
-                let _ = Command::new("kill").args(["-KILL", "--", &group]).status();
+                kill_group(&self.child);
                 let _ = self.child.kill();
                 let _ = self.child.wait();
                 return None;
