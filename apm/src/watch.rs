@@ -1,5 +1,5 @@
-//! `apm watch`: user-level port and fabric events (seed 002), each once, with the port's
-//! state read back after it.
+//! `apm watch`: user-level port and fabric events (docs/iba-facts.md §2), each once, with
+//! the port's state read back after it.
 //!
 //! Sources:
 //! - every RDMA device and port (or those named) through provider-verbs: its QP-control

@@ -17,6 +17,7 @@
 //!
 //! All MAD layouts come from `ib-mad`; this crate only sequences them. It never invents a
 //! result: what it cannot do returns [`SaError::Unsupported`].
+#![forbid(unsafe_code)]
 
 use ib_mad::rmpp::{RecvEvent, RmppHeader, RmppReceiver};
 use ib_mad::sa::{path_record::mask, table_records, InformInfo, PathRecord, SaHeader, SaMad};

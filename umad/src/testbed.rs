@@ -1,4 +1,4 @@
-//! The ibsim-only test-bed mode (DOMAIN.md §7): how a node process gets unsolicited MADs
+//! The ibsim-only test-bed mode (docs/iba-facts.md §6): how a node process gets unsolicited MADs
 //! delivered by stock ibsim 0.10.
 //!
 //! Stock ibsim hands unsolicited QP0/QP1 requests (SA Reports, CM Sends) only to a client
