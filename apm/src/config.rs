@@ -198,6 +198,62 @@ impl std::fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// Every problem [`Config::parse`] found, in file order. Prints one per line; indexes
+/// and iterates as a slice of [`ConfigError`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct ConfigErrors(Vec<ConfigError>);
+
+impl ConfigErrors {
+    /// The problems, in file order.
+    pub fn into_vec(self) -> Vec<ConfigError> {
+        self.0
+    }
+}
+
+impl From<Vec<ConfigError>> for ConfigErrors {
+    fn from(errors: Vec<ConfigError>) -> ConfigErrors {
+        ConfigErrors(errors)
+    }
+}
+
+impl std::ops::Deref for ConfigErrors {
+    type Target = [ConfigError];
+    fn deref(&self) -> &[ConfigError] {
+        &self.0
+    }
+}
+
+impl IntoIterator for ConfigErrors {
+    type Item = ConfigError;
+    type IntoIter = std::vec::IntoIter<ConfigError>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
+impl<'a> IntoIterator for &'a ConfigErrors {
+    type Item = &'a ConfigError;
+    type IntoIter = std::slice::Iter<'a, ConfigError>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl std::fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
 /// The longest device name libibverbs has (`IBV_SYSFS_NAME_MAX`).
 const DEVICE_NAME_MAX: usize = 64;
 
@@ -241,7 +297,7 @@ fn default_transport(devices: &[DeviceConfig]) -> LapTransport {
 impl Config {
     /// Parse and check a configuration. Every problem is reported, not only the first;
     /// a syntax error stops at itself (what follows it cannot be read).
-    pub fn parse(text: &str) -> Result<Config, Vec<ConfigError>> {
+    pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
         let mut errors = Errors::new(text);
         let config = read::read(text, &mut errors).map(|(c, declared)| {
             c.check(declared, &mut errors);
@@ -252,7 +308,7 @@ impl Config {
         list.sort_by_key(|e| (e.line, e.column));
         match config {
             Some(c) if list.is_empty() => Ok(c),
-            _ => Err(list),
+            _ => Err(ConfigErrors(list)),
         }
     }
 
