@@ -17,6 +17,7 @@
 #![deny(unsafe_code)] // only `ffi` opts out, with a SAFETY comment per block
 
 pub mod bed;
+mod dest;
 pub mod ffi;
 pub mod testbed;
 mod transport;

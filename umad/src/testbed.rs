@@ -13,8 +13,8 @@
 //! [`TestBedMode::IbsimOnly`] explicitly **and** umad2sim is loaded in this process
 //! **and** the bed's environment variable is set.
 
+use crate::dest::Dest;
 use crate::ffi::RecvAddr;
-use crate::transport::Dest;
 use crate::Error;
 use ib_mad::smp::{SmInfo, Smp, SMP_DATA_SIZE, STATUS_UNSUPPORTED_ATTRIBUTE};
 use ib_mad::types::U15;
