@@ -416,7 +416,10 @@ fn manager_end_to_end_on_tokio_paused_clock() {
             tokio::spawn(mgr.run());
             handles.push(handle);
         }
-        tokio::task::yield_now().await;
+        // Each manager answers only once it runs with its host's ports taken.
+        for handle in &handles {
+            handle.stats().await.unwrap();
+        }
         for (h, handle) in handles.iter().enumerate() {
             for spec in shared.with_sim(|sim| sim.external_specs(h)) {
                 handle.protect(spec).await.unwrap();
@@ -480,7 +483,10 @@ fn manager_end_to_end_sm_failover_then_remote_failure() {
             tokio::spawn(mgr.run());
             handles.push(handle);
         }
-        tokio::task::yield_now().await;
+        // Each manager answers only once it runs with its host's ports taken.
+        for handle in &handles {
+            handle.stats().await.unwrap();
+        }
         for (h, handle) in handles.iter().enumerate() {
             for spec in shared.with_sim(|sim| sim.external_specs(h)) {
                 handle.protect(spec).await.unwrap();

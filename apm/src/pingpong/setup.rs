@@ -223,21 +223,14 @@ fn paths(args: &Args, pattr: &PortAttr, me: &Hello, peer: &Hello, mtu: u8) -> Ve
             .map(|(l, r)| provider_rxe::roce_path(port_key, *l, *r, mtu, args.ack_timeout))
             .collect();
     }
-    let mk = |port: u8, slid: u16, dlid: u16| Path {
-        port: PortKey::new(0, port),
-        slid: apm_core::Lid::from_wire(slid),
-        dlid: apm_core::Lid::from_wire(dlid),
-        sgid: apm_core::Gid::default(),
-        dgid: apm_core::Gid::default(),
-        sgid_index: 0,
-        sl: 0,
-        flow_label: 0,
-        traffic_class: 0,
-        hop_limit: 0,
-        rate: 0,
-        mtu,
-        pkey_index: 0,
-        ack_timeout: args.ack_timeout,
+    let mk = |port: u8, slid: u16, dlid: u16| {
+        Path::ib(
+            PortKey::new(0, port),
+            (apm_core::Lid::from_wire(slid), apm_core::Gid::default()),
+            (apm_core::Lid::from_wire(dlid), apm_core::Gid::default()),
+            mtu,
+            args.ack_timeout,
+        )
     };
     let alt_port = args.alt_port.unwrap_or(args.port);
     let alt_slid = if alt_port == args.port {
@@ -445,8 +438,12 @@ pub(super) async fn start(args: &Args) -> Result<Session> {
     }
     let (handle, manager_task) = start_manager(args, &ctx, &rc, conn, hardware, udp, paths)?;
     let notes = handle.notifications();
-    // The manager reports its ports before it takes API calls; give it the moment.
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    // The manager takes the ports its provider reported at start before it serves any
+    // request: its answer says it is ready.
+    handle
+        .stats()
+        .await
+        .context("apm's manager did not start")?;
     handle
         .protect(spec)
         .await
