@@ -41,34 +41,7 @@ pub(super) fn watch(args: &Args) -> anyhow::Result<()> {
         let mut stop = Stop::install().context("handling SIGINT and SIGTERM")?;
         let sim = Sim::new(&scenario, cfg)?;
         let shared = SimProvider::share(sim);
-        let (tx, mut rx) = mpsc::unbounded_channel::<(usize, apm_core::FabricEvent)>();
-        let mut handles = Vec::new();
-        for &h in &watched {
-            let provider = Arc::new(shared.for_host(h).stack());
-            let (mgr, handle) = apm_core::Manager::new(provider, policy.clone())?;
-            let mut events = handle.fabric_events();
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                while let Ok(ev) = events.recv().await {
-                    if tx.send((h, ev)).is_err() {
-                        return;
-                    }
-                }
-            });
-            tokio::spawn(mgr.run());
-            handles.push(handle);
-        }
-        drop(tx);
-        // The watched hosts run apm as a deployment would: their connections protected,
-        // once each manager runs with its host's ports taken (it answers only then).
-        for handle in &handles {
-            handle.stats().await?;
-        }
-        for (i, &h) in watched.iter().enumerate() {
-            for spec in shared.with_sim(|sim| sim.external_specs(h)) {
-                handles[i].protect(spec).await?;
-            }
-        }
+        let (handles, mut rx) = start_managers(&shared, &watched, &policy).await?;
         errln!(
             "apm watch: simulated fabric \"{}\" ({} virtual s), watching {}",
             scenario.name,
@@ -126,6 +99,47 @@ pub(super) fn watch(args: &Args) -> anyhow::Result<()> {
         driver.abort();
         sink.finish()
     })
+}
+
+/// One `Manager` per watched host on the shared simulation, its fabric events relayed
+/// with the host's index, its connections protected once it runs.
+async fn start_managers(
+    shared: &SimProvider,
+    watched: &[usize],
+    policy: &apm_core::Policy,
+) -> anyhow::Result<(
+    Vec<apm_core::ManagerHandle>,
+    mpsc::UnboundedReceiver<(usize, apm_core::FabricEvent)>,
+)> {
+    let (tx, rx) = mpsc::unbounded_channel::<(usize, apm_core::FabricEvent)>();
+    let mut handles = Vec::new();
+    for &h in watched {
+        let provider = Arc::new(shared.for_host(h).stack());
+        let (mgr, handle) = apm_core::Manager::new(provider, policy.clone())?;
+        let mut events = handle.fabric_events();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while let Ok(ev) = events.recv().await {
+                if tx.send((h, ev)).is_err() {
+                    return;
+                }
+            }
+        });
+        tokio::spawn(mgr.run());
+        handles.push(handle);
+    }
+    drop(tx);
+    // The watched hosts run apm as a deployment would: their connections protected,
+    // once each manager runs with its host's ports taken (it answers only then).
+    for handle in &handles {
+        handle.stats().await?;
+    }
+    for (i, &h) in watched.iter().enumerate() {
+        for spec in shared.with_sim(|sim| sim.external_specs(h)) {
+            handles[i].protect(spec).await?;
+        }
+    }
+    Ok((handles, rx))
 }
 
 /// The scenario `--scenario` names (the built-in one without), its connections capped:

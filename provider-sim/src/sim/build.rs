@@ -239,36 +239,8 @@ impl Sim {
                 agreed_alternate: alternate.as_ref().map(rev),
                 candidates: cands.iter().map(rev).collect(),
             };
-            let qp = |host: usize, primary: Path| Qp {
-                host,
-                primary,
-                alt: None,
-                mig: MigState::Migrated,
-                err: false,
-                posted: 0,
-                delivered: 0,
-                acked: 0,
-                stalled: false,
-                retries: 0,
-                retry_gen: 0,
-                mig_err_raised: false,
-            };
-            self.conns.push(Conn {
-                qp: [qp(a, spec_a.primary), qp(b, spec_b.primary)],
-                mode,
-                state: ConnState::Unprotected,
-                bucket: Bucket::Unprotected,
-                guard_disjoint: false,
-                traced: String::new(),
-                since: Time::ZERO,
-                interrupted_at: None,
-                moved_unarmed: None,
-                in_rearm_window: false,
-                outage_in_stall: false,
-                lost_in_outage: false,
-                guard: None,
-                excused: false,
-            });
+            self.conns
+                .push(fresh_conn((a, spec_a.primary), (b, spec_b.primary), mode));
             self.counts[Bucket::Unprotected.idx()] += 1;
             let id = self.conns.len() - 1;
             debug_assert_eq!(id, i);
@@ -389,5 +361,40 @@ impl Sim {
             active: p.state == PortState::Active,
             link_layer: LinkLayer::InfiniBand,
         }
+    }
+}
+
+/// A connection as the application opened it: both QPs on their primaries, MIGRATED
+/// (nothing armed), unprotected.
+fn fresh_conn((a, primary_a): (usize, Path), (b, primary_b): (usize, Path), mode: Mode) -> Conn {
+    let qp = |host: usize, primary: Path| Qp {
+        host,
+        primary,
+        alt: None,
+        mig: MigState::Migrated,
+        err: false,
+        posted: 0,
+        delivered: 0,
+        acked: 0,
+        stalled: false,
+        retries: 0,
+        retry_gen: 0,
+        mig_err_raised: false,
+    };
+    Conn {
+        qp: [qp(a, primary_a), qp(b, primary_b)],
+        mode,
+        state: ConnState::Unprotected,
+        bucket: Bucket::Unprotected,
+        guard_disjoint: false,
+        traced: String::new(),
+        since: Time::ZERO,
+        interrupted_at: None,
+        moved_unarmed: None,
+        in_rearm_window: false,
+        outage_in_stall: false,
+        lost_in_outage: false,
+        guard: None,
+        excused: false,
     }
 }
