@@ -120,7 +120,9 @@ impl SimFabric {
     }
 
     /// The connections the scenario's workload opened on `host`, as the application
-    /// would describe them to [`Apm::protect`] (paths, QPNs, comm ids, role).
+    /// would describe them to [`Apm::protect`] (paths, QPNs, comm ids, role). Like
+    /// [`SimFabric::with_sim`] it brings the simulation up to tokio's now: call it inside
+    /// the runtime that drives the fabric (outside one, tokio's now is the wall clock).
     pub fn connections(&self, host: usize) -> Vec<ConnSpec> {
         self.shared.with_sim(|sim| sim.external_specs(host))
     }
