@@ -118,6 +118,35 @@ pub(super) async fn send_line<T: Serialize>(w: &mut OwnedWriteHalf, v: &T) -> Re
 }
 
 /// apm's control channel (cm-lap over UDP), authenticated with `--peer-key`.
+/// The control address the hello advertises: `--control-advertise`, else the channel's
+/// own, an unspecified one replaced by the address the TCP connection left from.
+fn control_address(
+    args: &Args,
+    udp: &cm_lap::udp::UdpPeerChannel,
+    tcp_local: SocketAddr,
+) -> Result<SocketAddr> {
+    let a = udp.local_addr()?;
+    let ip = match args.control_advertise {
+        Some(ip) => ip,
+        None if a.ip().is_unspecified() => tcp_local.ip(),
+        None => a.ip(),
+    };
+    Ok(SocketAddr::new(ip, a.port()))
+}
+
+/// Protect the connection once the manager runs: it takes the ports its provider
+/// reported at start before it serves any request, so its answer says it is ready.
+async fn protect_when_ready(handle: &apm_core::ManagerHandle, spec: ConnSpec) -> Result<()> {
+    handle
+        .stats()
+        .await
+        .context("apm's manager did not start")?;
+    handle
+        .protect(spec)
+        .await
+        .context("protecting the connection")
+}
+
 async fn control_channel(args: &Args, port: PortKey) -> Result<cm_lap::udp::UdpPeerChannel> {
     let udp = cm_lap::udp::UdpPeerChannel::bind(args.control, port)
         .await
@@ -399,15 +428,7 @@ pub(super) async fn start(args: &Args) -> Result<Session> {
     let tcp_local = stream.local_addr()?;
     let (rd, mut wr) = stream.into_split();
     let mut lines = BufReader::new(rd).lines();
-    let control = {
-        let a = udp.local_addr()?;
-        let ip = match args.control_advertise {
-            Some(ip) => ip,
-            None if a.ip().is_unspecified() => tcp_local.ip(),
-            None => a.ip(),
-        };
-        Some(SocketAddr::new(ip, a.port()))
-    };
+    let control = Some(control_address(args, &udp, tcp_local)?);
     let me = Hello {
         qpn: rc.qp_num(),
         psn,
@@ -438,16 +459,7 @@ pub(super) async fn start(args: &Args) -> Result<Session> {
     }
     let (handle, manager_task) = start_manager(args, &ctx, &rc, conn, hardware, udp, paths)?;
     let notes = handle.notifications();
-    // The manager takes the ports its provider reported at start before it serves any
-    // request: its answer says it is ready.
-    handle
-        .stats()
-        .await
-        .context("apm's manager did not start")?;
-    handle
-        .protect(spec)
-        .await
-        .context("protecting the connection")?;
+    protect_when_ready(&handle, spec).await?;
     say(
         args,
         format!(
