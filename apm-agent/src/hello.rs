@@ -19,6 +19,21 @@ use tokio::net::UdpSocket;
 use tokio::sync::oneshot;
 use tracing::debug;
 
+/// Why an agent's hello got no answer.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum HelloError {
+    /// The GID is no IP address: there is no host to ask.
+    #[error("{0} is not an IP address (link-local or zero GID)")]
+    NotIp(Gid),
+    /// The question could not be encoded.
+    #[error("encoding the hello: {0}")]
+    Encode(String),
+    /// Nobody answered at the agent's address.
+    #[error("no apm agent answered at {0} (the peer runs no apm, or its agent is not reachable)")]
+    NoAnswer(SocketAddr),
+}
+
 /// The datagrams.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case", tag = "apm_hello")]
@@ -153,11 +168,9 @@ impl HelloSocket {
     /// Ask the agent at `gid`'s address for the addresses of its device holding `gid`.
     /// `Err` when nobody answered (no agent there); `Ok(None)` when the agent answered
     /// that no device of its host holds `gid`.
-    pub async fn ask(&self, gid: Gid) -> Result<Option<Vec<Addr>>, String> {
+    pub async fn ask(&self, gid: Gid) -> Result<Option<Vec<Addr>>, HelloError> {
         let Some(ip) = ip_of(&gid) else {
-            return Err(format!(
-                "{gid} is not an IP address (link-local or zero GID)"
-            ));
+            return Err(HelloError::NotIp(gid));
         };
         if let Some((at, a)) = self
             .answers
@@ -170,7 +183,8 @@ impl HelloSocket {
             }
         }
         let to = self.dest(ip);
-        let bytes = serde_json::to_vec(&Hello::Ask { gid }).map_err(|e| e.to_string())?;
+        let bytes = serde_json::to_vec(&Hello::Ask { gid })
+            .map_err(|e| HelloError::Encode(e.to_string()))?;
         for attempt in 0..TRIES {
             let (tx, rx) = oneshot::channel();
             self.waiters
@@ -190,9 +204,7 @@ impl HelloSocket {
                 return Ok(answer);
             }
         }
-        Err(format!(
-            "no apm agent answered at {to} (the peer runs no apm, or its agent is not reachable)"
-        ))
+        Err(HelloError::NoAnswer(to))
     }
 
     /// `ip`'s hello address in the socket's family (IPv4 as mapped IPv6 on a dual-stack
@@ -240,6 +252,6 @@ mod tests {
             ..silent
         };
         let err = silent.ask(me).await.expect_err("no agent");
-        assert!(err.contains("no apm agent answered"), "{err}");
+        assert!(err.to_string().contains("no apm agent answered"), "{err}");
     }
 }

@@ -266,7 +266,8 @@ async fn candidates(
         .collect();
     let theirs = hello
         .ask(dgid)
-        .await?
+        .await
+        .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("the peer's agent knows no device holding {dgid}"))?;
     let pairs = local::pair(&mine, &theirs, &sgid, &dgid);
     if pairs.is_empty() {

@@ -37,22 +37,19 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 fn path(port: u8, remote: u64) -> Path {
-    Path {
-        port: PortKey::new(0, port),
-        slid: Lid::new(u16::from(port)).expect("unicast"),
-        dlid: Lid::new(100 + u16::try_from(remote).expect("small")).expect("unicast"),
-        sgid: Gid::from_guid(0xa0 + u64::from(port)),
-        dgid: Gid::from_guid(0xb000 + remote),
-        sgid_index: 0,
-        sl: 0,
-        flow_label: 0,
-        traffic_class: 0,
-        hop_limit: 0,
-        rate: 0,
-        mtu: 5,
-        pkey_index: 0,
-        ack_timeout: 14,
-    }
+    Path::ib(
+        PortKey::new(0, port),
+        (
+            Lid::new(u16::from(port)).expect("unicast"),
+            Gid::from_guid(0xa0 + u64::from(port)),
+        ),
+        (
+            Lid::new(100 + u16::try_from(remote).expect("small")).expect("unicast"),
+            Gid::from_guid(0xb000 + remote),
+        ),
+        Path::MTU_4096,
+        Path::ACK_TIMEOUT_67MS,
+    )
 }
 
 /// An engine with `n` connections to 16 remote hosts, each armed with a port-disjoint

@@ -373,64 +373,9 @@ pub struct MigrateAck {
     pub ok: bool,
 }
 
-/// APStatus values of an APR (IBA Vol 1 12.8.2).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[repr(u8)]
-pub enum ApStatus {
-    /// 0: the alternate path was loaded.
-    Success = 0,
-    /// 1: the LAP named a comm id the receiver does not know.
-    InvalidCommId = 1,
-    /// 2: the receiver does not support path migration.
-    Unsupported = 2,
-    /// 3: rejected (wrong peer, known-dead path, load failed, collision lost).
-    Rejected = 3,
-    /// 4: redirect.
-    Redirect = 4,
-    /// 5: the proposed path is the receiver's current primary.
-    IsCurrent = 5,
-    /// 6: the QPN in the LAP is not the receiver's.
-    InvalidQpn = 6,
-    /// 7: the LID is not valid for the receiver.
-    InvalidLid = 7,
-    /// 8: the GID is not valid for the receiver.
-    InvalidGid = 8,
-    /// 9: invalid flow label.
-    InvalidFlowLabel = 9,
-    /// 10: invalid traffic class.
-    InvalidTrafficClass = 10,
-    /// 11: invalid hop limit.
-    InvalidHopLimit = 11,
-    /// 12: invalid packet rate.
-    InvalidPacketRate = 12,
-    /// 13: invalid SL.
-    InvalidSl = 13,
-}
-
-impl ApStatus {
-    /// The status for a wire value, `None` for reserved values.
-    pub fn from_u8(v: u8) -> Option<ApStatus> {
-        use ApStatus::*;
-        Some(match v {
-            0 => Success,
-            1 => InvalidCommId,
-            2 => Unsupported,
-            3 => Rejected,
-            4 => Redirect,
-            5 => IsCurrent,
-            6 => InvalidQpn,
-            7 => InvalidLid,
-            8 => InvalidGid,
-            9 => InvalidFlowLabel,
-            10 => InvalidTrafficClass,
-            11 => InvalidHopLimit,
-            12 => InvalidPacketRate,
-            13 => InvalidSl,
-            _ => return None,
-        })
-    }
-}
+/// APStatus values of an APR (IBA Vol 1 12.8.2): ib-mad's, the wire format's own, so
+/// that the engine and the MAD codec share one type.
+pub use ib_mad::cm::ApStatus;
 
 /// Something the application should know about a protected connection.
 ///

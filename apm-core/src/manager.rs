@@ -441,22 +441,19 @@ mod tests {
     }
 
     fn path(p: u8) -> Path {
-        Path {
-            port: PortKey::new(0, p),
-            slid: Lid::new(u16::from(p)).expect("unicast"),
-            dlid: Lid::new(10 + u16::from(p)).expect("unicast"),
-            sgid: Gid::from_guid(0xa0 + u64::from(p)),
-            dgid: Gid::from_guid(0xb0 + u64::from(p)),
-            sgid_index: 0,
-            sl: 0,
-            flow_label: 0,
-            traffic_class: 0,
-            hop_limit: 0,
-            rate: 0,
-            mtu: 5,
-            pkey_index: 0,
-            ack_timeout: 14,
-        }
+        Path::ib(
+            PortKey::new(0, p),
+            (
+                Lid::new(u16::from(p)).expect("unicast"),
+                Gid::from_guid(0xa0 + u64::from(p)),
+            ),
+            (
+                Lid::new(10 + u16::from(p)).expect("unicast"),
+                Gid::from_guid(0xb0 + u64::from(p)),
+            ),
+            Path::MTU_4096,
+            Path::ACK_TIMEOUT_67MS,
+        )
     }
 
     fn spec() -> ConnSpec {

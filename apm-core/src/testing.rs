@@ -327,20 +327,17 @@ mod tests {
 
     fn path(port: u8, dlid: u16) -> Path {
         Path {
-            port: PortKey::new(0, port),
-            slid: Lid::from_wire(u16::from(port)),
-            dlid: Lid::from_wire(dlid),
-            sgid: Gid::from_guid(u64::from(port)),
-            dgid: Gid::from_guid(u64::from(dlid)),
-            sgid_index: 0,
-            sl: 0,
-            flow_label: 0,
-            traffic_class: 0,
-            hop_limit: 0,
             rate: 3,
-            mtu: 4,
-            pkey_index: 0,
-            ack_timeout: 14,
+            ..Path::ib(
+                PortKey::new(0, port),
+                (
+                    Lid::from_wire(u16::from(port)),
+                    Gid::from_guid(u64::from(port)),
+                ),
+                (Lid::from_wire(dlid), Gid::from_guid(u64::from(dlid))),
+                Path::MTU_2048,
+                Path::ACK_TIMEOUT_67MS,
+            )
         }
     }
 

@@ -259,6 +259,61 @@ pub struct Path {
 }
 
 impl Path {
+    /// Path MTU 1024 bytes, in the IBA encoding of [`Path::mtu`].
+    pub const MTU_1024: u8 = 3;
+    /// Path MTU 2048 bytes.
+    pub const MTU_2048: u8 = 4;
+    /// Path MTU 4096 bytes.
+    pub const MTU_4096: u8 = 5;
+    /// Local ACK timeout 14 (4.096 us * 2^14, about 67 ms): the usual RC default.
+    pub const ACK_TIMEOUT_67MS: u8 = 14;
+    /// The hop limit of a RoCE path: routed by IP, like any IPv6 packet's default.
+    pub const ROCE_HOP_LIMIT: u8 = 64;
+
+    /// A subnet-local InfiniBand path from `port`: source and destination LID and GID,
+    /// SL 0, no flow label or traffic class, hop limit 0 (no GRH hop), the port's
+    /// default rate, GID and P_Key index 0.
+    pub fn ib(
+        port: PortKey,
+        (slid, sgid): (Lid, Gid),
+        (dlid, dgid): (Lid, Gid),
+        mtu: u8,
+        ack_timeout: u8,
+    ) -> Path {
+        Path {
+            port,
+            slid,
+            dlid,
+            sgid,
+            dgid,
+            sgid_index: 0,
+            sl: 0,
+            flow_label: 0,
+            traffic_class: 0,
+            hop_limit: 0,
+            rate: 0,
+            mtu,
+            pkey_index: 0,
+            ack_timeout,
+        }
+    }
+
+    /// A RoCE path from `port` between two GIDs: LIDs 0 (RoCE has none), hop limit
+    /// [`Path::ROCE_HOP_LIMIT`], GID index 0 (the provider looks the GID up when the
+    /// path is used).
+    pub fn roce(port: PortKey, sgid: Gid, dgid: Gid, mtu: u8, ack_timeout: u8) -> Path {
+        Path {
+            hop_limit: Path::ROCE_HOP_LIMIT,
+            ..Path::ib(
+                port,
+                (Lid::from_wire(0), sgid),
+                (Lid::from_wire(0), dgid),
+                mtu,
+                ack_timeout,
+            )
+        }
+    }
+
     /// True when both paths lead between the same LIDs and GIDs (the same route).
     pub fn same_route(&self, other: &Path) -> bool {
         self.port == other.port

@@ -22,7 +22,7 @@ use apm_core::{
     Qpn, Role, Stack, StaticPaths,
 };
 use provider_rxe::{AdoptedQp, RxeConfig, RxeQpControl};
-use provider_verbs::ffi::{Context, QpAttrMask, Verbs};
+use provider_verbs::ffi::{Context, QpAttr, QpAttrMask, Verbs};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
@@ -354,28 +354,19 @@ pub fn at_exit() {
     report::finish();
 }
 
-/// Adopt and protect one RC QP; `Err` says why it is not protected.
-async fn protect(
-    p: &'static Protector,
-    seen: QpSeen,
-    slot: Arc<Mutex<Slot>>,
-) -> Result<(), String> {
-    let dev = p.device(&seen.device).await?;
-    // The QP is touched under the slot's lock: a destroy waits for this.
-    let (qp, attr) = {
-        let s = lock(&slot);
-        if s.released {
-            return Ok(());
-        }
-        let qp = crate::ffi::adopt(&dev.ctx, seen.key).map_err(|e| e.to_string())?;
-        let mask = QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::TIMEOUT;
-        let attr = qp.query(mask).map_err(|e| e.to_string())?;
-        (qp, attr)
-    };
+/// The paths of an adopted QP: its primary from its attributes, and one candidate per
+/// rail the peer's agent pairs with ours.
+struct QpPaths {
+    sgid: Gid,
+    dgid: Gid,
+    primary: Path,
+    candidates: Vec<Path>,
+    /// Rails the agents paired (each a candidate when both ends are IP addresses).
+    rails: usize,
+}
+
+/// The QP's primary path from `attr` and the candidates the host's agent finds for it.
+async fn qp_paths(p: &Protector, dev: &Device, attr: &QpAttr) -> Result<QpPaths, String> {
     let port = attr.ah_attr.port_num.max(1);
     let sgid = dev
         .ctx
@@ -407,6 +398,44 @@ async fn protect(
     let mut primary = provider_rxe::roce_path(key, sip, dip, mtu, attr.timeout);
     primary.sgid_index = attr.ah_attr.sgid_index;
     let candidates: Vec<Path> = rails.iter().filter_map(|(l, r)| path(*l, *r)).collect();
+    Ok(QpPaths {
+        sgid,
+        dgid,
+        primary,
+        candidates,
+        rails: rails.len(),
+    })
+}
+
+/// Adopt and protect one RC QP; `Err` says why it is not protected.
+async fn protect(
+    p: &'static Protector,
+    seen: QpSeen,
+    slot: Arc<Mutex<Slot>>,
+) -> Result<(), String> {
+    let dev = p.device(&seen.device).await?;
+    // The QP is touched under the slot's lock: a destroy waits for this.
+    let (qp, attr) = {
+        let s = lock(&slot);
+        if s.released {
+            return Ok(());
+        }
+        let qp = crate::ffi::adopt(&dev.ctx, seen.key).map_err(|e| e.to_string())?;
+        let mask = QpAttrMask::STATE
+            | QpAttrMask::AV
+            | QpAttrMask::DEST_QPN
+            | QpAttrMask::PATH_MTU
+            | QpAttrMask::TIMEOUT;
+        let attr = qp.query(mask).map_err(|e| e.to_string())?;
+        (qp, attr)
+    };
+    let QpPaths {
+        sgid,
+        dgid,
+        primary,
+        candidates,
+        rails,
+    } = qp_paths(p, &dev, &attr).await?;
     let qpn = seen.qpn;
     let remote_qpn = attr.dest_qp_num;
     let id = ConnId(u64::from(qpn));
@@ -472,13 +501,7 @@ async fn protect(
         agreed_alternate: None,
         candidates,
     };
-    info!(
-        qpn,
-        remote_qpn,
-        ?role,
-        rails = rails.len(),
-        "protecting the program's QP"
-    );
+    info!(qpn, remote_qpn, ?role, rails, "protecting the program's QP");
     if let Err(e) = dev.handle.protect(spec).await {
         release(seen.key, "the engine refused it");
         return Err(format!("apm's engine refused it: {e}"));

@@ -1,6 +1,6 @@
 //! The unaffiliated event stream: port up/down, SM changes, and the SA's traps 64/65
-//! about remote ports, as an application (or a subnet manager, seed 002) would follow
-//! them. This is the stream `apm watch` prints.
+//! about remote ports, as an application (or a subnet manager: docs/iba-facts.md §2)
+//! would follow them. This is the stream `apm watch` prints.
 //!
 //! ```sh
 //! cargo run -p apm --example fabric_events

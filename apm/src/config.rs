@@ -198,6 +198,62 @@ impl std::fmt::Display for ConfigError {
 
 impl std::error::Error for ConfigError {}
 
+/// Every problem [`Config::parse`] found, in file order. Prints one per line; indexes
+/// and iterates as a slice of [`ConfigError`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(transparent)]
+pub struct ConfigErrors(Vec<ConfigError>);
+
+impl ConfigErrors {
+    /// The problems, in file order.
+    pub fn into_vec(self) -> Vec<ConfigError> {
+        self.0
+    }
+}
+
+impl From<Vec<ConfigError>> for ConfigErrors {
+    fn from(errors: Vec<ConfigError>) -> ConfigErrors {
+        ConfigErrors(errors)
+    }
+}
+
+impl std::ops::Deref for ConfigErrors {
+    type Target = [ConfigError];
+    fn deref(&self) -> &[ConfigError] {
+        &self.0
+    }
+}
+
+impl IntoIterator for ConfigErrors {
+    type Item = ConfigError;
+    type IntoIter = std::vec::IntoIter<ConfigError>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.into_iter()
+    }
+}
+
+impl<'a> IntoIterator for &'a ConfigErrors {
+    type Item = &'a ConfigError;
+    type IntoIter = std::slice::Iter<'a, ConfigError>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.0.iter()
+    }
+}
+
+impl std::fmt::Display for ConfigErrors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, e) in self.0.iter().enumerate() {
+            if i > 0 {
+                writeln!(f)?;
+            }
+            write!(f, "{e}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for ConfigErrors {}
+
 /// The longest device name libibverbs has (`IBV_SYSFS_NAME_MAX`).
 const DEVICE_NAME_MAX: usize = 64;
 
@@ -241,7 +297,7 @@ fn default_transport(devices: &[DeviceConfig]) -> LapTransport {
 impl Config {
     /// Parse and check a configuration. Every problem is reported, not only the first;
     /// a syntax error stops at itself (what follows it cannot be read).
-    pub fn parse(text: &str) -> Result<Config, Vec<ConfigError>> {
+    pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
         let mut errors = Errors::new(text);
         let config = read::read(text, &mut errors).map(|(c, declared)| {
             c.check(declared, &mut errors);
@@ -252,7 +308,7 @@ impl Config {
         list.sort_by_key(|e| (e.line, e.column));
         match config {
             Some(c) if list.is_empty() => Ok(c),
-            _ => Err(list),
+            _ => Err(ConfigErrors(list)),
         }
     }
 
@@ -420,27 +476,7 @@ impl Config {
                 ),
             );
         }
-        if let Some(c) = &lap.vendor_class {
-            if !(0x30..=0x4F).contains(c.get_ref()) {
-                at(
-                    Some(c.span()),
-                    "lap.vendor_class",
-                    format!(
-                        "{:#04x} is not a vendor class with an OUI (0x30..=0x4f)",
-                        c.get_ref()
-                    ),
-                );
-            }
-        }
-        if let Some(o) = &lap.oui {
-            if *o.get_ref() > 0xFF_FFFF {
-                at(
-                    Some(o.span()),
-                    "lap.oui",
-                    format!("{:#x} does not fit in 24 bits (3 bytes)", o.get_ref()),
-                );
-            }
-        }
+        check_lap_numbers(lap, at);
         // `verbs` devices with `udp` are hardware APM on RoCE; whether they are RoCE is
         // known only at start (InfiniBand ones are refused there, with the reason).
         if transport == LapTransport::Udp && lap.udp_listen.is_none() {
@@ -455,45 +491,90 @@ impl Config {
                 format!("{why} needs udp_listen = \"ADDRESS:PORT\" in [lap]"),
             );
         }
-        if transport != LapTransport::Udp {
-            for (k, span) in [
-                ("lap.key_file", lap.key_file.as_ref().map(Spanned::span)),
-                (
-                    "lap.require_auth",
-                    lap.require_auth.as_ref().map(Spanned::span),
+        check_lap_auth(lap, transport, at);
+        check_lap_peers(lap, at);
+    }
+}
+
+/// `[lap]`'s vendor class and OUI.
+fn check_lap_numbers(
+    lap: &LapConfig,
+    at: &mut impl FnMut(Option<std::ops::Range<usize>>, &str, String),
+) {
+    if let Some(c) = &lap.vendor_class {
+        if !(0x30..=0x4F).contains(c.get_ref()) {
+            at(
+                Some(c.span()),
+                "lap.vendor_class",
+                format!(
+                    "{:#04x} is not a vendor class with an OUI (0x30..=0x4f)",
+                    c.get_ref()
                 ),
-            ] {
-                if let Some(span) = span {
-                    at(
-                        Some(span),
-                        k,
-                        "peer authentication is for transport = \"udp\"; the MAD \
-                         transports are not authenticated (their source LIDs come from the \
-                         fabric)"
-                            .into(),
-                    );
-                }
-            }
-        } else if let (None, Some(r)) = (&lap.key_file, &lap.require_auth) {
-            if *r.get_ref() {
+            );
+        }
+    }
+    if let Some(o) = &lap.oui {
+        if *o.get_ref() > 0xFF_FFFF {
+            at(
+                Some(o.span()),
+                "lap.oui",
+                format!("{:#x} does not fit in 24 bits (3 bytes)", o.get_ref()),
+            );
+        }
+    }
+}
+
+/// Peer authentication belongs to the UDP transport, and `require_auth` needs a key.
+fn check_lap_auth(
+    lap: &LapConfig,
+    transport: LapTransport,
+    at: &mut impl FnMut(Option<std::ops::Range<usize>>, &str, String),
+) {
+    if transport != LapTransport::Udp {
+        for (k, span) in [
+            ("lap.key_file", lap.key_file.as_ref().map(Spanned::span)),
+            (
+                "lap.require_auth",
+                lap.require_auth.as_ref().map(Spanned::span),
+            ),
+        ] {
+            if let Some(span) = span {
                 at(
-                    Some(r.span()),
-                    "lap.require_auth",
-                    "require_auth needs key_file = \"PATH\" (the shared secret)".into(),
+                    Some(span),
+                    k,
+                    "peer authentication is for transport = \"udp\"; the MAD \
+                     transports are not authenticated (their source LIDs come from the \
+                     fabric)"
+                        .into(),
                 );
             }
         }
-        for (i, peer) in lap.peers.iter().enumerate() {
-            if peer.gid.get_ref().parse::<Gid>().is_err() {
-                at(
-                    Some(peer.gid.span()),
-                    &format!("lap.peer[{}].gid", i + 1),
-                    format!(
-                        "{:?} is not a GID (IPv6 notation)",
-                        crate::input::truncate_echo(peer.gid.get_ref(), 80)
-                    ),
-                );
-            }
+    } else if let (None, Some(r)) = (&lap.key_file, &lap.require_auth) {
+        if *r.get_ref() {
+            at(
+                Some(r.span()),
+                "lap.require_auth",
+                "require_auth needs key_file = \"PATH\" (the shared secret)".into(),
+            );
+        }
+    }
+}
+
+/// Every `[[lap.peer]]` GID parses.
+fn check_lap_peers(
+    lap: &LapConfig,
+    at: &mut impl FnMut(Option<std::ops::Range<usize>>, &str, String),
+) {
+    for (i, peer) in lap.peers.iter().enumerate() {
+        if peer.gid.get_ref().parse::<Gid>().is_err() {
+            at(
+                Some(peer.gid.span()),
+                &format!("lap.peer[{}].gid", i + 1),
+                format!(
+                    "{:?} is not a GID (IPv6 notation)",
+                    crate::input::truncate_echo(peer.gid.get_ref(), 80)
+                ),
+            );
         }
     }
 }

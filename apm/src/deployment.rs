@@ -49,6 +49,7 @@
 
 use crate::config::{sim_host, Config, LapTransport, ProviderKind};
 use crate::ib::{UmadFacets, UmadOptions};
+use crate::start_error::{one_kind, SimUnavailable, StartError, Unavailable};
 use apm_core::{
     ConnId, ConnSpec, ConnStatus, FabricEvent, Gid, Manager, ManagerError, ManagerHandle,
     MigrationMode, Notification, PortKey, ProviderError, QpControl, Stack, StaticPaths, Time,
@@ -60,33 +61,6 @@ use provider_verbs::VerbsQpControl;
 use std::sync::Arc;
 use tokio::sync::broadcast;
 use tokio::task::JoinHandle;
-
-/// Why a deployment could not be started.
-#[derive(Debug, thiserror::Error)]
-#[non_exhaustive]
-pub enum StartError {
-    /// The configuration names no device.
-    #[error("the configuration names no device")]
-    NoDevice,
-    /// This library cannot build the deployment as configured (mixed provider kinds,
-    /// a LAP transport the link layer cannot carry, ...).
-    #[error("this {provider} deployment cannot be built by the apm library: {reason}")]
-    Unsupported {
-        /// The provider kind (`verbs`, `rxe`).
-        provider: &'static str,
-        /// What is missing.
-        reason: String,
-    },
-    /// What the deployment needs is not on this machine (libibverbs, a device).
-    #[error("{0}")]
-    Unavailable(String),
-    /// The simulated fabric could not be built (scenario file, unknown host).
-    #[error("simulated fabric: {0}")]
-    Sim(String),
-    /// The manager refused to start (policy, provider start).
-    #[error(transparent)]
-    Manager(#[from] ManagerError),
-}
 
 /// A simulated fabric shared by the [`Apm`]s of some of its hosts.
 ///
@@ -106,15 +80,16 @@ impl SimFabric {
     pub fn new(scenario: &Scenario, seed: u64, hosts: &[usize]) -> Result<SimFabric, StartError> {
         let n = scenario.topology.hosts;
         if let Some(h) = hosts.iter().find(|h| **h >= n) {
-            return Err(StartError::Sim(format!(
-                "host h{h} is not in the scenario (hosts h0 .. h{})",
-                n.saturating_sub(1)
-            )));
+            return Err(SimUnavailable::NoSuchHost {
+                host: *h,
+                last: n.saturating_sub(1),
+            }
+            .into());
         }
         let mut cfg = RunConfig::new(PolicyKind::Apm, seed);
         cfg.external_hosts = hosts.to_vec();
         cfg.sample_ms = 0;
-        let sim = Sim::new(scenario, cfg).map_err(StartError::Sim)?;
+        let sim = Sim::new(scenario, cfg).map_err(SimUnavailable::Build)?;
         Ok(SimFabric {
             shared: SimProvider::share(sim),
             hosts: hosts.to_vec(),
@@ -128,9 +103,15 @@ impl SimFabric {
         let scenario = match &config.sim.scenario {
             Some(path) => {
                 let path = path.get_ref();
-                let text = std::fs::read_to_string(path)
-                    .map_err(|e| StartError::Sim(format!("reading {path}: {e}")))?;
-                Scenario::from_toml(&text).map_err(|e| StartError::Sim(format!("{path}: {e}")))?
+                let text =
+                    std::fs::read_to_string(path).map_err(|source| SimUnavailable::Read {
+                        path: path.clone(),
+                        source,
+                    })?;
+                Scenario::from_toml(&text).map_err(|source| SimUnavailable::Scenario {
+                    path: path.clone(),
+                    source,
+                })?
             }
             None => Scenario::default(),
         };
@@ -139,7 +120,9 @@ impl SimFabric {
     }
 
     /// The connections the scenario's workload opened on `host`, as the application
-    /// would describe them to [`Apm::protect`] (paths, QPNs, comm ids, role).
+    /// would describe them to [`Apm::protect`] (paths, QPNs, comm ids, role). Like
+    /// [`SimFabric::with_sim`] it brings the simulation up to tokio's now: call it inside
+    /// the runtime that drives the fabric (outside one, tokio's now is the wall clock).
     pub fn connections(&self, host: usize) -> Vec<ConnSpec> {
         self.shared.with_sim(|sim| sim.external_specs(host))
     }
@@ -181,12 +164,8 @@ fn sim_hosts(config: &Config) -> Result<Vec<usize>, StartError> {
         .devices
         .iter()
         .map(|d| {
-            sim_host(d.name.get_ref()).ok_or_else(|| {
-                StartError::Sim(format!(
-                    "device {:?} is not a scenario host (h0, h1, ...)",
-                    d.name.get_ref()
-                ))
-            })
+            sim_host(d.name.get_ref())
+                .ok_or_else(|| SimUnavailable::NotAHost(d.name.get_ref().clone()).into())
         })
         .collect()
 }
@@ -199,8 +178,7 @@ fn sim_hosts(config: &Config) -> Result<Vec<usize>, StartError> {
 /// use apm::{Apm, Config};
 /// use apm::apm_core::NotificationKind;
 ///
-/// let config = Config::parse("[[device]]\nname = \"h2\"\nprovider = \"sim\"\n")
-///     .map_err(|e| format!("{e:?}"))?;
+/// let config = Config::parse("[[device]]\nname = \"h2\"\nprovider = \"sim\"\n")?;
 /// let apm = Apm::start(&config).await?;
 /// let mut notes = apm.notifications();
 /// let fabric = apm.sim().expect("a simulated deployment").clone();
@@ -414,16 +392,10 @@ impl Apm {
     pub async fn start_on(config: &Config, fabric: &SimFabric) -> Result<Apm, StartError> {
         let hosts = sim_hosts(config)?;
         let [host] = hosts[..] else {
-            return Err(StartError::Sim(format!(
-                "one simulated device per Apm (got {}): start one Apm per host on a shared \
-                 SimFabric",
-                hosts.len()
-            )));
+            return Err(SimUnavailable::DevicesPerApm(hosts.len()).into());
         };
         if !fabric.hosts.contains(&host) {
-            return Err(StartError::Sim(format!(
-                "the fabric does not run h{host} from outside: list it in SimFabric::new's hosts"
-            )));
+            return Err(SimUnavailable::HostNotExternal(host).into());
         }
         let provider = Arc::new(fabric.shared.for_host(host).stack());
         let mut policy = config.engine_policy();
@@ -598,30 +570,6 @@ impl Apm {
     }
 }
 
-/// Refuse a deployment whose devices are not all of `kind` (`Config::parse` already
-/// does; a `Config` built in code may not have been through it).
-pub(crate) fn one_kind(
-    config: &Config,
-    kind: ProviderKind,
-    name: &'static str,
-) -> Result<(), StartError> {
-    match config
-        .devices
-        .iter()
-        .find(|d| *d.provider.get_ref() != kind)
-    {
-        Some(d) => Err(StartError::Unsupported {
-            provider: name,
-            reason: format!(
-                "device {:?} is not {name}: one provider kind per deployment (run one apm per \
-                 kind)",
-                d.name.get_ref()
-            ),
-        }),
-        None => Ok(()),
-    }
-}
-
 /// cm-lap's UDP channel on `[lap] udp_listen`, with the `[[lap.peer]]` table and the
 /// `[lap] key_file` authentication if any (RoCE).
 async fn bind_udp(config: &Config) -> Result<cm_lap::udp::UdpPeerChannel, StartError> {
@@ -630,20 +578,16 @@ async fn bind_udp(config: &Config) -> Result<cm_lap::udp::UdpPeerChannel, StartE
         .udp_listen
         .as_ref()
         .map(|a| *a.get_ref())
-        .ok_or_else(|| {
-            StartError::Unavailable("RoCE needs [lap] udp_listen for apm's peer messages".into())
-        })?;
+        .ok_or(Unavailable::NoUdpListen)?;
     let first_port = config.devices[0]
         .ports
         .as_ref()
         .and_then(|p| p.get_ref().first().copied())
         .unwrap_or(1);
-    let auth = config
-        .peer_auth()
-        .map_err(|e| StartError::Unavailable(e.to_string()))?;
+    let auth = config.peer_auth().map_err(Unavailable::PeerKey)?;
     let udp = cm_lap::udp::UdpPeerChannel::bind(listen, PortKey::new(0, first_port))
         .await
-        .map_err(|e| StartError::Unavailable(format!("binding udp_listen {listen}: {e}")))?
+        .map_err(|source| Unavailable::UdpBind { listen, source })?
         .with_auth(auth, cm_lap::auth::DEFAULT_MAX_SKEW);
     for peer in &config.lap.peers {
         // `Config::parse` checked every GID.
@@ -665,7 +609,10 @@ fn configured_ports(config: &Config, i: usize, ctx: &Context) -> Result<Vec<u8>,
     }
     let n = ctx
         .query_device()
-        .map_err(|e| StartError::Unavailable(format!("{}: {e}", ctx.name())))?
+        .map_err(|source| Unavailable::DeviceQuery {
+            device: ctx.name().to_string(),
+            source,
+        })?
         .phys_port_cnt;
     Ok((1..=n).collect())
 }
@@ -678,7 +625,11 @@ fn roce_devices(config: &Config, contexts: &[Context]) -> Result<bool, StartErro
         for port in configured_ports(config, i, ctx)? {
             let p = ctx
                 .query_port(port)
-                .map_err(|e| StartError::Unavailable(format!("{} port {port}: {e}", ctx.name())))?;
+                .map_err(|source| Unavailable::PortQuery {
+                    device: ctx.name().to_string(),
+                    port,
+                    source,
+                })?;
             kinds.push(p.link_layer == provider_verbs::ffi::LinkLayer::Ethernet);
         }
     }
@@ -694,14 +645,13 @@ fn roce_devices(config: &Config, contexts: &[Context]) -> Result<bool, StartErro
 
 /// Open every configured device (in order: device index `i` is `devices[i]`).
 fn open_devices(config: &Config) -> Result<Vec<Context>, StartError> {
-    let verbs =
-        provider_verbs::Verbs::load().map_err(|e| StartError::Unavailable(e.to_string()))?;
+    let verbs = provider_verbs::Verbs::load().map_err(Unavailable::Verbs)?;
     config
         .devices
         .iter()
         .map(|d| {
             let name = d.name.get_ref();
-            verbs.open(name).map_err(|e| {
+            verbs.open(name).map_err(|source| {
                 let have = verbs
                     .devices()
                     .map(|v| {
@@ -711,10 +661,11 @@ fn open_devices(config: &Config) -> Result<Vec<Context>, StartError> {
                             .join(", ")
                     })
                     .unwrap_or_default();
-                StartError::Unavailable(format!(
-                    "cannot open RDMA device {name:?}: {e} (devices here: {})",
-                    if have.is_empty() { "none" } else { &have }
-                ))
+                StartError::from(Unavailable::Device {
+                    name: name.clone(),
+                    source,
+                    here: if have.is_empty() { "none".into() } else { have },
+                })
             })
         })
         .collect()

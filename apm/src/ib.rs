@@ -41,7 +41,7 @@
 //! refused here.
 
 use crate::config::{Config, LapTransport, ProviderKind};
-use crate::deployment::StartError;
+use crate::start_error::{one_kind, StartError, Unavailable};
 use apm_core::{
     FabricService, Gid, InputSink, Path, PeerAddr, PeerChannel, PeerMsg, PortKey, ProviderError,
 };
@@ -108,14 +108,8 @@ pub type UmadListing = BTreeMap<String, Vec<PortInfo>>;
 
 /// Every CA and port libibumad lists. Fails when libibumad cannot be loaded.
 pub fn umad_listing() -> Result<UmadListing, StartError> {
-    let lib = umad::ffi::Lib::load().map_err(|e| {
-        StartError::Unavailable(format!(
-            "InfiniBand deployments send SA and LAP MADs through libibumad: {e}"
-        ))
-    })?;
-    let names = lib.ca_names().map_err(|e| {
-        StartError::Unavailable(format!("libibumad cannot list the local CAs: {e}"))
-    })?;
+    let lib = umad::ffi::Lib::load().map_err(Unavailable::Umad)?;
+    let names = lib.ca_names().map_err(Unavailable::UmadListing)?;
     let mut out = UmadListing::new();
     for ca in names {
         let mut ports = Vec::new();
@@ -175,7 +169,7 @@ pub fn plan_ports(
             names.join(", ")
         }
     };
-    crate::deployment::one_kind(config, ProviderKind::Verbs, "verbs")?;
+    one_kind(config, ProviderKind::Verbs, "verbs")?;
     let mut out = Vec::new();
     for (i, d) in config.devices.iter().enumerate() {
         let name = d.name.get_ref();
@@ -190,12 +184,11 @@ pub fn plan_ports(
             .map(|(k, g)| (k.port, *g))
             .collect();
         if listed.is_empty() {
-            return Err(StartError::Unavailable(format!(
-                "no umad port for device {name:?} (libibumad lists: {}): the SA and LAP \
-                 MADs go through /dev/infiniband/umad*; is the ib_umad module loaded and \
-                 the device an InfiniBand HCA?",
-                cas()
-            )));
+            return Err(Unavailable::NoUmadPort {
+                device: name.clone(),
+                listed: cas(),
+            }
+            .into());
         }
         let wanted: Vec<u8> = match d.ports.as_ref().map(|p| p.get_ref()) {
             Some(p) if !p.is_empty() => {
@@ -235,10 +228,12 @@ pub fn plan_ports(
                 });
             } else {
                 let have: Vec<String> = listed.iter().map(|p| p.port.to_string()).collect();
-                return Err(StartError::Unavailable(format!(
-                    "device {name:?} has no umad port {port} (its umad ports: {})",
-                    have.join(", ")
-                )));
+                return Err(Unavailable::NoSuchUmadPort {
+                    device: name.clone(),
+                    port,
+                    have: have.join(", "),
+                }
+                .into());
             }
         }
     }
@@ -277,11 +272,11 @@ pub fn assign_carriers(
                         None => format!("port {}: not listed by libibumad", q.port),
                     })
                     .collect();
-                return Err(StartError::Unavailable(format!(
-                    "no umad port of device {:?} could be opened for SA and LAP MADs ({})",
-                    p.device,
-                    why.join("; ")
-                )));
+                return Err(Unavailable::UmadPortsUnopened {
+                    device: p.device.clone(),
+                    why: why.join("; "),
+                }
+                .into());
             }
         }
     }
@@ -322,8 +317,7 @@ impl UmadFacets {
         let listing = umad_listing()?;
         let plan = plan_ports(config, &listing, &opts.carried)?;
         if opts.testbed != TestBedMode::Off {
-            umad::testbed::check_allowed(opts.testbed)
-                .map_err(|e| StartError::Unavailable(e.to_string()))?;
+            umad::testbed::check_allowed(opts.testbed).map_err(Unavailable::TestBed)?;
         }
         let mut opened = BTreeMap::new();
         let mut failed = BTreeMap::new();
@@ -362,11 +356,7 @@ impl UmadFacets {
                 streams.remove(&channel.class()),
             ) {
                 (Some(a), Some(b)) => (a, b),
-                _ => {
-                    return Err(StartError::Unavailable(
-                        "umad: no stream for the SA or LAP class".into(),
-                    ))
-                }
+                _ => return Err(Unavailable::NoUmadStream.into()),
             };
             let (sa, events) = SaClient::new(Arc::clone(&port), sa_stream, opts.sa.clone());
             let mut fabric = SaFabric::new(sa.clone(), key, events);

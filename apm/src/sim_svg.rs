@@ -42,9 +42,7 @@ pub fn render(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
         .unwrap_or_default();
     let key_top = TOP + reports.len() as f64 * (PANEL_H + GAP) + 10.0;
     let height = key_top + faults.len() as f64 * 16.0 + 20.0;
-    let plot_w = W - LEFT - RIGHT;
     let dur = scenario.duration_ms.max(1) as f64;
-    let x = |t_ms: f64| LEFT + plot_w * (t_ms / dur).clamp(0.0, 1.0);
     let mut o = String::new();
     let _ = writeln!(
         o,
@@ -65,77 +63,7 @@ pub fn render(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
         );
     }
     for (pi, r) in reports.iter().enumerate() {
-        let top = TOP + 10.0 + pi as f64 * (PANEL_H + GAP);
-        let bottom = top + PANEL_H;
-        let total = r.connections.max(1) as f64;
-        let y = |v: f64| bottom - PANEL_H * (v / total).clamp(0.0, 1.0);
-        let _ = writeln!(
-            o,
-            r#"<text x="{LEFT}" y="{}" font-weight="bold">{} — lost {}, restore p99 {:.1} ms, unprotected {:.1} conn-s</text>"#,
-            top - 6.0,
-            esc(&r.policy),
-            r.lost,
-            r.restore_ms.p99,
-            r.unprotected_ms_total / 1000.0
-        );
-        // Stacked bands, bottom up: armed, unprotected, failing over, lost.
-        for (band, (_, colour)) in COLOURS.iter().enumerate() {
-            let level = |s: &provider_sim::Sample, upto: usize| -> f64 {
-                let v = [s.armed, s.unprotected, s.migrating, s.lost];
-                v[..upto].iter().map(|&n| f64::from(n)).sum()
-            };
-            let mut pts = String::new();
-            for s in &r.samples {
-                let _ = write!(pts, "{:.1},{:.1} ", x(s.t_ms as f64), y(level(s, band + 1)));
-            }
-            for s in r.samples.iter().rev() {
-                let _ = write!(pts, "{:.1},{:.1} ", x(s.t_ms as f64), y(level(s, band)));
-            }
-            let _ = writeln!(
-                o,
-                r#"<polygon points="{}" fill="{}" stroke="none"/>"#,
-                pts.trim_end(),
-                colour
-            );
-        }
-        let _ = writeln!(
-            o,
-            r##"<rect x="{LEFT}" y="{top}" width="{plot_w}" height="{PANEL_H}" fill="none" stroke="#444"/>"##
-        );
-        let _ = writeln!(
-            o,
-            r#"<text x="{}" y="{}" text-anchor="end">{}</text><text x="{}" y="{}" text-anchor="end">0</text>"#,
-            LEFT - 5.0,
-            top + 10.0,
-            r.connections,
-            LEFT - 5.0,
-            bottom
-        );
-        // Faults as numbered dashed lines (the key under the plots says what each is).
-        for (n, (t, text)) in faults.iter().enumerate() {
-            let fx = x(*t);
-            let _ = writeln!(
-                o,
-                r##"<line x1="{fx:.1}" y1="{top}" x2="{fx:.1}" y2="{bottom}" stroke="#222" stroke-dasharray="3,3"><title>{:.0} ms: {}</title></line><text x="{:.1}" y="{}" font-size="11" fill="#222">{}</text>"##,
-                t,
-                esc(text),
-                fx + 3.0,
-                top + 12.0,
-                n + 1
-            );
-        }
-        // Time axis: one tick per second.
-        let mut sec = 0u64;
-        while (sec * 1000) as f64 <= dur {
-            let tx = x((sec * 1000) as f64);
-            let _ = writeln!(
-                o,
-                r##"<line x1="{tx:.1}" y1="{bottom}" x2="{tx:.1}" y2="{}" stroke="#444"/><text x="{tx:.1}" y="{}" text-anchor="middle">{sec} s</text>"##,
-                bottom + 4.0,
-                bottom + 16.0
-            );
-            sec += 1;
-        }
+        panel(&mut o, pi, r, &faults, dur);
     }
     for (n, (t, text)) in faults.iter().enumerate() {
         let _ = writeln!(
@@ -149,4 +77,82 @@ pub fn render(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
     }
     o.push_str("</svg>\n");
     o
+}
+
+/// The plot of one policy's run (`pi`-th from the top): its title, the stacked bands of
+/// connections by state, the numbered fault lines and the time axis.
+fn panel(o: &mut String, pi: usize, r: &RunReport, faults: &[(f64, &str)], dur: f64) {
+    let plot_w = W - LEFT - RIGHT;
+    let x = |t_ms: f64| LEFT + plot_w * (t_ms / dur).clamp(0.0, 1.0);
+    let top = TOP + 10.0 + pi as f64 * (PANEL_H + GAP);
+    let bottom = top + PANEL_H;
+    let total = r.connections.max(1) as f64;
+    let y = |v: f64| bottom - PANEL_H * (v / total).clamp(0.0, 1.0);
+    let _ = writeln!(
+        o,
+        r#"<text x="{LEFT}" y="{}" font-weight="bold">{} — lost {}, restore p99 {:.1} ms, unprotected {:.1} conn-s</text>"#,
+        top - 6.0,
+        esc(&r.policy),
+        r.lost,
+        r.restore_ms.p99,
+        r.unprotected_ms_total / 1000.0
+    );
+    // Stacked bands, bottom up: armed, unprotected, failing over, lost.
+    for (band, (_, colour)) in COLOURS.iter().enumerate() {
+        let level = |s: &provider_sim::Sample, upto: usize| -> f64 {
+            let v = [s.armed, s.unprotected, s.migrating, s.lost];
+            v[..upto].iter().map(|&n| f64::from(n)).sum()
+        };
+        let mut pts = String::new();
+        for s in &r.samples {
+            let _ = write!(pts, "{:.1},{:.1} ", x(s.t_ms as f64), y(level(s, band + 1)));
+        }
+        for s in r.samples.iter().rev() {
+            let _ = write!(pts, "{:.1},{:.1} ", x(s.t_ms as f64), y(level(s, band)));
+        }
+        let _ = writeln!(
+            o,
+            r#"<polygon points="{}" fill="{}" stroke="none"/>"#,
+            pts.trim_end(),
+            colour
+        );
+    }
+    let _ = writeln!(
+        o,
+        r##"<rect x="{LEFT}" y="{top}" width="{plot_w}" height="{PANEL_H}" fill="none" stroke="#444"/>"##
+    );
+    let _ = writeln!(
+        o,
+        r#"<text x="{}" y="{}" text-anchor="end">{}</text><text x="{}" y="{}" text-anchor="end">0</text>"#,
+        LEFT - 5.0,
+        top + 10.0,
+        r.connections,
+        LEFT - 5.0,
+        bottom
+    );
+    // Faults as numbered dashed lines (the key under the plots says what each is).
+    for (n, (t, text)) in faults.iter().enumerate() {
+        let fx = x(*t);
+        let _ = writeln!(
+            o,
+            r##"<line x1="{fx:.1}" y1="{top}" x2="{fx:.1}" y2="{bottom}" stroke="#222" stroke-dasharray="3,3"><title>{:.0} ms: {}</title></line><text x="{:.1}" y="{}" font-size="11" fill="#222">{}</text>"##,
+            t,
+            esc(text),
+            fx + 3.0,
+            top + 12.0,
+            n + 1
+        );
+    }
+    // Time axis: one tick per second.
+    let mut sec = 0u64;
+    while (sec * 1000) as f64 <= dur {
+        let tx = x((sec * 1000) as f64);
+        let _ = writeln!(
+            o,
+            r##"<line x1="{tx:.1}" y1="{bottom}" x2="{tx:.1}" y2="{}" stroke="#444"/><text x="{tx:.1}" y="{}" text-anchor="middle">{sec} s</text>"##,
+            bottom + 4.0,
+            bottom + 16.0
+        );
+        sec += 1;
+    }
 }

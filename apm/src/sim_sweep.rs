@@ -81,35 +81,36 @@ pub fn run(
         .map_or(2, |n| n.get())
         .min(jobs.len().max(1));
     let next = AtomicUsize::new(0);
-    let mut outcomes: Vec<(usize, Result<Vec<RunReport>, String>)> = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..workers)
-            .map(|_| {
-                scope.spawn(|| {
-                    let quiet = tracing::subscriber::NoSubscriber::default();
-                    tracing::subscriber::with_default(quiet, || {
-                        let mut out = Vec::new();
-                        loop {
-                            let i = next.fetch_add(1, Ordering::Relaxed);
-                            let Some(&(family, seed)) = jobs.get(i) else {
-                                break;
-                            };
-                            let scenario = family.scenario(seed, sweep.size);
-                            let policy = apm_core::Policy::default();
-                            out.push((i, compare::run_all(&scenario, seed, &policy)));
-                            if let Some(b) = progress {
-                                b.inc(1);
+    let mut outcomes: Vec<(usize, Result<Vec<RunReport>, provider_sim::SimError>)> =
+        std::thread::scope(|scope| {
+            let handles: Vec<_> = (0..workers)
+                .map(|_| {
+                    scope.spawn(|| {
+                        let quiet = tracing::subscriber::NoSubscriber::default();
+                        tracing::subscriber::with_default(quiet, || {
+                            let mut out = Vec::new();
+                            loop {
+                                let i = next.fetch_add(1, Ordering::Relaxed);
+                                let Some(&(family, seed)) = jobs.get(i) else {
+                                    break;
+                                };
+                                let scenario = family.scenario(seed, sweep.size);
+                                let policy = apm_core::Policy::default();
+                                out.push((i, compare::run_all(&scenario, seed, &policy)));
+                                if let Some(b) = progress {
+                                    b.inc(1);
+                                }
                             }
-                        }
-                        out
+                            out
+                        })
                     })
                 })
-            })
-            .collect();
-        handles
-            .into_iter()
-            .flat_map(|h| h.join().unwrap_or_default())
-            .collect()
-    });
+                .collect();
+            handles
+                .into_iter()
+                .flat_map(|h| h.join().unwrap_or_default())
+                .collect()
+        });
     outcomes.sort_by_key(|(i, _)| *i);
     let mut results = Vec::new();
     for &family in &sweep.families {

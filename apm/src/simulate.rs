@@ -175,7 +175,7 @@ pub fn run_all(
         let mut cfg = RunConfig::new(p, seed);
         // The checks are cheap; a violation in a user's scenario is worth showing.
         cfg.check = true;
-        let sim = Sim::new(scenario, cfg).map_err(anyhow::Error::msg)?;
+        let sim = Sim::new(scenario, cfg)?;
         sims.push(sim);
     }
     let reports = std::thread::scope(|scope| {

@@ -411,7 +411,7 @@ async fn ib_node(role: &str) -> Result<(), String> {
     use apm::ib::{UmadFacets, UmadOptions};
     let a = parse_node_args(role)?;
     let text = std::fs::read_to_string(&a.config).map_err(|e| format!("{}: {e}", a.config))?;
-    let config = apm::Config::parse(&text).map_err(|e| format!("{e:?}"))?;
+    let config = apm::Config::parse(&text).map_err(|e| e.to_string())?;
     let Some((peer1, peer2)) = a.peer else {
         return quiet_node(&config).await;
     };

@@ -88,7 +88,7 @@ fn deployments_that_cannot_be_built_say_why() {
         let c = config("[[device]]\nname = \"hca_absent\"\nprovider = \"verbs\"\n");
         match Apm::start(&c).await {
             Err(StartError::Unavailable(why)) => assert!(
-                why.contains("libibverbs") || why.contains("hca_absent"),
+                why.to_string().contains("libibverbs") || why.to_string().contains("hca_absent"),
                 "{why}"
             ),
             other => panic!("{other:?}"),
@@ -98,7 +98,7 @@ fn deployments_that_cannot_be_built_say_why() {
         );
         match Apm::start(&c).await {
             Err(StartError::Unavailable(why)) => assert!(
-                why.contains("libibverbs") || why.contains("rxe_absent"),
+                why.to_string().contains("libibverbs") || why.to_string().contains("rxe_absent"),
                 "{why}"
             ),
             other => panic!("{other:?}"),

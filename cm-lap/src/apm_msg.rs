@@ -309,20 +309,17 @@ mod tests {
 
     fn path() -> Path {
         Path {
-            port: PortKey::new(0, 1),
-            slid: Lid::from_wire(0),
-            dlid: Lid::from_wire(0),
-            sgid: "::ffff:10.0.20.1".parse().expect("gid"),
-            dgid: "::ffff:10.0.20.2".parse().expect("gid"),
-            sgid_index: 0,
             sl: 3,
             flow_label: 0xABCDE,
             traffic_class: 0x20,
-            hop_limit: 64,
             rate: 7,
-            mtu: 3,
-            pkey_index: 0,
-            ack_timeout: 14,
+            ..Path::roce(
+                PortKey::new(0, 1),
+                "::ffff:10.0.20.1".parse().expect("gid"),
+                "::ffff:10.0.20.2".parse().expect("gid"),
+                Path::MTU_1024,
+                Path::ACK_TIMEOUT_67MS,
+            )
         }
     }
 

@@ -13,8 +13,8 @@
 use crate::answer_tids::AnswerTids;
 use crate::umad_transport::{CmChannel, Incoming, TransportError, UmadCmTransport};
 use apm_core::{
-    ApStatus, Apr, Gid, Input, InputSink, Lap, Lid, Mra, Path, PeerAddr, PeerChannel, PeerMsg,
-    PortKey, ProviderError, Qpn,
+    Apr, Gid, Input, InputSink, Lap, Lid, Mra, Path, PeerAddr, PeerChannel, PeerMsg, PortKey,
+    ProviderError, Qpn,
 };
 use async_trait::async_trait;
 use ib_mad::cm::{self, CmBody};
@@ -267,7 +267,7 @@ pub fn to_peer_msg(body: &CmBody, port: PortKey) -> Option<PeerMsg> {
         CmBody::Apr(a) => PeerMsg::Apr(Apr {
             sender_comm_id: a.local_comm_id,
             receiver_comm_id: a.remote_comm_id,
-            status: ApStatus::from_u8(a.ap_status.code())?,
+            status: a.ap_status,
         }),
         CmBody::Mra(m) => PeerMsg::Mra(Mra {
             sender_comm_id: m.local_comm_id,
@@ -308,10 +308,11 @@ pub fn from_peer_msg(msg: &PeerMsg) -> Result<CmBody, TransportError> {
                 ..cm::Lap::default()
             })
         }
-        PeerMsg::Apr(a) => {
-            let st = cm::ApStatus::from_code(a.status as u8).ok_or_else(|| bad("APStatus"))?;
-            CmBody::Apr(cm::Apr::answer(a.sender_comm_id, a.receiver_comm_id, st))
-        }
+        PeerMsg::Apr(a) => CmBody::Apr(cm::Apr::answer(
+            a.sender_comm_id,
+            a.receiver_comm_id,
+            a.status,
+        )),
         PeerMsg::Mra(m) => CmBody::Mra(cm::Mra::for_lap(
             m.sender_comm_id,
             m.receiver_comm_id,
@@ -327,20 +328,19 @@ mod tests {
 
     fn path() -> Path {
         Path {
-            port: PortKey::new(0, 1),
-            slid: Lid::from_wire(8),
-            dlid: Lid::from_wire(15),
-            sgid: Gid::from_guid(0x100004),
-            dgid: Gid::from_guid(0x100008),
-            sgid_index: 0,
             sl: 3,
             flow_label: 0x12345,
             traffic_class: 7,
             hop_limit: 1,
             rate: 3,
-            mtu: 0,
-            pkey_index: 0,
-            ack_timeout: 14,
+            // Not in a LAP: what the receiver decodes.
+            ..Path::ib(
+                PortKey::new(0, 1),
+                (Lid::from_wire(8), Gid::from_guid(0x100004)),
+                (Lid::from_wire(15), Gid::from_guid(0x100008)),
+                0,
+                Path::ACK_TIMEOUT_67MS,
+            )
         }
     }
 
@@ -357,7 +357,7 @@ mod tests {
             PeerMsg::Apr(Apr {
                 sender_comm_id: 0x200,
                 receiver_comm_id: 0x100,
-                status: ApStatus::InvalidLid,
+                status: apm_core::ApStatus::InvalidLid,
             }),
             PeerMsg::Mra(Mra {
                 sender_comm_id: 0x200,

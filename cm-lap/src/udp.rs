@@ -314,22 +314,13 @@ mod tests {
     }
 
     fn path() -> Path {
-        Path {
-            port: PortKey::new(0, 1),
-            slid: Lid::from_wire(0),
-            dlid: Lid::from_wire(0),
-            sgid: gid("::ffff:10.0.20.1"),
-            dgid: gid("::ffff:10.0.20.2"),
-            sgid_index: 0,
-            sl: 0,
-            flow_label: 0,
-            traffic_class: 0,
-            hop_limit: 64,
-            rate: 0,
-            mtu: 3,
-            pkey_index: 0,
-            ack_timeout: 14,
-        }
+        Path::roce(
+            PortKey::new(0, 1),
+            gid("::ffff:10.0.20.1"),
+            gid("::ffff:10.0.20.2"),
+            Path::MTU_1024,
+            Path::ACK_TIMEOUT_67MS,
+        )
     }
 
     async fn node() -> (UdpPeerChannel, mpsc::UnboundedReceiver<Input>) {

@@ -3,7 +3,7 @@
 //! Two channels, chosen by configuration ([`CmChannel`]):
 //! - **CM class 0x07** (version 2, method Send): the IBA's own. Usable only where no
 //!   kernel CM owns the class for the port — the simulated fabric. On a stock Linux
-//!   kernel ib_cm holds class 0x07 and no longer sends or answers LAP/APR (DOMAIN.md §4),
+//!   kernel ib_cm holds class 0x07 and no longer sends or answers LAP/APR (docs/iba-facts.md §4),
 //!   so a LAP sent there reaches a consumer that ignores it.
 //! - **A vendor class with an OUI** (0x30-0x4F, registered with `umad_register_oui`):
 //!   free for user space on stock kernels. The CM message rides in the 216 vendor data

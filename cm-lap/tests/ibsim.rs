@@ -541,7 +541,8 @@ impl Pair {
     }
 }
 
-/// End to end with two real engines (seeds 000 and 001 on the real management stack).
+/// End to end with two real engines (failover on both sides and the re-arm
+/// race, docs/iba-facts.md §2, on the real management stack).
 /// H2 (active) and H3 (passive) each run apm-core's Manager with umad-sa, cm-lap's peer
 /// channel (the vendor class) and a simulated QP; the connection's primary runs H2 port
 /// 2 <-> H3 port 2.

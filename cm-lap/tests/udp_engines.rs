@@ -67,22 +67,13 @@ fn gid(s: &str) -> Gid {
 }
 
 fn path(local: &str, remote: &str) -> Path {
-    Path {
-        port: PortKey::new(0, 1),
-        slid: Lid::from_wire(0),
-        dlid: Lid::from_wire(0),
-        sgid: gid(local),
-        dgid: gid(remote),
-        sgid_index: 0,
-        sl: 0,
-        flow_label: 0,
-        traffic_class: 0,
-        hop_limit: 64,
-        rate: 0,
-        mtu: 3,
-        pkey_index: 0,
-        ack_timeout: 14,
-    }
+    Path::roce(
+        PortKey::new(0, 1),
+        gid(local),
+        gid(remote),
+        Path::MTU_1024,
+        Path::ACK_TIMEOUT_67MS,
+    )
 }
 
 struct Node {
@@ -111,7 +102,9 @@ async fn node(
     let (manager, handle) =
         Manager::new(Arc::new(provider), apm_core::Policy::default()).expect("policy");
     tokio::spawn(manager.run());
-    tokio::time::sleep(Duration::from_millis(20)).await;
+    // The manager serves requests only once it has taken the ports the QP facet reported
+    // at start: an answer means it is ready.
+    handle.stats().await.expect("the manager runs");
     handle
         .protect(ConnSpec {
             id: ConnId(1),
@@ -200,22 +193,46 @@ async fn stalled_primary(mode: impl Fn() -> cm_lap::auth::Mode) {
     assert_eq!(a.moved_to.lock().expect("ok").len(), 1, "A moved once");
     assert_eq!(b.moved_to.lock().expect("ok").len(), 1, "B moved once");
 
-    // Both re-arm the old rail as the alternate (LAP/APR over the same channel).
-    let status = |h: apm_core::ManagerHandle| async move {
-        for _ in 0..400 {
-            if let Ok(Some(s)) = h.status(ConnId(1)).await {
-                if s.protection == apm_core::Protection::Armed {
-                    return s;
+    // Both re-arm the old rail as the alternate (LAP/APR over the same channel): each
+    // side says so with `Rearmed`.
+    let rearmed =
+        |h: apm_core::ManagerHandle,
+         mut rx: tokio::sync::broadcast::Receiver<apm_core::Notification>| async move {
+            let armed = tokio::time::timeout(Duration::from_secs(8), async {
+                loop {
+                    if let Ok(Some(s)) = h.status(ConnId(1)).await {
+                        if s.protection == apm_core::Protection::Armed {
+                            return s;
+                        }
+                    }
+                    // Not armed yet: the next notification is the next change to look at.
+                    let _ = rx.recv().await;
                 }
+            })
+            .await;
+            match armed {
+                Ok(s) => s,
+                Err(_) => panic!("not re-armed within 8 s: {:?}", h.status(ConnId(1)).await),
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("not re-armed within 8 s: {:?}", h.status(ConnId(1)).await);
-    };
-    let sa = status(a.handle.clone()).await;
-    let sb = status(b.handle.clone()).await;
+        };
+    let (sa, sb) = tokio::join!(
+        rearmed(a.handle.clone(), a_notes),
+        rearmed(b.handle.clone(), b_notes)
+    );
     assert_eq!(sa.alternate.map(|p| p.sgid), Some(gid(a_gids[0])));
     assert_eq!(sb.alternate.map(|p| p.sgid), Some(gid(b_gids[0])));
+    // Arming needs no message; the side that moved on its peer's word then says so until
+    // the peer confirms, so each channel carries at least two datagrams in all: wait
+    // until they are counted (bounded), then check that every one was accepted.
+    let _ = tokio::time::timeout(Duration::from_secs(8), async {
+        while [&auth_a, &auth_b]
+            .iter()
+            .any(|a| a.counters().get().accepted < 2)
+        {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    })
+    .await;
     for c in [auth_a.counters().get(), auth_b.counters().get()] {
         assert!(c.accepted >= 2, "{c:?}");
         assert_eq!(
@@ -272,17 +289,52 @@ mod hostile {
         (a, a_auth, evil)
     }
 
-    async fn moves_after(a: &Node, evil: &tokio::net::UdpSocket, datagram: &[u8]) -> usize {
+    /// Send `datagram` and wait until A has dealt with it: its channel counts every
+    /// datagram (accepted or dropped, with the reason), and one accepted reaches the
+    /// engine, whose move ends in a `Migrated` notification. Then how often A moved.
+    async fn moves_after(
+        a: &Node,
+        auth: &Authenticator,
+        evil: &tokio::net::UdpSocket,
+        datagram: &[u8],
+    ) -> usize {
+        let judged = |c: auth::CounterValues| {
+            c.accepted
+                + c.unauthenticated
+                + c.bad_tag
+                + c.other_key
+                + c.replayed
+                + c.stale
+                + c.malformed
+        };
+        let before = auth.counters().get();
+        let mut notes = a.handle.notifications();
         evil.send(datagram).await.expect("send");
-        tokio::time::sleep(Duration::from_millis(150)).await;
+        tokio::time::timeout(Duration::from_secs(5), async {
+            // The receive task counts as it reads: poll the counter it bumps.
+            while judged(auth.counters().get()) == judged(before) {
+                tokio::task::yield_now().await;
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+            if auth.counters().get().accepted > before.accepted {
+                loop {
+                    let n = notes.recv().await.expect("notifications");
+                    if matches!(n.kind, NotificationKind::Migrated { .. }) {
+                        break;
+                    }
+                }
+            }
+        })
+        .await
+        .expect("A dealt with the datagram within 5 s");
         a.moved_to.lock().expect("ok").len()
     }
 
     #[tokio::test]
     async fn without_a_key_a_forged_migrate_moves_the_qp() {
         // The control: what authentication prevents.
-        let (a, _, evil) = target(Mode::Off).await;
-        assert_eq!(moves_after(&a, &evil, &migrate()).await, 1);
+        let (a, a_auth, evil) = target(Mode::Off).await;
+        assert_eq!(moves_after(&a, &a_auth, &evil, &migrate()).await, 1);
     }
 
     #[tokio::test]
@@ -308,7 +360,11 @@ mod hostile {
             ("bit-flipped", flipped),
             ("an hour old", stale),
         ] {
-            assert_eq!(moves_after(&a, &evil, &d).await, 0, "{what} moved the QP");
+            assert_eq!(
+                moves_after(&a, &counters, &evil, &d).await,
+                0,
+                "{what} moved the QP"
+            );
         }
         let c = counters.counters().get();
         assert_eq!(
@@ -324,8 +380,8 @@ mod hostile {
             "{c:?}"
         );
         // The genuine datagram moves it, once; its replay is dropped before the engine.
-        assert_eq!(moves_after(&a, &evil, &genuine).await, 1);
-        assert_eq!(moves_after(&a, &evil, &genuine).await, 1);
+        assert_eq!(moves_after(&a, &counters, &evil, &genuine).await, 1);
+        assert_eq!(moves_after(&a, &counters, &evil, &genuine).await, 1);
         let c = counters.counters().get();
         assert_eq!((c.accepted, c.replayed), (1, 1), "{c:?}");
     }

@@ -45,7 +45,7 @@ pub use adopt::{AdoptedQp, KICK_WR_ID};
 pub use conn::{Completion, ConnError, ConnStats, ConnectParams, RcConn};
 pub use facet::{address_vector, gid_index, RxeConfig, RxeQpControl};
 
-use apm_core::{Gid, Lid, Path, PortKey};
+use apm_core::{Gid, Path, PortKey};
 use std::net::IpAddr;
 
 /// The RoCE v2 GID of an IP address (`::ffff:a.b.c.d` for IPv4).
@@ -60,22 +60,7 @@ pub fn gid_of_ip(ip: IpAddr) -> Gid {
 /// LIDs 0, hop limit 64, `mtu` in IBA encoding, `ack_timeout` as in the QP. The GID index
 /// is left 0: [`address_vector`] looks it up when the path is used.
 pub fn roce_path(port: PortKey, local: IpAddr, remote: IpAddr, mtu: u8, ack_timeout: u8) -> Path {
-    Path {
-        port,
-        slid: Lid::from_wire(0),
-        dlid: Lid::from_wire(0),
-        sgid: gid_of_ip(local),
-        dgid: gid_of_ip(remote),
-        sgid_index: 0,
-        sl: 0,
-        flow_label: 0,
-        traffic_class: 0,
-        hop_limit: 64,
-        rate: 0,
-        mtu,
-        pkey_index: 0,
-        ack_timeout,
-    }
+    Path::roce(port, gid_of_ip(local), gid_of_ip(remote), mtu, ack_timeout)
 }
 
 #[cfg(test)]

@@ -20,7 +20,7 @@
 
 use crate::compare;
 use crate::families::{Family, Size};
-use crate::sim::{RunConfig, Sim};
+use crate::sim::{RunConfig, Sim, SimError};
 use crate::Scenario;
 use apm_core::Policy;
 
@@ -52,7 +52,7 @@ pub fn scenario_for(seed: u64) -> Scenario {
 /// The scenario stretched until every invariant's bound has passed after its last
 /// fault: the settle bound, plus a standby SM's takeover (OpenSM's polling) and its
 /// first sweep when an SM may have died.
-fn stretched(s: &Scenario, seed: u64) -> Result<Scenario, String> {
+fn stretched(s: &Scenario, seed: u64) -> Result<Scenario, SimError> {
     let last = s
         .all_faults(seed)
         .iter()
@@ -78,6 +78,26 @@ fn invariant_config(seed: u64) -> RunConfig {
     cfg
 }
 
+/// Why a seed failed.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SeedError {
+    /// Its scenario could not be simulated.
+    #[error(transparent)]
+    Sim(#[from] SimError),
+    /// A report could not be serialised for the comparison of the two runs.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
+    /// Violations, a divergence between the two runs, or apm worse than a baseline.
+    #[error("{family}: {}", problems.join(" | "))]
+    Failed {
+        /// The seed's family.
+        family: &'static str,
+        /// What went wrong, one entry per kind.
+        problems: Vec<String>,
+    },
+}
+
 /// What one seed produced.
 #[derive(Debug)]
 pub struct SeedOutcome {
@@ -96,10 +116,10 @@ pub struct SeedOutcome {
 
 /// Run `seed`: the invariant runs and the comparison. `Err` describes the violations,
 /// the divergence between the two runs, or where apm did worse than a baseline.
-pub fn run_seed(seed: u64) -> Result<SeedOutcome, String> {
+pub fn run_seed(seed: u64) -> Result<SeedOutcome, SeedError> {
     let s = scenario_for(seed);
     let long = stretched(&s, seed)?;
-    let one = || -> Result<crate::report::RunReport, String> {
+    let one = || -> Result<crate::report::RunReport, SimError> {
         Ok(Sim::new(&long, invariant_config(seed))?.run())
     };
     let a = one()?;
@@ -112,8 +132,8 @@ pub fn run_seed(seed: u64) -> Result<SeedOutcome, String> {
             a.violations.join("; ")
         ));
     }
-    let ja = serde_json::to_string(&a).map_err(|e| e.to_string())?;
-    let jb = serde_json::to_string(&b).map_err(|e| e.to_string())?;
+    let ja = serde_json::to_string(&a)?;
+    let jb = serde_json::to_string(&b)?;
     if ja != jb {
         problems.push(format!(
             "two runs of the same seed differ (digests {:#x} / {:#x})",
@@ -136,11 +156,10 @@ pub fn run_seed(seed: u64) -> Result<SeedOutcome, String> {
         problems.push(format!("dominance: {}", worse.join("; ")));
     }
     if !problems.is_empty() {
-        return Err(format!(
-            "{}: {}",
-            family_of(seed).name(),
-            problems.join(" | ")
-        ));
+        return Err(SeedError::Failed {
+            family: family_of(seed).name(),
+            problems,
+        });
     }
     let lost = |i: usize| reports.get(i).map_or(0, |r| r.lost);
     Ok(SeedOutcome {

@@ -8,13 +8,17 @@
 
 use crate::controller::PolicyKind;
 use crate::report::RunReport;
-use crate::sim::{RunConfig, Sim};
+use crate::sim::{RunConfig, Sim, SimError};
 use crate::Scenario;
 use apm_core::Policy;
 
 /// Run `scenario` with `seed` under every policy (apm first), with the invariants
 /// checked, using `policy` for the apm engine.
-pub fn run_all(scenario: &Scenario, seed: u64, policy: &Policy) -> Result<Vec<RunReport>, String> {
+pub fn run_all(
+    scenario: &Scenario,
+    seed: u64,
+    policy: &Policy,
+) -> Result<Vec<RunReport>, SimError> {
     PolicyKind::ALL
         .iter()
         .map(|&kind| {

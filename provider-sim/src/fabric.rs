@@ -6,8 +6,71 @@
 //! the one way that matters for APM: forwarding tables are only recomputed by an SM
 //! sweep, so between a failure and the next sweep packets still head into the dead link.
 
-use crate::config::Topology;
+use crate::topology::Topology;
 use apm_core::{Gid, Lid, PortKey};
+
+/// Why a topology cannot be built, or a name does not resolve against the fabric.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum FabricError {
+    /// Explicit links need explicit switches.
+    #[error("topology.links given without topology.switches")]
+    LinksWithoutSwitches,
+    /// More LIDs than the unicast range holds.
+    #[error("too many ports for the unicast LID space")]
+    LidSpaceExhausted,
+    /// Two switches with one name.
+    #[error("switch \"{0}\" is declared twice")]
+    SwitchDeclaredTwice(String),
+    /// A switch named like a host port.
+    #[error("switch \"{0}\": names like h3 are host ports; choose another name")]
+    SwitchNamedLikeHost(String),
+    /// A switch in a subnet out of range.
+    #[error("switch \"{name}\": subnet {subnet} (use 0..63)")]
+    SubnetOutOfRange {
+        /// The switch.
+        name: String,
+        /// Its subnet.
+        subnet: usize,
+    },
+    /// A host port with two links.
+    #[error("port {0} is cabled twice")]
+    CabledTwice(String),
+    /// A link between two host ports.
+    #[error("a link between two host ports needs a switch between them")]
+    HostToHost,
+    /// A link between switches of two subnets.
+    #[error("link {0}-{1} joins two subnets (IB routers are not simulated)")]
+    JoinsSubnets(String, String),
+    /// Not written like a host port.
+    #[error("\"{0}\" is not a host port (write it like \"h3:1\")")]
+    NotAPortName(String),
+    /// A host port beyond the fabric.
+    #[error("port \"{name}\" does not exist ({hosts} hosts with {ports} ports)")]
+    NoSuchPort {
+        /// The name given.
+        name: String,
+        /// Hosts in the fabric.
+        hosts: usize,
+        /// Ports per host.
+        ports: u8,
+    },
+    /// Not written like a host.
+    #[error("\"{0}\" is not a host (write it like \"h3\")")]
+    NotAHostName(String),
+    /// A host beyond the fabric.
+    #[error("host \"{0}\" does not exist")]
+    NoSuchHost(String),
+    /// No switch of that name.
+    #[error("switch \"{0}\" does not exist")]
+    NoSuchSwitch(String),
+    /// No link between those ends.
+    #[error("no link \"{0}\"")]
+    NoSuchLink(String),
+    /// A host port without a cable.
+    #[error("port \"{0}\" has no link")]
+    PortWithoutLink(String),
+}
 
 /// Index of a host port in [`Fabric::ports`].
 pub type PortId = usize;
@@ -126,7 +189,7 @@ pub fn port_guid(host: usize, port: u8) -> u64 {
 
 impl Fabric {
     /// Build the fabric of a topology (everything up, no LFTs yet).
-    pub fn build(t: &Topology) -> Result<Fabric, String> {
+    pub fn build(t: &Topology) -> Result<Fabric, FabricError> {
         let mut ports = Vec::with_capacity(t.hosts * usize::from(t.ports));
         for h in 0..t.hosts {
             for p in 1..=t.ports {
@@ -154,7 +217,7 @@ impl Fabric {
         };
         if t.switches.is_empty() {
             if !t.links.is_empty() {
-                return Err("topology.links given without topology.switches".into());
+                return Err(FabricError::LinksWithoutSwitches);
             }
             for r in 0..usize::from(t.ports) {
                 let name = char::from(b'A' + r as u8).to_string();
@@ -195,7 +258,7 @@ impl Fabric {
             let span = 1u32 << p.lmc;
             next = next.div_ceil(span) * span;
             if next + span > 0xBFFF {
-                return Err("too many ports for the unicast LID space".into());
+                return Err(FabricError::LidSpaceExhausted);
             }
             p.lid = next as u16;
             next += span;
@@ -213,17 +276,15 @@ impl Fabric {
         Ok(f)
     }
 
-    fn add_switch(&mut self, name: String, subnet: usize) -> Result<(), String> {
+    fn add_switch(&mut self, name: String, subnet: usize) -> Result<(), FabricError> {
         if self.switches.iter().any(|s| s.name == name) {
-            return Err(format!("switch \"{name}\" is declared twice"));
+            return Err(FabricError::SwitchDeclaredTwice(name));
         }
         if name.starts_with('h') && name[1..].chars().all(|c| c.is_ascii_digit() || c == ':') {
-            return Err(format!(
-                "switch \"{name}\": names like h3 are host ports; choose another name"
-            ));
+            return Err(FabricError::SwitchNamedLikeHost(name));
         }
         if subnet >= 64 {
-            return Err(format!("switch \"{name}\": subnet {subnet} (use 0..63)"));
+            return Err(FabricError::SubnetOutOfRange { name, subnet });
         }
         self.switches.push(Switch {
             name,
@@ -235,13 +296,13 @@ impl Fabric {
         Ok(())
     }
 
-    fn add_link(&mut self, a: End, b: End) -> Result<(), String> {
+    fn add_link(&mut self, a: End, b: End) -> Result<(), FabricError> {
         let id = self.links.len();
         for end in [a, b] {
             match end {
                 End::Port(p) => {
                     if self.ports[p].link.is_some() {
-                        return Err(format!("port {} is cabled twice", self.port_name(p)));
+                        return Err(FabricError::CabledTwice(self.port_name(p)));
                     }
                     self.ports[p].link = Some(id);
                 }
@@ -249,13 +310,13 @@ impl Fabric {
             }
         }
         if let (End::Port(_), End::Port(_)) = (a, b) {
-            return Err("a link between two host ports needs a switch between them".into());
+            return Err(FabricError::HostToHost);
         }
         if let (End::Switch(x), End::Switch(y)) = (a, b) {
             if self.switches[x].subnet != self.switches[y].subnet {
-                return Err(format!(
-                    "link {}-{} joins two subnets (IB routers are not simulated)",
-                    self.switches[x].name, self.switches[y].name
+                return Err(FabricError::JoinsSubnets(
+                    self.switches[x].name.clone(),
+                    self.switches[y].name.clone(),
                 ));
             }
         }
@@ -268,42 +329,43 @@ impl Fabric {
     }
 
     /// The port a `"h3:1"` name refers to.
-    pub fn port_by_name(&self, name: &str) -> Result<PortId, String> {
-        let bad = || format!("\"{name}\" is not a host port (write it like \"h3:1\")");
+    pub fn port_by_name(&self, name: &str) -> Result<PortId, FabricError> {
+        let bad = || FabricError::NotAPortName(name.into());
         let rest = name.strip_prefix('h').ok_or_else(bad)?;
         let (h, p) = rest.split_once(':').ok_or_else(bad)?;
         let h: usize = h.parse().map_err(|_| bad())?;
         let p: u8 = p.parse().map_err(|_| bad())?;
         if h >= self.hosts || p == 0 || p > self.ports_per_host {
-            return Err(format!(
-                "port \"{name}\" does not exist ({} hosts with {} ports)",
-                self.hosts, self.ports_per_host
-            ));
+            return Err(FabricError::NoSuchPort {
+                name: name.into(),
+                hosts: self.hosts,
+                ports: self.ports_per_host,
+            });
         }
         Ok(self.pid(h, p))
     }
 
     /// The host a `"h3"` name refers to.
-    pub fn host_by_name(&self, name: &str) -> Result<usize, String> {
+    pub fn host_by_name(&self, name: &str) -> Result<usize, FabricError> {
         let h: usize = name
             .strip_prefix('h')
             .and_then(|r| r.parse().ok())
-            .ok_or_else(|| format!("\"{name}\" is not a host (write it like \"h3\")"))?;
+            .ok_or_else(|| FabricError::NotAHostName(name.into()))?;
         if h >= self.hosts {
-            return Err(format!("host \"{name}\" does not exist"));
+            return Err(FabricError::NoSuchHost(name.into()));
         }
         Ok(h)
     }
 
     /// The switch called `name`.
-    pub fn switch_by_name(&self, name: &str) -> Result<SwitchId, String> {
+    pub fn switch_by_name(&self, name: &str) -> Result<SwitchId, FabricError> {
         self.switches
             .iter()
             .position(|s| s.name == name)
-            .ok_or_else(|| format!("switch \"{name}\" does not exist"))
+            .ok_or_else(|| FabricError::NoSuchSwitch(name.into()))
     }
 
-    fn end_by_name(&self, name: &str) -> Result<End, String> {
+    fn end_by_name(&self, name: &str) -> Result<End, FabricError> {
         if name.contains(':') {
             self.port_by_name(name).map(End::Port)
         } else {
@@ -312,19 +374,19 @@ impl Fabric {
     }
 
     /// The link a `"h3:1-A"` / `"A-B"` / `"h3:1"` name refers to.
-    pub fn link_by_name(&self, name: &str) -> Result<LinkId, String> {
+    pub fn link_by_name(&self, name: &str) -> Result<LinkId, FabricError> {
         if let Some((a, b)) = name.split_once('-') {
             let (a, b) = (self.end_by_name(a)?, self.end_by_name(b)?);
             return self
                 .links
                 .iter()
                 .position(|l| (l.a == a && l.b == b) || (l.a == b && l.b == a))
-                .ok_or_else(|| format!("no link \"{name}\""));
+                .ok_or_else(|| FabricError::NoSuchLink(name.into()));
         }
         let p = self.port_by_name(name)?;
         self.ports[p]
             .link
-            .ok_or_else(|| format!("port \"{name}\" has no link"))
+            .ok_or_else(|| FabricError::PortWithoutLink(name.into()))
     }
 
     /// `"h3:1"`.
@@ -602,22 +664,13 @@ impl Fabric {
     ) -> apm_core::Path {
         let s = &self.ports[src];
         let d = &self.ports[dst];
-        apm_core::Path {
-            port: s.key(),
-            slid: Lid::from_wire(s.lid + sbits),
-            dlid: Lid::from_wire(d.lid + dbits),
-            sgid: s.gid,
-            dgid: d.gid,
-            sgid_index: 0,
-            sl: 0,
-            flow_label: 0,
-            traffic_class: 0,
-            hop_limit: 0,
-            rate: 0,
-            mtu: 4,
-            pkey_index: 0,
+        apm_core::Path::ib(
+            s.key(),
+            (Lid::from_wire(s.lid + sbits), s.gid),
+            (Lid::from_wire(d.lid + dbits), d.gid),
+            apm_core::Path::MTU_2048,
             ack_timeout,
-        }
+        )
     }
 
     /// Every path between two ports (all LID variant pairs), base LIDs first, as an SA

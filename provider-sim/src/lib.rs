@@ -4,6 +4,7 @@
 //! everything, so a scenario, a seed and a policy give byte-identical results.
 //!
 //! - [`config`]: scenarios (topology, fabric constants, workload, faults) from TOML.
+//! - [`topology`]: the fabric's shape as a scenario writes it.
 //! - [`fabric`]: host ports, switches, links, LIDs, forwarding tables.
 //! - [`sim`]: the discrete-event simulation: SM/SA with sweeps and traps 64/65 as
 //!   Reports, RC QPs with real APM semantics, MAD delivery, traffic, faults; it steps one
@@ -27,15 +28,17 @@ pub mod provider;
 pub mod report;
 pub mod rng;
 pub mod sim;
+pub mod topology;
 
 pub use config::{Fault, Scenario, ScenarioError};
 pub use controller::PolicyKind;
+pub use fabric::FabricError;
 pub use families::{Family, Size};
 pub use provider::SimProvider;
 pub use report::{Percentiles, RunReport, Sample};
-pub use sim::{ConnState, RunConfig, Sim};
+pub use sim::{ConnState, RunConfig, Sim, SimError};
 
 /// Run `scenario` under `policy` with `seed` and report (no invariant checks).
-pub fn run(scenario: &Scenario, policy: PolicyKind, seed: u64) -> Result<RunReport, String> {
+pub fn run(scenario: &Scenario, policy: PolicyKind, seed: u64) -> Result<RunReport, SimError> {
     Ok(Sim::new(scenario, RunConfig::new(policy, seed))?.run())
 }

@@ -27,28 +27,30 @@ fn chaos() {
         .map_or(2, |n| n.get())
         .min(seeds.len().max(1));
     let next = std::sync::atomic::AtomicUsize::new(0);
-    let results: Vec<(u64, Result<provider_sim::chaos::SeedOutcome, String>)> =
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..workers)
-                .map(|_| {
-                    scope.spawn(|| {
-                        let mut out = Vec::new();
-                        loop {
-                            let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-                            let Some(&seed) = seeds.get(i) else { break };
-                            out.push((seed, run_seed(seed)));
-                        }
-                        out
-                    })
+    let results: Vec<(
+        u64,
+        Result<provider_sim::chaos::SeedOutcome, provider_sim::chaos::SeedError>,
+    )> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut out = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        let Some(&seed) = seeds.get(i) else { break };
+                        out.push((seed, run_seed(seed)));
+                    }
+                    out
                 })
-                .collect();
-            let mut all: Vec<_> = handles
-                .into_iter()
-                .flat_map(|h| h.join().expect("a chaos worker panicked"))
-                .collect();
-            all.sort_by_key(|(s, _)| *s);
-            all
-        });
+            })
+            .collect();
+        let mut all: Vec<_> = handles
+            .into_iter()
+            .flat_map(|h| h.join().expect("a chaos worker panicked"))
+            .collect();
+        all.sort_by_key(|(s, _)| *s);
+        all
+    });
     let ok: Vec<&provider_sim::chaos::SeedOutcome> = results
         .iter()
         .filter_map(|(_, r)| r.as_ref().ok())

@@ -1,7 +1,8 @@
-//! Scenario tests: each behaviour of the seeds (DOMAIN.md §2) on the simulated fabric,
-//! end to end through the real engine, plus the baselines' failure modes, software
-//! migration, determinism, the example scenario files, and a run through
-//! `apm_core::Manager` on tokio's paused clock.
+//! Scenario tests: each problem apm exists for (failover on both sides, the re-arm race,
+//! user-level events: docs/iba-facts.md §2) on the simulated fabric, end to end through
+//! the real engine, plus the baselines' failure modes, software migration, determinism,
+//! the example scenario files, and a run through `apm_core::Manager` on tokio's paused
+//! clock.
 
 use apm_core::{ConnId, MigState, Time};
 use provider_sim::{ConnState, Fault, PolicyKind, RunConfig, Scenario, Sim};
@@ -57,7 +58,7 @@ fn stats(sim: &Sim, host: usize) -> apm_core::Stats {
 }
 
 #[test]
-fn seed000_local_port_err_and_remote_trap65_both_force_migration() {
+fn failover_on_both_sides_local_port_err_and_remote_trap65_both_force_migration() {
     let s = small(vec![Fault::PortDown {
         at_ms: 1500,
         port: "h1:1".into(),
@@ -197,7 +198,7 @@ fn port_active_and_trap64_rearm_through_the_returning_rail() {
 }
 
 #[test]
-fn seed002_short_outage_between_sweeps_is_not_missed() {
+fn user_level_events_short_outage_between_sweeps_is_not_missed() {
     // 30 ms down, sweeps every second: only the local PORT_ERR/PORT_ACTIVE tell.
     let mut s = small(vec![
         Fault::PortDown {
@@ -415,7 +416,10 @@ fn manager_end_to_end_on_tokio_paused_clock() {
             tokio::spawn(mgr.run());
             handles.push(handle);
         }
-        tokio::task::yield_now().await;
+        // Each manager answers only once it runs with its host's ports taken.
+        for handle in &handles {
+            handle.stats().await.unwrap();
+        }
         for (h, handle) in handles.iter().enumerate() {
             for spec in shared.with_sim(|sim| sim.external_specs(h)) {
                 handle.protect(spec).await.unwrap();
@@ -479,7 +483,10 @@ fn manager_end_to_end_sm_failover_then_remote_failure() {
             tokio::spawn(mgr.run());
             handles.push(handle);
         }
-        tokio::task::yield_now().await;
+        // Each manager answers only once it runs with its host's ports taken.
+        for handle in &handles {
+            handle.stats().await.unwrap();
+        }
         for (h, handle) in handles.iter().enumerate() {
             for spec in shared.with_sim(|sim| sim.external_specs(h)) {
                 handle.protect(spec).await.unwrap();

@@ -194,18 +194,30 @@ fn mig_state(m: ffi::MigState) -> Result<MigState, ProviderError> {
 /// `slid`: its offset in the port's LID range (with LMC > 0 each of a port's LIDs is
 /// routed separately, so an alternate through another LID of the same port must send
 /// from that LID). A source LID of 0 (RoCE, or a path that does not say) is the base LID.
-pub fn src_path_bits(slid: u16, base: u16, lmc: u8) -> Result<u8, String> {
+pub fn src_path_bits(slid: u16, base: u16, lmc: u8) -> Result<u8, NotPortLid> {
     if slid == 0 {
         return Ok(0);
     }
+    let not_ours = NotPortLid { slid, base, lmc };
     let span = 1u32 << lmc.min(7);
     let offset = u32::from(slid).wrapping_sub(u32::from(base));
     if slid < base || offset >= span {
-        return Err(format!(
-            "source LID {slid} is not one of the port's LIDs (base {base}, LMC {lmc})"
-        ));
+        return Err(not_ours);
     }
-    u8::try_from(offset).map_err(|_| format!("source LID offset {offset} does not fit"))
+    // At most 127 (LMC 7).
+    u8::try_from(offset).map_err(|_| not_ours)
+}
+
+/// A source LID outside the port's LID range ([`src_path_bits`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("source LID {slid} is not one of the port's LIDs (base {base}, LMC {lmc})")]
+pub struct NotPortLid {
+    /// The path's source LID.
+    pub slid: u16,
+    /// The port's base LID.
+    pub base: u16,
+    /// The port's LMC.
+    pub lmc: u8,
 }
 
 /// The engine's path as an address vector on the QP's device; `src_path_bits` from
@@ -362,7 +374,8 @@ fn load(qp: &Qp, path: &Path) -> Result<(), ProviderError> {
         operation: "load alternate path".into(),
         detail: format!("port {}: {detail}", path.port.port),
     };
-    let bits = src_path_bits(path.slid.get(), port.lid, port.lmc).map_err(refused)?;
+    let bits =
+        src_path_bits(path.slid.get(), port.lid, port.lmc).map_err(|e| refused(e.to_string()))?;
     let mut alt = alt_path(path, bits);
     if port.link_layer == ffi::LinkLayer::Ethernet {
         alt.av = roce_av(qp.context(), path, alt.av).map_err(refused)?;
@@ -482,7 +495,9 @@ mod tests {
         // is refused with the numbers, not loaded as the base LID.
         for bad in [7, 12, 9] {
             let lmc = if bad == 9 { 0 } else { 2 };
-            let e = src_path_bits(bad, 8, lmc).expect_err("outside the range");
+            let e = src_path_bits(bad, 8, lmc)
+                .expect_err("outside the range")
+                .to_string();
             assert!(
                 e.contains(&format!("source LID {bad}")) && e.contains("base 8"),
                 "{e}"

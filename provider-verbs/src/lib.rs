@@ -8,6 +8,7 @@
 //!   the kernel itself (an APM-capable RoCE driver, such as the patched soft-RoCE of
 //!   `kernel/rxe-apm`, has them accepted).
 //! - [`facet`]: [`VerbsQpControl`], apm-core's QP-control and local-event facet.
+#![deny(unsafe_code)] // only `ffi` opts out, with a SAFETY comment per block
 
 pub mod facet;
 pub mod ffi;

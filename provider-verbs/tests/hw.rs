@@ -677,20 +677,14 @@ fn facet_reports_ports_and_events_and_refuses_hw_apm_on_roce() {
         let refused = a.gid.is_some() && hw_apm::available(&a.ctx, a.port).is_err();
         if refused {
             let path = apm_core::Path {
-                port: PortKey::new(0, 1),
-                slid: apm_core::Lid::from_wire(0),
-                dlid: apm_core::Lid::from_wire(0),
-                sgid: apm_core::Gid(a.gid.map(|g| g.1).unwrap_or_default()),
-                dgid: apm_core::Gid(b.gid.map(|g| g.1).unwrap_or_default()),
                 sgid_index: a.gid.map(|g| g.0).unwrap_or(0),
-                sl: 0,
-                flow_label: 0,
-                traffic_class: 0,
-                hop_limit: 64,
-                rate: 0,
-                mtu: 3,
-                pkey_index: 0,
-                ack_timeout: 14,
+                ..apm_core::Path::roce(
+                    PortKey::new(0, 1),
+                    apm_core::Gid(a.gid.map(|g| g.1).unwrap_or_default()),
+                    apm_core::Gid(b.gid.map(|g| g.1).unwrap_or_default()),
+                    apm_core::Path::MTU_1024,
+                    apm_core::Path::ACK_TIMEOUT_67MS,
+                )
             };
             let results = [
                 (

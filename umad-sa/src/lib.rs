@@ -17,6 +17,7 @@
 //!
 //! All MAD layouts come from `ib-mad`; this crate only sequences them. It never invents a
 //! result: what it cannot do returns [`SaError::Unsupported`].
+#![forbid(unsafe_code)]
 
 use ib_mad::rmpp::{RecvEvent, RmppHeader, RmppReceiver};
 use ib_mad::sa::{path_record::mask, table_records, InformInfo, PathRecord, SaHeader, SaMad};
@@ -55,12 +56,20 @@ pub enum SaError {
     /// The SA answered with a non-zero MAD status.
     #[error("SA status {0:#06x}")]
     Status(u16),
-    /// The SA's answer did not decode or did not match the request.
+    /// The SA's answer did not match the request.
     #[error("bad SA response: {0}")]
     BadResponse(String),
+    /// The SA's answer did not decode.
+    #[error("bad SA response: {0}")]
+    Decode(#[from] ib_mad::DecodeError),
     /// An RMPP transfer failed.
-    #[error("RMPP: {0}")]
-    Rmpp(String),
+    #[error("RMPP: {source} (segment header {head})")]
+    Rmpp {
+        /// Why.
+        source: ib_mad::rmpp::RmppError,
+        /// The segment's common and RMPP headers, in hex.
+        head: String,
+    },
     /// The operation is not implemented by this client.
     #[error("unsupported: {0}")]
     Unsupported(&'static str),
@@ -190,7 +199,7 @@ impl SaClient {
             .port
             .request(&req.encode(), dest, self.opts.request)
             .await?;
-        let r = SaMad::decode(&resp.mad).map_err(|e| SaError::BadResponse(e.to_string()))?;
+        let r = SaMad::decode(&resp.mad)?;
         if r.header.status != 0 {
             return Err(SaError::Status(r.header.status));
         }
@@ -342,12 +351,10 @@ impl SaClient {
                 if seg.mad.len() > MAD_SIZE {
                     // The kernel reassembled the RMPP transfer (agent registered with
                     // RMPP): headers of the first segment, then every record.
-                    let hdr = SaHeader::decode(&seg.mad)
-                        .map_err(|e| SaError::BadResponse(e.to_string()))?;
+                    let hdr = SaHeader::decode(&seg.mad)?;
                     let data = seg.mad.get(SA_DATA_OFFSET..).unwrap_or(&[]);
                     let records = table_records::<PathRecord>(data, hdr.attribute_offset)
-                        .collect::<Result<Vec<_>, _>>()
-                        .map_err(|e| SaError::BadResponse(e.to_string()))?;
+                        .collect::<Result<Vec<_>, _>>()?;
                     return Ok(Table {
                         records,
                         maybe_truncated: false,
@@ -373,15 +380,13 @@ impl SaClient {
                             self.port.send(&ack, Dest::reply_to(&seg.src))?;
                         }
                         let first = message.first_segment();
-                        let hdr = SaHeader::decode(first)
-                            .map_err(|e| SaError::BadResponse(e.to_string()))?;
+                        let hdr = SaHeader::decode(first)?;
                         let segmented = RmppHeader::decode(first)
                             .map(|h| h.is_active())
                             .unwrap_or(false);
                         let mut records =
                             table_records::<PathRecord>(message.data(), hdr.attribute_offset)
-                                .collect::<Result<Vec<_>, _>>()
-                                .map_err(|e| SaError::BadResponse(e.to_string()))?;
+                                .collect::<Result<Vec<_>, _>>()?;
                         if !segmented {
                             // No payload length: the unused tail of the MAD decodes as
                             // all-zero records, which no real path is (LIDs are never 0).
@@ -399,7 +404,7 @@ impl SaClient {
                         // Name the segment: its common and RMPP headers say what went wrong.
                         let head: String =
                             seg.mad[..36].iter().map(|b| format!("{b:02x}")).collect();
-                        return Err(SaError::Rmpp(format!("{e} (segment header {head})")));
+                        return Err(SaError::Rmpp { source: e, head });
                     }
                 }
             }

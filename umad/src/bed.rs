@@ -28,6 +28,51 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+/// Why the bed's OpenSM could not be stopped or started, or a node did not report.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum BedError {
+    /// A process or file of the bed could not be used.
+    #[error("{what}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// `kill -TERM` of OpenSM failed.
+    #[error("kill -TERM {0} failed")]
+    Kill(String),
+    /// OpenSM did not log its exit in time.
+    #[error("OpenSM did not exit")]
+    NotExited,
+    /// The started OpenSM did not log SUBNET UP in time.
+    #[error("the started OpenSM reached no SUBNET UP")]
+    NoSubnetUp,
+    /// The node process reported a failure.
+    #[error("{node}: node failed: {line}")]
+    NodeFailed {
+        /// The node.
+        node: String,
+        /// Its FAIL report.
+        line: String,
+    },
+    /// The node sent no report with the prefix in time.
+    #[error("{node}: no report {prefix:?} within {timeout:?}")]
+    NoReport {
+        /// The node.
+        node: String,
+        /// The report awaited.
+        prefix: String,
+        /// How long it was awaited.
+        timeout: Duration,
+    },
+}
+
+fn io(what: &'static str) -> impl FnOnce(std::io::Error) -> BedError {
+    move |source| BedError::Io { what, source }
+}
+
 /// Prefix of the stdout lines a node process reports with.
 pub const REPORT: &str = "@@ ";
 
@@ -185,26 +230,26 @@ impl Bed {
     /// Restart the SM: [`Bed::stop_opensm`], then [`Bed::start_opensm`] (the same node,
     /// configuration, log and cache, so LIDs stay), each within `timeout`. The new one is
     /// stopped when the returned handle is dropped.
-    pub fn restart_opensm(&self, timeout: Duration) -> Result<OpenSm, String> {
+    pub fn restart_opensm(&self, timeout: Duration) -> Result<OpenSm, BedError> {
         self.stop_opensm(timeout)?;
         self.start_opensm(timeout)
     }
 
     /// Stop the bed's OpenSM (SIGTERM by PID; `cargo xtask ibsim` reaps it) and wait
     /// until it logs its exit.
-    pub fn stop_opensm(&self, timeout: Duration) -> Result<(), String> {
+    pub fn stop_opensm(&self, timeout: Duration) -> Result<(), BedError> {
         let pid = self.opensm_pid.to_string();
         let before = self.log_mark();
         let st = Command::new("kill")
             .args(["-TERM", &pid])
             .status()
-            .map_err(|e| format!("kill: {e}"))?;
+            .map_err(io("kill"))?;
         if !st.success() {
-            return Err(format!("kill -TERM {pid} failed"));
+            return Err(BedError::Kill(pid));
         }
         // Gone (or a zombie waiting for the bed to reap it) once it stops logging.
         if self.wait_log_after(before, "Exiting SM", timeout).is_none() {
-            return Err("OpenSM did not exit".into());
+            return Err(BedError::NotExited);
         }
         Ok(())
     }
@@ -214,12 +259,15 @@ impl Bed {
     /// [`Bed::scratch`]; stdout and stderr in `opensm-<n>.out` there) and wait for its
     /// SUBNET UP. It is stopped when the returned handle is dropped. The bed's own
     /// OpenSM must be stopped first ([`Bed::stop_opensm`]).
-    pub fn start_opensm(&self, timeout: Duration) -> Result<OpenSm, String> {
+    pub fn start_opensm(&self, timeout: Duration) -> Result<OpenSm, BedError> {
         static SEQ: AtomicU32 = AtomicU32::new(0);
         let mark = self.log_mark();
         let name = format!("opensm-{}.out", SEQ.fetch_add(1, Ordering::Relaxed));
-        let out = std::fs::File::create(self.scratch.join(name)).map_err(|e| e.to_string())?;
-        let err = out.try_clone().map_err(|e| e.to_string())?;
+        let out = std::fs::File::create(self.scratch.join(name))
+            .map_err(io("creating OpenSM's output file"))?;
+        let err = out
+            .try_clone()
+            .map_err(io("creating OpenSM's output file"))?;
         let child = Command::new("opensm")
             .arg("-F")
             .arg(&self.opensm_conf)
@@ -235,10 +283,10 @@ impl Bed {
             .stdout(out)
             .stderr(err)
             .spawn()
-            .map_err(|e| format!("starting opensm: {e}"))?;
+            .map_err(io("starting opensm"))?;
         let sm = OpenSm { child };
         self.wait_log_after(mark, "SUBNET UP", timeout)
-            .ok_or("the started OpenSM reached no SUBNET UP")?;
+            .ok_or(BedError::NoSubnetUp)?;
         Ok(sm)
     }
 
@@ -406,21 +454,29 @@ pub struct NodeProc {
 impl NodeProc {
     /// The next report starting with `prefix` within `timeout` (other reports are
     /// skipped), with the time it was read.
-    pub fn expect(&mut self, prefix: &str, timeout: Duration) -> Result<(Instant, String), String> {
+    pub fn expect(
+        &mut self,
+        prefix: &str,
+        timeout: Duration,
+    ) -> Result<(Instant, String), BedError> {
         let deadline = Instant::now() + timeout;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             match self.reports.recv_timeout(left) {
                 Ok((t, l)) if l.starts_with(prefix) => return Ok((t, l)),
                 Ok((_, l)) if l.starts_with("FAIL") => {
-                    return Err(format!("{}: node failed: {l}", self.node))
+                    return Err(BedError::NodeFailed {
+                        node: self.node.clone(),
+                        line: l,
+                    })
                 }
                 Ok(_) => continue,
                 Err(_) => {
-                    return Err(format!(
-                        "{}: no report {prefix:?} within {timeout:?}",
-                        self.node
-                    ))
+                    return Err(BedError::NoReport {
+                        node: self.node.clone(),
+                        prefix: prefix.to_owned(),
+                        timeout,
+                    })
                 }
             }
         }

@@ -8,7 +8,7 @@
 //! is dropped, so unanswered requests never leak.
 //!
 //! [`testbed`] holds the ibsim-only mode that makes a node process look like a
-//! NOT_ACTIVE SM so stock ibsim delivers it unsolicited MADs (DOMAIN.md §7); it refuses to
+//! NOT_ACTIVE SM so stock ibsim delivers it unsolicited MADs (docs/iba-facts.md §6); it refuses to
 //! run outside the simulator. [`bed`] lets tests find the bed that `cargo xtask ibsim`
 //! started.
 //!
@@ -17,6 +17,7 @@
 #![deny(unsafe_code)] // only `ffi` opts out, with a SAFETY comment per block
 
 pub mod bed;
+mod dest;
 pub mod ffi;
 pub mod testbed;
 mod transport;

@@ -1,4 +1,4 @@
-//! The ibsim-only test-bed mode (DOMAIN.md §7): how a node process gets unsolicited MADs
+//! The ibsim-only test-bed mode (docs/iba-facts.md §6): how a node process gets unsolicited MADs
 //! delivered by stock ibsim 0.10.
 //!
 //! Stock ibsim hands unsolicited QP0/QP1 requests (SA Reports, CM Sends) only to a client
@@ -13,8 +13,8 @@
 //! [`TestBedMode::IbsimOnly`] explicitly **and** umad2sim is loaded in this process
 //! **and** the bed's environment variable is set.
 
+use crate::dest::Dest;
 use crate::ffi::RecvAddr;
-use crate::transport::Dest;
 use crate::Error;
 use ib_mad::smp::{SmInfo, Smp, SMP_DATA_SIZE, STATUS_UNSUPPORTED_ATTRIBUTE};
 use ib_mad::types::U15;

@@ -6,6 +6,7 @@
 //! MADs to async code through tokio channels. This module never interprets a MAD beyond
 //! the common header's class, method and TID.
 
+pub use crate::dest::{Dest, QP1_QKEY};
 use crate::ffi::{raw_close, Lib, PortInfo, RecvAddr, RecvOutcome};
 use crate::testbed::{self, TestBedMode};
 use crate::Error;
@@ -16,9 +17,6 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 use tokio::sync::mpsc;
 use tracing::{debug, trace, warn};
-
-/// The well-known Q_Key of QP1 (GSI).
-pub const QP1_QKEY: u32 = 0x8001_0000;
 
 /// Which local port to open.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -90,41 +88,6 @@ impl Default for PortOptions {
             agents: Vec::new(),
             testbed: TestBedMode::Off,
             recv_poll: Duration::from_millis(100),
-        }
-    }
-}
-
-/// Where to send a MAD.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Dest {
-    /// Destination LID (0xFFFF for directed-route SMPs).
-    pub lid: u16,
-    /// Destination QP (0 SMI, 1 GSI).
-    pub qpn: u32,
-    /// Q_Key (QP1: [`QP1_QKEY`]; QP0: 0).
-    pub qkey: u32,
-    /// Service level.
-    pub sl: u8,
-}
-
-impl Dest {
-    /// QP1 of `lid` on SL `sl`.
-    pub const fn gsi(lid: u16, sl: u8) -> Dest {
-        Dest {
-            lid,
-            qpn: 1,
-            qkey: QP1_QKEY,
-            sl,
-        }
-    }
-
-    /// Reply to the sender of a received MAD (same QP, LID and SL).
-    pub fn reply_to(src: &RecvAddr) -> Dest {
-        Dest {
-            lid: src.lid,
-            qpn: src.qpn,
-            qkey: if src.qpn == 0 { 0 } else { QP1_QKEY },
-            sl: src.sl,
         }
     }
 }

@@ -1,5 +1,5 @@
 //! apm-capi's C header: cbindgen (a cargo tool, installed when missing) generates
-//! `apm-capi/include/apm.h` from `apm-capi/src/lib.rs`; the committed header is checked
+//! `apm-capi/include/apm.h` from `apm-capi/src`; the committed header is checked
 //! current by `apm-capi/tests/c_api.rs`, which needs cbindgen too.
 
 use anyhow::{bail, Context, Result};

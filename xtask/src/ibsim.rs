@@ -1,4 +1,4 @@
-//! `cargo xtask ibsim`: the OpenSM-over-ibsim test bed (DOMAIN.md §7).
+//! `cargo xtask ibsim`: the OpenSM-over-ibsim test bed (docs/iba-facts.md §6).
 //!
 //! For every bed test it starts a fresh simulated fabric (ibsim on a dual-rail topology,
 //! its console on a FIFO that this process keeps open), starts OpenSM under umad2sim,

@@ -118,6 +118,35 @@ pub(super) async fn send_line<T: Serialize>(w: &mut OwnedWriteHalf, v: &T) -> Re
 }
 
 /// apm's control channel (cm-lap over UDP), authenticated with `--peer-key`.
+/// The control address the hello advertises: `--control-advertise`, else the channel's
+/// own, an unspecified one replaced by the address the TCP connection left from.
+fn control_address(
+    args: &Args,
+    udp: &cm_lap::udp::UdpPeerChannel,
+    tcp_local: SocketAddr,
+) -> Result<SocketAddr> {
+    let a = udp.local_addr()?;
+    let ip = match args.control_advertise {
+        Some(ip) => ip,
+        None if a.ip().is_unspecified() => tcp_local.ip(),
+        None => a.ip(),
+    };
+    Ok(SocketAddr::new(ip, a.port()))
+}
+
+/// Protect the connection once the manager runs: it takes the ports its provider
+/// reported at start before it serves any request, so its answer says it is ready.
+async fn protect_when_ready(handle: &apm_core::ManagerHandle, spec: ConnSpec) -> Result<()> {
+    handle
+        .stats()
+        .await
+        .context("apm's manager did not start")?;
+    handle
+        .protect(spec)
+        .await
+        .context("protecting the connection")
+}
+
 async fn control_channel(args: &Args, port: PortKey) -> Result<cm_lap::udp::UdpPeerChannel> {
     let udp = cm_lap::udp::UdpPeerChannel::bind(args.control, port)
         .await
@@ -223,21 +252,14 @@ fn paths(args: &Args, pattr: &PortAttr, me: &Hello, peer: &Hello, mtu: u8) -> Ve
             .map(|(l, r)| provider_rxe::roce_path(port_key, *l, *r, mtu, args.ack_timeout))
             .collect();
     }
-    let mk = |port: u8, slid: u16, dlid: u16| Path {
-        port: PortKey::new(0, port),
-        slid: apm_core::Lid::from_wire(slid),
-        dlid: apm_core::Lid::from_wire(dlid),
-        sgid: apm_core::Gid::default(),
-        dgid: apm_core::Gid::default(),
-        sgid_index: 0,
-        sl: 0,
-        flow_label: 0,
-        traffic_class: 0,
-        hop_limit: 0,
-        rate: 0,
-        mtu,
-        pkey_index: 0,
-        ack_timeout: args.ack_timeout,
+    let mk = |port: u8, slid: u16, dlid: u16| {
+        Path::ib(
+            PortKey::new(0, port),
+            (apm_core::Lid::from_wire(slid), apm_core::Gid::default()),
+            (apm_core::Lid::from_wire(dlid), apm_core::Gid::default()),
+            mtu,
+            args.ack_timeout,
+        )
     };
     let alt_port = args.alt_port.unwrap_or(args.port);
     let alt_slid = if alt_port == args.port {
@@ -406,15 +428,7 @@ pub(super) async fn start(args: &Args) -> Result<Session> {
     let tcp_local = stream.local_addr()?;
     let (rd, mut wr) = stream.into_split();
     let mut lines = BufReader::new(rd).lines();
-    let control = {
-        let a = udp.local_addr()?;
-        let ip = match args.control_advertise {
-            Some(ip) => ip,
-            None if a.ip().is_unspecified() => tcp_local.ip(),
-            None => a.ip(),
-        };
-        Some(SocketAddr::new(ip, a.port()))
-    };
+    let control = Some(control_address(args, &udp, tcp_local)?);
     let me = Hello {
         qpn: rc.qp_num(),
         psn,
@@ -445,12 +459,7 @@ pub(super) async fn start(args: &Args) -> Result<Session> {
     }
     let (handle, manager_task) = start_manager(args, &ctx, &rc, conn, hardware, udp, paths)?;
     let notes = handle.notifications();
-    // The manager reports its ports before it takes API calls; give it the moment.
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    handle
-        .protect(spec)
-        .await
-        .context("protecting the connection")?;
+    protect_when_ready(&handle, spec).await?;
     say(
         args,
         format!(

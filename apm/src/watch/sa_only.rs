@@ -16,10 +16,9 @@
 //! umad2sim is loaded in this process and the bed's environment is set, and this module
 //! never asks for it without the flag.
 
+use super::devices::{next_msg, open_sa_port, sa_raw, unsubscribe_all, Msg, SaPort};
 use super::exec::Stop;
-use super::{
-    next_msg, open_sa_port, sa_raw, unsubscribe_all, wall_clock, Args, Msg, PortNow, SaPort, Sink,
-};
+use super::{wall_clock, Args, PortNow, Sink};
 use crate::out::errln;
 use anyhow::{bail, Context as _};
 use std::sync::Arc;
@@ -227,7 +226,7 @@ async fn watch_ports(
             device,
             port,
             gid,
-            in_service,
+            kind,
         } = msg
         else {
             continue;
@@ -237,7 +236,7 @@ async fn watch_ports(
             .find(|s| s.device == device && s.port == port)
             .map(|s| read_back(s))
             .unwrap_or_default();
-        let raw = sa_raw(device, port, gid, in_service);
+        let raw = sa_raw(device, port, gid, kind);
         if !sink.event(raw, now, wall_clock(), start.elapsed()).await {
             break;
         }

@@ -15,28 +15,10 @@ use tokio::sync::mpsc;
 
 /// `--sim`: the scenario under tokio's paused clock, a Manager per watched host.
 pub(super) fn watch(args: &Args) -> anyhow::Result<()> {
-    let mut scenario = match &args.scenario {
-        Some(path) => {
-            let text = apm::input::read_file(path, apm::input::SCENARIO_LIMIT, "a scenario file")?;
-            Scenario::from_toml(&text).with_context(|| format!("in {}", path.display()))?
-        }
-        None => Scenario::default(),
-    };
-    // Connections play no part in what is watched; a few keep the simulation light.
-    scenario.workload.connections = scenario.workload.connections.min(64);
+    let scenario = scenario(args)?;
     let hosts = scenario.topology.hosts;
     let names: Vec<String> = (0..hosts).map(|h| format!("h{h}")).collect();
-    for d in &args.devices {
-        if !names.contains(d) {
-            bail!(
-                "no host {d:?} in the scenario: devices are hosts h0 .. h{}",
-                hosts.saturating_sub(1)
-            );
-        }
-    }
-    let watched: Vec<usize> = (0..hosts)
-        .filter(|h| args.devices.is_empty() || args.devices.contains(&names[*h]))
-        .collect();
+    let watched = watched_hosts(args, &names)?;
     let mut cfg = RunConfig::new(PolicyKind::Apm, args.seed);
     cfg.external_hosts = watched.clone();
     cfg.sample_ms = 0;
@@ -57,33 +39,9 @@ pub(super) fn watch(args: &Args) -> anyhow::Result<()> {
         .context("starting the tokio runtime")?;
     rt.block_on(async move {
         let mut stop = Stop::install().context("handling SIGINT and SIGTERM")?;
-        let sim = Sim::new(&scenario, cfg).map_err(anyhow::Error::msg)?;
+        let sim = Sim::new(&scenario, cfg)?;
         let shared = SimProvider::share(sim);
-        let (tx, mut rx) = mpsc::unbounded_channel::<(usize, apm_core::FabricEvent)>();
-        let mut handles = Vec::new();
-        for &h in &watched {
-            let provider = Arc::new(shared.for_host(h).stack());
-            let (mgr, handle) = apm_core::Manager::new(provider, policy.clone())?;
-            let mut events = handle.fabric_events();
-            let tx = tx.clone();
-            tokio::spawn(async move {
-                while let Ok(ev) = events.recv().await {
-                    if tx.send((h, ev)).is_err() {
-                        return;
-                    }
-                }
-            });
-            tokio::spawn(mgr.run());
-            handles.push(handle);
-        }
-        drop(tx);
-        // The watched hosts run apm as a deployment would: their connections protected.
-        tokio::task::yield_now().await;
-        for (i, &h) in watched.iter().enumerate() {
-            for spec in shared.with_sim(|sim| sim.external_specs(h)) {
-                handles[i].protect(spec).await?;
-            }
-        }
+        let (handles, mut rx) = start_managers(&shared, &watched, &policy).await?;
         errln!(
             "apm watch: simulated fabric \"{}\" ({} virtual s), watching {}",
             scenario.name,
@@ -141,6 +99,76 @@ pub(super) fn watch(args: &Args) -> anyhow::Result<()> {
         driver.abort();
         sink.finish()
     })
+}
+
+/// One `Manager` per watched host on the shared simulation, its fabric events relayed
+/// with the host's index, its connections protected once it runs.
+async fn start_managers(
+    shared: &SimProvider,
+    watched: &[usize],
+    policy: &apm_core::Policy,
+) -> anyhow::Result<(
+    Vec<apm_core::ManagerHandle>,
+    mpsc::UnboundedReceiver<(usize, apm_core::FabricEvent)>,
+)> {
+    let (tx, rx) = mpsc::unbounded_channel::<(usize, apm_core::FabricEvent)>();
+    let mut handles = Vec::new();
+    for &h in watched {
+        let provider = Arc::new(shared.for_host(h).stack());
+        let (mgr, handle) = apm_core::Manager::new(provider, policy.clone())?;
+        let mut events = handle.fabric_events();
+        let tx = tx.clone();
+        tokio::spawn(async move {
+            while let Ok(ev) = events.recv().await {
+                if tx.send((h, ev)).is_err() {
+                    return;
+                }
+            }
+        });
+        tokio::spawn(mgr.run());
+        handles.push(handle);
+    }
+    drop(tx);
+    // The watched hosts run apm as a deployment would: their connections protected,
+    // once each manager runs with its host's ports taken (it answers only then).
+    for handle in &handles {
+        handle.stats().await?;
+    }
+    for (i, &h) in watched.iter().enumerate() {
+        for spec in shared.with_sim(|sim| sim.external_specs(h)) {
+            handles[i].protect(spec).await?;
+        }
+    }
+    Ok((handles, rx))
+}
+
+/// The scenario `--scenario` names (the built-in one without), its connections capped:
+/// they play no part in what is watched, and a few keep the simulation light.
+fn scenario(args: &Args) -> anyhow::Result<Scenario> {
+    let mut scenario = match &args.scenario {
+        Some(path) => {
+            let text = apm::input::read_file(path, apm::input::SCENARIO_LIMIT, "a scenario file")?;
+            Scenario::from_toml(&text).with_context(|| format!("in {}", path.display()))?
+        }
+        None => Scenario::default(),
+    };
+    scenario.workload.connections = scenario.workload.connections.min(64);
+    Ok(scenario)
+}
+
+/// The hosts `--device` names (every host without), refusing a name that is no host.
+fn watched_hosts(args: &Args, names: &[String]) -> anyhow::Result<Vec<usize>> {
+    for d in &args.devices {
+        if !names.contains(d) {
+            bail!(
+                "no host {d:?} in the scenario: devices are hosts h0 .. h{}",
+                names.len().saturating_sub(1)
+            );
+        }
+    }
+    Ok((0..names.len())
+        .filter(|h| args.devices.is_empty() || args.devices.contains(&names[*h]))
+        .collect())
 }
 
 /// A simulated host's fabric event, with its port read back from the simulation.

@@ -11,8 +11,11 @@ pub const APR_ADDITIONAL_INFO_SIZE: usize = 72;
 /// Private data bytes of an APR.
 pub const APR_PRIVATE_DATA_SIZE: usize = 148;
 
-/// APStatus (byte 9): why the alternate path was or was not loaded.
+/// APStatus (byte 9): why the alternate path was or was not loaded. The one APStatus
+/// type of the workspace: the engine (`apm_core::ApStatus`) re-exports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 #[non_exhaustive]
 pub enum ApStatus {
     /// 0: the alternate path was loaded.
@@ -28,7 +31,7 @@ pub enum ApStatus {
     /// 5: the LAP repeats the current primary path.
     IsCurrent = 5,
     /// 6: invalid QPN/EECN.
-    InvalidQpnEecn = 6,
+    InvalidQpn = 6,
     /// 7: invalid LID (AdditionalInfo: the offending LID).
     InvalidLid = 7,
     /// 8: invalid GID (AdditionalInfo: the offending GID).
@@ -54,7 +57,7 @@ impl ApStatus {
         ApStatus::Rejected,
         ApStatus::Redirect,
         ApStatus::IsCurrent,
-        ApStatus::InvalidQpnEecn,
+        ApStatus::InvalidQpn,
         ApStatus::InvalidLid,
         ApStatus::InvalidGid,
         ApStatus::InvalidFlowLabel,
@@ -83,7 +86,7 @@ impl ApStatus {
             ApStatus::Rejected => "rejected",
             ApStatus::Redirect => "redirect",
             ApStatus::IsCurrent => "path is the current primary",
-            ApStatus::InvalidQpnEecn => "invalid QPN/EECN",
+            ApStatus::InvalidQpn => "invalid QPN/EECN",
             ApStatus::InvalidLid => "invalid LID",
             ApStatus::InvalidGid => "invalid GID",
             ApStatus::InvalidFlowLabel => "invalid flow label",

@@ -112,29 +112,8 @@ impl RmppReceiver {
 
     /// Handle one received MAD of the transfer.
     pub fn handle(&mut self, mad: &[u8]) -> Result<RecvEvent, RmppError> {
-        let header = MadHeader::decode(mad)?;
-        let rmpp = RmppHeader::decode(mad)?;
-        let data_off =
-            data_offset(header.mgmt_class).ok_or(RmppError::NotRmppClass(header.mgmt_class))?;
-        let mut seg_buf = [0u8; MAD_SIZE];
-        match mad.get(..MAD_SIZE) {
-            Some(m) if mad.len() == MAD_SIZE => seg_buf.copy_from_slice(m),
-            _ => {
-                return Err(crate::error::DecodeError::Length {
-                    len: mad.len(),
-                    expected: MAD_SIZE,
-                }
-                .into())
-            }
-        }
-        if let Some(first) = &self.first {
-            let same = first[1] == seg_buf[1]
-                && first[8..18] == seg_buf[8..18]
-                && first[3] & 0x7f == seg_buf[3] & 0x7f;
-            if !same {
-                return Err(RmppError::Mismatch);
-            }
-        }
+        let (rmpp, data_off, seg_buf) = read_segment(mad)?;
+        self.check_same_transfer(&seg_buf)?;
         if !rmpp.is_active() {
             // A response short enough not to use RMPP at all.
             self.done = true;
@@ -147,16 +126,7 @@ impl RmppReceiver {
                 },
             });
         }
-        match rmpp.rmpp_type {
-            RmppType::Data => {}
-            t @ (RmppType::Stop | RmppType::Abort) => {
-                return Err(RmppError::Ended {
-                    rmpp_type: t,
-                    status: rmpp.status,
-                })
-            }
-            t => return Err(RmppError::UnexpectedType(t)),
-        }
+        data_segment(&rmpp)?;
         let seg = rmpp.data1;
         let class_hdr = data_off - RMPP_PAYLOAD_OFFSET;
         let per_seg = (MAD_SIZE - data_off) as u64;
@@ -236,6 +206,19 @@ impl RmppReceiver {
         Ok(RecvEvent::Continue { ack: None })
     }
 
+    /// A segment of another transfer (class, TID, method) is refused.
+    fn check_same_transfer(&self, seg_buf: &[u8; MAD_SIZE]) -> Result<(), RmppError> {
+        if let Some(first) = &self.first {
+            let same = first[1] == seg_buf[1]
+                && first[8..18] == seg_buf[8..18]
+                && first[3] & 0x7f == seg_buf[3] & 0x7f;
+            if !same {
+                return Err(RmppError::Mismatch);
+            }
+        }
+        Ok(())
+    }
+
     fn ack(&self, seg: u32) -> [u8; MAD_SIZE] {
         let template = self.first.as_deref().copied().unwrap_or([0u8; MAD_SIZE]);
         control_mad(
@@ -259,5 +242,39 @@ impl RmppReceiver {
 impl Default for RmppReceiver {
     fn default() -> Self {
         RmppReceiver::new()
+    }
+}
+
+/// One received MAD as a segment: its RMPP header, where its class puts the data, and
+/// the whole MAD (exactly [`MAD_SIZE`] bytes).
+fn read_segment(mad: &[u8]) -> Result<(RmppHeader, usize, [u8; MAD_SIZE]), RmppError> {
+    let header = MadHeader::decode(mad)?;
+    let rmpp = RmppHeader::decode(mad)?;
+    let data_off =
+        data_offset(header.mgmt_class).ok_or(RmppError::NotRmppClass(header.mgmt_class))?;
+    let mut seg_buf = [0u8; MAD_SIZE];
+    match mad.get(..MAD_SIZE) {
+        Some(m) if mad.len() == MAD_SIZE => seg_buf.copy_from_slice(m),
+        _ => {
+            return Err(crate::error::DecodeError::Length {
+                len: mad.len(),
+                expected: MAD_SIZE,
+            }
+            .into())
+        }
+    }
+    Ok((rmpp, data_off, seg_buf))
+}
+
+/// An active segment must carry data: a Stop or Abort ends the transfer, anything else
+/// is unexpected here.
+fn data_segment(rmpp: &RmppHeader) -> Result<(), RmppError> {
+    match rmpp.rmpp_type {
+        RmppType::Data => Ok(()),
+        t @ (RmppType::Stop | RmppType::Abort) => Err(RmppError::Ended {
+            rmpp_type: t,
+            status: rmpp.status,
+        }),
+        t => Err(RmppError::UnexpectedType(t)),
     }
 }

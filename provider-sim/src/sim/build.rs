@@ -1,12 +1,29 @@
 //! Building a run: the SMs, the connections and their specs, the fault schedule.
 
 use super::*;
+use crate::config::Target;
+use crate::fabric::FabricError;
+
+/// Why a simulation cannot be built.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SimError {
+    /// The scenario is invalid.
+    #[error(transparent)]
+    Scenario(#[from] ScenarioError),
+    /// The fabric cannot be built or a fault names nothing in it.
+    #[error(transparent)]
+    Fabric(#[from] FabricError),
+    /// The engine policy is invalid.
+    #[error(transparent)]
+    Policy(#[from] PolicyError),
+}
 
 impl Sim {
     /// Build a run: the fabric, the first sweep, the hosts with their controllers, the
     /// connections (armed at connect time as the application would do), the faults.
-    pub fn new(scenario: &Scenario, cfg: RunConfig) -> Result<Sim, String> {
-        scenario.validate().map_err(|e| e.to_string())?;
+    pub fn new(scenario: &Scenario, cfg: RunConfig) -> Result<Sim, SimError> {
+        scenario.validate()?;
         let fab = Fabric::build(&scenario.topology)?;
         let mut rng = Rng::new(cfg.seed);
         let p = scenario.fabric.clone();
@@ -45,8 +62,7 @@ impl Sim {
         }
         sim.build_sms();
         for _ in 0..sim.fab.num_hosts() {
-            let ctl = controller::make(sim.cfg.policy, &sim.cfg.engine_policy)
-                .map_err(|e| e.to_string())?;
+            let ctl = controller::make(sim.cfg.policy, &sim.cfg.engine_policy)?;
             sim.hosts.push(Host {
                 ctl,
                 timer_at: None,
@@ -223,36 +239,8 @@ impl Sim {
                 agreed_alternate: alternate.as_ref().map(rev),
                 candidates: cands.iter().map(rev).collect(),
             };
-            let qp = |host: usize, primary: Path| Qp {
-                host,
-                primary,
-                alt: None,
-                mig: MigState::Migrated,
-                err: false,
-                posted: 0,
-                delivered: 0,
-                acked: 0,
-                stalled: false,
-                retries: 0,
-                retry_gen: 0,
-                mig_err_raised: false,
-            };
-            self.conns.push(Conn {
-                qp: [qp(a, spec_a.primary), qp(b, spec_b.primary)],
-                mode,
-                state: ConnState::Unprotected,
-                bucket: Bucket::Unprotected,
-                guard_disjoint: false,
-                traced: String::new(),
-                since: Time::ZERO,
-                interrupted_at: None,
-                moved_unarmed: None,
-                in_rearm_window: false,
-                outage_in_stall: false,
-                lost_in_outage: false,
-                guard: None,
-                excused: false,
-            });
+            self.conns
+                .push(fresh_conn((a, spec_a.primary), (b, spec_b.primary), mode));
             self.counts[Bucket::Unprotected.idx()] += 1;
             let id = self.conns.len() - 1;
             debug_assert_eq!(id, i);
@@ -261,28 +249,29 @@ impl Sim {
         }
     }
 
-    pub(super) fn build_actions(&mut self) -> Result<(), String> {
+    pub(super) fn build_actions(&mut self) -> Result<(), SimError> {
         let faults = self.scenario.all_faults(self.cfg.seed);
         let mut acts: Vec<(Time, Action, String)> = Vec::new();
         for f in &faults {
             let at = ms(f.at_ms());
-            match f {
-                Fault::PortDown { port, .. } => {
-                    let p = self.fab.port_by_name(port)?;
+            // Names resolve in one place, as the scenario's validation resolved them.
+            match (f, f.target(&self.fab)?) {
+                (Fault::PortDown { port, .. }, Target::Port(p)) => {
                     acts.push((at, Action::PortAdmin(p, false), format!("port {port} down")));
                 }
-                Fault::PortUp { port, .. } => {
-                    let p = self.fab.port_by_name(port)?;
+                (Fault::PortUp { port, .. }, Target::Port(p)) => {
                     acts.push((at, Action::PortAdmin(p, true), format!("port {port} up")));
                 }
-                Fault::PortFlap {
-                    at_ms,
-                    port,
-                    down_ms,
-                    up_ms,
-                    count,
-                } => {
-                    let p = self.fab.port_by_name(port)?;
+                (
+                    Fault::PortFlap {
+                        at_ms,
+                        port,
+                        down_ms,
+                        up_ms,
+                        count,
+                    },
+                    Target::Port(p),
+                ) => {
                     let mut t = *at_ms;
                     for k in 0..*count {
                         acts.push((
@@ -295,50 +284,50 @@ impl Sim {
                         t += up_ms;
                     }
                 }
-                Fault::LinkDown { link, .. } => {
-                    let l = self.fab.link_by_name(link)?;
+                (Fault::LinkDown { link, .. }, Target::Link(l)) => {
                     acts.push((at, Action::Link(l, false), format!("link {link} cut")));
                 }
-                Fault::LinkUp { link, .. } => {
-                    let l = self.fab.link_by_name(link)?;
+                (Fault::LinkUp { link, .. }, Target::Link(l)) => {
                     acts.push((at, Action::Link(l, true), format!("link {link} restored")));
                 }
-                Fault::SwitchDown { switch, .. } => {
-                    let s = self.fab.switch_by_name(switch)?;
+                (Fault::SwitchDown { switch, .. }, Target::Switch(s)) => {
                     acts.push((
                         at,
                         Action::Switch(s, false),
                         format!("switch {switch} fails"),
                     ));
                 }
-                Fault::SwitchUp { switch, .. } => {
-                    let s = self.fab.switch_by_name(switch)?;
+                (Fault::SwitchUp { switch, .. }, Target::Switch(s)) => {
                     acts.push((
                         at,
                         Action::Switch(s, true),
                         format!("switch {switch} returns"),
                     ));
                 }
-                Fault::SmFailover { subnet, .. } => {
+                (Fault::SmFailover { .. }, Target::Subnet(subnet)) => {
                     acts.push((
                         at,
-                        Action::SmFail(*subnet),
+                        Action::SmFail(subnet),
                         format!("master SM of subnet {subnet} dies"),
                     ));
                 }
-                Fault::MadLoss {
-                    duration_ms, rate, ..
-                } => {
+                (
+                    Fault::MadLoss {
+                        duration_ms, rate, ..
+                    },
+                    _,
+                ) => {
                     acts.push((
                         at,
                         Action::MadLoss(*rate, after(at, ms(*duration_ms))),
                         format!("MAD loss {:.0}% for {duration_ms} ms", rate * 100.0),
                     ));
                 }
-                Fault::DeviceFatal { host, .. } => {
-                    let h = self.fab.host_by_name(host)?;
+                (Fault::DeviceFatal { host, .. }, Target::Host(h)) => {
                     acts.push((at, Action::DeviceFatal(h), format!("{host}: DEVICE_FATAL")));
                 }
+                // `Fault::target` gives each kind of fault its own kind of target.
+                (f, t) => unreachable!("{f:?} resolved to {t:?}"),
             }
         }
         acts.sort_by_key(|a| a.0);
@@ -372,5 +361,40 @@ impl Sim {
             active: p.state == PortState::Active,
             link_layer: LinkLayer::InfiniBand,
         }
+    }
+}
+
+/// A connection as the application opened it: both QPs on their primaries, MIGRATED
+/// (nothing armed), unprotected.
+fn fresh_conn((a, primary_a): (usize, Path), (b, primary_b): (usize, Path), mode: Mode) -> Conn {
+    let qp = |host: usize, primary: Path| Qp {
+        host,
+        primary,
+        alt: None,
+        mig: MigState::Migrated,
+        err: false,
+        posted: 0,
+        delivered: 0,
+        acked: 0,
+        stalled: false,
+        retries: 0,
+        retry_gen: 0,
+        mig_err_raised: false,
+    };
+    Conn {
+        qp: [qp(a, primary_a), qp(b, primary_b)],
+        mode,
+        state: ConnState::Unprotected,
+        bucket: Bucket::Unprotected,
+        guard_disjoint: false,
+        traced: String::new(),
+        since: Time::ZERO,
+        interrupted_at: None,
+        moved_unarmed: None,
+        in_rearm_window: false,
+        outage_in_stall: false,
+        lost_in_outage: false,
+        guard: None,
+        excused: false,
     }
 }

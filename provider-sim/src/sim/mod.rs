@@ -47,7 +47,7 @@
 //! the same instant (it would after its own retry budget); SMPs of a sweep that are lost
 //! on every try only ever drop host ports, never switches.
 
-use crate::config::{FabricParams, Fault, Mode, Scenario};
+use crate::config::{FabricParams, Fault, Mode, Scenario, ScenarioError};
 use crate::controller::{self, Controller, PolicyKind};
 use crate::fabric::{Fabric, PortId, PortState};
 use crate::report::{Percentiles, RunReport, Sample};
@@ -57,6 +57,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
 
 mod build;
+pub use build::SimError;
 mod faults;
 mod hosts;
 mod qp;

@@ -229,7 +229,7 @@ pub struct PortAttr {
     pub port_cap_flags: u32,
 }
 
-use super::resources::Mtu;
+use super::qp_attr::Mtu;
 
 /// GID type of a GID table entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

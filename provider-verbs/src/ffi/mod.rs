@@ -23,6 +23,8 @@
 
 mod device;
 mod events;
+mod qp;
+mod qp_attr;
 mod resources;
 pub mod sys;
 
@@ -30,10 +32,9 @@ pub use device::{
     Context, DeviceAttr, DeviceInfo, GidEntry, GidType, LinkLayer, PortAttr, PortState,
 };
 pub use events::{AsyncEvent, AsyncEventKind, AsyncEvents, EventElement};
-pub use resources::{
-    AddressVector, Cq, MigState, Mr, Mtu, Pd, Qp, QpAttr, QpAttrMask, QpCaps, QpState, WcOpcode,
-    WcStatus, WorkCompletion,
-};
+pub use qp::{Qp, QpCaps};
+pub use qp_attr::{AddressVector, MigState, Mtu, QpAttr, QpAttrMask, QpState};
+pub use resources::{Cq, Mr, Pd, WcOpcode, WcStatus, WorkCompletion};
 
 use std::sync::Arc;
 

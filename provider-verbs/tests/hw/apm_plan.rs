@@ -73,22 +73,14 @@ impl PathEnd {
         mtu: u8,
         ack_timeout: u8,
     ) -> apm_core::Path {
-        let mut p = apm_core::Path {
-            port: apm_core::PortKey::new(dev, self.port()),
-            slid: apm_core::Lid::from_wire(0),
-            dlid: apm_core::Lid::from_wire(0),
-            sgid: apm_core::Gid::default(),
-            dgid: apm_core::Gid::default(),
-            sgid_index: 0,
-            sl: 0,
-            flow_label: 0,
-            traffic_class: 0,
-            hop_limit: 0,
-            rate: 0,
+        let none = (apm_core::Lid::from_wire(0), apm_core::Gid::default());
+        let mut p = apm_core::Path::ib(
+            apm_core::PortKey::new(dev, self.port()),
+            none,
+            none,
             mtu,
-            pkey_index: 0,
             ack_timeout,
-        };
+        );
         match self {
             PathEnd::Ib { dlid, .. } => {
                 p.slid = apm_core::Lid::from_wire(slid);

@@ -85,6 +85,92 @@ fn run_once(image: &Image, spec: &RunSpec, work: &Path) -> Result<Outcome> {
 }
 
 fn run_in(image: &Image, spec: &RunSpec, work: &Path, share: &Path) -> Result<Outcome> {
+    stage_share(spec, share)?;
+    let start = Instant::now();
+    let child = qemu_command(image, spec, share)
+        .spawn()
+        .context("could not start qemu-system-x86_64")?;
+    let mut guard = QemuGuard(child);
+    let pid = guard.0.id();
+
+    let (tx, rx) = mpsc::channel::<(Instant, String)>();
+    let stdout = guard.0.stdout.take();
+    let reader = std::thread::spawn(move || {
+        if let Some(out) = stdout {
+            for line in BufReader::new(out).split(b'\n') {
+                let Ok(line) = line else { break };
+                let text = String::from_utf8_lossy(&line).trim_end().to_owned();
+                if tx.send((Instant::now(), text)).is_err() {
+                    break;
+                }
+            }
+        }
+    });
+    let stderr = guard.0.stderr.take();
+    let err_reader = std::thread::spawn(move || {
+        let mut s = String::new();
+        if let Some(mut e) = stderr {
+            let _ = std::io::Read::read_to_string(&mut e, &mut s);
+        }
+        s
+    });
+
+    let mut w = watch_console(&rx, start, spec);
+    if w.boot_hung {
+        eprintln!("hwtest --vm: no init after {BOOT_TIMEOUT:?}: killing qemu (pid {pid})");
+    }
+    if w.timed_out {
+        eprintln!(
+            "hwtest --vm: timeout after {:?}: killing qemu (pid {pid})",
+            spec.timeout
+        );
+    }
+    let status = if w.exited {
+        // stdout closed: qemu is exiting; give it a moment, then make sure.
+        wait_timeout(&mut guard.0, Duration::from_secs(10))?
+    } else {
+        None
+    };
+    if status.is_none() {
+        let _ = guard.0.kill();
+        let _ = guard.0.wait();
+    }
+    let total = start.elapsed();
+    let _ = reader.join();
+    while let Ok((_, line)) = rx.try_recv() {
+        w.console.push_str(&line);
+        w.console.push('\n');
+    }
+    let qemu_err = err_reader.join().unwrap_or_default();
+    if !qemu_err.trim().is_empty() {
+        let _ = writeln!(w.console, "[qemu stderr] {}", qemu_err.trim());
+    }
+    let output = std::fs::read_to_string(share.join("output.txt")).unwrap_or_default();
+    let exit_code = std::fs::read_to_string(share.join("exit-code"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok());
+    // Kept for a look after a failure; one file, overwritten by the next run.
+    if let Some(dir) = work.parent() {
+        let _ = std::fs::write(dir.join("last-console.log"), &w.console);
+    }
+    Ok(Outcome {
+        exit_code,
+        output,
+        console: w.console,
+        timed_out: w.timed_out || w.boot_hung,
+        boot_hung: w.boot_hung,
+        boot: w.booted.map(|b| b - start),
+        run: w
+            .booted
+            .zip(w.done)
+            .map(|(b, d)| d.saturating_duration_since(b)),
+        total,
+    })
+}
+
+/// Copy the binaries and their libraries into the share and write the guest's
+/// `run.sh`, which runs `spec`'s binary with its setup, environment and arguments.
+fn stage_share(spec: &RunSpec, share: &Path) -> Result<()> {
     let bin_name = file_name(&spec.binary);
     for bin in std::iter::once(&spec.binary).chain(&spec.extra_binaries) {
         copy(bin, &share.join(file_name(bin)))?;
@@ -115,7 +201,11 @@ fn run_in(image: &Image, spec: &RunSpec, work: &Path, share: &Path) -> Result<Ou
     }
     script.push('\n');
     std::fs::write(share.join("run.sh"), script)?;
+    Ok(())
+}
 
+/// qemu booting `image` with the share mounted, console on stdout.
+fn qemu_command(image: &Image, spec: &RunSpec, share: &Path) -> Command {
     let mut cmd = Command::new("qemu-system-x86_64");
     cmd.args([
         "-accel",
@@ -146,116 +236,64 @@ fn run_in(image: &Image, spec: &RunSpec, work: &Path, share: &Path) -> Result<Ou
     .stdin(Stdio::null())
     .stdout(Stdio::piped())
     .stderr(Stdio::piped());
-    let start = Instant::now();
-    let child = cmd.spawn().context("could not start qemu-system-x86_64")?;
-    let mut guard = QemuGuard(child);
-    let pid = guard.0.id();
+    cmd
+}
 
-    let (tx, rx) = mpsc::channel::<(Instant, String)>();
-    let stdout = guard.0.stdout.take();
-    let reader = std::thread::spawn(move || {
-        if let Some(out) = stdout {
-            for line in BufReader::new(out).split(b'\n') {
-                let Ok(line) = line else { break };
-                let text = String::from_utf8_lossy(&line).trim_end().to_owned();
-                if tx.send((Instant::now(), text)).is_err() {
-                    break;
-                }
-            }
-        }
-    });
-    let stderr = guard.0.stderr.take();
-    let err_reader = std::thread::spawn(move || {
-        let mut s = String::new();
-        if let Some(mut e) = stderr {
-            let _ = std::io::Read::read_to_string(&mut e, &mut s);
-        }
-        s
-    });
+/// What the console showed until the guest finished, hung or ran out of time.
+struct ConsoleWatch {
+    console: String,
+    booted: Option<Instant>,
+    done: Option<Instant>,
+    timed_out: bool,
+    boot_hung: bool,
+    exited: bool,
+}
 
+/// Read console lines until qemu closes stdout, the run's timeout passes, or the guest
+/// has not booted within [`BOOT_TIMEOUT`].
+fn watch_console(
+    rx: &mpsc::Receiver<(Instant, String)>,
+    start: Instant,
+    spec: &RunSpec,
+) -> ConsoleWatch {
     let deadline = start + spec.timeout;
-    let mut console = String::new();
-    let (mut booted, mut done) = (None, None);
-    let mut timed_out = false;
-    let mut boot_hung = false;
-    let mut exited = false;
+    let mut w = ConsoleWatch {
+        console: String::new(),
+        booted: None,
+        done: None,
+        timed_out: false,
+        boot_hung: false,
+        exited: false,
+    };
     loop {
         let now = Instant::now();
         if now >= deadline {
-            timed_out = true;
+            w.timed_out = true;
             break;
         }
-        if booted.is_none() && now >= start + BOOT_TIMEOUT.min(spec.timeout) {
-            boot_hung = true;
+        if w.booted.is_none() && now >= start + BOOT_TIMEOUT.min(spec.timeout) {
+            w.boot_hung = true;
             break;
         }
         match rx.recv_timeout((deadline - now).min(Duration::from_millis(200))) {
             Ok((at, line)) => {
-                if line.contains(MARK_BOOTED) && booted.is_none() {
-                    booted = Some(at);
+                if line.contains(MARK_BOOTED) && w.booted.is_none() {
+                    w.booted = Some(at);
                 }
-                if line.contains(MARK_DONE) && done.is_none() {
-                    done = Some(at);
+                if line.contains(MARK_DONE) && w.done.is_none() {
+                    w.done = Some(at);
                 }
-                console.push_str(&line);
-                console.push('\n');
+                w.console.push_str(&line);
+                w.console.push('\n');
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {}
             Err(mpsc::RecvTimeoutError::Disconnected) => {
-                exited = true;
+                w.exited = true;
                 break;
             }
         }
     }
-    if boot_hung {
-        eprintln!("hwtest --vm: no init after {BOOT_TIMEOUT:?}: killing qemu (pid {pid})");
-    }
-    if timed_out {
-        eprintln!(
-            "hwtest --vm: timeout after {:?}: killing qemu (pid {pid})",
-            spec.timeout
-        );
-    }
-    let status = if exited {
-        // stdout closed: qemu is exiting; give it a moment, then make sure.
-        wait_timeout(&mut guard.0, Duration::from_secs(10))?
-    } else {
-        None
-    };
-    if status.is_none() {
-        let _ = guard.0.kill();
-        let _ = guard.0.wait();
-    }
-    let total = start.elapsed();
-    let _ = reader.join();
-    while let Ok((_, line)) = rx.try_recv() {
-        console.push_str(&line);
-        console.push('\n');
-    }
-    let qemu_err = err_reader.join().unwrap_or_default();
-    if !qemu_err.trim().is_empty() {
-        let _ = writeln!(console, "[qemu stderr] {}", qemu_err.trim());
-    }
-    let output = std::fs::read_to_string(share.join("output.txt")).unwrap_or_default();
-    let exit_code = std::fs::read_to_string(share.join("exit-code"))
-        .ok()
-        .and_then(|s| s.trim().parse().ok());
-    // Kept for a look after a failure; one file, overwritten by the next run.
-    if let Some(dir) = work.parent() {
-        let _ = std::fs::write(dir.join("last-console.log"), &console);
-    }
-    Ok(Outcome {
-        exit_code,
-        output,
-        console,
-        timed_out: timed_out || boot_hung,
-        boot_hung,
-        boot: booted.map(|b| b - start),
-        run: booted
-            .zip(done)
-            .map(|(b, d)| d.saturating_duration_since(b)),
-        total,
-    })
+    w
 }
 
 /// Kills qemu if it is still running when the runner returns early.

@@ -36,22 +36,13 @@ pub fn port_info(node: char, port: u8) -> PortInfo {
 /// The path from `node`'s port `lp` to the other node's port `rp`.
 pub fn path(node: char, lp: u8, rp: u8) -> Path {
     let other = if node == 'a' { 'b' } else { 'a' };
-    Path {
-        port: PortKey::new(DEV, lp),
-        slid: lid(node, lp),
-        dlid: lid(other, rp),
-        sgid: gid(node, lp),
-        dgid: gid(other, rp),
-        sgid_index: 0,
-        sl: 0,
-        flow_label: 0,
-        traffic_class: 0,
-        hop_limit: 0,
-        rate: 0,
-        mtu: 5,
-        pkey_index: 0,
-        ack_timeout: 14,
-    }
+    Path::ib(
+        PortKey::new(DEV, lp),
+        (lid(node, lp), gid(node, lp)),
+        (lid(other, rp), gid(other, rp)),
+        Path::MTU_4096,
+        Path::ACK_TIMEOUT_67MS,
+    )
 }
 
 pub fn all_paths(node: char) -> Vec<Path> {

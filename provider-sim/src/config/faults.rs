@@ -1,0 +1,294 @@
+//! Faults: the fixed ones a scenario lists and those drawn from a seed, and the one
+//! place their names are resolved against the fabric ([`Fault::target`]), for the
+//! scenario's validation and for the simulation's fault schedule alike.
+
+use crate::fabric::{Fabric, FabricError, LinkId, PortId, SwitchId};
+use crate::rng::Rng;
+use serde::{Deserialize, Serialize};
+
+/// A fault at a fixed time. Ports are `"h3:2"`, switches by name, links by their two
+/// ends `"h3:2-B"` (or by one host port: its only link).
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Fault {
+    /// A host port goes down (HCA port failure, cable pulled at the host).
+    PortDown {
+        /// When.
+        at_ms: u64,
+        /// Which port.
+        port: String,
+    },
+    /// A host port comes back.
+    PortUp {
+        /// When.
+        at_ms: u64,
+        /// Which port.
+        port: String,
+    },
+    /// A port flaps: down for `down_ms`, up for `up_ms`, `count` times.
+    PortFlap {
+        /// When the first down happens.
+        at_ms: u64,
+        /// Which port.
+        port: String,
+        /// Down time of each flap.
+        down_ms: u64,
+        /// Up time between flaps.
+        up_ms: u64,
+        /// Number of flaps.
+        count: u32,
+    },
+    /// A link is cut.
+    LinkDown {
+        /// When.
+        at_ms: u64,
+        /// Which link.
+        link: String,
+    },
+    /// A cut link is restored.
+    LinkUp {
+        /// When.
+        at_ms: u64,
+        /// Which link.
+        link: String,
+    },
+    /// A whole switch fails (with one switch per rail: the rail).
+    SwitchDown {
+        /// When.
+        at_ms: u64,
+        /// Which switch.
+        switch: String,
+    },
+    /// A failed switch returns.
+    SwitchUp {
+        /// When.
+        at_ms: u64,
+        /// Which switch.
+        switch: String,
+    },
+    /// The master SM process of a subnet dies (for the rest of the run); a standby takes
+    /// over when its polls of the master have failed (`fabric.sminfo_polling_timeout_ms`,
+    /// `polling_retry_number`).
+    SmFailover {
+        /// When.
+        at_ms: u64,
+        /// Which subnet.
+        subnet: usize,
+    },
+    /// Every MAD is lost with probability `rate` for `duration_ms`.
+    MadLoss {
+        /// When.
+        at_ms: u64,
+        /// How long.
+        duration_ms: u64,
+        /// Loss probability.
+        rate: f64,
+    },
+    /// A host's HCA dies (`DEVICE_FATAL`): its connections are lost.
+    DeviceFatal {
+        /// When.
+        at_ms: u64,
+        /// Which host (`"h3"`).
+        host: String,
+    },
+}
+
+impl Fault {
+    /// When the fault (first) happens.
+    pub fn at_ms(&self) -> u64 {
+        match self {
+            Fault::PortDown { at_ms, .. }
+            | Fault::PortUp { at_ms, .. }
+            | Fault::PortFlap { at_ms, .. }
+            | Fault::LinkDown { at_ms, .. }
+            | Fault::LinkUp { at_ms, .. }
+            | Fault::SwitchDown { at_ms, .. }
+            | Fault::SwitchUp { at_ms, .. }
+            | Fault::SmFailover { at_ms, .. }
+            | Fault::MadLoss { at_ms, .. }
+            | Fault::DeviceFatal { at_ms, .. } => *at_ms,
+        }
+    }
+
+    /// When the fault's last effect happens (the end of a flap or loss burst).
+    pub fn end_ms(&self) -> u64 {
+        match self {
+            Fault::PortFlap {
+                at_ms,
+                down_ms,
+                up_ms,
+                count,
+                ..
+            } => at_ms
+                .saturating_add(u64::from(*count).saturating_mul(*down_ms))
+                .saturating_add(u64::from(count.saturating_sub(1)).saturating_mul(*up_ms)),
+            Fault::MadLoss {
+                at_ms, duration_ms, ..
+            } => at_ms.saturating_add(*duration_ms),
+            f => f.at_ms(),
+        }
+    }
+}
+
+/// Faults generated from the seed: `count` faults between `start_ms` and `end_ms`, each
+/// undone (port up, link restored, switch back) within `max_outage_ms`.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct RandomFaults {
+    /// Number of faults.
+    pub count: u32,
+    /// Earliest fault.
+    pub start_ms: u64,
+    /// Latest fault (every outage ends by then too).
+    pub end_ms: u64,
+    /// Longest outage.
+    pub max_outage_ms: u64,
+    /// Include `device_fatal` faults (they lose connections by design).
+    pub device_fatal: bool,
+}
+
+impl Default for RandomFaults {
+    fn default() -> RandomFaults {
+        RandomFaults {
+            count: 6,
+            start_ms: 300,
+            end_ms: 3000,
+            max_outage_ms: 1500,
+            device_fatal: false,
+        }
+    }
+}
+
+/// What a fault acts on, its name resolved against the fabric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Target {
+    /// A host port (`port_down`, `port_up`, `port_flap`).
+    Port(PortId),
+    /// A link (`link_down`, `link_up`).
+    Link(LinkId),
+    /// A switch (`switch_down`, `switch_up`).
+    Switch(SwitchId),
+    /// A host (`device_fatal`).
+    Host(usize),
+    /// A subnet's SM (`sm_failover`), checked against the fabric's subnets when the
+    /// scenario is validated.
+    Subnet(usize),
+    /// The whole fabric (`mad_loss`).
+    Fabric,
+}
+
+impl Fault {
+    /// Resolve the name the fault gives against `fabric`.
+    pub fn target(&self, fabric: &Fabric) -> Result<Target, FabricError> {
+        Ok(match self {
+            Fault::PortDown { port, .. }
+            | Fault::PortUp { port, .. }
+            | Fault::PortFlap { port, .. } => Target::Port(fabric.port_by_name(port)?),
+            Fault::LinkDown { link, .. } | Fault::LinkUp { link, .. } => {
+                Target::Link(fabric.link_by_name(link)?)
+            }
+            Fault::SwitchDown { switch, .. } | Fault::SwitchUp { switch, .. } => {
+                Target::Switch(fabric.switch_by_name(switch)?)
+            }
+            Fault::DeviceFatal { host, .. } => Target::Host(fabric.host_by_name(host)?),
+            Fault::SmFailover { subnet, .. } => Target::Subnet(*subnet),
+            Fault::MadLoss { .. } => Target::Fabric,
+        })
+    }
+
+    /// Check the fault's values, then its name (as [`Fault::target`] resolves it).
+    pub(super) fn check(&self, fabric: &Fabric) -> Result<(), String> {
+        match self {
+            Fault::PortFlap { port, count: 0, .. } => {
+                return Err(format!("port_flap of {port}: count must be at least 1"));
+            }
+            Fault::SmFailover { subnet, .. } if *subnet >= fabric.subnets() => {
+                return Err(format!(
+                    "sm_failover: subnet {subnet} does not exist (the fabric has {})",
+                    fabric.subnets()
+                ));
+            }
+            Fault::MadLoss { rate, .. } if !(0.0..=1.0).contains(rate) => {
+                return Err(format!("mad_loss rate {rate}: a probability in 0..=1"));
+            }
+            _ => {}
+        }
+        self.target(fabric).map(|_| ()).map_err(|e| e.to_string())
+    }
+}
+
+/// Random faults over the fabric's ports, links, switches and SMs, each undone later.
+pub(super) fn generate_faults(fabric: &Fabric, r: &RandomFaults, seed: u64) -> Vec<Fault> {
+    let mut rng = Rng::new(seed).fork(0xfa17);
+    let mut out = Vec::new();
+    let span = r.end_ms.saturating_sub(r.start_ms).max(1);
+    for _ in 0..r.count {
+        let at = r.start_ms + rng.below(span);
+        let outage = rng.range(20, r.max_outage_ms.max(20));
+        let back = (at + outage).min(r.end_ms.max(at + 1));
+        let kinds = if r.device_fatal { 7 } else { 6 };
+        match rng.below(kinds) {
+            0 | 1 => {
+                let port = fabric.port_name(rng.below(fabric.num_ports() as u64) as usize);
+                out.push(Fault::PortDown {
+                    at_ms: at,
+                    port: port.clone(),
+                });
+                out.push(Fault::PortUp { at_ms: back, port });
+            }
+            2 => {
+                let port = fabric.port_name(rng.below(fabric.num_ports() as u64) as usize);
+                let down = rng.range(10, 400);
+                let up = rng.range(10, 400);
+                let count = rng.range(2, 4) as u32;
+                out.push(Fault::PortFlap {
+                    at_ms: at,
+                    port,
+                    down_ms: down,
+                    up_ms: up,
+                    count,
+                });
+            }
+            3 if fabric.num_links() > 0 => {
+                let link = fabric.link_name(rng.below(fabric.num_links() as u64) as usize);
+                out.push(Fault::LinkDown {
+                    at_ms: at,
+                    link: link.clone(),
+                });
+                out.push(Fault::LinkUp { at_ms: back, link });
+            }
+            4 if fabric.num_switches() > 0 => {
+                let switch = fabric.switch_name(rng.below(fabric.num_switches() as u64) as usize);
+                out.push(Fault::SwitchDown {
+                    at_ms: at,
+                    switch: switch.clone(),
+                });
+                out.push(Fault::SwitchUp {
+                    at_ms: back,
+                    switch,
+                });
+            }
+            5 => {
+                if rng.chance(0.5) {
+                    out.push(Fault::SmFailover {
+                        at_ms: at,
+                        subnet: rng.below(fabric.subnets() as u64) as usize,
+                    });
+                } else {
+                    out.push(Fault::MadLoss {
+                        at_ms: at,
+                        duration_ms: outage,
+                        rate: [0.1, 0.5, 1.0][rng.below(3) as usize],
+                    });
+                }
+            }
+            6 => out.push(Fault::DeviceFatal {
+                at_ms: at,
+                host: format!("h{}", rng.below(fabric.num_hosts() as u64)),
+            }),
+            // A link or switch fault drawn for a fabric without any: nothing to break.
+            _ => {}
+        }
+    }
+    out
+}

@@ -1,0 +1,397 @@
+//! Scenarios: the fabric, the workload and the faults, as users write them in TOML.
+//!
+//! Every key has a default (the built-in scenario is `Scenario::default()`), unknown keys
+//! are errors, and every error names the line it comes from. See `scenarios/*.toml` in
+//! this crate for documented examples. Nothing here runs anything: [`crate::Sim`] turns
+//! a scenario into a simulation.
+//!
+//! `params.rs` holds the fabric's constants, `faults.rs` the faults and their resolution
+//! against the fabric ([`Fault::target`]); the fabric's shape is [`crate::topology`].
+
+mod faults;
+mod params;
+
+pub use crate::topology::{LinkSpec, SmSpec, SwitchSpec, Topology};
+pub use faults::{Fault, RandomFaults, Target};
+pub use params::FabricParams;
+
+use crate::fabric::Fabric;
+use serde::{Deserialize, Serialize};
+
+/// Every duration is kept in nanoseconds: cap it far below where that overflows (a
+/// million seconds is eleven days of simulated time).
+const MAX_MS: u64 = 1_000_000_000;
+
+/// Why a scenario file is unusable.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScenarioError {
+    /// Not valid TOML, or a key/value of the wrong shape (the message has the line).
+    #[error("{0}")]
+    Parse(String),
+    /// A value that cannot work, with the line it is on when known.
+    #[error("{}{what}", line.map(|l| format!("line {l}: ")).unwrap_or_default())]
+    Invalid {
+        /// The offending line (1-based), if known.
+        line: Option<usize>,
+        /// What is wrong.
+        what: String,
+    },
+}
+
+fn invalid(what: impl Into<String>) -> ScenarioError {
+    ScenarioError::Invalid {
+        line: None,
+        what: what.into(),
+    }
+}
+
+/// A whole scenario.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Scenario {
+    /// A name for reports (a file without one is called "scenario").
+    #[serde(default = "default_name")]
+    pub name: String,
+    /// Simulated time to run, in milliseconds.
+    pub duration_ms: u64,
+    /// The fabric's shape.
+    pub topology: Topology,
+    /// Timing and protocol constants of the fabric.
+    pub fabric: FabricParams,
+    /// The connections and their traffic.
+    pub workload: Workload,
+    /// Faults at fixed times, applied in time order. A file without any has none (it
+    /// does not inherit the built-in demonstration's).
+    #[serde(default)]
+    pub faults: Vec<Fault>,
+    /// Faults generated from the seed, added to `faults`.
+    pub random_faults: Option<RandomFaults>,
+}
+
+fn default_name() -> String {
+    "scenario".into()
+}
+
+impl Default for Scenario {
+    /// The built-in demonstration: a dual-rail fabric of 16 hosts loses rail A's switch
+    /// and gets it back, a remote port on rail B flaps (traps 65/64 reach the far ends),
+    /// then rail B's master SM dies and its standby takes over.
+    fn default() -> Scenario {
+        Scenario {
+            name: "dual-rail: rail A fails and returns, a remote port flaps, an SM fails over"
+                .into(),
+            duration_ms: 8000,
+            topology: Topology::default(),
+            // OpenSM's standby polling tuned down as a site that cares about failover
+            // would: takeover 2-2.5 s after the master dies (50-60 s with the defaults).
+            fabric: FabricParams {
+                sminfo_polling_timeout_ms: 500,
+                polling_retry_number: 2,
+                ..FabricParams::default()
+            },
+            workload: Workload::default(),
+            faults: vec![
+                Fault::SwitchDown {
+                    at_ms: 500,
+                    switch: "A".into(),
+                },
+                Fault::SwitchUp {
+                    at_ms: 1500,
+                    switch: "A".into(),
+                },
+                Fault::PortFlap {
+                    at_ms: 2500,
+                    port: "h3:2".into(),
+                    down_ms: 600,
+                    up_ms: 400,
+                    count: 2,
+                },
+                Fault::SmFailover {
+                    at_ms: 5000,
+                    subnet: 1,
+                },
+            ],
+            random_faults: None,
+        }
+    }
+}
+
+/// How paths change on the simulated QPs.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Mode {
+    /// InfiniBand hardware APM.
+    Hardware,
+    /// RoCE-style: no alternate in the QP, the engine moves the primary itself.
+    Software,
+}
+
+/// The connections.
+#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
+#[serde(default, deny_unknown_fields)]
+pub struct Workload {
+    /// Number of RC connections between random pairs of hosts.
+    pub connections: usize,
+    /// Each side of each connection sends one numbered message this often (ms).
+    pub message_interval_ms: u64,
+    /// Hardware APM or software migration.
+    pub mode: Mode,
+}
+
+impl Default for Workload {
+    fn default() -> Workload {
+        Workload {
+            connections: 2000,
+            message_interval_ms: 10,
+            mode: Mode::Hardware,
+        }
+    }
+}
+
+impl Scenario {
+    /// Parse a scenario from TOML text. Errors name the line.
+    pub fn from_toml(text: &str) -> Result<Scenario, ScenarioError> {
+        let s: Scenario = toml::from_str(text).map_err(|e| ScenarioError::Parse(e.to_string()))?;
+        if let Err(ScenarioError::Invalid { line: None, what }) = s.validate() {
+            // Point at the line that holds the offending value when it can be found.
+            let line = find_line(text, &what);
+            return Err(ScenarioError::Invalid { line, what });
+        }
+        s.validate()?;
+        Ok(s)
+    }
+
+    /// Check that names resolve and numbers are in range.
+    pub fn validate(&self) -> Result<(), ScenarioError> {
+        self.validate_shape()?;
+        self.validate_times()?;
+        self.validate_fabric_params()?;
+        // Names are resolved against the built fabric.
+        let fabric = Fabric::build(&self.topology).map_err(|e| invalid(e.to_string()))?;
+        for fault in &self.faults {
+            fault.check(&fabric).map_err(invalid)?;
+        }
+        self.validate_random_faults()
+    }
+
+    /// The topology's and the workload's sizes.
+    fn validate_shape(&self) -> Result<(), ScenarioError> {
+        let t = &self.topology;
+        if t.hosts < 2 {
+            return Err(invalid(format!(
+                "topology.hosts = {}: need at least 2 hosts",
+                t.hosts
+            )));
+        }
+        if t.hosts > 4096 {
+            return Err(invalid(format!(
+                "topology.hosts = {}: at most 4096 hosts",
+                t.hosts
+            )));
+        }
+        if !(1..=2).contains(&t.ports) {
+            return Err(invalid(format!(
+                "topology.ports = {}: hosts have 1 or 2 ports",
+                t.ports
+            )));
+        }
+        if t.lmc > 2 {
+            return Err(invalid(format!("topology.lmc = {}: use 0, 1 or 2", t.lmc)));
+        }
+        if self.workload.message_interval_ms == 0 {
+            return Err(invalid(
+                "workload.message_interval_ms = 0: must be at least 1",
+            ));
+        }
+        if self.workload.connections > 1_000_000 {
+            return Err(invalid("workload.connections: at most 1000000"));
+        }
+        if self.duration_ms == 0 {
+            return Err(invalid("duration_ms = 0: nothing to simulate"));
+        }
+        Ok(())
+    }
+
+    /// Every duration below [`MAX_MS`].
+    fn validate_times(&self) -> Result<(), ScenarioError> {
+        let f = &self.fabric;
+        let times: [(&str, u64); 21] = [
+            ("duration_ms", self.duration_ms),
+            (
+                "workload.message_interval_ms",
+                self.workload.message_interval_ms,
+            ),
+            ("fabric.hop_latency_us", f.hop_latency_us),
+            ("fabric.mad_processing_us", f.mad_processing_us),
+            ("fabric.command_latency_us", f.command_latency_us),
+            ("fabric.event_latency_us", f.event_latency_us),
+            ("fabric.sweep_interval_ms", f.sweep_interval_ms),
+            ("fabric.trap_sweep_delay_ms", f.trap_sweep_delay_ms),
+            ("fabric.report_timeout_ms", f.report_timeout_ms),
+            ("fabric.sm_failover_ms", f.sm_failover_ms.unwrap_or(0)),
+            ("fabric.smp_rtt_us", f.smp_rtt_us),
+            ("fabric.transaction_timeout_ms", f.transaction_timeout_ms),
+            (
+                "fabric.transaction_retries",
+                u64::from(f.transaction_retries),
+            ),
+            (
+                "fabric.sminfo_polling_timeout_ms",
+                f.sminfo_polling_timeout_ms,
+            ),
+            (
+                "fabric.polling_retry_number",
+                u64::from(f.polling_retry_number),
+            ),
+            ("fabric.sa_fifo_timeout_ms", f.sa_fifo_timeout_ms),
+            ("fabric.max_wire_smps", u64::from(f.max_wire_smps)),
+            ("fabric.sa_timeout_ms", f.sa_timeout_ms),
+            ("fabric.report_retries", u64::from(f.report_retries)),
+            ("fabric.sa_tries", u64::from(f.sa_tries)),
+            ("fabric.sa_rate_per_s", f.sa_rate_per_s),
+        ];
+        for (name, v) in times {
+            if v > MAX_MS {
+                return Err(invalid(format!("{name} = {v}: too large for a simulation")));
+            }
+        }
+        for fault in &self.faults {
+            if fault.end_ms() > MAX_MS {
+                return Err(invalid(format!(
+                    "a fault at {} ms ends after {MAX_MS} ms: too late for a simulation",
+                    fault.at_ms()
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// The fabric constants' ranges.
+    fn validate_fabric_params(&self) -> Result<(), ScenarioError> {
+        let f = &self.fabric;
+        if f.ack_timeout > 31 || f.ack_timeout == 0 {
+            return Err(invalid(format!(
+                "fabric.ack_timeout = {}: use 1..=31",
+                f.ack_timeout
+            )));
+        }
+        if !(0.0..=1.0).contains(&f.mad_loss) {
+            return Err(invalid(format!(
+                "fabric.mad_loss = {}: a probability in 0..=1",
+                f.mad_loss
+            )));
+        }
+        let at_least_one: [(&str, u64); 7] = [
+            ("fabric.sweep_interval_ms", f.sweep_interval_ms),
+            ("fabric.sa_tries", u64::from(f.sa_tries)),
+            ("fabric.report_timeout_ms", f.report_timeout_ms),
+            ("fabric.sa_rate_per_s", f.sa_rate_per_s),
+            ("fabric.max_wire_smps", u64::from(f.max_wire_smps)),
+            ("fabric.transaction_timeout_ms", f.transaction_timeout_ms),
+            (
+                "fabric.sminfo_polling_timeout_ms",
+                f.sminfo_polling_timeout_ms,
+            ),
+        ];
+        for (name, v) in at_least_one {
+            if v == 0 {
+                return Err(invalid(format!("{name} = 0: must be at least 1")));
+            }
+        }
+        if f.subnet_timeout > 31 {
+            return Err(invalid(format!(
+                "fabric.subnet_timeout = {}: use 0..=31",
+                f.subnet_timeout
+            )));
+        }
+        Ok(())
+    }
+
+    fn validate_random_faults(&self) -> Result<(), ScenarioError> {
+        if let Some(r) = &self.random_faults {
+            if r.end_ms < r.start_ms {
+                return Err(invalid("random_faults.end_ms is before start_ms"));
+            }
+            if r.end_ms > MAX_MS || r.max_outage_ms > MAX_MS || r.count > 100_000 {
+                return Err(invalid(
+                    "random_faults: too many or too late for a simulation",
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Every fault to apply: the fixed ones and those generated from `seed`.
+    pub fn all_faults(&self, seed: u64) -> Vec<Fault> {
+        let mut faults = self.faults.clone();
+        if let Some(r) = &self.random_faults {
+            // Built from a sub-stream so the faults of a seed do not depend on anything
+            // else the simulation draws.
+            let fabric = match Fabric::build(&self.topology) {
+                Ok(f) => f,
+                Err(_) => return faults,
+            };
+            faults.extend(faults::generate_faults(&fabric, r, seed));
+        }
+        faults.sort_by_key(Fault::at_ms);
+        faults
+    }
+}
+
+/// The 1-based line of the first line of `text` that contains a quoted name or number
+/// mentioned in `what` (best effort: validation works on parsed values).
+fn find_line(text: &str, what: &str) -> Option<usize> {
+    let needles: Vec<&str> = what
+        .split(['"', ' ', ':', ','])
+        .filter(|w| w.len() >= 2 && !w.chars().all(|c| c.is_ascii_lowercase()))
+        .collect();
+    for needle in needles {
+        if let Some((i, _)) = text
+            .lines()
+            .enumerate()
+            .find(|(_, l)| l.contains(needle) && !l.trim_start().starts_with('#'))
+        {
+            return Some(i + 1);
+        }
+    }
+    // Fall back on a `key = value` from the message.
+    let key = what.split([' ', '=']).next()?.rsplit('.').next()?;
+    text.lines()
+        .enumerate()
+        .find(|(_, l)| l.trim_start().starts_with(key))
+        .map(|(i, _)| i + 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_validates() {
+        Scenario::default().validate().unwrap();
+    }
+
+    #[test]
+    fn absurd_numbers_are_errors_not_overflows() {
+        for text in [
+            "duration_ms = 18446744073709551615\n",
+            "[fabric]\nhop_latency_us = 18446744073709551615\n",
+            "[[faults]]\nkind = \"port_flap\"\nat_ms = 1\nport = \"h1:1\"\ndown_ms = 18446744073709551615\nup_ms = 1\ncount = 9\n",
+            "[random_faults]\nend_ms = 18446744073709551615\n",
+        ] {
+            assert!(Scenario::from_toml(text).is_err(), "{text}");
+        }
+    }
+
+    #[test]
+    fn bad_toml_names_the_line() {
+        let e = Scenario::from_toml("name = \"x\"\nduration_ms = \"long\"\n").unwrap_err();
+        assert!(e.to_string().contains("line 2"), "{e}");
+        let e = Scenario::from_toml("[topology]\nhostz = 3\n").unwrap_err();
+        assert!(e.to_string().contains("line 2"), "{e}");
+        let text = "[[faults]]\nkind = \"switch_down\"\nat_ms = 5\nswitch = \"Q\"\n";
+        let e = Scenario::from_toml(text).unwrap_err();
+        assert!(e.to_string().contains("line 4"), "{e}");
+    }
+}
