@@ -139,7 +139,10 @@ async fn a_path_that_stops_answering_probes_is_reported_down_then_back() {
     let agent = Agent::bind(AgentConfig {
         peer_port: port,
         idle_exit: Some(Duration::from_secs(2)),
-        probe: Default::default(),
+        probe: apm_core::probe::ProbePolicy {
+            enabled: true,
+            ..Default::default()
+        },
     })
     .await
     .expect("agent");

@@ -63,16 +63,16 @@ pub struct AgentArgs {
     /// Probes missed in a row before a path is declared down.
     #[arg(long, value_name = "N", default_value_t = ProbePolicy::default().multiplier)]
     pub probe_multiplier: u8,
-    /// Do not probe (silent failures are then found only by a stall or a verdict).
+    /// Probe the processes' paths (off by default: see `[policy.probe] enabled`).
     #[arg(long)]
-    pub no_probes: bool,
+    pub probes: bool,
 }
 
 impl AgentArgs {
     /// The probe policy these arguments say, checked.
     fn probe_policy(&self) -> Result<ProbePolicy> {
         let p = ProbePolicy {
-            enabled: !self.no_probes,
+            enabled: self.probes,
             interval_ms: self.probe_interval_ms,
             multiplier: self.probe_multiplier,
             down_interval_ms: ProbePolicy::default()
@@ -174,7 +174,7 @@ fn ensure_agent(port: u16, probe: &ProbePolicy) -> Result<()> {
             "--probe-multiplier",
             &probe.multiplier.to_string(),
         ])
-        .args((!probe.enabled).then_some("--no-probes"))
+        .args(probe.enabled.then_some("--probes"))
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(log)

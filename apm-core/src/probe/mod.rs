@@ -113,7 +113,10 @@ pub struct Probe {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct ProbePolicy {
-    /// Probe on every watched path. Default true.
+    /// Probe on every watched path. Default false for now: in the VM suite, under
+    /// load, a userspace prober at 20 ms missed its own deadlines (qemu stalls longer than
+    /// the 60 ms detection time), its sessions flapped and connections moved for nothing;
+    /// probes need flap damping and a measured default before they are on by default.
     pub enabled: bool,
     /// Interval between probes on an Up session. Default 20 ms: with the multiplier, a
     /// silent failure is found in 60 ms, well inside the 100 ms a stalled collective or
@@ -142,7 +145,7 @@ pub struct ProbePolicy {
 impl Default for ProbePolicy {
     fn default() -> ProbePolicy {
         ProbePolicy {
-            enabled: true,
+            enabled: false,
             interval_ms: 20,
             multiplier: 3,
             down_interval_ms: 250,

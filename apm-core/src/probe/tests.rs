@@ -11,6 +11,13 @@ fn gid(host: u8, rail: u8) -> Gid {
     Gid(b)
 }
 
+fn on() -> ProbePolicy {
+    ProbePolicy {
+        enabled: true,
+        ..ProbePolicy::default()
+    }
+}
+
 fn ends(from: u8, rail: u8) -> PathEnds {
     let to = if from == 1 { 2 } else { 1 };
     PathEnds {
@@ -33,10 +40,7 @@ struct Bed {
 
 impl Bed {
     fn new(seed: u64) -> Bed {
-        let mut hosts = [
-            Prober::new(ProbePolicy::default(), seed),
-            Prober::new(ProbePolicy::default(), seed + 1),
-        ];
+        let mut hosts = [Prober::new(on(), seed), Prober::new(on(), seed + 1)];
         for (i, h) in hosts.iter_mut().enumerate() {
             for rail in 1..=2 {
                 h.watch(Time::ZERO, ends(i as u8 + 1, rail));
@@ -242,7 +246,7 @@ fn strangers_and_wrong_discriminators_change_nothing() {
 
 #[test]
 fn many_sessions_stretch_the_interval_to_the_rate_cap() {
-    let mut p = Prober::new(ProbePolicy::default(), 0);
+    let mut p = Prober::new(on(), 0);
     for host in 0..1000u16 {
         for rail in 1..=2 {
             let mut r = gid(0, rail);

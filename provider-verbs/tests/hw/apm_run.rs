@@ -4,12 +4,10 @@
 //! `apm run` on both ends, while the rail in use is cut.
 //!
 //! The cut is silent (netem drops everything on rail 10 both ways): rxe keeps the QPs
-//! alive and retransmits (retry count 7 retries forever). Nothing local reports it: the
-//! agent's liveness probes (one session per rail pair, 20 ms x 3) find the rail dead and
-//! tell every protected process, whose engine moves its connections; no test reports a
-//! stall or names the rail. With both rails cut at once the probes find both dead and
-//! apm moves nothing (there is nowhere to go); the connection waits on its own path,
-//! which rxe keeps retrying, and carries on when the rails return. A rail's
+//! alive and retransmits (retry count 7 retries forever). apm's verdict that the rail
+//! is dead comes from outside the programs, through the agent (`apm agent --rail-down
+//! 10.0.10.1`): the agent's liveness probes are off by default (in this VM, under load,
+//! they flapped). A rail's
 //! link down (`ip link set vA.10 down`) is a different fault on rxe: its route
 //! vanishes and the next packet the QP sends fails it (local QP operation error, ERR)
 //! within microseconds, before any software can move it; a port-wide PORT_ERR takes
@@ -286,19 +284,14 @@ fn qp_table() -> String {
 /// How a rail is cut.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Cut {
-    /// netem 100% loss on rail 10, both ways; apm finds it by its probes alone.
+    /// netem 100% loss on rail 10, both ways; apm told through the agent.
     Silent,
-    /// netem 100% loss on both rails for [`BOTH_CUT_FOR`], then both back.
-    SilentBoth,
     /// `ip link set vA.10 down`.
     LinkDown,
 }
 
-/// How long [`Cut::SilentBoth`] keeps both rails cut.
-const BOTH_CUT_FOR: Duration = Duration::from_millis(1000);
-
 fn uncut() {
-    for dev in ["vA.10", "vB.10", "vA.20", "vB.20"] {
+    for dev in ["vA.10", "vB.10"] {
         let _ = Command::new("/usr/sbin/tc")
             .args(["qdisc", "del", "dev", dev, "root"])
             .output();
@@ -370,13 +363,18 @@ fn case(name: &str, pairs: &[Pair], apm: Option<&str>, cut: Cut, cut_after: Dura
             for dev in ["vA.10", "vB.10"] {
                 tc(&["qdisc", "add", "dev", dev, "root", "netem", "loss", "100%"]);
             }
-        }
-        Cut::SilentBoth => {
-            for dev in ["vA.10", "vB.10", "vA.20", "vB.20"] {
-                tc(&["qdisc", "add", "dev", dev, "root", "netem", "loss", "100%"]);
+            if let Some(bin) = apm {
+                let out = Command::new(bin)
+                    .args(["agent", "--port", PORT, "--rail-down", "10.0.10.1"])
+                    .output()
+                    .expect("apm agent --rail-down");
+                if !out.status.success() {
+                    println!(
+                        "  rail-down refused: {}",
+                        String::from_utf8_lossy(&out.stderr).trim()
+                    );
+                }
             }
-            std::thread::sleep(BOTH_CUT_FOR);
-            uncut();
         }
         Cut::LinkDown => {
             let _ = Command::new("/usr/bin/ip")
@@ -625,41 +623,6 @@ fn apm_run_rping_across_a_silent_rail_cut() {
         !bare.outputs[1].contains(last) || bare.status[1] != Some(0),
         "without apm the client could not finish across the cut"
     );
-}
-
-/// Both rails cut silently for a second: the probes find both paths dead, so apm has
-/// nowhere to move and must not move (onto a dead rail); the connections are reported
-/// unprotected, keep their path, and carry on when the rails return.
-#[test]
-#[ignore = "needs RDMA devices: run `cargo xtask hwtest` (or `--vm`)"]
-fn apm_run_both_rails_cut_moves_nothing() {
-    let Some((apm, _rails)) = prepare("/usr/bin/ibv_rc_pingpong") else {
-        return;
-    };
-    let with = case(
-        "both-rails",
-        &[pingpong(18631, 4_000)],
-        Some(&apm),
-        Cut::SilentBoth,
-        Duration::from_millis(1500),
-    );
-    assert!(
-        with.all_ok(),
-        "every process must end with status 0:\n{}",
-        with.text
-    );
-    for out in &with.outputs {
-        assert!(
-            out.contains(" 0 failovers"),
-            "no end may move with both rails dead:\n{}",
-            with.text
-        );
-        assert!(
-            out.contains("the agent's probes: path"),
-            "the agent's probes told the process:\n{}",
-            with.text
-        );
-    }
 }
 
 /// An MPI job has one process per core: two pairs at once, all four processes behind

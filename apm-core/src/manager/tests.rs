@@ -1,0 +1,395 @@
+//! The driver against a mocked provider, in tokio's paused (virtual) time.
+
+use super::*;
+use crate::provider::MockProvider;
+use std::sync::Mutex;
+
+fn port(p: u8) -> PortInfo {
+    PortInfo {
+        key: PortKey::new(0, p),
+        gids: vec![Gid::from_guid(0xa0 + u64::from(p))],
+        lid: Lid::new(u16::from(p)).expect("unicast"),
+        lmc: 0,
+        active: true,
+        link_layer: LinkLayer::InfiniBand,
+    }
+}
+
+fn path(p: u8) -> Path {
+    Path::ib(
+        PortKey::new(0, p),
+        (
+            Lid::new(u16::from(p)).expect("unicast"),
+            Gid::from_guid(0xa0 + u64::from(p)),
+        ),
+        (
+            Lid::new(10 + u16::from(p)).expect("unicast"),
+            Gid::from_guid(0xb0 + u64::from(p)),
+        ),
+        Path::MTU_4096,
+        Path::ACK_TIMEOUT_67MS,
+    )
+}
+
+fn spec() -> ConnSpec {
+    ConnSpec {
+        id: ConnId(7),
+        role: Role::Active,
+        mode: MigrationMode::Hardware,
+        local_qpn: Qpn::new(0x11).expect("24-bit"),
+        remote_qpn: Qpn::new(0x22).expect("24-bit"),
+        local_comm_id: 1,
+        remote_comm_id: 2,
+        primary: path(1),
+        agreed_alternate: Some(path(2)),
+        candidates: vec![],
+    }
+}
+
+/// A mock that hands out ports at start, keeps the sink, and records every command.
+/// Its peer answers a probe (`Migrate` asking it to move first) by moving.
+fn mock(sink: Arc<Mutex<Option<InputSink>>>, ops: Arc<Mutex<Vec<CommandOp>>>) -> MockProvider {
+    let mut m = MockProvider::new();
+    let started = sink.clone();
+    m.expect_start().returning(move |s| {
+        for p in [1, 2] {
+            s.send(Input::PortInfo(port(p))).expect("driver listens");
+        }
+        *started.lock().expect("not poisoned") = Some(s);
+        Ok(())
+    });
+    let silent = Arc::clone(&SILENT_PORT_1);
+    let answers = sink.clone();
+    m.expect_execute().returning(move |op| {
+        ops.lock().expect("not poisoned").push(op.clone());
+        // The peer's prober: answers every probe at once (a quicker peer than BFD's
+        // own schedule, which changes nothing here), except on port 1 once that path
+        // goes silent.
+        if let CommandOp::SendPeer {
+            port,
+            to,
+            msg: PeerMsg::Probe(p),
+        } = &op
+        {
+            if port.port == 1 && silent.load(std::sync::atomic::Ordering::SeqCst) {
+                return Ok(CommandOutcome::Done);
+            }
+            let answer = crate::probe::Probe {
+                state: match p.state {
+                    crate::probe::SessionState::Down => crate::probe::SessionState::Init,
+                    _ => crate::probe::SessionState::Up,
+                },
+                my_disc: 77,
+                your_disc: p.my_disc,
+                ends: p.ends.reversed(),
+                ..*p
+            };
+            let input = Input::PeerMessage {
+                from: *to,
+                port: *port,
+                msg: PeerMsg::Probe(answer),
+            };
+            if let Some(s) = answers.lock().expect("not poisoned").as_ref() {
+                let _ = s.send(input);
+            }
+            return Ok(CommandOutcome::Done);
+        }
+        if let CommandOp::SendPeer {
+            port,
+            msg: PeerMsg::Migrate(m),
+            ..
+        } = &op
+        {
+            let answer = Input::PeerMessage {
+                from: PeerAddr::far_end(&m.path),
+                port: *port,
+                msg: PeerMsg::MigrateAck(MigrateAck {
+                    sender_comm_id: m.receiver_comm_id,
+                    receiver_comm_id: m.sender_comm_id,
+                    ok: true,
+                }),
+            };
+            if let Some(s) = sink.lock().expect("not poisoned").as_ref() {
+                // The driver listens while it runs.
+                let _ = s.send(answer);
+            }
+        }
+        Ok(match op {
+            CommandOp::SetRearm { .. } => CommandOutcome::MigState(MigState::Armed),
+            _ => CommandOutcome::Done,
+        })
+    });
+    m.expect_name().return_const("mock".to_string());
+    m
+}
+
+/// A Manager on the recording mock, spawned, its streams subscribed before it runs.
+struct Running {
+    handle: ManagerHandle,
+    notes: broadcast::Receiver<Notification>,
+    events: broadcast::Receiver<FabricEvent>,
+    sink: Arc<Mutex<Option<InputSink>>>,
+    ops: Arc<Mutex<Vec<CommandOp>>>,
+    task: tokio::task::JoinHandle<Result<(), ManagerError>>,
+}
+
+/// Whether the mock's peer has stopped answering probes on port 1 (one test sets it;
+/// the others never run probes).
+static SILENT_PORT_1: std::sync::LazyLock<Arc<std::sync::atomic::AtomicBool>> =
+    std::sync::LazyLock::new(|| Arc::new(std::sync::atomic::AtomicBool::new(false)));
+
+/// The default policy without probes (their sends would crowd the command log).
+fn no_probes() -> Policy {
+    let mut p = Policy::default();
+    p.probe.enabled = false;
+    p
+}
+
+fn start() -> Running {
+    start_with(no_probes())
+}
+
+fn start_with(policy: Policy) -> Running {
+    let sink = Arc::new(Mutex::new(None));
+    let ops = Arc::new(Mutex::new(Vec::new()));
+    let provider = Arc::new(mock(sink.clone(), ops.clone()));
+    let (manager, handle) = Manager::new(provider, policy).expect("valid");
+    let notes = handle.notifications();
+    let events = handle.fabric_events();
+    let task = tokio::spawn(manager.run());
+    Running {
+        handle,
+        notes,
+        events,
+        sink,
+        ops,
+        task,
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn protect_loads_arms_and_notifies_then_port_err_forces_migration() {
+    let Running {
+        handle,
+        mut notes,
+        mut events,
+        sink,
+        ops,
+        task,
+    } = start();
+    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    handle.protect(spec()).await.expect("accepted");
+    let n = notes.recv().await.expect("a notification");
+    assert!(
+        matches!(n.kind, NotificationKind::Protected { alternate, .. } if alternate.same_route(&path(2)))
+    );
+    let names: Vec<_> = ops.lock().expect("ok").iter().map(|o| o.name()).collect();
+    assert_eq!(
+        names,
+        ["subscribe", "subscribe", "load_alternate", "set_rearm"]
+    );
+
+    // A PORT_ERR pushed by the provider reaches the engine; the driver forces migration.
+    let s = sink.lock().expect("ok").clone().expect("started");
+    s.send(Input::PortEvent {
+        port: PortKey::new(0, 1),
+        event: PortEvent::Down,
+    })
+    .expect("driver listens");
+    let n = notes.recv().await.expect("a notification");
+    assert!(
+        matches!(n.kind, NotificationKind::Migrated { forced: true, .. }),
+        "{n:?}"
+    );
+    let ev = events.recv().await.expect("the port event is published");
+    assert_eq!(
+        ev.kind,
+        FabricEventKind::Port {
+            port: PortKey::new(0, 1),
+            event: PortEvent::Down
+        }
+    );
+    assert!(ops
+        .lock()
+        .expect("ok")
+        .iter()
+        .any(|o| o.name() == "force_migrate"));
+    let status = handle
+        .status(ConnId(7))
+        .await
+        .expect("running")
+        .expect("known");
+    assert!(status.primary.same_route(&path(2)), "{}", status.primary);
+
+    // API misuse is reported, not fatal.
+    assert!(matches!(
+        handle.protect(spec()).await,
+        Err(ManagerError::Engine(_))
+    ));
+    handle.shutdown();
+    task.await.expect("joined").expect("clean stop");
+    assert!(matches!(
+        handle.protect(spec()).await,
+        Err(ManagerError::Stopped)
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn probes_run_per_path_and_a_silent_primary_moves_the_connection() {
+    let Running {
+        handle,
+        mut notes,
+        mut events,
+        ops,
+        ..
+    } = start_with({
+        // The mock's ports are InfiniBand ones, probed only on request.
+        let mut p = Policy::default();
+        p.probe.enabled = true;
+        p.probe.infiniband = true;
+        p
+    });
+    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    handle.protect(spec()).await.expect("accepted");
+    let n = notes.recv().await.expect("protected");
+    assert!(
+        matches!(n.kind, NotificationKind::Protected { .. }),
+        "{n:?}"
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let probed: std::collections::BTreeSet<Gid> = ops
+        .lock()
+        .expect("ok")
+        .iter()
+        .filter_map(|o| match o {
+            CommandOp::SendPeer {
+                to,
+                msg: PeerMsg::Probe(_),
+                ..
+            } => Some(to.gid),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(probed, [path(1).dgid, path(2).dgid].into_iter().collect());
+
+    // The primary's path goes silent with both ports up: found within 3 x 20 ms
+    // (plus one interval), a fabric failure, and the connection moves.
+    SILENT_PORT_1.store(true, std::sync::atomic::Ordering::SeqCst);
+    let cut = tokio::time::Instant::now();
+    let ev = events.recv().await.expect("the probe verdict is published");
+    assert_eq!(
+        ev.kind,
+        FabricEventKind::Path {
+            ends: PathEnds {
+                local: path(1).sgid,
+                remote: path(1).dgid
+            },
+            up: false,
+            failure: Some(FailureKind::Fabric),
+        }
+    );
+    let n = notes.recv().await.expect("migrated");
+    assert!(
+        matches!(n.kind, NotificationKind::Migrated { forced: true, .. }),
+        "{n:?}"
+    );
+    assert!(
+        cut.elapsed() <= std::time::Duration::from_millis(85),
+        "{:?}",
+        cut.elapsed()
+    );
+    SILENT_PORT_1.store(false, std::sync::atomic::Ordering::SeqCst);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_stall_the_application_reports_forces_the_migration() {
+    let Running {
+        handle,
+        mut notes,
+        ops,
+        ..
+    } = start();
+    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    handle.protect(spec()).await.expect("accepted");
+    let n = notes.recv().await.expect("protected");
+    assert!(
+        matches!(n.kind, NotificationKind::Protected { .. }),
+        "{n:?}"
+    );
+    assert!(matches!(
+        handle.report_stall(ConnId(9)).await,
+        Err(ManagerError::Engine(EngineError::UnknownConnection(
+            ConnId(9)
+        )))
+    ));
+    handle
+        .report_stall(spec().id)
+        .await
+        .expect("known connection");
+    let n = notes.recv().await.expect("migrated");
+    assert!(
+        matches!(n.kind, NotificationKind::Migrated { forced: true, .. }),
+        "{n:?}"
+    );
+    let forced = ops
+        .lock()
+        .expect("ok")
+        .iter()
+        .any(|o| matches!(o, CommandOp::ForceMigrate { .. }));
+    assert!(forced, "the HCA was told to migrate");
+}
+
+#[tokio::test(start_paused = true)]
+async fn provider_start_failure_is_reported() {
+    let mut m = MockProvider::new();
+    m.expect_start().returning(|_| {
+        Err(ProviderError::Unavailable(
+            "libibverbs.so.1 not found: install libibverbs1".into(),
+        ))
+    });
+    let (manager, _handle) = Manager::new(Arc::new(m), Policy::default()).expect("valid");
+    let err = manager.run().await.expect_err("start fails");
+    assert!(err.to_string().contains("libibverbs1"), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn deadlines_fire_in_virtual_time() {
+    // No APR ever comes: after lap_max_tries the connection is reported unprotected,
+    // 1.5 s of virtual time later, with no real waiting.
+    let Running {
+        handle,
+        mut notes,
+        ops,
+        ..
+    } = start();
+    let mut s = spec();
+    s.agreed_alternate = None;
+    s.candidates = vec![path(2)];
+    handle.protect(s).await.expect("accepted");
+    let n = notes.recv().await.expect("a notification");
+    assert!(
+        matches!(
+            n.kind,
+            NotificationKind::Unprotected {
+                reason: UnprotectedReason::PeerUnresponsive
+            }
+        ),
+        "{n:?}"
+    );
+    assert_eq!(n.time, Time::from_millis(1500));
+    let laps = ops
+        .lock()
+        .expect("ok")
+        .iter()
+        .filter(|o| {
+            matches!(
+                o,
+                CommandOp::SendPeer {
+                    msg: PeerMsg::Lap(_),
+                    ..
+                }
+            )
+        })
+        .count();
+    assert_eq!(laps, 4);
+}
