@@ -257,6 +257,14 @@ pub enum ProviderError {
     /// No answer in time (SA query, send completion).
     #[error("{0} timed out")]
     Timeout(String),
+    /// The provider did not answer within the command's deadline
+    /// (`Policy::command_timeout_ms`): the engine and the driver treat the command as
+    /// failed and go on without its answer.
+    #[error("no answer within {after_ms} ms")]
+    NoAnswer {
+        /// The deadline, in milliseconds after the command was handed over.
+        after_ms: u64,
+    },
     /// A library or device the provider needs is missing.
     #[error("{0}")]
     Unavailable(String),

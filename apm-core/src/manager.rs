@@ -4,7 +4,13 @@
 //!
 //! Time: the driver stamps every input with `tokio::time::Instant` elapsed since it
 //! started, so tests with tokio's paused clock run in virtual time. Commands run as
-//! concurrent tasks; the engine never issues two for the same connection at once.
+//! concurrent tasks: the engine hands over at most one QP command per connection at a
+//! time (an override's command waits for the answer to the one in flight), so tasks
+//! of one connection never overlap; sends, path queries and subscriptions name no QP
+//! and may overlap. Every call is abandoned at `Policy::command_timeout_ms` and
+//! answered `ProviderError::NoAnswer`, the engine failing the command at the same
+//! deadline: a provider call that never returns wedges neither its connection nor the
+//! commands after it.
 
 use crate::engine::{ConnStatus, Engine, EngineError, Stats};
 use crate::io::*;
@@ -311,8 +317,15 @@ impl<P: Provider> Manager<P> {
                 Output::Command(Command { id, op }) => {
                     let provider = Arc::clone(&self.provider);
                     let results = results.clone();
+                    let after_ms = self.engine.policy().command_timeout_ms;
                     tokio::spawn(async move {
-                        let result = provider.execute(op).await;
+                        // The engine fails the command at its deadline too; dropping the
+                        // call here ends this task, so a provider that never answers
+                        // holds no task and no part of the command window.
+                        let limit = std::time::Duration::from_millis(after_ms);
+                        let result = tokio::time::timeout(limit, provider.execute(op))
+                            .await
+                            .unwrap_or(Err(ProviderError::NoAnswer { after_ms }));
                         let _ = results.send(Input::CommandDone { id, result });
                     });
                 }
@@ -561,6 +574,69 @@ mod tests {
         let (manager, _handle) = Manager::new(Arc::new(m), Policy::default()).expect("valid");
         let err = manager.run().await.expect_err("start fails");
         assert!(err.to_string().contains("libibverbs1"), "{err}");
+    }
+
+    /// A provider whose QP commands never return (a wedged device call).
+    struct NeverAnswers {
+        calls: Arc<Mutex<Vec<&'static str>>>,
+    }
+
+    #[async_trait::async_trait]
+    impl Provider for NeverAnswers {
+        fn name(&self) -> String {
+            "never-answers".into()
+        }
+        async fn start(&self, sink: InputSink) -> Result<(), ProviderError> {
+            for p in [1, 2] {
+                sink.send(Input::PortInfo(port(p))).expect("driver listens");
+            }
+            Ok(())
+        }
+        async fn execute(&self, op: CommandOp) -> Result<CommandOutcome, ProviderError> {
+            self.calls.lock().expect("not poisoned").push(op.name());
+            match op {
+                CommandOp::LoadAlternate { .. } => std::future::pending().await,
+                _ => Ok(CommandOutcome::Done),
+            }
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_provider_call_that_never_returns_fails_at_the_deadline() {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let provider = Arc::new(NeverAnswers {
+            calls: calls.clone(),
+        });
+        let (manager, handle) = Manager::new(provider, Policy::default()).expect("valid");
+        let mut notes = handle.notifications();
+        let task = tokio::spawn(manager.run());
+        handle.protect(spec()).await.expect("accepted");
+        let n = notes.recv().await.expect("a notification");
+        assert_eq!(
+            n.kind,
+            NotificationKind::Unprotected {
+                reason: UnprotectedReason::ModifyFailed
+            }
+        );
+        assert_eq!(
+            n.time,
+            Time::from_millis(Policy::default().command_timeout_ms)
+        );
+        // Not wedged: the manager answers and goes on issuing commands.
+        let status = handle.status(ConnId(7)).await.expect("running");
+        assert_eq!(
+            status.map(|s| s.protection),
+            Some(crate::Protection::Unprotected)
+        );
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let after: Vec<_> = calls.lock().expect("ok").clone();
+        let load = after.iter().position(|c| *c == "load_alternate");
+        assert!(
+            load.is_some_and(|i| after.len() > i + 1),
+            "commands go on after the stuck one: {after:?}"
+        );
+        handle.shutdown();
+        task.await.expect("joined").expect("clean stop");
     }
 
     #[tokio::test(start_paused = true)]

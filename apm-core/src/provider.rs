@@ -22,10 +22,22 @@ pub type InputSink = tokio::sync::mpsc::UnboundedSender<Input>;
 pub trait Provider: Send + Sync + 'static {
     /// A short name for logs.
     fn name(&self) -> String;
-    /// Begin delivering inputs into `sink`: first a [`Input::PortInfo`] for every local
-    /// port, then events as they happen.
+    /// Begin delivering inputs into `sink`: a [`Input::PortInfo`] for every local port
+    /// is in the sink before `start` returns (the driver feeds them to the engine
+    /// before any API call, so a connection protected right after start finds its
+    /// ports known), then events as they happen.
     async fn start(&self, sink: InputSink) -> Result<(), ProviderError>;
-    /// Carry out one command. Commands for the same connection are issued one at a time.
+    /// Carry out one command.
+    ///
+    /// The engine hands over at most one command naming a connection's QP
+    /// (`LoadAlternate`, `SetRearm`, `ForceMigrate`, `SoftwareMigrate`, `QueryQp`) at a
+    /// time: when it overrides what a connection was doing (a migration replacing a
+    /// re-arm, say), the new command waits until the one in flight is answered, so
+    /// commands on one QP never run concurrently and take effect in the order the
+    /// engine decided them. Sends, path queries and subscriptions may run
+    /// concurrently. A call not answered within `Policy::command_timeout_ms` is
+    /// treated as failed ([`ProviderError::NoAnswer`]) and the driver drops it; a
+    /// provider should bound its own operations well within that.
     async fn execute(&self, op: CommandOp) -> Result<CommandOutcome, ProviderError>;
 }
 

@@ -1,7 +1,7 @@
 //! Per-connection state: the paths as the engine believes the QP holds them, and the
 //! phase of whatever the engine is doing for the connection.
 
-use crate::io::{CommandId, Lap, PeerMsg};
+use crate::io::{Command, CommandId, CommandOp, Lap, PeerMsg};
 use crate::types::*;
 
 /// Who a phase is answering, when the engine acts on a peer's request (LAP or Migrate).
@@ -105,6 +105,23 @@ impl Phase {
         }
     }
 
+    /// The QP command this phase waits for, as it goes to the provider.
+    pub(crate) fn command(&self, conn: ConnId) -> Option<Command> {
+        let (id, op) = match *self {
+            Phase::Loading { cmd, path, .. } | Phase::LoadingToFollow { cmd, path, .. } => {
+                (cmd, CommandOp::LoadAlternate { conn, path })
+            }
+            Phase::Arming { cmd, .. } => (cmd, CommandOp::SetRearm { conn }),
+            Phase::Migrating { cmd, .. } => (cmd, CommandOp::ForceMigrate { conn }),
+            Phase::SwMigrating { cmd, path, .. } => {
+                (cmd, CommandOp::SoftwareMigrate { conn, path })
+            }
+            Phase::Querying { cmd } => (cmd, CommandOp::QueryQp { conn }),
+            _ => return None,
+        };
+        Some(Command { id, op })
+    }
+
     /// True while the connection is moving to another path.
     pub(crate) fn moving(&self) -> bool {
         matches!(
@@ -152,6 +169,10 @@ pub(crate) struct Conn {
     pub(crate) bad: Vec<(Path, Time)>,
     /// Boxed when not idle: most connections sit idle, and the busy phases are large.
     phase: Option<Box<Phase>>,
+    /// The QP command handed to the provider and not answered yet. At most one at a
+    /// time: a phase that replaced the one which issued it (an override) waits for its
+    /// answer before its own command goes out (`Engine::issue_qp`).
+    pub(crate) in_flight: Option<CommandId>,
     /// The phase's deadline (timer entries that do not match it are stale).
     pub(crate) deadline: Option<Time>,
     /// Holds one of the `max_concurrent_rearms` slots.
@@ -220,6 +241,7 @@ impl Conn {
             candidates,
             bad: Vec::new(),
             phase: None,
+            in_flight: None,
             deadline: None,
             slot: false,
             want_rearm: false,

@@ -384,7 +384,7 @@ impl Engine {
 
     /// Force `id` onto its armed alternate (hardware).
     pub(super) fn force_migration(&mut self, id: ConnId, why: MoveReason) {
-        let cmd = self.issue(CommandOp::ForceMigrate { conn: id }, Pending::Conn(id));
+        let cmd = self.issue_qp(id, CommandOp::ForceMigrate { conn: id });
         self.replace_phase(id, Phase::Migrating { cmd, why });
     }
 
@@ -419,10 +419,7 @@ impl Engine {
         path: Path,
         responder: Option<Responder>,
     ) {
-        let cmd = self.issue(
-            CommandOp::SoftwareMigrate { conn: id, path },
-            Pending::Conn(id),
-        );
+        let cmd = self.issue_qp(id, CommandOp::SoftwareMigrate { conn: id, path });
         self.replace_phase(
             id,
             Phase::SwMigrating {
@@ -600,7 +597,7 @@ impl Engine {
         if busy {
             return;
         }
-        let cmd = self.issue(CommandOp::QueryQp { conn: id }, Pending::Conn(id));
+        let cmd = self.issue_qp(id, CommandOp::QueryQp { conn: id });
         self.set_phase(id, Phase::Querying { cmd });
     }
 

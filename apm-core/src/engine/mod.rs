@@ -31,7 +31,7 @@ use crate::types::*;
 #[allow(unused_imports)]
 use conn::{Conn, MoveReason, Phase, Responder, Told};
 use health::Health;
-use pending::PendingTable;
+use pending::{Deadlines, PendingTable};
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
 use timers::{TimerKey, Timers};
@@ -166,6 +166,8 @@ pub struct Engine {
     urgent_rechecks: BTreeMap<Gid, Time>,
     cache: BTreeMap<(PortKey, Gid), CacheEntry>,
     pending: PendingTable<Pending>,
+    /// When each command handed to the provider must have been answered.
+    deadlines: Deadlines,
     timers: Timers,
     out: VecDeque<Output>,
     rearm_queue: VecDeque<ConnId>,
@@ -188,6 +190,7 @@ impl Engine {
             urgent_rechecks: BTreeMap::new(),
             cache: BTreeMap::new(),
             pending: PendingTable::new(1),
+            deadlines: Deadlines::default(),
             timers: Timers::default(),
             out: VecDeque::new(),
             rearm_queue: VecDeque::new(),
@@ -289,13 +292,62 @@ impl Engine {
 
     /// When [`Engine::handle_timeout`] should be called next, if ever.
     pub fn poll_timeout(&self) -> Option<Time> {
-        self.timers.next()
+        match (self.timers.next(), self.deadlines.next()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
+    /// Issue a command that concerns no connection's QP (a send, a query, a
+    /// subscription): it goes out at once.
     fn issue(&mut self, op: CommandOp, why: Pending) -> CommandId {
         let id = self.pending.issue(why);
-        self.out.push_back(Output::Command(Command { id, op }));
+        self.emit(Command { id, op });
         id
+    }
+
+    /// Issue the QP command of `conn`'s next phase. It goes out at once unless an
+    /// earlier command of the connection is still in flight (one an override abandoned:
+    /// its result is ignored): then it waits for that one's answer or deadline
+    /// (`Engine::dispatch_waiting`), so that the provider never runs two commands on
+    /// one QP at once and they take effect in the order the engine decided them.
+    fn issue_qp(&mut self, conn: ConnId, op: CommandOp) -> CommandId {
+        let id = self.pending.issue(Pending::Conn(conn));
+        if let Some(c) = self.conns.get_mut(&conn) {
+            if let Some(busy) = c.in_flight {
+                debug!(%conn, ?id, waits_for = ?busy, "a command waits for the one in flight");
+                return id;
+            }
+            c.in_flight = Some(id);
+        }
+        self.emit(Command { id, op });
+        id
+    }
+
+    /// The command `conn`'s phase waits for goes out if it was held back and nothing
+    /// of the connection's is in flight any more.
+    fn dispatch_waiting(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        if c.in_flight.is_some() {
+            return;
+        }
+        let Some(cmd) = c.phase().command(conn) else {
+            return;
+        };
+        if !self.pending.is_outstanding(cmd.id) {
+            return;
+        }
+        c.in_flight = Some(cmd.id);
+        self.emit(cmd);
+    }
+
+    /// Hand a command to the provider, with its deadline.
+    fn emit(&mut self, cmd: Command) {
+        let at = self.now.plus(Policy::ms(self.policy.command_timeout_ms));
+        self.deadlines.push(at, cmd.id);
+        self.out.push_back(Output::Command(cmd));
     }
 
     fn send(&mut self, port: PortKey, to: PeerAddr, msg: PeerMsg) {
@@ -352,6 +404,7 @@ impl Engine {
             Input::PeerMessage { from, port, msg } => self.peer_message(from, port, msg),
             Input::CommandDone { id, result } => self.command_done(id, result),
         }
+        self.prune_deadlines();
         Ok(())
     }
 
@@ -362,7 +415,57 @@ impl Engine {
     }
 
     fn run_timers(&mut self) {
-        while let Some((at, key)) = self.timers.pop_due(self.now) {
+        self.run_deadlines_and_timers();
+        self.prune_deadlines();
+        // Stale entries pile up when many connections re-schedule; sweep them now and
+        // then so memory stays bounded by live deadlines.
+        if self.timers.len() > 4 * self.conns.len() + 1024 {
+            let conns = &self.conns;
+            self.timers.retain(|t, k| match k {
+                TimerKey::Conn(id) => conns.get(&id).is_some_and(|c| c.deadline == Some(t)),
+                _ => true,
+            });
+        }
+    }
+
+    /// Commands answered need no deadline any more: `poll_timeout` names a live one.
+    fn prune_deadlines(&mut self) {
+        let pending = &self.pending;
+        self.deadlines.prune(|id| pending.is_outstanding(id));
+    }
+
+    /// Timers and command deadlines that are due, in time order.
+    fn run_deadlines_and_timers(&mut self) {
+        loop {
+            let timer = self.timers.next().filter(|t| *t <= self.now);
+            let deadline = self.deadlines.next().filter(|t| *t <= self.now);
+            match (timer, deadline) {
+                (_, Some(d)) if timer.is_none_or(|t| d < t) => {
+                    if let Some(id) = self.deadlines.pop_due(self.now) {
+                        self.command_deadline(id);
+                    }
+                }
+                (Some(_), _) => self.run_one_timer(),
+                (None, _) => break,
+            }
+        }
+    }
+
+    /// A command's deadline passed: unanswered, it has failed.
+    fn command_deadline(&mut self, id: CommandId) {
+        if !self.pending.is_outstanding(id) {
+            return;
+        }
+        let after_ms = self.policy.command_timeout_ms;
+        warn!(
+            ?id,
+            after_ms, "the provider did not answer a command in time: failed"
+        );
+        self.command_done(id, Err(ProviderError::NoAnswer { after_ms }));
+    }
+
+    fn run_one_timer(&mut self) {
+        if let Some((at, key)) = self.timers.pop_due(self.now) {
             match key {
                 TimerKey::Conn(id) => {
                     let current = self.conns.get(&id).and_then(|c| c.deadline);
@@ -388,15 +491,6 @@ impl Engine {
                     }
                 }
             }
-        }
-        // Stale entries pile up when many connections re-schedule; sweep them now and
-        // then so memory stays bounded by live deadlines.
-        if self.timers.len() > 4 * self.conns.len() + 1024 {
-            let conns = &self.conns;
-            self.timers.retain(|t, k| match k {
-                TimerKey::Conn(id) => conns.get(&id).is_some_and(|c| c.deadline == Some(t)),
-                _ => true,
-            });
         }
     }
 
@@ -436,6 +530,8 @@ impl Engine {
             return Err(EngineError::UnknownConnection(id));
         };
         self.by_comm_id.remove(&c.local_comm_id);
+        let mut c = c;
+        drop_held_command(&mut c, &mut self.pending);
         if c.slot {
             self.rearms_active -= 1;
             self.pump_queue();
@@ -447,6 +543,7 @@ impl Engine {
 
     fn set_phase(&mut self, id: ConnId, phase: Phase) {
         if let Some(c) = self.conns.get_mut(&id) {
+            drop_held_command(c, &mut self.pending);
             c.set_phase(phase);
             c.deadline = None;
         }
@@ -465,6 +562,7 @@ impl Engine {
         };
         let queued = matches!(c.phase(), Phase::Queued);
         let had_slot = std::mem::take(&mut c.slot);
+        drop_held_command(c, &mut self.pending);
         c.set_phase(phase);
         c.deadline = None;
         if queued {
@@ -548,6 +646,16 @@ impl Engine {
             (_, _) => NotificationKind::Unprotected { reason },
         };
         self.notify(id, kind);
+    }
+}
+
+/// The phase of `c` is about to end: a command it issued that never went out (it was
+/// waiting for an earlier one in flight) never will, and is forgotten.
+fn drop_held_command(c: &mut Conn, pending: &mut PendingTable<Pending>) {
+    if let Some(cmd) = c.phase().awaited() {
+        if c.in_flight != Some(cmd) {
+            pending.complete(cmd);
+        }
     }
 }
 

@@ -497,10 +497,7 @@ impl Engine {
             return;
         }
         info!(%id, %path, "the peer moved to a path that is not our alternate: loading it to follow");
-        let cmd = self.issue(
-            CommandOp::LoadAlternate { conn: id, path },
-            Pending::Conn(id),
-        );
+        let cmd = self.issue_qp(id, CommandOp::LoadAlternate { conn: id, path });
         self.replace_phase(
             id,
             Phase::LoadingToFollow {

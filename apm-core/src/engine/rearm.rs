@@ -274,10 +274,7 @@ impl Engine {
                     ack_timeout: path.ack_timeout.max(boosted),
                     ..path
                 };
-                let cmd = self.issue(
-                    CommandOp::LoadAlternate { conn: id, path },
-                    Pending::Conn(id),
-                );
+                let cmd = self.issue_qp(id, CommandOp::LoadAlternate { conn: id, path });
                 self.set_phase(
                     id,
                     Phase::Loading {

@@ -28,7 +28,16 @@ impl Engine {
             Pending::Subscribe(port) => self.subscribe_done(port, result),
             Pending::Resolve(port, gid) => self.resolve_done(port, gid, result),
             Pending::Recheck(gid, due) => self.recheck_done(gid, due, result),
-            Pending::Conn(conn) => self.conn_command_done(conn, id, result),
+            Pending::Conn(conn) => {
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    if c.in_flight == Some(id) {
+                        c.in_flight = None;
+                    }
+                }
+                self.conn_command_done(conn, id, result);
+                // An override's command may have waited for this one.
+                self.dispatch_waiting(conn);
+            }
         }
     }
 
@@ -70,7 +79,7 @@ impl Engine {
                     self.armed(id, path, mig, responder);
                     return;
                 }
-                let cmd = self.issue(CommandOp::SetRearm { conn: id }, Pending::Conn(id));
+                let cmd = self.issue_qp(id, CommandOp::SetRearm { conn: id });
                 self.set_phase(
                     id,
                     Phase::Arming {

@@ -99,6 +99,10 @@ pub struct Node {
     pub unreachable: Vec<Gid>,
     /// Connections whose QP a query finds in ERR.
     pub dead_qps: Vec<ConnId>,
+    /// Command names this node's provider never answers (until `Pair::release`).
+    pub unanswered: Vec<&'static str>,
+    /// The commands held unanswered, in the order they came.
+    pub held: Vec<Command>,
 }
 
 impl Node {
@@ -117,6 +121,8 @@ impl Node {
             fail_ops: Vec::new(),
             unreachable: Vec::new(),
             dead_qps: Vec::new(),
+            unanswered: Vec::new(),
+            held: Vec::new(),
         };
         n.drain();
         n
@@ -298,6 +304,23 @@ impl Pair {
     }
 
     fn execute(&mut self, name: char, cmd: Command) {
+        let node = self.node(name);
+        if node.unanswered.contains(&cmd.op.name()) {
+            node.held.push(cmd);
+            return;
+        }
+        self.answer(name, cmd);
+    }
+
+    /// Answer, as the provider would have, every command `name`'s provider held back.
+    pub fn release(&mut self, name: char) {
+        let held = std::mem::take(&mut self.node(name).held);
+        for cmd in held {
+            self.answer(name, cmd);
+        }
+    }
+
+    fn answer(&mut self, name: char, cmd: Command) {
         let other = if name == 'a' { 'b' } else { 'a' };
         let fail = self.node(name).fail_ops.contains(&cmd.op.name());
         let result = if fail {

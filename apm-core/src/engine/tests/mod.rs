@@ -1,5 +1,6 @@
 //! Engine tests: one per behaviour of the engine's contract, on the two-node bench.
 
+mod commands;
 mod harness;
 mod properties;
 mod scenarios;
