@@ -28,6 +28,22 @@ pub(crate) enum MoveReason {
     PeerAskedAndMoved(Responder),
 }
 
+/// Whether the engine itself moved the QP (a forced migration, or a software move it
+/// made first: `Migrated { forced: true }`) or not (the HCA moved it, or the engine
+/// moved only because the peer asked).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Moved {
+    Forced,
+    Unforced,
+}
+
+/// Whether a LAP may still wait for a `PATH_MIG` (receiver rule 5) or already has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LapWait {
+    MayWait,
+    Waited,
+}
+
 /// What the engine is doing for a connection. Only one thing at a time: a second reason
 /// to act is remembered in `Conn::want_rearm` / `Conn::deferred_lap` and handled when the
 /// phase returns to `Idle`.

@@ -75,10 +75,9 @@ impl Engine {
     }
 
     pub(super) fn port_down(&mut self, port: PortKey) {
-        let policy = self.policy.clone();
         let now = self.now;
         let changed = match self.ports.get_mut(&port) {
-            Some(p) => p.health.fail(now, &policy),
+            Some(p) => p.health.fail(now, &self.policy),
             None => {
                 warn!(%port, "PORT_ERR on a port never reported: ignored");
                 return;
@@ -91,14 +90,13 @@ impl Engine {
     }
 
     pub(super) fn port_up(&mut self, port: PortKey) {
-        let policy = self.policy.clone();
         let now = self.now;
         let Some(p) = self.ports.get_mut(&port) else {
             warn!(%port, "PORT_ACTIVE on a port never reported: ignored");
             return;
         };
         // A port that is back may sit behind a new SM or LID: re-learn its paths.
-        if let Some(usable_at) = p.health.recover(now, &policy) {
+        if let Some(usable_at) = p.health.recover(now, &self.policy) {
             info!(%port, held_until = %usable_at, "local port active");
             self.invalidate_cache(|k| k.0 == port);
             if usable_at > now {
@@ -191,13 +189,13 @@ impl Engine {
             debug!(%gid, in_service, "notice about a local GID: ignored");
             return;
         }
-        let policy = self.policy.clone();
         let now = self.now;
+        let policy = &self.policy;
         let h = self.remotes.entry(gid).or_insert_with(|| Health::new(true));
         if in_service {
             self.rechecks.remove(&gid);
             self.urgent_rechecks.remove(&gid);
-            if let Some(usable_at) = h.recover(now, &policy) {
+            if let Some(usable_at) = h.recover(now, policy) {
                 info!(%gid, held_until = %usable_at, "remote GID in service");
                 // Its LIDs may have changed (trap 64 follows a sweep).
                 self.invalidate_cache(|k| k.1 == gid);
@@ -208,10 +206,10 @@ impl Engine {
                     self.path_returned(|p| p.dgid == gid);
                 }
             }
-        } else if h.fail(now, &policy) {
+        } else if h.fail(now, policy) {
             info!(%gid, "remote GID out of service");
             self.invalidate_cache(|k| k.1 == gid);
-            self.schedule_recheck(gid, policy.remote_recheck_ms);
+            self.schedule_recheck(gid, self.policy.remote_recheck_ms);
             self.path_failed(|p| p.dgid == gid);
         }
     }
@@ -561,7 +559,7 @@ impl Engine {
                         Phase::Migrating { why, .. } => *why,
                         _ => MoveReason::Ours,
                     };
-                    self.migrated(id, false, why);
+                    self.migrated(id, Moved::Unforced, why);
                 } else {
                     // Not armed as far as we know: ask the QP what happened.
                     self.query(id);
@@ -607,7 +605,8 @@ impl Engine {
     /// before either side arms the next alternate (a QP that arms sends MigReq=0, and a
     /// peer still on the old path would never follow it); it still comes before the
     /// migrated path's COMM_EST (the re-arm race the IBA's APM leaves to software).
-    pub(super) fn migrated(&mut self, id: ConnId, forced: bool, why: MoveReason) {
+    pub(super) fn migrated(&mut self, id: ConnId, moved: Moved, why: MoveReason) {
+        let forced = moved == Moved::Forced;
         let now = self.now;
         let Some(c) = self.conns.get_mut(&id) else {
             return;
@@ -622,7 +621,7 @@ impl Engine {
         c.want_rearm = true;
         // "Migrated" itself tells the application the connection is unprotected.
         c.told = Some(Told::Unprotected(UnprotectedReason::PrimaryDownUnarmed));
-        if forced {
+        if moved == Moved::Forced {
             c.forced_at = Some(now);
         }
         info!(%id, primary = %new_primary, forced, "migrated");
@@ -639,7 +638,7 @@ impl Engine {
         });
         match why {
             MoveReason::PeerAsked(r) => {
-                self.send_migrate_ack(id, r, true);
+                self.answer_moved(id, r);
                 if back {
                     // The word comes within a round trip and a device command; without
                     // it, ask (every quarter LAP timeout), and after two LAP timeouts
@@ -654,7 +653,7 @@ impl Engine {
                 }
                 return;
             }
-            MoveReason::PeerAskedAndMoved(r) => self.send_migrate_ack(id, r, true),
+            MoveReason::PeerAskedAndMoved(r) => self.answer_moved(id, r),
             // The peer hears where we are.
             MoveReason::Ours => {
                 if let Some(c) = self.conns.get_mut(&id) {
@@ -669,7 +668,7 @@ impl Engine {
                     port: new_primary.port,
                     digest: 0,
                 };
-                self.send_migrate_ack(id, r, true);
+                self.answer_moved(id, r);
             }
         }
         // Both sides know the path they left: arm it again at once, dead or not, as

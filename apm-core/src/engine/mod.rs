@@ -29,7 +29,7 @@ use crate::types::*;
 // `Responder` is used by the submodules, which import this module's names with
 // `use super::*`.
 #[allow(unused_imports)]
-use conn::{Conn, MoveReason, Phase, Responder, Told};
+use conn::{Conn, LapWait, MoveReason, Moved, Phase, Responder, Told};
 use health::Health;
 use pending::{Deadlines, PendingTable};
 use serde::Serialize;
@@ -604,7 +604,7 @@ impl Engine {
                 .is_some_and(|c| matches!(c.phase(), Phase::Queued))
             {
                 self.set_phase(next, Phase::Idle);
-                self.initiate(next);
+                self.initiate(next, rearm::AskSa::IfNeeded);
             }
         }
     }

@@ -84,10 +84,10 @@ impl Engine {
         if self.conns.get(&id).is_some_and(|c| c.lost) {
             return;
         }
-        self.lap_received(id, from, port, lap, false);
+        self.lap_received(id, from, port, lap, LapWait::MayWait);
     }
 
-    /// The LAP of rules 3-8, from a verified peer. `deferred` is true when it already
+    /// The LAP of rules 3-8, from a verified peer. `wait` says whether it already
     /// waited for a `PATH_MIG` (rule 5).
     pub(super) fn lap_received(
         &mut self,
@@ -95,7 +95,7 @@ impl Engine {
         from: PeerAddr,
         port: PortKey,
         lap: Lap,
-        deferred: bool,
+        wait: LapWait,
     ) {
         let digest = lap_digest(&lap);
         if self
@@ -174,7 +174,7 @@ impl Engine {
             }
         );
         let moving = c.phase().moving();
-        if names_primary && (armed || moving) && !deferred {
+        if names_primary && (armed || moving) && wait == LapWait::MayWait {
             let busy = c.phase().busy() && !own_lap;
             if own_lap {
                 self.abort_phase(id);
@@ -417,7 +417,7 @@ impl Engine {
             digest,
         };
         let Ok(path) = self.local_view(id, &m.path) else {
-            self.send_migrate_ack(id, r, false);
+            self.refuse_move(id, r);
             return;
         };
         let Some(c) = self.conns.get(&id) else {
@@ -428,7 +428,7 @@ impl Engine {
         }
         if path.same_route(&c.primary) {
             // Already there (the HCA followed the peer's MigReq, or a retransmission).
-            self.send_migrate_ack(id, r, true);
+            self.answer_moved(id, r);
             if m.intent == MigrateIntent::Moved {
                 // The peer runs where we do: what `AwaitFollow` waits for.
                 self.peer_followed(id);
@@ -459,14 +459,14 @@ impl Engine {
         if !self.path_up(&path) {
             // Never onto a path we know is dead: moving there would stall the QP. (A
             // path held down for flapping is up: the peer runs there, or is about to.)
-            self.send_migrate_ack(id, r, false);
+            self.refuse_move(id, r);
             return;
         }
         match c.mode {
             MigrationMode::Software => {
                 if !c.alternate.is_some_and(|a| a.same_route(&path)) {
                     // Only the agreed alternate may be forced on a RoCE QP.
-                    self.send_migrate_ack(id, r, false);
+                    self.refuse_move(id, r);
                     return;
                 }
                 self.stats.migrations_forced += 1;
@@ -487,7 +487,7 @@ impl Engine {
         };
         if !(c.armed || c.mig != MigState::Migrated) {
             debug!(%id, "the peer moved, our QP is not armed: it cannot follow");
-            self.send_migrate_ack(id, r, false);
+            self.refuse_move(id, r);
             return;
         }
         self.stats.migrations_forced += 1;
@@ -508,7 +508,17 @@ impl Engine {
         );
     }
 
-    pub(super) fn send_migrate_ack(&mut self, id: ConnId, r: Responder, ok: bool) {
+    /// Answer the peer's `Migrate`: we run on the path it named.
+    pub(super) fn answer_moved(&mut self, id: ConnId, r: Responder) {
+        self.send_migrate_ack(id, r, true);
+    }
+
+    /// Answer the peer's `Migrate`: we did not move there.
+    pub(super) fn refuse_move(&mut self, id: ConnId, r: Responder) {
+        self.send_migrate_ack(id, r, false);
+    }
+
+    fn send_migrate_ack(&mut self, id: ConnId, r: Responder, ok: bool) {
         let Some(c) = self.conns.get(&id) else {
             return;
         };
@@ -527,7 +537,11 @@ impl Engine {
         }
         // We moved first unless the peer asked us to.
         let why = responder.map_or(MoveReason::Ours, MoveReason::PeerAsked);
-        self.migrated(id, responder.is_none(), why);
+        let moved = match responder {
+            None => Moved::Forced,
+            Some(_) => Moved::Unforced,
+        };
+        self.migrated(id, moved, why);
     }
 
     /// Tell the peer where we run now (`Migrate`), retransmitted until it answers; the

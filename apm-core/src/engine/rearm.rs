@@ -42,11 +42,13 @@ impl Engine {
             self.set_deadline(id, Some(at));
             return;
         }
-        self.initiate(id);
+        self.initiate(id, AskSa::IfNeeded);
     }
 
-    /// Choose an alternate and send the LAP (or queue for a slot, or resolve paths).
-    pub(super) fn initiate(&mut self, id: ConnId) {
+    /// Choose an alternate and send the LAP (or queue for a slot, or ask the SA for
+    /// paths when `ask` allows and the policy does).
+    pub(super) fn initiate(&mut self, id: ConnId, ask: AskSa) {
+        let resolve = self.policy.resolve_paths && ask == AskSa::IfNeeded;
         let Some(c) = self.conns.get(&id) else {
             return;
         };
@@ -58,7 +60,7 @@ impl Engine {
         match choice {
             Some((path, score)) if current.is_none_or(|cur| score > cur) => {
                 // The best known is dead: the SA may know one that works.
-                if !score.1 && self.policy.resolve_paths && self.resolve_for(id) {
+                if !score.1 && resolve && self.resolve_for(id) {
                     self.set_phase(id, Phase::Resolving);
                     return;
                 }
@@ -83,7 +85,7 @@ impl Engine {
                     self.set_phase(id, Phase::Idle);
                     return;
                 }
-                if self.policy.resolve_paths && self.resolve_for(id) {
+                if resolve && self.resolve_for(id) {
                     self.set_phase(id, Phase::Resolving);
                     return;
                 }
@@ -210,9 +212,7 @@ impl Engine {
             }
             self.set_phase(id, Phase::Idle);
             // Answers are in: choose, but do not ask again for this attempt.
-            let resolve = std::mem::replace(&mut self.policy.resolve_paths, false);
-            self.initiate(id);
-            self.policy.resolve_paths = resolve;
+            self.initiate(id, AskSa::No);
         }
     }
 
@@ -302,7 +302,7 @@ impl Engine {
                 .and_then(|c| c.deferred_lap.take().map(|b| *b));
             if let Some((from, port, lap)) = deferred {
                 // A deferred LAP's wait for PATH_MIG ran out: answer it as things stand.
-                self.lap_received(id, from, port, lap, true);
+                self.lap_received(id, from, port, lap, LapWait::Waited);
                 return;
             }
         }
@@ -321,7 +321,7 @@ impl Engine {
             }
             Phase::WaitPassive | Phase::Backoff => {
                 self.set_phase(id, Phase::Idle);
-                self.initiate(id);
+                self.initiate(id, AskSa::IfNeeded);
             }
             Phase::AwaitPeer { msg, .. } if probe_path(&msg).is_some_and(|p| !self.path_up(&p)) => {
                 // The path died since the probe went out: the move is off (the HCA
@@ -415,7 +415,7 @@ impl Engine {
             return;
         }
         if let Some((from, port, lap)) = c.deferred_lap.take().map(|b| *b) {
-            self.lap_received(id, from, port, lap, false);
+            self.lap_received(id, from, port, lap, LapWait::MayWait);
             return;
         }
         let want = std::mem::take(&mut c.want_rearm);
@@ -423,6 +423,14 @@ impl Engine {
             self.need_rearm(id);
         }
     }
+}
+
+/// Whether a re-arm attempt may ask the SA for paths: not when it follows the answers
+/// to its own questions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum AskSa {
+    IfNeeded,
+    No,
 }
 
 /// The path a probe asks the peer to move to. (A LAP may propose a dead path on

@@ -127,14 +127,14 @@ impl Engine {
             }
             (Phase::Migrating { why, .. }, Ok(_)) => {
                 self.set_phase(id, Phase::Idle);
-                self.migrated(id, true, why);
+                self.migrated(id, Moved::Forced, why);
             }
             (Phase::Migrating { why, .. }, Err(e)) => {
                 // The HCA may have migrated by itself (the peer's MigReq got there first)
                 // or the QP is unarmed: ask it.
                 warn!(%id, error = %e, "forcing migration failed; querying the QP");
                 if let MoveReason::PeerAsked(r) | MoveReason::PeerAskedAndMoved(r) = why {
-                    self.send_migrate_ack(id, r, false);
+                    self.refuse_move(id, r);
                 }
                 self.set_phase(id, Phase::Idle);
                 self.query(id);
@@ -153,7 +153,7 @@ impl Engine {
             }
             (Phase::LoadingToFollow { responder, .. }, Err(e)) => {
                 warn!(%id, error = %e, "loading the peer's path to follow it failed");
-                self.send_migrate_ack(id, responder, false);
+                self.refuse_move(id, responder);
                 self.set_phase(id, Phase::Idle);
                 self.query(id);
             }
@@ -168,7 +168,7 @@ impl Engine {
             (Phase::SwMigrating { responder, .. }, Err(e)) => {
                 warn!(%id, error = %e, "software migration failed");
                 if let Some(r) = responder {
-                    self.send_migrate_ack(id, r, false);
+                    self.refuse_move(id, r);
                 }
                 self.set_phase(id, Phase::Idle);
                 if let Some(c) = self.conns.get_mut(&id) {
@@ -211,7 +211,7 @@ impl Engine {
         };
         if c.alternate.is_some_and(|a| on(&a)) && !on(&c.primary) {
             self.stats.migrations_observed += 1;
-            self.migrated(id, false, MoveReason::Ours);
+            self.migrated(id, Moved::Unforced, MoveReason::Ours);
             return;
         }
         c.mig = snap.mig_state;
