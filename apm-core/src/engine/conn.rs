@@ -4,6 +4,70 @@
 use crate::io::{Command, CommandId, CommandOp, Lap, PeerMsg};
 use crate::types::*;
 
+/// The connection's alternate path as the engine believes the QP holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Alternate {
+    /// None loaded (or none the engine can count on).
+    None,
+    /// Loaded in the QP (hardware) or proposed, but not armed: REARM not set, or the
+    /// peer has not agreed to it (a LAP given up on), or it names our old LID.
+    Loaded(Path),
+    /// Armed: REARM set on it (hardware) or the peer accepted it (software).
+    Armed(Path),
+}
+
+impl Alternate {
+    /// The alternate path, armed or not.
+    pub(crate) fn path(&self) -> Option<Path> {
+        match *self {
+            Alternate::None => None,
+            Alternate::Loaded(p) | Alternate::Armed(p) => Some(p),
+        }
+    }
+
+    /// The alternate path when it is armed.
+    pub(crate) fn armed(&self) -> Option<Path> {
+        match *self {
+            Alternate::Armed(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn is_armed(&self) -> bool {
+        matches!(self, Alternate::Armed(_))
+    }
+
+    /// The path, to rewrite in place (a LID change).
+    pub(crate) fn path_mut(&mut self) -> Option<&mut Path> {
+        match self {
+            Alternate::None => None,
+            Alternate::Loaded(p) | Alternate::Armed(p) => Some(p),
+        }
+    }
+
+    /// No longer known to be armed (the path stays loaded). The one place that
+    /// disarms.
+    pub(crate) fn disarm(&mut self) {
+        if let Alternate::Armed(p) = *self {
+            *self = Alternate::Loaded(p);
+        }
+    }
+
+    /// The QP migrated to it, or it failed: no alternate any more. Returns it.
+    pub(crate) fn take(&mut self) -> Option<Path> {
+        std::mem::replace(self, Alternate::None).path()
+    }
+
+    /// Another path took its place in the QP, which keeps its migration state (an
+    /// ARMED QP stays ARMED when its alternate is reloaded).
+    pub(crate) fn replace(&mut self, path: Path) {
+        *self = match *self {
+            Alternate::Armed(_) => Alternate::Armed(path),
+            _ => Alternate::Loaded(path),
+        };
+    }
+}
+
 /// Who a phase is answering, when the engine acts on a peer's request (LAP or Migrate).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Responder {
@@ -173,10 +237,9 @@ pub(crate) struct Conn {
     pub(crate) primary: Path,
     /// The connection's own local ACK timeout (its primary's at protect time).
     pub(crate) base_timeout: u8,
-    /// The alternate loaded in the QP (hardware) or agreed with the peer (software).
-    pub(crate) alternate: Option<Path>,
-    /// REARM was set on `alternate` (hardware) / the peer accepted it (software).
-    pub(crate) armed: bool,
+    /// The alternate loaded in the QP (hardware) or agreed with the peer (software),
+    /// and whether it is armed.
+    pub(crate) alt: Alternate,
     /// Migration state as last known.
     pub(crate) mig: MigState,
     /// Every path to the peer the engine may use, including the original primary.
@@ -251,8 +314,7 @@ impl Conn {
             remote_comm_id: spec.remote_comm_id,
             primary: spec.primary,
             base_timeout: spec.primary.ack_timeout,
-            alternate: None,
-            armed: false,
+            alt: Alternate::None,
             mig: MigState::Migrated,
             candidates,
             bad: Vec::new(),
@@ -275,7 +337,7 @@ impl Conn {
     /// True when `gid` is one of the peer's port GIDs as far as this connection knows.
     pub(crate) fn is_peer_gid(&self, gid: &Gid) -> bool {
         self.primary.dgid == *gid
-            || self.alternate.is_some_and(|a| a.dgid == *gid)
+            || self.alt.path().is_some_and(|a| a.dgid == *gid)
             || self.candidates.iter().any(|c| c.dgid == *gid)
     }
 

@@ -151,14 +151,14 @@ impl Engine {
             }
             rebase(&mut c.primary);
             c.candidates.iter_mut().for_each(rebase);
-            let alt_on_port = c.alternate.is_some_and(|a| a.port == port);
-            if let Some(a) = c.alternate.as_mut() {
+            let alt_on_port = c.alt.path().is_some_and(|a| a.port == port);
+            if let Some(a) = c.alt.path_mut() {
                 rebase(a);
             }
             let primary_on_port = c.primary.port == port;
             if alt_on_port {
                 // The peer's copy of this alternate names our old LID: agree on it anew.
-                c.armed = false;
+                c.alt.disarm();
                 self.update_protection(id, UnprotectedReason::AlternateDown);
                 self.need_rearm(id);
             } else if primary_on_port {
@@ -300,7 +300,7 @@ impl Engine {
             .filter(|(_, c)| !c.lost)
             .filter_map(|(id, c)| {
                 let primary_hit = hit(&c.primary);
-                let alt_hit = c.alternate.is_some_and(|a| hit(&a));
+                let alt_hit = c.alt.path().is_some_and(|a| hit(&a));
                 (primary_hit || alt_hit).then_some((*id, primary_hit))
             })
             .collect();
@@ -323,10 +323,11 @@ impl Engine {
             return;
         }
         let alt = c
-            .alternate
-            .filter(|a| c.armed && !c.is_bad(a, self.now) && self.path_up(a));
+            .alt
+            .armed()
+            .filter(|a| !c.is_bad(a, self.now) && self.path_up(a));
         let mode = c.mode;
-        let armed_on_dead = c.armed && c.alternate.is_some();
+        let armed_on_dead = c.alt.is_armed();
         match alt {
             Some(alt) => {
                 // A migration overrides whatever negotiation was going on.
@@ -357,7 +358,7 @@ impl Engine {
     /// working port dead; on the connection's last path that mistake is fatal. A "yes"
     /// revives the GID and the connection moves there (`path_up_while_held`).
     fn recheck_alternate_now(&mut self, id: ConnId) {
-        let Some(alt) = self.conns.get(&id).and_then(|c| c.alternate) else {
+        let Some(alt) = self.conns.get(&id).and_then(|c| c.alt.path()) else {
             return;
         };
         let port_up = self.ports.get(&alt.port).is_some_and(|p| p.health.up);
@@ -441,7 +442,7 @@ impl Engine {
         let ids: Vec<ConnId> = self
             .conns
             .iter()
-            .filter(|(_, c)| !c.lost && c.armed && c.alternate.is_some_and(|a| hit(&a)))
+            .filter(|(_, c)| !c.lost && c.alt.armed().is_some_and(|a| hit(&a)))
             .filter(|(_, c)| self.should_move_now(c))
             .map(|(id, _)| *id)
             .collect();
@@ -453,9 +454,9 @@ impl Engine {
     /// The armed alternate of `c` is up while its primary is dead: move now rather than
     /// wait for the transport to give up on the primary.
     fn should_move_now(&self, c: &Conn) -> bool {
-        c.armed
-            && !self.path_up(&c.primary)
-            && c.alternate
+        !self.path_up(&c.primary)
+            && c.alt
+                .armed()
                 .is_some_and(|a| self.path_up(&a) && !c.is_bad(&a, self.now))
     }
 
@@ -467,7 +468,7 @@ impl Engine {
             .conns
             .iter()
             .filter(|(_, c)| {
-                !c.lost && (c.candidates.iter().any(&hit) || c.alternate.is_some_and(|a| hit(&a)))
+                !c.lost && (c.candidates.iter().any(&hit) || c.alt.path().is_some_and(|a| hit(&a)))
             })
             .map(|(id, _)| *id)
             .collect();
@@ -504,7 +505,7 @@ impl Engine {
             return;
         }
         c.lost = true;
-        c.armed = false;
+        c.alt.disarm();
         c.told = None;
         c.want_rearm = false;
         c.announce = false;
@@ -542,8 +543,8 @@ impl Engine {
                 // The HCA migrates only from ARMED: an alternate the QP was last known to
                 // hold armed (or arming) is where it went, even when a LAP given up on
                 // left it unagreed with the peer.
-                let may_migrate = c.alternate.is_some()
-                    && (c.armed
+                let may_migrate = c.alt.path().is_some()
+                    && (c.alt.is_armed()
                         || c.mig != MigState::Migrated
                         || matches!(
                             c.phase(),
@@ -569,10 +570,9 @@ impl Engine {
                 let now = self.now;
                 let hold = now.plus(Policy::ms(self.policy.bad_path_hold_ms));
                 if let Some(c) = self.conns.get_mut(&id) {
-                    if let Some(a) = c.alternate.take() {
+                    if let Some(a) = c.alt.take() {
                         c.mark_bad(a, hold, now);
                     }
-                    c.armed = false;
                     c.mig = MigState::Migrated;
                 }
                 self.update_protection(id, UnprotectedReason::AlternateFailed);
@@ -611,12 +611,11 @@ impl Engine {
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
-        let Some(new_primary) = c.alternate.take() else {
+        let Some(new_primary) = c.alt.take() else {
             return;
         };
         let old = std::mem::replace(&mut c.primary, new_primary);
         c.learn(old);
-        c.armed = false;
         c.mig = MigState::Migrated;
         c.want_rearm = true;
         // "Migrated" itself tells the application the connection is unprotected.

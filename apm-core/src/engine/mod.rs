@@ -29,7 +29,7 @@ use crate::types::*;
 // `Responder` is used by the submodules, which import this module's names with
 // `use super::*`.
 #[allow(unused_imports)]
-use conn::{Conn, LapWait, MoveReason, Moved, Phase, Responder, Told};
+use conn::{Alternate, Conn, LapWait, MoveReason, Moved, Phase, Responder, Told};
 use health::Health;
 use pending::{Deadlines, PendingTable};
 use serde::Serialize;
@@ -255,13 +255,13 @@ impl Engine {
         ConnStatus {
             protection,
             primary: c.primary,
-            alternate: c.alternate,
+            alternate: c.alt.path(),
             mig_state: c.mig,
         }
     }
 
     fn is_protected(&self, c: &Conn) -> bool {
-        !c.lost && c.armed && c.alternate.is_some_and(|a| self.path_usable(&a))
+        !c.lost && c.alt.armed().is_some_and(|a| self.path_usable(&a))
     }
 
     fn port_usable(&self, port: PortKey) -> bool {
@@ -617,7 +617,7 @@ impl Engine {
         if c.lost {
             return;
         }
-        let now = match (self.is_protected(c), c.alternate) {
+        let now = match (self.is_protected(c), c.alt.path()) {
             (true, Some(_)) => Told::Protected,
             _ => Told::Unprotected(reason),
         };
@@ -628,7 +628,7 @@ impl Engine {
             return;
         }
         let first = !c.ever_protected;
-        let c_alt = c.alternate;
+        let c_alt = c.alt.path();
         let c_primary = c.primary;
         if let Some(c) = self.conns.get_mut(&id) {
             c.told = Some(now);

@@ -124,8 +124,7 @@ impl Engine {
             // A refusal is worked out again: what made it (a dead path, a collision) may
             // have changed since, and working it out touches nothing.
             let still_true = status == ApStatus::Success
-                && c.armed
-                && c.alternate.is_some_and(|a| {
+                && c.alt.armed().is_some_and(|a| {
                     a.slid == lap.alt.dlid && a.dlid == lap.alt.slid && a.dgid == lap.alt.sgid
                 });
             if d == digest && still_true {
@@ -162,8 +161,8 @@ impl Engine {
         // to. The comparison is of whole routes (LIDs too: the LMC variants of one port
         // share its GID). Our own LAP in flight does not matter then: it proposes an
         // alternate for a primary that is gone.
-        let armed = (c.armed || c.mig != MigState::Migrated)
-            && c.alternate.is_some()
+        let armed = (c.alt.is_armed() || c.mig != MigState::Migrated)
+            && c.alt.path().is_some()
             && c.mode == MigrationMode::Hardware;
         let names_primary = path.same_route(&c.primary);
         let own_lap = matches!(
@@ -444,7 +443,7 @@ impl Engine {
             Phase::Migrating {
                 why: MoveReason::Ours | MoveReason::PeerMoved,
                 ..
-            } if c.alternate.is_some_and(|a| a.same_route(&path)) => {
+            } if c.alt.path().is_some_and(|a| a.same_route(&path)) => {
                 // Our own forced migration goes there: answer when it is done.
                 if let Some(Phase::Migrating { why, .. }) =
                     self.conns.get_mut(&id).and_then(|c| c.phase_mut())
@@ -464,7 +463,7 @@ impl Engine {
         }
         match c.mode {
             MigrationMode::Software => {
-                if !c.alternate.is_some_and(|a| a.same_route(&path)) {
+                if !c.alt.path().is_some_and(|a| a.same_route(&path)) {
                     // Only the agreed alternate may be forced on a RoCE QP.
                     self.refuse_move(id, r);
                     return;
@@ -485,13 +484,13 @@ impl Engine {
         let Some(c) = self.conns.get(&id) else {
             return;
         };
-        if !(c.armed || c.mig != MigState::Migrated) {
+        if !(c.alt.is_armed() || c.mig != MigState::Migrated) {
             debug!(%id, "the peer moved, our QP is not armed: it cannot follow");
             self.refuse_move(id, r);
             return;
         }
         self.stats.migrations_forced += 1;
-        if c.alternate.is_some_and(|a| a.same_route(&path)) {
+        if c.alt.path().is_some_and(|a| a.same_route(&path)) {
             debug!(%id, %path, "the peer moves to our alternate: following");
             self.force_migration(id, MoveReason::PeerAsked(r));
             return;
@@ -533,7 +532,7 @@ impl Engine {
     /// A software migration to `path` is done on our side.
     pub(super) fn sw_migrated(&mut self, id: ConnId, path: Path, responder: Option<Responder>) {
         if let Some(c) = self.conns.get_mut(&id) {
-            c.alternate = Some(path);
+            c.alt.replace(path);
         }
         // We moved first unless the peer asked us to.
         let why = responder.map_or(MoveReason::Ours, MoveReason::PeerAsked);
@@ -630,8 +629,8 @@ impl Engine {
         let probe = !m.path.same_route(&c.primary);
         let follow = probe
             && a.ok
-            && c.alternate.is_some_and(|alt| alt.same_route(&m.path))
-            && (c.armed || c.mig != MigState::Migrated);
+            && c.alt.path().is_some_and(|alt| alt.same_route(&m.path))
+            && (c.alt.is_armed() || c.mig != MigState::Migrated);
         if !a.ok {
             warn!(%id, "peer refused to follow the migration");
         }

@@ -99,7 +99,7 @@ impl Engine {
     /// The score of `c`'s alternate when the QP holds it armed and it has not failed for
     /// this connection: what a new alternate must beat.
     pub(super) fn current_score(&self, c: &Conn) -> Option<select::Score> {
-        let a = c.alternate.filter(|a| c.armed && !c.is_bad(a, self.now))?;
+        let a = c.alt.armed().filter(|a| !c.is_bad(a, self.now))?;
         select::score(&c.primary, &a, self.path_usable(&a))
     }
 
@@ -352,7 +352,7 @@ impl Engine {
                         // lost: its alternate and ours may now differ, so ours is no
                         // longer known to be agreed. The next attempt agrees anew.
                         if let Some(c) = self.conns.get_mut(&id) {
-                            c.armed = false;
+                            c.alt.disarm();
                         }
                     }
                     self.release_slot(id);

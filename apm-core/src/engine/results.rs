@@ -69,8 +69,7 @@ impl Engine {
                 let Some(c) = self.conns.get_mut(&id) else {
                     return;
                 };
-                c.alternate = Some(path);
-                c.armed = false;
+                c.alt = Alternate::Loaded(path);
                 // A QP in REARM or ARMED keeps its state when a new alternate is loaded,
                 // and refuses REARM once ARMED (rdmavt: EINVAL): only a MIGRATED QP
                 // needs asking.
@@ -115,8 +114,7 @@ impl Engine {
                 let hold = now.plus(Policy::ms(self.policy.bad_path_hold_ms));
                 if let Some(c) = self.conns.get_mut(&id) {
                     c.mark_bad(path, hold, now);
-                    c.alternate = None;
-                    c.armed = false;
+                    c.alt = Alternate::None;
                 }
                 self.finish_failed(
                     id,
@@ -147,7 +145,7 @@ impl Engine {
             ) => {
                 // The peer's path is our alternate now, in an ARMED QP: move there.
                 if let Some(c) = self.conns.get_mut(&id) {
-                    c.alternate = Some(path);
+                    c.alt.replace(path);
                 }
                 self.force_migration(id, MoveReason::PeerAsked(responder));
             }
@@ -172,7 +170,7 @@ impl Engine {
                 }
                 self.set_phase(id, Phase::Idle);
                 if let Some(c) = self.conns.get_mut(&id) {
-                    c.armed = false;
+                    c.alt.disarm();
                 }
                 self.update_protection(id, UnprotectedReason::ModifyFailed);
                 // A QP that failed under the move (a software migration cannot bring
@@ -209,14 +207,14 @@ impl Engine {
                 && p.dlid == snap.primary_dlid
                 && p.dgid == snap.primary_dgid
         };
-        if c.alternate.is_some_and(|a| on(&a)) && !on(&c.primary) {
+        if c.alt.path().is_some_and(|a| on(&a)) && !on(&c.primary) {
             self.stats.migrations_observed += 1;
             self.migrated(id, Moved::Unforced, MoveReason::Ours);
             return;
         }
         c.mig = snap.mig_state;
         if snap.mig_state == MigState::Migrated {
-            c.armed = false;
+            c.alt.disarm();
         }
         self.update_protection(id, UnprotectedReason::PrimaryDownUnarmed);
         if !self.conns.get(&id).is_some_and(|c| self.is_protected(c)) {
@@ -237,8 +235,7 @@ impl Engine {
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
-        c.alternate = Some(path);
-        c.armed = true;
+        c.alt = Alternate::Armed(path);
         c.mig = mig;
         c.failed_rearms = 0;
         // Both sides have just agreed on this path: an old "bad" mark (a LAP of ours
