@@ -1,7 +1,7 @@
 //! Per-connection state: the paths as the engine believes the QP holds them, and the
 //! phase of whatever the engine is doing for the connection.
 
-use crate::io::{Command, CommandId, CommandOp, Lap, PeerMsg};
+use crate::io::{Command, CommandId, CommandOp, Lap, PeerMsg, UnprotectedReason};
 use crate::types::*;
 
 /// The connection's alternate path as the engine believes the QP holds it.
@@ -109,7 +109,7 @@ pub(crate) enum LapWait {
 }
 
 /// What the engine is doing for a connection. Only one thing at a time: a second reason
-/// to act is remembered in `Conn::want_rearm` / `Conn::deferred_lap` and handled when the
+/// to act is remembered in `Conn::chores` / `Conn::deferred_lap` and handled when the
 /// phase returns to `Idle`.
 #[derive(Clone, Debug)]
 pub(crate) enum Phase {
@@ -217,11 +217,64 @@ impl Phase {
     }
 }
 
-/// The last protection state the application was told about.
+/// What the application has been told about a connection: its protection story, which
+/// ends at `Lost`, a terminal state (the engine never acts on a lost connection again).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Told {
+    /// Nothing yet.
+    Nothing,
+    /// Unprotected, never protected so far (its first protection is `Protected`).
+    NotYetProtected(UnprotectedReason),
+    /// Protected.
     Protected,
-    Unprotected(crate::io::UnprotectedReason),
+    /// Unprotected, protected before (its next protection is `Rearmed`).
+    Unprotected(UnprotectedReason),
+    /// Lost: the last word.
+    Lost,
+}
+
+impl Told {
+    /// True once the application has heard `Protected`.
+    pub(crate) fn ever_protected(self) -> bool {
+        matches!(self, Told::Protected | Told::Unprotected(_))
+    }
+
+    /// What "unprotected because of `reason`" is after this.
+    pub(crate) fn unprotected(self, reason: UnprotectedReason) -> Told {
+        if self.ever_protected() {
+            Told::Unprotected(reason)
+        } else {
+            Told::NotYetProtected(reason)
+        }
+    }
+}
+
+/// Work a busy connection was asked to do meanwhile, done when its phase ends
+/// (`Engine::after_phase`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Chore {
+    /// Tell the peer where we run now (`Migrate` "moved").
+    Announce = 1,
+    /// Look for a (better) alternate.
+    Rearm = 2,
+}
+
+/// A set of [`Chore`]s.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Chores(u8);
+
+impl Chores {
+    pub(crate) fn add(&mut self, chore: Chore) {
+        self.0 |= chore as u8;
+    }
+
+    /// Remove `chore`; true when it was there.
+    pub(crate) fn take(&mut self, chore: Chore) -> bool {
+        let had = self.0 & chore as u8 != 0;
+        self.0 &= !(chore as u8);
+        had
+    }
 }
 
 /// One protected connection.
@@ -254,12 +307,8 @@ pub(crate) struct Conn {
     pub(crate) in_flight: Option<CommandId>,
     /// The phase's deadline (timer entries that do not match it are stale).
     pub(crate) deadline: Option<Time>,
-    /// Holds one of the `max_concurrent_rearms` slots.
-    pub(crate) slot: bool,
-    /// Another re-arm is wanted once the current phase ends.
-    pub(crate) want_rearm: bool,
-    /// The peer must hear where we run now (`Migrate`) once the current phase ends.
-    pub(crate) announce: bool,
+    /// What to do once the current phase ends.
+    pub(crate) chores: Chores,
     /// A LAP that arrived while busy, handled when the phase ends (or at its deadline).
     pub(crate) deferred_lap: Option<Box<(PeerAddr, PortKey, Lap)>>,
     /// Digest of the last LAP answered and the APStatus sent, for duplicates.
@@ -268,10 +317,8 @@ pub(crate) struct Conn {
     pub(crate) failed_rearms: u32,
     /// When the engine last forced a migration (its own PATH_MIG is not a new one).
     pub(crate) forced_at: Option<Time>,
-    /// What the application was last told.
-    pub(crate) told: Option<Told>,
-    pub(crate) ever_protected: bool,
-    pub(crate) lost: bool,
+    /// What the application was last told; `Told::Lost` ends the connection's life.
+    pub(crate) told: Told,
 }
 
 /// The phase of a connection with no phase box.
@@ -321,17 +368,18 @@ impl Conn {
             phase: None,
             in_flight: None,
             deadline: None,
-            slot: false,
-            want_rearm: false,
-            announce: false,
+            chores: Chores::default(),
             deferred_lap: None,
             last_lap: None,
             failed_rearms: 0,
             forced_at: None,
-            told: None,
-            ever_protected: false,
-            lost: false,
+            told: Told::Nothing,
         }
+    }
+
+    /// True once the connection is lost (terminal).
+    pub(crate) fn is_lost(&self) -> bool {
+        self.told == Told::Lost
     }
 
     /// True when `gid` is one of the peer's port GIDs as far as this connection knows.

@@ -143,12 +143,9 @@ impl Engine {
         };
         let ids: Vec<ConnId> = self.conns.keys().copied().collect();
         for id in ids {
-            let Some(c) = self.conns.get_mut(&id) else {
+            let Some(c) = live_mut(&mut self.conns, id) else {
                 continue;
             };
-            if c.lost {
-                continue;
-            }
             rebase(&mut c.primary);
             c.candidates.iter_mut().for_each(rebase);
             let alt_on_port = c.alt.path().is_some_and(|a| a.port == port);
@@ -171,10 +168,9 @@ impl Engine {
 
     pub(super) fn device_fatal(&mut self, device: u16) {
         let ids: Vec<ConnId> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| c.primary.port.device == device && !c.lost)
-            .map(|(id, _)| *id)
+            .live_conns()
+            .filter(|(_, c)| c.primary.port.device == device)
+            .map(|(id, _)| id)
             .collect();
         for id in ids {
             self.lose(id, LostReason::DeviceFatal);
@@ -295,13 +291,11 @@ impl Engine {
     pub(super) fn path_failed(&mut self, hit: impl Fn(&Path) -> bool) {
         // One pass to find who is hit (most connections usually are not), then act.
         let hits: Vec<(ConnId, bool)> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| !c.lost)
+            .live_conns()
             .filter_map(|(id, c)| {
                 let primary_hit = hit(&c.primary);
                 let alt_hit = c.alt.path().is_some_and(|a| hit(&a));
-                (primary_hit || alt_hit).then_some((*id, primary_hit))
+                (primary_hit || alt_hit).then_some((id, primary_hit))
             })
             .collect();
         for (id, primary_hit) in hits {
@@ -440,11 +434,10 @@ impl Engine {
     /// them now (a flapping path beats a dead one).
     pub(super) fn path_up_while_held(&mut self, hit: impl Fn(&Path) -> bool) {
         let ids: Vec<ConnId> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| !c.lost && c.alt.armed().is_some_and(|a| hit(&a)))
+            .live_conns()
+            .filter(|(_, c)| c.alt.armed().is_some_and(|a| hit(&a)))
             .filter(|(_, c)| self.should_move_now(c))
-            .map(|(id, _)| *id)
+            .map(|(id, _)| id)
             .collect();
         for id in ids {
             self.primary_failed(id);
@@ -465,12 +458,9 @@ impl Engine {
     /// what is now available upgrade.
     pub(super) fn path_returned(&mut self, hit: impl Fn(&Path) -> bool) {
         let ids: Vec<ConnId> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| {
-                !c.lost && (c.candidates.iter().any(&hit) || c.alt.path().is_some_and(|a| hit(&a)))
-            })
-            .map(|(id, _)| *id)
+            .live_conns()
+            .filter(|(_, c)| c.candidates.iter().any(&hit) || c.alt.path().is_some_and(|a| hit(&a)))
+            .map(|(id, _)| id)
             .collect();
         for id in ids {
             self.update_protection(id, UnprotectedReason::AlternateDown);
@@ -498,17 +488,12 @@ impl Engine {
     }
 
     pub(super) fn lose(&mut self, id: ConnId, reason: LostReason) {
-        let Some(c) = self.conns.get_mut(&id) else {
+        let Some(c) = live_mut(&mut self.conns, id) else {
             return;
         };
-        if c.lost {
-            return;
-        }
-        c.lost = true;
+        c.told = Told::Lost;
         c.alt.disarm();
-        c.told = None;
-        c.want_rearm = false;
-        c.announce = false;
+        c.chores = Chores::default();
         c.deferred_lap = None;
         self.stats.lost += 1;
         warn!(%id, ?reason, "connection lost");
@@ -523,7 +508,7 @@ impl Engine {
         let Some(c) = self.conns.get(&id) else {
             return Err(EngineError::UnknownConnection(id));
         };
-        if c.lost {
+        if c.is_lost() {
             return Ok(());
         }
         debug!(%id, ?event, "QP event");
@@ -617,9 +602,9 @@ impl Engine {
         let old = std::mem::replace(&mut c.primary, new_primary);
         c.learn(old);
         c.mig = MigState::Migrated;
-        c.want_rearm = true;
+        c.chores.add(Chore::Rearm);
         // "Migrated" itself tells the application the connection is unprotected.
-        c.told = Some(Told::Unprotected(UnprotectedReason::PrimaryDownUnarmed));
+        c.told = c.told.unprotected(UnprotectedReason::PrimaryDownUnarmed);
         if moved == Moved::Forced {
             c.forced_at = Some(now);
         }
@@ -656,7 +641,7 @@ impl Engine {
             // The peer hears where we are.
             MoveReason::Ours => {
                 if let Some(c) = self.conns.get_mut(&id) {
-                    c.announce = true;
+                    c.chores.add(Chore::Announce);
                 }
             }
             // The peer moved when we asked and waits for word that we followed: an

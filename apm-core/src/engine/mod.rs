@@ -16,6 +16,7 @@
 mod conn;
 mod events;
 mod health;
+mod limiter;
 mod peer;
 mod pending;
 mod rearm;
@@ -29,8 +30,9 @@ use crate::types::*;
 // `Responder` is used by the submodules, which import this module's names with
 // `use super::*`.
 #[allow(unused_imports)]
-use conn::{Alternate, Conn, LapWait, MoveReason, Moved, Phase, Responder, Told};
+use conn::{Alternate, Chore, Chores, Conn, LapWait, MoveReason, Moved, Phase, Responder, Told};
 use health::Health;
+use limiter::RearmLimiter;
 use pending::{Deadlines, PendingTable};
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
@@ -170,8 +172,7 @@ pub struct Engine {
     deadlines: Deadlines,
     timers: Timers,
     out: VecDeque<Output>,
-    rearm_queue: VecDeque<ConnId>,
-    rearms_active: usize,
+    rearms: RearmLimiter,
     stats: Stats,
 }
 
@@ -193,8 +194,7 @@ impl Engine {
             deadlines: Deadlines::default(),
             timers: Timers::default(),
             out: VecDeque::new(),
-            rearm_queue: VecDeque::new(),
-            rearms_active: 0,
+            rearms: RearmLimiter::default(),
             stats: Stats::default(),
         })
     }
@@ -243,7 +243,7 @@ impl Engine {
     }
 
     fn status_of(&self, c: &Conn) -> ConnStatus {
-        let protection = if c.lost {
+        let protection = if c.is_lost() {
             Protection::Lost
         } else if c.phase().moving() {
             Protection::Migrating
@@ -261,7 +261,8 @@ impl Engine {
     }
 
     fn is_protected(&self, c: &Conn) -> bool {
-        !c.lost && c.alt.armed().is_some_and(|a| self.path_usable(&a))
+        // A lost connection's alternate is disarmed.
+        c.alt.armed().is_some_and(|a| self.path_usable(&a))
     }
 
     fn port_usable(&self, port: PortKey) -> bool {
@@ -532,11 +533,10 @@ impl Engine {
         self.by_comm_id.remove(&c.local_comm_id);
         let mut c = c;
         drop_held_command(&mut c, &mut self.pending);
-        if c.slot {
-            self.rearms_active -= 1;
+        if self.rearms.release(id) {
             self.pump_queue();
         }
-        self.rearm_queue.retain(|q| *q != id);
+        self.rearms.dequeue(id);
         info!(%id, "unprotected on request");
         Ok(())
     }
@@ -561,41 +561,32 @@ impl Engine {
             return;
         };
         let queued = matches!(c.phase(), Phase::Queued);
-        let had_slot = std::mem::take(&mut c.slot);
         drop_held_command(c, &mut self.pending);
         c.set_phase(phase);
         c.deadline = None;
         if queued {
-            self.rearm_queue.retain(|q| *q != id);
+            self.rearms.dequeue(id);
         }
-        if had_slot {
-            self.rearms_active -= 1;
+        if self.rearms.release(id) {
             self.pump_queue();
         }
     }
 
     fn take_slot(&mut self, id: ConnId) {
-        if let Some(c) = self.conns.get_mut(&id) {
-            if !c.slot {
-                c.slot = true;
-                self.rearms_active += 1;
-            }
+        if self.conns.contains_key(&id) {
+            self.rearms.take(id);
         }
     }
 
     fn release_slot(&mut self, id: ConnId) {
-        if let Some(c) = self.conns.get_mut(&id) {
-            if c.slot {
-                c.slot = false;
-                self.rearms_active -= 1;
-                self.pump_queue();
-            }
+        if self.rearms.release(id) {
+            self.pump_queue();
         }
     }
 
     fn pump_queue(&mut self) {
-        while self.rearms_active < self.policy.max_concurrent_rearms {
-            let Some(next) = self.rearm_queue.pop_front() else {
+        while !self.rearms.full(self.policy.max_concurrent_rearms) {
+            let Some(next) = self.rearms.next_waiting() else {
                 break;
             };
             if self
@@ -611,28 +602,23 @@ impl Engine {
 
     /// Tell the application when protection changed since it was last told.
     fn update_protection(&mut self, id: ConnId, reason: UnprotectedReason) {
-        let Some(c) = self.conns.get(&id) else {
+        let Some(c) = self.live(id) else {
             return;
         };
-        if c.lost {
-            return;
-        }
         let now = match (self.is_protected(c), c.alt.path()) {
             (true, Some(_)) => Told::Protected,
-            _ => Told::Unprotected(reason),
+            _ => c.told.unprotected(reason),
         };
         // Tell each change once; an unprotected connection hears again only when the
         // reason changes (e.g. "alternate down" becomes "primary down, unarmed").
-        let same = c.told == Some(now);
-        if same {
+        if c.told == now {
             return;
         }
-        let first = !c.ever_protected;
+        let first = !c.told.ever_protected();
         let c_alt = c.alt.path();
         let c_primary = c.primary;
         if let Some(c) = self.conns.get_mut(&id) {
-            c.told = Some(now);
-            c.ever_protected |= now == Told::Protected;
+            c.told = now;
         }
         let kind = match (now, c_alt) {
             (Told::Protected, Some(alternate)) if first => NotificationKind::Protected {
@@ -647,6 +633,32 @@ impl Engine {
         };
         self.notify(id, kind);
     }
+}
+
+impl Engine {
+    /// A connection the engine still acts on: known and not lost. With
+    /// [`live_mut`] and [`Engine::live_conns`], the one place that tells lost
+    /// connections (kept only to be reported) from the others.
+    fn live(&self, id: ConnId) -> Option<&Conn> {
+        self.conns.get(&id).map(|c| &**c).filter(|c| !c.is_lost())
+    }
+
+    /// Every connection the engine still acts on, in id order.
+    fn live_conns(&self) -> impl Iterator<Item = (ConnId, &Conn)> + '_ {
+        self.conns
+            .iter()
+            .filter(|(_, c)| !c.is_lost())
+            .map(|(id, c)| (*id, &**c))
+    }
+}
+
+/// [`Engine::live`], to change: a function of the map alone, so that the rest of the
+/// engine stays usable while the connection is borrowed.
+fn live_mut(conns: &mut BTreeMap<ConnId, Box<Conn>>, id: ConnId) -> Option<&mut Conn> {
+    conns
+        .get_mut(&id)
+        .map(|c| &mut **c)
+        .filter(|c| !c.is_lost())
 }
 
 /// The phase of `c` is about to end: a command it issued that never went out (it was

@@ -81,7 +81,7 @@ impl Engine {
             }
             return;
         }
-        if self.conns.get(&id).is_some_and(|c| c.lost) {
+        if self.live(id).is_none() {
             return;
         }
         self.lap_received(id, from, port, lap, LapWait::MayWait);
@@ -372,7 +372,7 @@ impl Engine {
                 if status == ApStatus::IsCurrent {
                     // The peer's primary is our proposed alternate: our views differ.
                     if let Some(c) = self.conns.get_mut(&id) {
-                        c.want_rearm = true;
+                        c.chores.add(Chore::Rearm);
                     }
                     self.query(id);
                 } else {
@@ -419,12 +419,9 @@ impl Engine {
             self.refuse_move(id, r);
             return;
         };
-        let Some(c) = self.conns.get(&id) else {
+        let Some(c) = self.live(id) else {
             return;
         };
-        if c.lost {
-            return;
-        }
         if path.same_route(&c.primary) {
             // Already there (the HCA followed the peer's MigReq, or a retransmission).
             self.answer_moved(id, r);

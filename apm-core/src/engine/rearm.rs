@@ -9,14 +9,11 @@ impl Engine {
 
     /// `id` wants a (better) alternate. Starts now, queues, or remembers it for later.
     pub(super) fn need_rearm(&mut self, id: ConnId) {
-        let Some(c) = self.conns.get_mut(&id) else {
+        let Some(c) = live_mut(&mut self.conns, id) else {
             return;
         };
-        if c.lost {
-            return;
-        }
         if c.phase().busy() {
-            c.want_rearm = true;
+            c.chores.add(Chore::Rearm);
             return;
         }
         // If we refused the peer's last LAP (typically: its path came back at its end
@@ -49,12 +46,9 @@ impl Engine {
     /// paths when `ask` allows and the policy does).
     pub(super) fn initiate(&mut self, id: ConnId, ask: AskSa) {
         let resolve = self.policy.resolve_paths && ask == AskSa::IfNeeded;
-        let Some(c) = self.conns.get(&id) else {
+        let Some(c) = self.live(id) else {
             return;
         };
-        if c.lost {
-            return;
-        }
         let current = self.current_score(c);
         let choice = self.choose(c);
         match choice {
@@ -64,10 +58,9 @@ impl Engine {
                     self.set_phase(id, Phase::Resolving);
                     return;
                 }
-                let c = &self.conns[&id];
-                if !c.slot && self.rearms_active >= self.policy.max_concurrent_rearms {
+                if !self.rearms.holds(id) && self.rearms.full(self.policy.max_concurrent_rearms) {
                     self.set_phase(id, Phase::Queued);
-                    self.rearm_queue.push_back(id);
+                    self.rearms.enqueue(id);
                     return;
                 }
                 self.take_slot(id);
@@ -404,13 +397,13 @@ impl Engine {
 
     /// Phase is back to idle: do what was remembered meanwhile.
     pub(super) fn after_phase(&mut self, id: ConnId) {
-        let Some(c) = self.conns.get_mut(&id) else {
+        let Some(c) = live_mut(&mut self.conns, id) else {
             return;
         };
-        if c.phase().busy() || c.lost {
+        if c.phase().busy() {
             return;
         }
-        if std::mem::take(&mut c.announce) {
+        if c.chores.take(Chore::Announce) {
             self.announce_migration(id);
             return;
         }
@@ -418,8 +411,7 @@ impl Engine {
             self.lap_received(id, from, port, lap, LapWait::MayWait);
             return;
         }
-        let want = std::mem::take(&mut c.want_rearm);
-        if want {
+        if c.chores.take(Chore::Rearm) {
             self.need_rearm(id);
         }
     }
