@@ -18,6 +18,15 @@
 //! 8. Otherwise: load it, set REARM, answer "success".
 
 use super::conn::{lap_digest, Phase, Responder};
+use std::ops::ControlFlow;
+
+/// A LAP from a verified peer, and where its answer goes.
+struct IncomingLap {
+    from: PeerAddr,
+    port: PortKey,
+    lap: Lap,
+    responder: Responder,
+}
 use super::*;
 
 impl Engine {
@@ -97,7 +106,6 @@ impl Engine {
         lap: Lap,
         wait: LapWait,
     ) {
-        let digest = lap_digest(&lap);
         if self
             .conns
             .get(&id)
@@ -107,15 +115,62 @@ impl Engine {
             // proposes, most likely, the path we both left).
             self.set_phase(id, Phase::Idle);
         }
-        let Some(c) = self.conns.get(&id) else {
+        let Some(local_qpn) = self.conns.get(&id).map(|c| c.local_qpn) else {
             return;
         };
         let responder = Responder {
             to: from,
             port,
-            digest,
+            digest: lap_digest(&lap),
         };
-        // Rule 4: duplicates.
+        if self.lap_duplicate(id, &lap, responder).is_break() {
+            return;
+        }
+        // Rule 3.
+        if lap.receiver_qpn != local_qpn {
+            self.answer_lap(id, responder, ApStatus::InvalidQpn);
+            return;
+        }
+        let path = match self.local_view(id, &lap.alt) {
+            Ok(p) => p,
+            Err(status) => {
+                self.answer_lap(id, responder, status);
+                return;
+            }
+        };
+        let incoming = IncomingLap {
+            from,
+            port,
+            lap,
+            responder,
+        };
+        if self
+            .lap_naming_primary(id, &incoming, path, wait)
+            .is_break()
+        {
+            return;
+        }
+        // Rule 6: a path known to be dead is accepted all the same. It is only an
+        // alternate: nothing moves there while it is dead, and armed it gives the QP a
+        // second retry budget when the primary fails (the sender chose it because
+        // nothing that works ranks as high).
+        if self.lap_while_busy(id, &incoming).is_break() {
+            return;
+        }
+        // Rule 8.
+        debug!(%id, %path, "accepting LAP");
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.learn(path);
+        }
+        self.start_load(id, path, Some(responder));
+    }
+
+    /// Rule 4: a duplicate of the last LAP answered gets the same answer, one of the LAP
+    /// being worked on an MRA.
+    fn lap_duplicate(&mut self, id: ConnId, lap: &Lap, r: Responder) -> ControlFlow<()> {
+        let Some(c) = self.conns.get(&id) else {
+            return ControlFlow::Break(());
+        };
         if let Some((d, status)) = c.last_lap {
             // A "success" answer stays true only while that path is still our armed
             // alternate: the same LAP sent again after a migration or another LAP is a
@@ -127,44 +182,46 @@ impl Engine {
                 && c.alt.armed().is_some_and(|a| {
                     a.slid == lap.alt.dlid && a.dlid == lap.alt.slid && a.dgid == lap.alt.sgid
                 });
-            if d == digest && still_true {
+            if d == r.digest && still_true {
                 debug!(%id, ?status, "duplicate LAP: same answer again");
-                self.send_apr(id, responder, status);
-                return;
+                self.send_apr(id, r, status);
+                return ControlFlow::Break(());
             }
         }
         let working_on_it = matches!(
             c.phase(),
-            Phase::Loading { responder: Some(r), .. } | Phase::Arming { responder: Some(r), .. } if r.digest == digest
+            Phase::Loading { responder: Some(w), .. } | Phase::Arming { responder: Some(w), .. } if w.digest == r.digest
         );
         if working_on_it {
-            self.send_mra(id, responder);
-            return;
+            self.send_mra(id, r);
+            return ControlFlow::Break(());
         }
-        if lap.receiver_qpn != c.local_qpn {
-            self.answer_lap(id, responder, ApStatus::InvalidQpn);
-            return;
-        }
-        let path = match self.local_view(id, &lap.alt) {
-            Ok(p) => p,
-            Err(status) => {
-                self.answer_lap(id, responder, status);
-                return;
-            }
-        };
+        ControlFlow::Continue(())
+    }
+
+    /// Rule 5: a LAP naming our primary (`path`, in our terms) while we are armed means
+    /// the peer has left it: our own PATH_MIG (or the peer's Migrate) may not have
+    /// reached us yet, and loading a new alternate now would replace the one the HCA is
+    /// about to migrate to. The comparison is of whole routes (LIDs too: the LMC
+    /// variants of one port share its GID). Our own LAP in flight does not matter then:
+    /// it proposes an alternate for a primary that is gone. Once waited for (or when
+    /// not armed), it is "is current".
+    fn lap_naming_primary(
+        &mut self,
+        id: ConnId,
+        incoming: &IncomingLap,
+        path: Path,
+        wait: LapWait,
+    ) -> ControlFlow<()> {
         let Some(c) = self.conns.get(&id) else {
-            return;
+            return ControlFlow::Break(());
         };
-        // Rule 5: a LAP naming our primary while we are armed means the peer has left
-        // it: our own PATH_MIG (or the peer's Migrate) may not have reached us yet, and
-        // loading a new alternate now would replace the one the HCA is about to migrate
-        // to. The comparison is of whole routes (LIDs too: the LMC variants of one port
-        // share its GID). Our own LAP in flight does not matter then: it proposes an
-        // alternate for a primary that is gone.
+        if !path.same_route(&c.primary) {
+            return ControlFlow::Continue(());
+        }
         let armed = (c.alt.is_armed() || c.mig != MigState::Migrated)
             && c.alt.path().is_some()
             && c.mode == MigrationMode::Hardware;
-        let names_primary = path.same_route(&c.primary);
         let own_lap = matches!(
             c.phase(),
             Phase::AwaitPeer {
@@ -172,44 +229,39 @@ impl Engine {
                 ..
             }
         );
-        let moving = c.phase().moving();
-        if names_primary && (armed || moving) && wait == LapWait::MayWait {
-            let busy = c.phase().busy() && !own_lap;
-            if own_lap {
-                self.abort_phase(id);
-            }
-            debug!(%id, "LAP names our primary: waiting for our PATH_MIG");
-            if let Some(c) = self.conns.get_mut(&id) {
-                c.deferred_lap = Some(Box::new((from, port, lap)));
-            }
-            // Mid-way through a command (a migration, typically), the LAP is answered
-            // when it is done; otherwise after `lap_defer_ms` at most.
-            if !busy {
-                let at = self.now.plus(Policy::ms(self.policy.lap_defer_ms));
-                self.set_deadline(id, Some(at));
-            }
-            return;
+        if !((armed || c.phase().moving()) && wait == LapWait::MayWait) {
+            self.answer_lap(id, incoming.responder, ApStatus::IsCurrent);
+            return ControlFlow::Break(());
         }
+        let busy = c.phase().busy() && !own_lap;
+        if own_lap {
+            self.abort_phase(id);
+        }
+        debug!(%id, "LAP names our primary: waiting for our PATH_MIG");
+        self.defer_lap(id, incoming);
+        // Mid-way through a command (a migration, typically), the LAP is answered
+        // when it is done; otherwise after `lap_defer_ms` at most.
+        if !busy {
+            let at = self.now.plus(Policy::ms(self.policy.lap_defer_ms));
+            self.set_deadline(id, Some(at));
+        }
+        ControlFlow::Break(())
+    }
+
+    /// Rule 7 and busy phases: a LAP crossing ours (the active side's wins), or one
+    /// arriving mid-way through something else (answered when it is done).
+    fn lap_while_busy(&mut self, id: ConnId, incoming: &IncomingLap) -> ControlFlow<()> {
         let Some(c) = self.conns.get(&id) else {
-            return;
+            return ControlFlow::Break(());
         };
-        if names_primary {
-            self.answer_lap(id, responder, ApStatus::IsCurrent);
-            return;
-        }
-        // Rule 6: a path known to be dead is accepted all the same. It is only an
-        // alternate: nothing moves there while it is dead, and armed it gives the QP a
-        // second retry budget when the primary fails (the sender chose it because
-        // nothing that works ranks as high).
-        // Rule 7 and busy phases.
         match c.phase() {
             Phase::AwaitPeer {
                 msg: PeerMsg::Lap(_),
                 ..
             } if c.role == Role::Active => {
                 debug!(%id, "LAP collision: ours wins (active side)");
-                self.answer_lap(id, responder, ApStatus::Rejected);
-                return;
+                self.answer_lap(id, incoming.responder, ApStatus::Rejected);
+                return ControlFlow::Break(());
             }
             Phase::AwaitPeer {
                 msg: PeerMsg::Lap(_),
@@ -219,21 +271,20 @@ impl Engine {
                 self.abort_phase(id);
             }
             p if p.busy() => {
-                // Mid-way through something else: answer when it is done.
-                if let Some(c) = self.conns.get_mut(&id) {
-                    c.deferred_lap = Some(Box::new((from, port, lap)));
-                }
-                self.send_mra(id, responder);
-                return;
+                self.defer_lap(id, incoming);
+                self.send_mra(id, incoming.responder);
+                return ControlFlow::Break(());
             }
             _ => self.abort_phase(id),
         }
-        // Rule 8.
-        debug!(%id, %path, "accepting LAP");
+        ControlFlow::Continue(())
+    }
+
+    /// Hold a LAP back until the connection's phase ends (or its deadline).
+    fn defer_lap(&mut self, id: ConnId, incoming: &IncomingLap) {
         if let Some(c) = self.conns.get_mut(&id) {
-            c.learn(path);
+            c.deferred_lap = Some(Box::new((incoming.from, incoming.port, incoming.lap)));
         }
-        self.start_load(id, path, Some(responder));
     }
 
     /// Turn a path written from the peer's point of view into ours, checking that its

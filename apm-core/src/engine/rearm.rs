@@ -328,55 +328,59 @@ impl Engine {
                 port,
                 to,
                 tries,
-            } => {
-                if tries >= self.policy.lap_max_tries && matches!(msg, PeerMsg::Migrate(_)) {
-                    // Hardware: the peer follows our MigReq or its own notices anyway;
-                    // software: it may have moved and only its answers were lost. Either
-                    // way the connection needs its next alternate: re-arm now.
-                    warn!(%id, tries, "peer did not answer our Migrate: re-arming anyway");
-                    self.set_phase(id, Phase::Idle);
-                    self.after_phase(id);
-                    return;
-                }
-                if tries >= self.policy.lap_max_tries {
-                    warn!(%id, tries, "peer did not answer: giving up for now");
-                    if matches!(msg, PeerMsg::Lap(_)) {
-                        // The peer may have loaded our LAP's path and only its APRs were
-                        // lost: its alternate and ours may now differ, so ours is no
-                        // longer known to be agreed. The next attempt agrees anew.
-                        if let Some(c) = self.conns.get_mut(&id) {
-                            c.alt.disarm();
-                        }
-                    }
-                    self.release_slot(id);
-                    self.set_phase(id, Phase::Idle);
-                    self.update_protection(id, UnprotectedReason::PeerUnresponsive);
-                    self.backoff(id);
-                    return;
-                }
-                match msg {
-                    PeerMsg::Lap(_) => self.stats.lap_retransmits += 1,
-                    _ => self.stats.migrate_msgs_sent += 1,
-                }
-                self.issue(CommandOp::SendPeer { port, to, msg }, Pending::Send);
-                self.set_phase(
-                    id,
-                    Phase::AwaitPeer {
-                        msg,
-                        port,
-                        to,
-                        tries: tries + 1,
-                    },
-                );
-                let timeout = self
-                    .policy
-                    .lap_timeout_ms
-                    .saturating_mul(1u64 << tries.min(20));
-                let at = self.now.plus(Policy::ms(timeout));
-                self.set_deadline(id, Some(at));
-            }
+            } => self.peer_silent(id, msg, port, to, tries),
             _ => {}
         }
+    }
+
+    /// No answer from the peer to `msg` (sent `tries` times) by the deadline: send it
+    /// again with the timeout doubled, or give up.
+    fn peer_silent(&mut self, id: ConnId, msg: PeerMsg, port: PortKey, to: PeerAddr, tries: u32) {
+        if tries >= self.policy.lap_max_tries && matches!(msg, PeerMsg::Migrate(_)) {
+            // Hardware: the peer follows our MigReq or its own notices anyway;
+            // software: it may have moved and only its answers were lost. Either
+            // way the connection needs its next alternate: re-arm now.
+            warn!(%id, tries, "peer did not answer our Migrate: re-arming anyway");
+            self.set_phase(id, Phase::Idle);
+            self.after_phase(id);
+            return;
+        }
+        if tries >= self.policy.lap_max_tries {
+            warn!(%id, tries, "peer did not answer: giving up for now");
+            if matches!(msg, PeerMsg::Lap(_)) {
+                // The peer may have loaded our LAP's path and only its APRs were
+                // lost: its alternate and ours may now differ, so ours is no
+                // longer known to be agreed. The next attempt agrees anew.
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.alt.disarm();
+                }
+            }
+            self.release_slot(id);
+            self.set_phase(id, Phase::Idle);
+            self.update_protection(id, UnprotectedReason::PeerUnresponsive);
+            self.backoff(id);
+            return;
+        }
+        match msg {
+            PeerMsg::Lap(_) => self.stats.lap_retransmits += 1,
+            _ => self.stats.migrate_msgs_sent += 1,
+        }
+        self.issue(CommandOp::SendPeer { port, to, msg }, Pending::Send);
+        self.set_phase(
+            id,
+            Phase::AwaitPeer {
+                msg,
+                port,
+                to,
+                tries: tries + 1,
+            },
+        );
+        let timeout = self
+            .policy
+            .lap_timeout_ms
+            .saturating_mul(1u64 << tries.min(20));
+        let at = self.now.plus(Policy::ms(timeout));
+        self.set_deadline(id, Some(at));
     }
 
     pub(super) fn backoff(&mut self, id: ConnId) {

@@ -41,6 +41,8 @@ impl Engine {
         }
     }
 
+    /// The result of the QP command a connection's phase waited for: the phase's next
+    /// step.
     pub(super) fn conn_command_done(
         &mut self,
         id: ConnId,
@@ -58,76 +60,116 @@ impl Engine {
             self.lose(id, LostReason::QpFatal);
             return;
         }
-        match (c.phase().clone(), result) {
-            (
-                Phase::Loading {
-                    path, responder, ..
-                },
-                Ok(_),
-            ) => {
-                // A path that died while loading is armed all the same (see `select`).
-                let Some(c) = self.conns.get_mut(&id) else {
-                    return;
-                };
-                c.alt = Alternate::Loaded(path);
-                // A QP in REARM or ARMED keeps its state when a new alternate is loaded,
-                // and refuses REARM once ARMED (rdmavt: EINVAL): only a MIGRATED QP
-                // needs asking.
-                if c.mig != MigState::Migrated {
-                    let mig = c.mig;
+        match c.phase().clone() {
+            Phase::Loading {
+                path, responder, ..
+            } => self.loaded(id, path, responder, result),
+            Phase::Arming {
+                path, responder, ..
+            } => match result {
+                Ok(outcome) => {
+                    let mig = match outcome {
+                        CommandOutcome::MigState(m) => m,
+                        _ => MigState::Rearm,
+                    };
                     self.armed(id, path, mig, responder);
-                    return;
                 }
-                let cmd = self.issue_qp(id, CommandOp::SetRearm { conn: id });
-                self.set_phase(
-                    id,
-                    Phase::Arming {
-                        cmd,
-                        path,
-                        responder,
-                    },
-                );
-            }
-            (
-                Phase::Arming {
-                    path, responder, ..
-                },
-                Ok(outcome),
-            ) => {
-                let mig = match outcome {
-                    CommandOutcome::MigState(m) => m,
-                    _ => MigState::Rearm,
-                };
-                self.armed(id, path, mig, responder);
-            }
-            (
-                Phase::Loading {
-                    path, responder, ..
+                Err(e) => self.arming_failed(id, path, responder, &e),
+            },
+            Phase::Migrating { why, .. } => self.forced_done(id, why, result),
+            Phase::LoadingToFollow {
+                path, responder, ..
+            } => self.loaded_to_follow(id, path, responder, result),
+            Phase::SwMigrating {
+                path, responder, ..
+            } => self.sw_migration_done(id, path, responder, result),
+            Phase::Querying { .. } => match result {
+                Ok(CommandOutcome::Qp(snap)) => {
+                    self.set_phase(id, Phase::Idle);
+                    self.reconcile(id, snap);
                 }
-                | Phase::Arming {
-                    path, responder, ..
-                },
-                Err(e),
-            ) => {
-                warn!(%id, error = %e, "loading/arming the alternate failed");
-                let now = self.now;
-                let hold = now.plus(Policy::ms(self.policy.bad_path_hold_ms));
-                if let Some(c) = self.conns.get_mut(&id) {
-                    c.mark_bad(path, hold, now);
-                    c.alt = Alternate::None;
+                other => {
+                    debug!(%id, ?other, "QP query gave no snapshot");
+                    self.set_phase(id, Phase::Idle);
+                    self.after_phase(id);
                 }
-                self.finish_failed(
-                    id,
-                    responder,
-                    ApStatus::Rejected,
-                    UnprotectedReason::ModifyFailed,
-                );
-            }
-            (Phase::Migrating { why, .. }, Ok(_)) => {
+            },
+            phase => debug!(%id, ?phase, ?result, "unexpected result for phase"),
+        }
+    }
+
+    /// `LoadAlternate` of a re-arm answered: set REARM when the QP needs it.
+    fn loaded(
+        &mut self,
+        id: ConnId,
+        path: Path,
+        responder: Option<Responder>,
+        result: Result<CommandOutcome, ProviderError>,
+    ) {
+        if let Err(e) = result {
+            self.arming_failed(id, path, responder, &e);
+            return;
+        }
+        // A path that died while loading is armed all the same (see `select`).
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        c.alt = Alternate::Loaded(path);
+        // A QP in REARM or ARMED keeps its state when a new alternate is loaded,
+        // and refuses REARM once ARMED (rdmavt: EINVAL): only a MIGRATED QP
+        // needs asking.
+        if c.mig != MigState::Migrated {
+            let mig = c.mig;
+            self.armed(id, path, mig, responder);
+            return;
+        }
+        let cmd = self.issue_qp(id, CommandOp::SetRearm { conn: id });
+        self.set_phase(
+            id,
+            Phase::Arming {
+                cmd,
+                path,
+                responder,
+            },
+        );
+    }
+
+    /// Loading or arming `path` failed: mark it bad, answer a waiting peer, try another.
+    fn arming_failed(
+        &mut self,
+        id: ConnId,
+        path: Path,
+        responder: Option<Responder>,
+        e: &ProviderError,
+    ) {
+        warn!(%id, error = %e, "loading/arming the alternate failed");
+        let now = self.now;
+        let hold = now.plus(Policy::ms(self.policy.bad_path_hold_ms));
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.mark_bad(path, hold, now);
+            c.alt = Alternate::None;
+        }
+        self.finish_failed(
+            id,
+            responder,
+            ApStatus::Rejected,
+            UnprotectedReason::ModifyFailed,
+        );
+    }
+
+    /// `ForceMigrate` answered.
+    fn forced_done(
+        &mut self,
+        id: ConnId,
+        why: MoveReason,
+        result: Result<CommandOutcome, ProviderError>,
+    ) {
+        match result {
+            Ok(_) => {
                 self.set_phase(id, Phase::Idle);
                 self.migrated(id, Moved::Forced, why);
             }
-            (Phase::Migrating { why, .. }, Err(e)) => {
+            Err(e) => {
                 // The HCA may have migrated by itself (the peer's MigReq got there first)
                 // or the QP is unarmed: ask it.
                 warn!(%id, error = %e, "forcing migration failed; querying the QP");
@@ -137,60 +179,59 @@ impl Engine {
                 self.set_phase(id, Phase::Idle);
                 self.query(id);
             }
-            (
-                Phase::LoadingToFollow {
-                    path, responder, ..
-                },
-                Ok(_),
-            ) => {
+        }
+    }
+
+    /// `LoadAlternate` of the path the peer moved to answered: move there too.
+    fn loaded_to_follow(
+        &mut self,
+        id: ConnId,
+        path: Path,
+        responder: Responder,
+        result: Result<CommandOutcome, ProviderError>,
+    ) {
+        match result {
+            Ok(_) => {
                 // The peer's path is our alternate now, in an ARMED QP: move there.
                 if let Some(c) = self.conns.get_mut(&id) {
                     c.alt.replace(path);
                 }
                 self.force_migration(id, MoveReason::PeerAsked(responder));
             }
-            (Phase::LoadingToFollow { responder, .. }, Err(e)) => {
+            Err(e) => {
                 warn!(%id, error = %e, "loading the peer's path to follow it failed");
                 self.refuse_move(id, responder);
                 self.set_phase(id, Phase::Idle);
                 self.query(id);
             }
-            (
-                Phase::SwMigrating {
-                    path, responder, ..
-                },
-                Ok(_),
-            ) => {
-                self.sw_migrated(id, path, responder);
-            }
-            (Phase::SwMigrating { responder, .. }, Err(e)) => {
-                warn!(%id, error = %e, "software migration failed");
-                if let Some(r) = responder {
-                    self.refuse_move(id, r);
-                }
-                self.set_phase(id, Phase::Idle);
-                if let Some(c) = self.conns.get_mut(&id) {
-                    c.alt.disarm();
-                }
-                self.update_protection(id, UnprotectedReason::ModifyFailed);
-                // A QP that failed under the move (a software migration cannot bring
-                // back a QP in ERR whose work the application owns) is lost; one still
-                // working is re-armed: the query's answer decides (`reconcile`).
-                self.query(id);
-            }
-            (Phase::Querying { .. }, Ok(CommandOutcome::Qp(snap))) => {
-                self.set_phase(id, Phase::Idle);
-                self.reconcile(id, snap);
-            }
-            (Phase::Querying { .. }, other) => {
-                debug!(%id, ?other, "QP query gave no snapshot");
-                self.set_phase(id, Phase::Idle);
-                self.after_phase(id);
-            }
-            (phase, result) => {
-                debug!(%id, ?phase, ?result, "unexpected result for phase");
-            }
         }
+    }
+
+    /// `SoftwareMigrate` answered.
+    fn sw_migration_done(
+        &mut self,
+        id: ConnId,
+        path: Path,
+        responder: Option<Responder>,
+        result: Result<CommandOutcome, ProviderError>,
+    ) {
+        let Err(e) = result else {
+            self.sw_migrated(id, path, responder);
+            return;
+        };
+        warn!(%id, error = %e, "software migration failed");
+        if let Some(r) = responder {
+            self.refuse_move(id, r);
+        }
+        self.set_phase(id, Phase::Idle);
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.alt.disarm();
+        }
+        self.update_protection(id, UnprotectedReason::ModifyFailed);
+        // A QP that failed under the move (a software migration cannot bring
+        // back a QP in ERR whose work the application owns) is lost; one still
+        // working is re-armed: the query's answer decides (`reconcile`).
+        self.query(id);
     }
 
     /// Align the engine's view with what the QP says.
