@@ -2,8 +2,19 @@
 //! GIDs (SA traps 64/65), device and QP events, and what a failure or a recovery means
 //! for each connection.
 
+use super::conn::{Chore, Chores, Conn, MoveReason, Moved, Phase, Responder, Told};
+use super::health::Health;
 use super::timers::TimerKey;
-use super::*;
+use super::{live_mut, select, Engine, EngineError, LocalPort, Pending};
+use crate::io::{
+    CommandOp, CommandOutcome, LostReason, Migrate, MigrateIntent, NotificationKind, PeerMsg,
+    PortEvent, ProviderError, QpEvent, UnprotectedReason,
+};
+use crate::policy::Policy;
+use crate::types::{
+    ConnId, Gid, Lid, LinkLayer, MigState, Path, PeerAddr, PortInfo, PortKey, Time,
+};
+use tracing::{debug, info, warn};
 
 impl Engine {
     // ---------------------------------------------------------------- local ports

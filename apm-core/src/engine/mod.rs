@@ -27,10 +27,7 @@ mod timers;
 use crate::io::*;
 use crate::policy::{Policy, PolicyError};
 use crate::types::*;
-// `Responder` is used by the submodules, which import this module's names with
-// `use super::*`.
-#[allow(unused_imports)]
-use conn::{Alternate, Chore, Chores, Conn, LapWait, MoveReason, Moved, Phase, Responder, Told};
+use conn::{Conn, Phase, Told};
 use health::Health;
 use limiter::RearmLimiter;
 use pending::{Deadlines, PendingTable};

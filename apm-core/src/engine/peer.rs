@@ -18,7 +18,16 @@
 //! 8. Otherwise: load it, set REARM, answer "success".
 
 use super::conn::{lap_digest, Phase, Responder};
+use super::conn::{Chore, LapWait, MoveReason, Moved};
+use super::Engine;
+use crate::io::{
+    ApStatus, Apr, CommandOp, Lap, Migrate, MigrateAck, MigrateIntent, Mra, PeerMsg,
+    UnprotectedReason,
+};
+use crate::policy::Policy;
+use crate::types::{ConnId, LinkLayer, MigState, MigrationMode, Path, PeerAddr, PortKey, Role};
 use std::ops::ControlFlow;
+use tracing::{debug, info, warn};
 
 /// A LAP from a verified peer, and where its answer goes.
 struct IncomingLap {
@@ -27,7 +36,6 @@ struct IncomingLap {
     lap: Lap,
     responder: Responder,
 }
-use super::*;
 
 impl Engine {
     pub(super) fn peer_message(&mut self, from: PeerAddr, port: PortKey, msg: PeerMsg) {

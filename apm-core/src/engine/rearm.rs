@@ -2,7 +2,17 @@
 //! paths), pacing storms with a concurrency limit, the LAP exchange's sender side with
 //! retransmission and backoff, and what to do when a phase deadline passes.
 
-use super::*;
+use super::conn::{Chore, Conn, LapWait, Phase, Responder};
+use super::{live_mut, select, Engine, Pending};
+use crate::io::{
+    ApStatus, CommandOp, CommandOutcome, Lap, MigrateIntent, PeerMsg, ProviderError,
+    UnprotectedReason,
+};
+use crate::policy::Policy;
+use crate::types::{
+    ConnId, Gid, LinkLayer, MigState, MigrationMode, Path, PeerAddr, PortKey, Role,
+};
+use tracing::{debug, warn};
 
 impl Engine {
     // ---------------------------------------------------------------- re-arming

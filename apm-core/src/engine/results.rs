@@ -1,7 +1,16 @@
 //! Results of commands: the next step of whatever phase awaited them, reconciling the
 //! engine's view with a queried QP, and SA subscription bookkeeping.
 
-use super::*;
+use super::conn::{Alternate, MoveReason, Moved, Phase, Responder};
+use super::timers::TimerKey;
+use super::{Engine, Pending};
+use crate::io::{
+    ApStatus, Apr, CommandId, CommandOp, CommandOutcome, LostReason, PeerMsg, ProviderError,
+    QpSnapshot, UnprotectedReason,
+};
+use crate::policy::Policy;
+use crate::types::{ConnId, MigState, Path, PortKey};
+use tracing::{debug, info, warn};
 
 impl Engine {
     // ---------------------------------------------------------------- command results
