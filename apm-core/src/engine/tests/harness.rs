@@ -380,3 +380,43 @@ impl Pair {
         self.input(name, Input::CommandDone { id: cmd.id, result });
     }
 }
+
+pub fn port_event(p: &mut Pair, node: char, port: u8, event: PortEvent) {
+    p.input(
+        node,
+        Input::PortEvent {
+            port: PortKey::new(DEV, port),
+            event,
+        },
+    );
+}
+
+pub fn qp_event(p: &mut Pair, node: char, n: u64, event: QpEvent) {
+    p.input(
+        node,
+        Input::QpEvent {
+            conn: ConnId(n),
+            event,
+        },
+    );
+}
+
+/// Both sides armed on `alt_port` (local port number of A's alternate).
+pub fn assert_armed(p: &Pair, n: u64, a_alt: Path) {
+    let a = p.a.status(n);
+    let b = p.b.status(n);
+    assert_eq!(a.protection, crate::Protection::Armed, "A: {a:?}");
+    assert_eq!(b.protection, crate::Protection::Armed, "B: {b:?}");
+    // The route, not the timeout: an alternate carries its own, longer one.
+    assert!(
+        a.alternate.is_some_and(|x| x.same_route(&a_alt)),
+        "A's alternate {:?}, expected {a_alt}",
+        a.alternate
+    );
+    let b_alt = b.alternate.expect("B has an alternate");
+    assert_eq!(
+        (b_alt.sgid, b_alt.dgid),
+        (a_alt.dgid, a_alt.sgid),
+        "both ends agree"
+    );
+}
