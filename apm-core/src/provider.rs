@@ -8,6 +8,15 @@
 //!
 //! Providers never read the engine's clock: they push bare [`Input`]s into the
 //! [`InputSink`] and the driver stamps them with the time it receives them.
+//!
+//! The contract, both ways:
+//! - start-up: every local port is reported before `start` returns, so the engine knows
+//!   them before the first API call (callers need not wait for anything);
+//! - at most one command naming a connection's QP is in flight at a time: an override
+//!   (a migration replacing a re-arm, say) waits for the answer to what is in flight,
+//!   so commands on one QP run one after the other, in the order the engine decided;
+//! - every command is answered exactly once, or counts as failed at its deadline
+//!   (`Policy::command_timeout_ms`), after which the driver drops the call.
 
 use crate::io::*;
 use crate::types::*;
@@ -45,7 +54,8 @@ pub trait Provider: Send + Sync + 'static {
 #[cfg_attr(any(test, feature = "mock"), mockall::automock)]
 #[async_trait]
 pub trait QpControl: Send + Sync + 'static {
-    /// Begin delivering local port info and async events.
+    /// Begin delivering local port info and async events: a [`Input::PortInfo`] for
+    /// every local port is in the sink before it returns (see [`Provider::start`]).
     async fn start(&self, sink: InputSink) -> Result<(), ProviderError>;
     /// Load `path` as the alternate path.
     async fn load_alternate(&self, conn: ConnId, path: Path) -> Result<(), ProviderError>;
