@@ -13,6 +13,7 @@
 //! The engine never reads a clock, never sleeps, does no IO, spawns nothing, and iterates
 //! only ordered collections: the same inputs give the same outputs.
 
+mod cache;
 mod conn;
 mod events;
 mod health;
@@ -27,6 +28,7 @@ mod timers;
 use crate::io::*;
 use crate::policy::{Policy, PolicyError};
 use crate::types::*;
+use cache::PathCache;
 use conn::{Conn, Phase, Told};
 use health::Health;
 use limiter::RearmLimiter;
@@ -125,15 +127,6 @@ struct LocalPort {
     subscribe_unsupported: bool,
 }
 
-#[derive(Debug, Default)]
-struct CacheEntry {
-    paths: Vec<Path>,
-    /// A query is out.
-    pending: bool,
-    /// The SA answered (possibly with no paths): do not ask again until invalidated.
-    resolved: bool,
-}
-
 /// What an outstanding command was for.
 #[derive(Clone, Copy, Debug)]
 enum Pending {
@@ -163,7 +156,7 @@ pub struct Engine {
     /// When the SA was last asked out of turn about a GID (see
     /// `Engine::recheck_alternate_now`): at most once per LAP timeout.
     urgent_rechecks: BTreeMap<Gid, Time>,
-    cache: BTreeMap<(PortKey, Gid), CacheEntry>,
+    cache: PathCache,
     pending: PendingTable<Pending>,
     /// When each command handed to the provider must have been answered.
     deadlines: Deadlines,
@@ -186,7 +179,7 @@ impl Engine {
             remotes: BTreeMap::new(),
             rechecks: BTreeMap::new(),
             urgent_rechecks: BTreeMap::new(),
-            cache: BTreeMap::new(),
+            cache: PathCache::default(),
             pending: PendingTable::new(1),
             deadlines: Deadlines::default(),
             timers: Timers::default(),

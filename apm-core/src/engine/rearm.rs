@@ -2,6 +2,7 @@
 //! paths), pacing storms with a concurrency limit, the LAP exchange's sender side with
 //! retransmission and backoff, and what to do when a phase deadline passes.
 
+use super::cache::Need;
 use super::conn::{Chore, Conn, LapWait, Phase, Responder};
 use super::{live_mut, select, Engine, Pending};
 use crate::io::{
@@ -111,11 +112,7 @@ impl Engine {
     pub(super) fn choose(&self, c: &Conn) -> Option<(Path, select::Score)> {
         let device = c.primary.port.device;
         let gids = c.peer_gids();
-        let cached = self
-            .cache
-            .iter()
-            .filter(|((port, gid), _)| port.device == device && gids.contains(gid))
-            .flat_map(|(_, e)| e.paths.iter());
+        let cached = self.cache.paths(device, &gids);
         select::best(
             &c.primary,
             c.candidates.iter().chain(cached),
@@ -149,21 +146,21 @@ impl Engine {
         let mut waiting = false;
         for port in &ports {
             for gid in &gids {
-                let entry = self.cache.entry((*port, *gid)).or_default();
-                if entry.pending {
-                    waiting = true;
-                } else if !entry.resolved {
-                    // Never asked since the last invalidation: ask once for everyone.
-                    entry.pending = true;
-                    self.stats.path_queries += 1;
-                    self.issue(
-                        CommandOp::ResolvePaths {
-                            port: *port,
-                            dgid: *gid,
-                        },
-                        Pending::Resolve(*port, *gid),
-                    );
-                    waiting = true;
+                match self.cache.need(*port, *gid) {
+                    Need::Known => {}
+                    Need::Wait => waiting = true,
+                    Need::Ask => {
+                        // Never asked since the last invalidation: ask once for everyone.
+                        self.stats.path_queries += 1;
+                        self.issue(
+                            CommandOp::ResolvePaths {
+                                port: *port,
+                                dgid: *gid,
+                            },
+                            Pending::Resolve(*port, *gid),
+                        );
+                        waiting = true;
+                    }
                 }
             }
         }
@@ -193,10 +190,7 @@ impl Engine {
             .into_iter()
             .filter(|p| p.port == port && p.dgid == gid)
             .collect();
-        let entry = self.cache.entry((port, gid)).or_default();
-        entry.pending = false;
-        entry.resolved = true;
-        entry.paths = paths;
+        self.cache.answer(port, gid, paths);
         let waiting: Vec<ConnId> = self
             .conns
             .iter()
@@ -204,12 +198,10 @@ impl Engine {
             .map(|(id, _)| *id)
             .collect();
         for id in waiting {
-            let still = self.conns.get(&id).is_some_and(|c| {
-                let g = c.peer_gids();
-                self.cache.iter().any(|((p, gg), e)| {
-                    e.pending && p.device == c.primary.port.device && g.contains(gg)
-                })
-            });
+            let still = self
+                .conns
+                .get(&id)
+                .is_some_and(|c| self.cache.asking(c.primary.port.device, &c.peer_gids()));
             if still {
                 continue;
             }
@@ -220,7 +212,7 @@ impl Engine {
     }
 
     pub(super) fn invalidate_cache(&mut self, hit: impl Fn(&(PortKey, Gid)) -> bool) {
-        self.cache.retain(|k, e| e.pending || !hit(k));
+        self.cache.invalidate(hit);
     }
 
     pub(super) fn send_lap(&mut self, id: ConnId, path: Path) {
