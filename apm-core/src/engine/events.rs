@@ -130,12 +130,7 @@ impl Engine {
             return;
         };
         let prefixes: Vec<&[u8]> = p.info.gids.iter().map(|g| &g.0[..8]).collect();
-        let stale: Vec<Gid> = self
-            .remotes
-            .iter()
-            .filter(|(g, h)| !h.up && prefixes.contains(&&g.0[..8]))
-            .map(|(g, _)| *g)
-            .collect();
+        let stale = self.remotes.down_in(&prefixes);
         for gid in stale {
             debug!(%port, %gid, "out-of-service verdict may be stale: forgotten");
             self.remote_gid(gid, true);
@@ -198,10 +193,11 @@ impl Engine {
         }
         let now = self.now;
         let policy = &self.policy;
-        let h = self.remotes.entry(gid).or_insert_with(|| Health::new(true));
         if in_service {
-            self.rechecks.remove(&gid);
-            self.urgent_rechecks.remove(&gid);
+            self.remotes.forget_rechecks(&gid);
+        }
+        let h = self.remotes.health_mut(gid);
+        if in_service {
             if let Some(usable_at) = h.recover(now, policy) {
                 info!(%gid, held_until = %usable_at, "remote GID in service");
                 // Its LIDs may have changed (trap 64 follows a sweep).
@@ -227,27 +223,27 @@ impl Engine {
             return;
         }
         let due = self.now.plus(Policy::ms(interval_ms));
-        self.rechecks.insert(gid, (due, interval_ms));
+        self.remotes.set_recheck(gid, due, interval_ms);
         self.timers.schedule(due, TimerKey::RemoteRecheck(gid));
     }
 
     /// Ask the SA, through every usable InfiniBand port, for paths to `gid`, which has
     /// been out of service for a while: a lost trap 64 must not keep it dead forever.
     pub(super) fn recheck_remote(&mut self, gid: Gid) {
-        if self.remotes.get(&gid).is_none_or(|h| h.up) {
-            self.rechecks.remove(&gid);
+        if self.remotes.up(&gid) {
+            self.remotes.drop_recheck(&gid);
             return;
         }
         let interval = self
-            .rechecks
-            .get(&gid)
-            .map_or(self.policy.remote_recheck_ms, |(_, i)| *i);
+            .remotes
+            .recheck(&gid)
+            .map_or(self.policy.remote_recheck_ms, |(_, i)| i);
         // Until an answer says otherwise, the next check is due a doubled interval later.
         let next = interval
             .saturating_mul(2)
             .min(self.policy.remote_recheck_max_ms.max(interval));
         self.schedule_recheck(gid, next);
-        let due = self.rechecks.get(&gid).map_or(Time::ZERO, |r| r.0);
+        let due = self.remotes.recheck(&gid).map_or(Time::ZERO, |r| r.0);
         self.ask_sa_about(gid, due);
     }
 
@@ -282,13 +278,13 @@ impl Engine {
         due: Time,
         result: Result<CommandOutcome, ProviderError>,
     ) {
-        if self.rechecks.get(&gid).map(|r| r.0) != Some(due) {
+        if self.remotes.recheck(&gid).map(|r| r.0) != Some(due) {
             debug!(%gid, "an SA recheck answer older than the last notice: ignored");
             return;
         }
         let reachable =
             matches!(&result, Ok(CommandOutcome::Paths(p)) if p.iter().any(|p| p.dgid == gid));
-        let still_down = self.remotes.get(&gid).is_some_and(|h| !h.up);
+        let still_down = !self.remotes.up(&gid);
         if reachable && still_down {
             info!(%gid, "the SA routes to a GID held out of service: it is back (trap 64 lost?)");
             self.remote_gid(gid, true);
@@ -368,19 +364,14 @@ impl Engine {
         };
         let port_up = self.ports.get(&alt.port).is_some_and(|p| p.health.up);
         let gid = alt.dgid;
-        if !port_up || self.remotes.get(&gid).is_none_or(|h| h.up) {
+        if !port_up || self.remotes.up(&gid) {
             return;
         }
         let recent = Policy::ms(self.policy.lap_timeout_ms);
-        if self
-            .urgent_rechecks
-            .get(&gid)
-            .is_some_and(|t| self.now.since(*t) < recent)
-        {
+        if !self.remotes.ask_out_of_turn(gid, self.now, recent) {
             return;
         }
-        self.urgent_rechecks.insert(gid, self.now);
-        let Some(&(due, _)) = self.rechecks.get(&gid) else {
+        let Some((due, _)) = self.remotes.recheck(&gid) else {
             return;
         };
         self.ask_sa_about(gid, due);

@@ -21,6 +21,7 @@ mod limiter;
 mod peer;
 mod pending;
 mod rearm;
+mod remote;
 mod results;
 mod select;
 mod timers;
@@ -33,6 +34,7 @@ use conn::{Conn, Phase, Told};
 use health::Health;
 use limiter::RearmLimiter;
 use pending::{Deadlines, PendingTable};
+use remote::Remotes;
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
 use timers::{TimerKey, Timers};
@@ -150,12 +152,7 @@ pub struct Engine {
     conns: BTreeMap<ConnId, Box<Conn>>,
     by_comm_id: BTreeMap<u32, ConnId>,
     ports: BTreeMap<PortKey, LocalPort>,
-    remotes: BTreeMap<Gid, Health>,
-    /// Remote GIDs out of service awaiting an SA recheck: (when it is due, interval).
-    rechecks: BTreeMap<Gid, (Time, u64)>,
-    /// When the SA was last asked out of turn about a GID (see
-    /// `Engine::recheck_alternate_now`): at most once per LAP timeout.
-    urgent_rechecks: BTreeMap<Gid, Time>,
+    remotes: Remotes,
     cache: PathCache,
     pending: PendingTable<Pending>,
     /// When each command handed to the provider must have been answered.
@@ -176,9 +173,7 @@ impl Engine {
             conns: BTreeMap::new(),
             by_comm_id: BTreeMap::new(),
             ports: BTreeMap::new(),
-            remotes: BTreeMap::new(),
-            rechecks: BTreeMap::new(),
-            urgent_rechecks: BTreeMap::new(),
+            remotes: Remotes::default(),
             cache: PathCache::default(),
             pending: PendingTable::new(1),
             deadlines: Deadlines::default(),
@@ -262,7 +257,7 @@ impl Engine {
     }
 
     fn remote_usable(&self, gid: &Gid) -> bool {
-        self.remotes.get(gid).is_none_or(|h| h.usable(self.now))
+        self.remotes.usable(gid, self.now)
     }
 
     /// True when `path` is up, held down for flapping or not: what a connection whose
@@ -270,8 +265,7 @@ impl Engine {
     /// flapping path beats a dead one. No command ever moves a connection onto a path
     /// for which this is false.
     pub fn path_up(&self, path: &Path) -> bool {
-        self.ports.get(&path.port).is_some_and(|p| p.health.up)
-            && self.remotes.get(&path.dgid).is_none_or(|h| h.up)
+        self.ports.get(&path.port).is_some_and(|p| p.health.up) && self.remotes.up(&path.dgid)
     }
 
     // ---------------------------------------------------------------- outputs
@@ -477,7 +471,7 @@ impl Engine {
                 }
                 TimerKey::Subscribe(port) => self.subscribe(port),
                 TimerKey::RemoteRecheck(gid) => {
-                    if self.rechecks.get(&gid).is_some_and(|(due, _)| *due == at) {
+                    if self.remotes.recheck(&gid).is_some_and(|(due, _)| due == at) {
                         self.recheck_remote(gid);
                     }
                 }

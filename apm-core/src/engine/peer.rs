@@ -43,7 +43,7 @@ impl Engine {
         // there by a stale Report: the SM resends each Report on its own schedule, so a
         // retransmitted trap 65 can arrive after the trap 64 that followed it, and no
         // later notice would ever correct it.
-        if self.remotes.get(&from.gid).is_some_and(|h| !h.up) {
+        if !self.remotes.up(&from.gid) {
             debug!(gid = %from.gid, "message from a GID held out of service: it is back");
             self.remote_gid(from.gid, true);
         }
