@@ -7,15 +7,12 @@
 use crate::types::*;
 use serde::{Deserialize, Serialize};
 
-/// An event or request for the engine. Each comes with the time it happened
-/// (see [`crate::Engine::handle_input`]).
+/// An event of the world for the engine. Each comes with the time it happened
+/// (see [`crate::Engine::handle_input`]). API calls are the engine's methods
+/// ([`crate::Engine::protect`], ...), not inputs: only they can be refused.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum Input {
-    /// Put a connection under protection (API call).
-    Protect(ConnSpec),
-    /// Stop protecting a connection. The QP is left as it is.
-    Unprotect(ConnId),
     /// A local port appeared or its attributes changed (enumeration, after LID change).
     PortInfo(PortInfo),
     /// An unaffiliated async event on a local port.

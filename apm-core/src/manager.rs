@@ -20,7 +20,7 @@ use crate::types::*;
 use std::sync::Arc;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::debug;
 
 /// Why the manager stopped or refused a request.
 #[derive(Debug, thiserror::Error)]
@@ -239,9 +239,7 @@ impl<P: Provider> Manager<P> {
             .map_err(ManagerError::Start)?;
         // The ports the provider reported at start must be known before any API call.
         while let Ok(input) = input_rx.try_recv() {
-            if let Err(e) = self.engine.handle_input(elapsed(), input) {
-                warn!(error = %e, "provider input refused by the engine");
-            }
+            self.engine.handle_input(elapsed(), input);
         }
         loop {
             self.flush(&input_tx);
@@ -267,26 +265,20 @@ impl<P: Provider> Manager<P> {
                         // No watcher is fine: the stream is advisory.
                         let _ = self.handle.events.send(FabricEvent { time: now, kind });
                     }
-                    if let Err(e) = self.engine.handle_input(now, input) {
-                        warn!(error = %e, "provider input refused by the engine");
-                    }
+                    self.engine.handle_input(now, input);
                 }
                 req = self.requests.recv() => {
                     let Some(req) = req else { return Ok(()) };
                     let now = elapsed();
                     match req {
                         Request::Protect(spec, tx) => {
-                            let _ = tx.send(self.engine.handle_input(now, Input::Protect(spec)));
+                            let _ = tx.send(self.engine.protect(now, spec));
                         }
                         Request::Unprotect(id, tx) => {
-                            let _ = tx.send(self.engine.handle_input(now, Input::Unprotect(id)));
+                            let _ = tx.send(self.engine.unprotect(now, id));
                         }
                         Request::ReportStall(id, tx) => {
-                            let stalled = Input::QpEvent {
-                                conn: id,
-                                event: QpEvent::PrimaryStalled,
-                            };
-                            let _ = tx.send(self.engine.handle_input(now, stalled));
+                            let _ = tx.send(self.engine.report_stall(now, id));
                         }
                         Request::Status(id, tx) => {
                             let _ = tx.send(self.engine.connection(id));

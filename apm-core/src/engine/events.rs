@@ -5,7 +5,7 @@
 use super::conn::{Chore, Chores, Conn, MoveReason, Moved, Phase, Responder, Told};
 use super::health::Health;
 use super::timers::TimerKey;
-use super::{live_mut, select, Engine, EngineError, LocalPort, Pending};
+use super::{live, live_mut, select, Engine, LocalPort, Pending};
 use crate::io::{
     CommandOp, CommandOutcome, LostReason, Migrate, MigrateIntent, NotificationKind, PeerMsg,
     PortEvent, ProviderError, QpEvent, UnprotectedReason,
@@ -506,13 +506,10 @@ impl Engine {
 
     // ---------------------------------------------------------------- QP events
 
-    pub(super) fn qp_event(&mut self, id: ConnId, event: QpEvent) -> Result<(), EngineError> {
-        let Some(c) = self.conns.get(&id) else {
-            return Err(EngineError::UnknownConnection(id));
+    pub(super) fn qp_event(&mut self, id: ConnId, event: QpEvent) {
+        let Some(c) = live(&self.conns, id) else {
+            return;
         };
-        if c.is_lost() {
-            return Ok(());
-        }
         debug!(%id, ?event, "QP event");
         match event {
             QpEvent::PathMigrated => {
@@ -525,7 +522,7 @@ impl Engine {
                 let own_forced = recently_forced && c.mig == MigState::Migrated;
                 if recently_forced && !own_forced {
                     self.query(id);
-                    return Ok(());
+                    return;
                 }
                 // The HCA migrates only from ARMED: an alternate the QP was last known to
                 // hold armed (or arming) is where it went, even when a LAP given up on
@@ -574,7 +571,6 @@ impl Engine {
             QpEvent::SqDrained => {}
             QpEvent::PrimaryStalled => self.primary_failed(id),
         }
-        Ok(())
     }
 
     pub(super) fn query(&mut self, id: ConnId) {

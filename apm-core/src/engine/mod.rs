@@ -1,7 +1,10 @@
 //! The engine: a deterministic, sans-IO state machine that keeps connections armed.
 //!
 //! Methods come in four groups, in the style of quinn-proto:
-//! - inputs: [`Engine::handle_input`] and [`Engine::handle_timeout`], each with `now`;
+//! - inputs: [`Engine::handle_input`] (events of the world, which cannot fail),
+//!   [`Engine::handle_timeout`], and the API calls [`Engine::protect`],
+//!   [`Engine::unprotect`] and [`Engine::report_stall`] (which fail on misuse), each
+//!   with `now`;
 //! - outputs: [`Engine::poll_output`] (commands and notifications, in order);
 //! - timing: [`Engine::poll_timeout`] (when to call `handle_timeout` next);
 //! - getters: [`Engine::connection`], [`Engine::stats`], ...
@@ -370,27 +373,58 @@ impl Engine {
         }
     }
 
-    /// Feed one input that happened at `now`. An `Err` means the caller misused the API
-    /// (duplicate or unknown connection); faults in the fabric or from peers are never
-    /// errors here, they are handled.
-    pub fn handle_input(&mut self, now: Time, input: Input) -> Result<(), EngineError> {
+    /// Feed one event of the world that happened at `now`. It cannot fail: faults in
+    /// the fabric, from peers or from providers are handled, and an event about a
+    /// connection the engine does not know (a QP event racing an unprotect) is ignored.
+    pub fn handle_input(&mut self, now: Time, input: Input) {
+        self.at(now, |e| match input {
+            Input::PortInfo(info) => e.port_info(info),
+            Input::PortEvent { port, event } => e.port_event(port, event),
+            Input::DeviceFatal { device } => e.device_fatal(device),
+            Input::QpEvent { conn, event } => {
+                if e.conns.contains_key(&conn) {
+                    e.qp_event(conn, event);
+                } else {
+                    debug!(%conn, ?event, "QP event for a connection not protected: ignored");
+                }
+            }
+            Input::RemoteGid { gid, in_service } => e.remote_gid(gid, in_service),
+            Input::PeerMessage { from, port, msg } => e.peer_message(from, port, msg),
+            Input::CommandDone { id, result } => e.command_done(id, result),
+        });
+    }
+
+    /// API call at `now`: put a connection under protection. An `Err` means the call
+    /// was wrong (a connection id or comm id in use, a spec that cannot work).
+    pub fn protect(&mut self, now: Time, spec: ConnSpec) -> Result<(), EngineError> {
+        self.at(now, |e| e.add_conn(spec))
+    }
+
+    /// API call at `now`: stop protecting a connection (its QP is left as it is).
+    pub fn unprotect(&mut self, now: Time, id: ConnId) -> Result<(), EngineError> {
+        self.at(now, |e| e.remove_conn(id))
+    }
+
+    /// API call at `now`: the application saw the sends of `id` stop completing; the
+    /// engine takes its primary path as stalled (see `ManagerHandle::report_stall`).
+    pub fn report_stall(&mut self, now: Time, id: ConnId) -> Result<(), EngineError> {
+        self.at(now, |e| {
+            if !e.conns.contains_key(&id) {
+                return Err(EngineError::UnknownConnection(id));
+            }
+            e.qp_event(id, QpEvent::PrimaryStalled);
+            Ok(())
+        })
+    }
+
+    /// Run `f` at `now`: deadlines that passed before take effect first, so that it
+    /// sees the state a real clock would have produced.
+    fn at<T>(&mut self, now: Time, f: impl FnOnce(&mut Engine) -> T) -> T {
         self.advance(now);
-        // Deadlines that passed before this input take effect first, so that the input
-        // sees the state a real clock would have produced.
         self.run_timers();
-        match input {
-            Input::Protect(spec) => self.protect(spec)?,
-            Input::Unprotect(id) => self.unprotect(id)?,
-            Input::PortInfo(info) => self.port_info(info),
-            Input::PortEvent { port, event } => self.port_event(port, event),
-            Input::DeviceFatal { device } => self.device_fatal(device),
-            Input::QpEvent { conn, event } => self.qp_event(conn, event)?,
-            Input::RemoteGid { gid, in_service } => self.remote_gid(gid, in_service),
-            Input::PeerMessage { from, port, msg } => self.peer_message(from, port, msg),
-            Input::CommandDone { id, result } => self.command_done(id, result),
-        }
+        let out = f(self);
         self.prune_deadlines();
-        Ok(())
+        out
     }
 
     /// Let deadlines up to `now` take effect.
@@ -481,7 +515,7 @@ impl Engine {
 
     // ---------------------------------------------------------------- API calls
 
-    fn protect(&mut self, spec: ConnSpec) -> Result<(), EngineError> {
+    fn add_conn(&mut self, spec: ConnSpec) -> Result<(), EngineError> {
         if self.conns.contains_key(&spec.id) {
             return Err(EngineError::DuplicateConnection(spec.id));
         }
@@ -510,7 +544,7 @@ impl Engine {
         Ok(())
     }
 
-    fn unprotect(&mut self, id: ConnId) -> Result<(), EngineError> {
+    fn remove_conn(&mut self, id: ConnId) -> Result<(), EngineError> {
         let Some(c) = self.conns.remove(&id) else {
             return Err(EngineError::UnknownConnection(id));
         };
@@ -624,7 +658,7 @@ impl Engine {
     /// [`live_mut`] and [`Engine::live_conns`], the one place that tells lost
     /// connections (kept only to be reported) from the others.
     fn live(&self, id: ConnId) -> Option<&Conn> {
-        self.conns.get(&id).map(|c| &**c).filter(|c| !c.is_lost())
+        live(&self.conns, id)
     }
 
     /// Every connection the engine still acts on, in id order.
@@ -636,8 +670,13 @@ impl Engine {
     }
 }
 
-/// [`Engine::live`], to change: a function of the map alone, so that the rest of the
-/// engine stays usable while the connection is borrowed.
+/// [`Engine::live`] as a function of the map alone, so that the rest of the engine
+/// stays usable while the connection is borrowed.
+fn live(conns: &BTreeMap<ConnId, Box<Conn>>, id: ConnId) -> Option<&Conn> {
+    conns.get(&id).map(|c| &**c).filter(|c| !c.is_lost())
+}
+
+/// [`live`], to change.
 fn live_mut(conns: &mut BTreeMap<ConnId, Box<Conn>>, id: ConnId) -> Option<&mut Conn> {
     conns
         .get_mut(&id)

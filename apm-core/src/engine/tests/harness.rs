@@ -109,9 +109,7 @@ impl Node {
     fn new(name: char, policy: Policy) -> Node {
         let mut engine = Engine::new(policy).expect("valid test policy");
         for p in [1, 2] {
-            engine
-                .handle_input(Time::ZERO, Input::PortInfo(port_info(name, p)))
-                .expect("port info is accepted");
+            engine.handle_input(Time::ZERO, Input::PortInfo(port_info(name, p)));
         }
         let mut n = Node {
             name,
@@ -229,7 +227,15 @@ impl Pair {
     pub fn input(&mut self, name: char, input: Input) {
         let now = self.now;
         let n = self.node(name);
-        n.engine.handle_input(now, input).expect("input accepted");
+        n.engine.handle_input(now, input);
+        n.drain();
+    }
+
+    /// Protect `spec` on one node at the current time.
+    pub fn protect_spec(&mut self, name: char, spec: ConnSpec) {
+        let now = self.now;
+        let n = self.node(name);
+        n.engine.protect(now, spec).expect("protect accepted");
         n.drain();
     }
 
@@ -239,8 +245,8 @@ impl Pair {
     }
 
     pub fn protect_mode(&mut self, n: u64, mode: MigrationMode) {
-        self.input('a', Input::Protect(spec('a', n, mode)));
-        self.input('b', Input::Protect(spec('b', n, mode)));
+        self.protect_spec('a', spec('a', n, mode));
+        self.protect_spec('b', spec('b', n, mode));
     }
 
     /// Carry out queued outputs, deliver messages, and follow deadlines until nothing

@@ -49,7 +49,7 @@ fn agreed_alternate_is_armed_without_a_lap() {
     let mut p = Pair::new();
     let mut s = spec('a', 1, MigrationMode::Hardware);
     s.agreed_alternate = Some(path('a', 2, 2));
-    p.input('a', Input::Protect(s));
+    p.protect_spec('a', s);
     p.run_for(10);
     assert!(p.a.sent().is_empty());
     assert_eq!(p.a.status(1).protection, Protection::Armed);
@@ -103,15 +103,13 @@ fn a_port_reported_after_protect_is_used() {
     let mut e = crate::Engine::new(Policy::default()).expect("default policy");
     let mut s = spec('a', 1, MigrationMode::Hardware);
     s.agreed_alternate = Some(path('a', 2, 2));
-    e.handle_input(Time::ZERO, Input::Protect(s))
-        .expect("accepted");
+    e.protect(Time::ZERO, s).expect("accepted");
     assert_eq!(
         e.connection(ConnId(1)).map(|c| c.protection),
         Some(Protection::Unprotected)
     );
     for port in [1, 2] {
-        e.handle_input(Time::from_millis(1), Input::PortInfo(port_info('a', port)))
-            .expect("accepted");
+        e.handle_input(Time::from_millis(1), Input::PortInfo(port_info('a', port)));
     }
     let laps = std::iter::from_fn(|| e.poll_output())
         .filter(|o| {

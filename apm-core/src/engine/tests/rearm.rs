@@ -148,7 +148,7 @@ fn a_rearm_storm_asks_the_sa_once_per_destination_even_when_it_knows_no_path() {
     for n in 1..=20 {
         let mut s = spec('a', n, MigrationMode::Hardware);
         s.candidates = vec![];
-        p.input('a', Input::Protect(s));
+        p.protect_spec('a', s);
     }
     // The bench's SA knows paths to b's ports from each of a's ports: 2 ports x 1 GID.
     let queries = |p: &Pair| {
@@ -165,7 +165,7 @@ fn a_rearm_storm_asks_the_sa_once_per_destination_even_when_it_knows_no_path() {
         let mut s = spec('a', n, MigrationMode::Hardware);
         s.primary.dgid = Gid::from_guid(0xdead);
         s.candidates = vec![];
-        q.input('a', Input::Protect(s));
+        q.protect_spec('a', s);
         q.run_for(0);
     }
     assert_eq!(
