@@ -160,3 +160,25 @@ fn a_provider_that_never_answers_leaves_the_connection_unprotected_not_wedged() 
     assert_eq!(loads, 2, "{:?}", p.a.op_names());
     assert_eq!(p.a.status(1).protection, Protection::Unprotected);
 }
+
+#[test]
+fn a_waiting_command_whose_phase_ended_never_goes_out() {
+    let mut p = armed_pair();
+    override_while_loading(&mut p);
+    // The QP dies while the forced migration waits for the load: nothing more goes to
+    // the QP, and the held command leaves no trace in the command window.
+    p.input(
+        'b',
+        Input::QpEvent {
+            conn: ConnId(1),
+            event: QpEvent::Fatal,
+        },
+    );
+    assert_eq!(p.b.status(1).protection, Protection::Lost);
+    p.b.unanswered.clear();
+    p.release('b');
+    p.run_for(100);
+    assert_eq!(forced(&p.b), 0, "{:?}", p.b.op_names());
+    // Only the load's deadline was ever pending, and it was answered.
+    assert_eq!(p.b.engine.poll_timeout(), None);
+}
