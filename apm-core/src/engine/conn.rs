@@ -120,14 +120,14 @@ pub(crate) enum Phase {
     /// We moved because the peer asked; it moves when it hears our answer. Until it
     /// says it has (its `Migrate` or a LAP), our QP stays MIGRATED: its packets carry
     /// MigReq=1, which moves the peer's ARMED QP by itself should our answer be lost,
-    /// where an early REARM (MigReq=0) would strand it. Then `old` is armed again
+    /// where an early REARM (MigReq=0) would strand it. Then `old` is armed again.
     /// Each deadline until `give_up` asks the peer whether it runs on our primary
     /// (our `Migrate` "moved": its "ok" answer is the word, should its own have been
     /// lost); at `give_up`, arm it anyway (our MigReq=1 packets have moved the peer by
     /// then). Every moment spent here the connection cannot arm, and a second failure
     /// in it leaves the QP in REARM with nothing to migrate to.
     AwaitFollow { old: Path, give_up: Time },
-    /// Waiting for a re-arm slot (`Engine::rearm_queue`).
+    /// Waiting for a re-arm slot (`RearmLimiter`).
     Queued,
     /// Waiting for path records.
     Resolving,
