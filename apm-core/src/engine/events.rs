@@ -133,7 +133,7 @@ impl Engine {
         let stale = self.remotes.down_in(&prefixes);
         for gid in stale {
             debug!(%port, %gid, "out-of-service verdict may be stale: forgotten");
-            self.remote_gid(gid, true);
+            self.remote_in_service(gid);
         }
     }
 
@@ -185,31 +185,41 @@ impl Engine {
 
     // ---------------------------------------------------------------- remote ports
 
-    pub(super) fn remote_gid(&mut self, gid: Gid, in_service: bool) {
-        // Notices about our own ports: the local port events are the better source.
-        if self.ports.values().any(|p| p.info.gids.contains(&gid)) {
-            debug!(%gid, in_service, "notice about a local GID: ignored");
+    /// True when `gid` is one of our own ports': notices about them are ignored (the
+    /// local port events are the better source).
+    fn is_local_gid(&self, gid: &Gid) -> bool {
+        self.ports.values().any(|p| p.info.gids.contains(gid))
+    }
+
+    /// `gid` is in service (trap 64, or something proves it).
+    pub(super) fn remote_in_service(&mut self, gid: Gid) {
+        if self.is_local_gid(&gid) {
+            debug!(%gid, "in-service notice about a local GID: ignored");
             return;
         }
         let now = self.now;
-        let policy = &self.policy;
-        if in_service {
-            self.remotes.forget_rechecks(&gid);
+        self.remotes.forget_rechecks(&gid);
+        let Some(usable_at) = self.remotes.health_mut(gid).recover(now, &self.policy) else {
+            return;
+        };
+        info!(%gid, held_until = %usable_at, "remote GID in service");
+        // Its LIDs may have changed (trap 64 follows a sweep).
+        self.invalidate_cache(|k| k.1 == gid);
+        if usable_at > now {
+            self.timers.schedule(usable_at, TimerKey::RemoteHold(gid));
+            self.path_up_while_held(|p| p.dgid == gid);
+        } else {
+            self.path_returned(|p| p.dgid == gid);
         }
-        let h = self.remotes.health_mut(gid);
-        if in_service {
-            if let Some(usable_at) = h.recover(now, policy) {
-                info!(%gid, held_until = %usable_at, "remote GID in service");
-                // Its LIDs may have changed (trap 64 follows a sweep).
-                self.invalidate_cache(|k| k.1 == gid);
-                if usable_at > now {
-                    self.timers.schedule(usable_at, TimerKey::RemoteHold(gid));
-                    self.path_up_while_held(|p| p.dgid == gid);
-                } else {
-                    self.path_returned(|p| p.dgid == gid);
-                }
-            }
-        } else if h.fail(now, policy) {
+    }
+
+    /// `gid` is out of service (trap 65).
+    pub(super) fn remote_out_of_service(&mut self, gid: Gid) {
+        if self.is_local_gid(&gid) {
+            debug!(%gid, "out-of-service notice about a local GID: ignored");
+            return;
+        }
+        if self.remotes.health_mut(gid).fail(self.now, &self.policy) {
             info!(%gid, "remote GID out of service");
             self.invalidate_cache(|k| k.1 == gid);
             self.schedule_recheck(gid, self.policy.remote_recheck_ms);
@@ -287,7 +297,7 @@ impl Engine {
         let still_down = !self.remotes.up(&gid);
         if reachable && still_down {
             info!(%gid, "the SA routes to a GID held out of service: it is back (trap 64 lost?)");
-            self.remote_gid(gid, true);
+            self.remote_in_service(gid);
         }
     }
 

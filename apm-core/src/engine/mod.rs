@@ -388,7 +388,14 @@ impl Engine {
                     debug!(%conn, ?event, "QP event for a connection not protected: ignored");
                 }
             }
-            Input::RemoteGid { gid, in_service } => e.remote_gid(gid, in_service),
+            Input::RemoteGid {
+                gid,
+                in_service: true,
+            } => e.remote_in_service(gid),
+            Input::RemoteGid {
+                gid,
+                in_service: false,
+            } => e.remote_out_of_service(gid),
             Input::PeerMessage { from, port, msg } => e.peer_message(from, port, msg),
             Input::CommandDone { id, result } => e.command_done(id, result),
         });

@@ -45,7 +45,7 @@ impl Engine {
         // later notice would ever correct it.
         if !self.remotes.up(&from.gid) {
             debug!(gid = %from.gid, "message from a GID held out of service: it is back");
-            self.remote_gid(from.gid, true);
+            self.remote_in_service(from.gid);
         }
         match msg {
             PeerMsg::Lap(lap) => self.lap_arrived(from, port, lap),
