@@ -139,10 +139,7 @@ impl Notes {
                 say(args, line);
                 ("failover".to_owned(), Some(primary.to_string()))
             }
-            NotificationKind::Protected {
-                alternate,
-                survives,
-            } => {
+            NotificationKind::Protected { alternate, survives } => {
                 let line = format!(
                     "{role}: protected at {secs:.1} s: alternate {} ({})",
                     alternate.sgid,
@@ -151,10 +148,7 @@ impl Notes {
                 say(args, line);
                 ("protected".to_owned(), Some(alternate.to_string()))
             }
-            NotificationKind::Rearmed {
-                alternate,
-                survives,
-            } => {
+            NotificationKind::Rearmed { alternate, survives } => {
                 let line = format!(
                     "{role}: re-armed at {secs:.1} s: alternate {} ({})",
                     alternate.sgid,
