@@ -690,6 +690,10 @@ impl Engine {
         if !a.ok {
             warn!(%id, "peer refused to follow the migration");
         }
+        // The path died at our end since the probe went out (its answer came another
+        // way): the move is off, as at the probe's deadline (the HCA decides at retry
+        // exhaustion). No command moves a connection onto a path known dead.
+        let follow = follow && self.path_up(&m.path);
         if follow {
             // The peer moved onto our alternate, which therefore works: follow it.
             match c.mode {

@@ -103,6 +103,8 @@ pub struct Node {
     pub unanswered: Vec<&'static str>,
     /// The commands held unanswered, in the order they came.
     pub held: Vec<Command>,
+    /// Moves emitted onto a path the engine knew dead (`Node::check_move`).
+    pub dead_moves: Vec<String>,
 }
 
 impl Node {
@@ -121,15 +123,51 @@ impl Node {
             dead_qps: Vec::new(),
             unanswered: Vec::new(),
             held: Vec::new(),
+            dead_moves: Vec::new(),
         };
         n.drain();
         n
     }
 
+    /// Take the engine's outputs, checking every move as it is emitted.
     fn drain(&mut self) {
         while let Some(o) = self.engine.poll_output() {
+            self.check_move(&o);
             self.log.push(o.clone());
             self.queue.push(o);
+        }
+    }
+
+    /// A command that moves a connection (a forced migration, onto the QP's alternate;
+    /// a software migration; a probe asking the peer to move) must name a path the
+    /// engine holds up at the moment it emits it: drained right after the input that
+    /// produced it, nothing has happened since.
+    fn check_move(&mut self, out: &Output) {
+        let Output::Command(c) = out else {
+            return;
+        };
+        let target = match &c.op {
+            CommandOp::ForceMigrate { conn } => {
+                self.engine.connection(*conn).and_then(|s| s.alternate)
+            }
+            CommandOp::SoftwareMigrate { path, .. } => Some(*path),
+            CommandOp::SendPeer {
+                msg:
+                    PeerMsg::Migrate(Migrate {
+                        path,
+                        intent: MigrateIntent::Probe,
+                        ..
+                    }),
+                ..
+            } => Some(*path),
+            _ => None,
+        };
+        if let Some(path) = target.filter(|p| !self.engine.path_up(p)) {
+            self.dead_moves.push(format!(
+                "{}: {} onto dead path {path}",
+                self.name,
+                c.op.name()
+            ));
         }
     }
 
