@@ -5,7 +5,7 @@
 use super::conn::{Chore, Chores, Conn, MoveReason, Moved, Phase, Responder, Told};
 use super::health::Health;
 use super::timers::TimerKey;
-use super::{live, live_mut, select, Engine, LocalPort, Pending};
+use super::{live, live_mut, select, Engine, LocalPort, Pending, Subscription};
 use crate::io::{
     CommandOp, CommandOutcome, LostReason, Migrate, MigrateIntent, NotificationKind, PeerMsg,
     PortEvent, ProviderError, QpEvent, UnprotectedReason,
@@ -30,8 +30,11 @@ impl Engine {
                     LocalPort {
                         info,
                         health,
-                        subscribed: false,
-                        subscribe_unsupported: !is_ib,
+                        subscription: if is_ib {
+                            Subscription::Wanted
+                        } else {
+                            Subscription::Unsupported
+                        },
                     },
                 );
                 if is_ib {
@@ -62,7 +65,7 @@ impl Engine {
                 // The SA may have forgotten us: subscribe again. Cached paths may come
                 // from an SM that routes differently now.
                 if let Some(p) = self.ports.get_mut(&port) {
-                    p.subscribed = false;
+                    p.subscription.renew();
                 }
                 self.invalidate_cache(|k| k.0 == port);
                 self.subscribe(port);
@@ -74,7 +77,7 @@ impl Engine {
                 // The new LID arrives in a PortInfo; resubscribe (the SA keys
                 // subscriptions by our address) and forget paths through the port.
                 if let Some(p) = self.ports.get_mut(&port) {
-                    p.subscribed = false;
+                    p.subscription.renew();
                 }
                 self.invalidate_cache(|k| k.0 == port);
                 self.subscribe(port);

@@ -126,10 +126,28 @@ pub struct Stats {
 struct LocalPort {
     info: PortInfo,
     health: Health,
-    /// A subscription is outstanding or established (false: none, or retry pending).
-    subscribed: bool,
-    /// The SA facet said subscriptions are unsupported: stop asking.
-    subscribe_unsupported: bool,
+    subscription: Subscription,
+}
+
+/// Where a local port stands with its SA subscription for traps 64/65.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Subscription {
+    /// None (never asked, or a retry is pending).
+    Wanted,
+    /// Asked for (outstanding or established).
+    Asked,
+    /// The SA facet said subscriptions are unsupported: never asked again.
+    Unsupported,
+}
+
+impl Subscription {
+    /// The SA may have forgotten us (SM change, client reregister, LID change): ask
+    /// again, unless it never supported it.
+    fn renew(&mut self) {
+        if *self == Subscription::Asked {
+            *self = Subscription::Wanted;
+        }
+    }
 }
 
 /// What an outstanding command was for.

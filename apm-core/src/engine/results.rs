@@ -3,7 +3,7 @@
 
 use super::conn::{Alternate, MoveReason, Moved, Phase, Responder};
 use super::timers::TimerKey;
-use super::{Engine, Pending};
+use super::{Engine, Pending, Subscription};
 use crate::io::{
     ApStatus, Apr, CommandId, CommandOp, CommandOutcome, LostReason, PeerMsg, ProviderError,
     QpSnapshot, UnprotectedReason,
@@ -339,10 +339,10 @@ impl Engine {
         let Some(p) = self.ports.get_mut(&port) else {
             return;
         };
-        if p.subscribed || p.subscribe_unsupported {
+        if p.subscription != Subscription::Wanted {
             return;
         }
-        p.subscribed = true;
+        p.subscription = Subscription::Asked;
         self.stats.subscriptions += 1;
         self.issue(CommandOp::Subscribe { port }, Pending::Subscribe(port));
     }
@@ -359,12 +359,11 @@ impl Engine {
             Ok(_) => debug!(%port, "subscribed for traps 64/65"),
             Err(ProviderError::Unsupported { .. }) => {
                 info!(%port, "no SA subscriptions on this port; remote failures are learnt from peers only");
-                p.subscribed = false;
-                p.subscribe_unsupported = true;
+                p.subscription = Subscription::Unsupported;
             }
             Err(e) => {
                 warn!(%port, error = %e, "subscription failed; will retry");
-                p.subscribed = false;
+                p.subscription = Subscription::Wanted;
                 let at = self.now.plus(Policy::ms(self.policy.subscribe_retry_ms));
                 self.timers.schedule(at, TimerKey::Subscribe(port));
             }
