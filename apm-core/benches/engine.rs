@@ -65,8 +65,7 @@ fn armed_engine(n: u64) -> Engine {
             active: true,
             link_layer: LinkLayer::InfiniBand,
         };
-        e.handle_input(Time::ZERO, Input::PortInfo(info))
-            .expect("ok");
+        e.handle_input(Time::ZERO, Input::PortInfo(info));
     }
     for i in 0..n {
         let host = (i % 16) * 2;
@@ -83,8 +82,7 @@ fn armed_engine(n: u64) -> Engine {
             agreed_alternate: Some(path(2, host + 1)),
             candidates: vec![],
         };
-        e.handle_input(Time::ZERO, Input::Protect(spec))
-            .expect("ok");
+        e.protect(Time::ZERO, spec).expect("ok");
         complete_all(&mut e);
     }
     e
@@ -100,8 +98,7 @@ fn complete_all(e: &mut Engine) -> usize {
                 CommandOp::SetRearm { .. } => Ok(CommandOutcome::MigState(MigState::Armed)),
                 _ => Ok(CommandOutcome::Done),
             };
-            e.handle_input(Time::ZERO, Input::CommandDone { id: c.id, result })
-                .expect("ok");
+            e.handle_input(Time::ZERO, Input::CommandDone { id: c.id, result });
         }
     }
     outputs
@@ -124,8 +121,7 @@ fn port_err(c: &mut Criterion) {
                             port: PortKey::new(0, 1),
                             event: PortEvent::Down,
                         },
-                    )
-                    .expect("ok");
+                    );
                     // Taking the outputs is part of the work: a ForceMigrate per connection.
                     let mut outs = 0;
                     while e.poll_output().is_some() {

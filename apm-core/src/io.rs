@@ -7,15 +7,12 @@
 use crate::types::*;
 use serde::{Deserialize, Serialize};
 
-/// An event or request for the engine. Each comes with the time it happened
-/// (see [`crate::Engine::handle_input`]).
+/// An event of the world for the engine. Each comes with the time it happened
+/// (see [`crate::Engine::handle_input`]). API calls are the engine's methods
+/// ([`crate::Engine::protect`], ...), not inputs: only they can be refused.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub enum Input {
-    /// Put a connection under protection (API call).
-    Protect(ConnSpec),
-    /// Stop protecting a connection. The QP is left as it is.
-    Unprotect(ConnId),
     /// A local port appeared or its attributes changed (enumeration, after LID change).
     PortInfo(PortInfo),
     /// An unaffiliated async event on a local port.
@@ -271,6 +268,14 @@ pub enum ProviderError {
     /// No answer in time (SA query, send completion).
     #[error("{0} timed out")]
     Timeout(String),
+    /// The provider did not answer within the command's deadline
+    /// (`Policy::command_timeout_ms`): the engine and the driver treat the command as
+    /// failed and go on without its answer.
+    #[error("no answer within {after_ms} ms")]
+    NoAnswer {
+        /// The deadline, in milliseconds after the command was handed over.
+        after_ms: u64,
+    },
     /// A library or device the provider needs is missing.
     #[error("{0}")]
     Unavailable(String),

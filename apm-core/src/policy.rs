@@ -90,6 +90,14 @@ pub struct Policy {
     pub alternate_timeout_boost: u8,
     /// Liveness probes per path (`[policy.probe]`): see [`ProbePolicy`]'s fields.
     pub probe: ProbePolicy,
+    /// A command the provider has not answered this long after it was handed over is
+    /// treated as failed (the driver abandons the call), so that a provider call that
+    /// never returns neither wedges its connection nor holds up the commands after it.
+    /// Default 10 000 ms: five times the longest any provider's own bounded operation
+    /// takes by design (provider-rxe's SQ drain before a software migration, 2 s by
+    /// default; an SA query with its retries, under a second; a `modify_qp`, a send,
+    /// microseconds to milliseconds), so it only ever ends a call that is stuck.
+    pub command_timeout_ms: u64,
 }
 
 impl Default for Policy {
@@ -115,6 +123,7 @@ impl Default for Policy {
             unexpected_lap: UnexpectedLap::Reject,
             alternate_timeout_boost: 2,
             probe: ProbePolicy::default(),
+            command_timeout_ms: 10_000,
         }
     }
 }
@@ -138,12 +147,13 @@ pub enum PolicyError {
 impl Policy {
     /// Check the settings against their ranges.
     pub fn validate(&self) -> Result<(), PolicyError> {
-        let nonzero: [(&'static str, u64); 5] = [
+        let nonzero: [(&'static str, u64); 6] = [
             ("lap_timeout_ms", self.lap_timeout_ms),
             ("lap_max_tries", u64::from(self.lap_max_tries)),
             ("rearm_retry_ms", self.rearm_retry_ms),
             ("subscribe_retry_ms", self.subscribe_retry_ms),
             ("max_concurrent_rearms", self.max_concurrent_rearms as u64),
+            ("command_timeout_ms", self.command_timeout_ms),
         ];
         for (field, value) in nonzero {
             if value == 0 {

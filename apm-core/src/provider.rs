@@ -8,6 +8,15 @@
 //!
 //! Providers never read the engine's clock: they push bare [`Input`]s into the
 //! [`InputSink`] and the driver stamps them with the time it receives them.
+//!
+//! The contract, both ways:
+//! - start-up: every local port is reported before `start` returns, so the engine knows
+//!   them before the first API call (callers need not wait for anything);
+//! - at most one command naming a connection's QP is in flight at a time: an override
+//!   (a migration replacing a re-arm, say) waits for the answer to what is in flight,
+//!   so commands on one QP run one after the other, in the order the engine decided;
+//! - every command is answered exactly once, or counts as failed at its deadline
+//!   (`Policy::command_timeout_ms`), after which the driver drops the call.
 
 use crate::io::*;
 use crate::types::*;
@@ -22,10 +31,22 @@ pub type InputSink = tokio::sync::mpsc::UnboundedSender<Input>;
 pub trait Provider: Send + Sync + 'static {
     /// A short name for logs.
     fn name(&self) -> String;
-    /// Begin delivering inputs into `sink`: first a [`Input::PortInfo`] for every local
-    /// port, then events as they happen.
+    /// Begin delivering inputs into `sink`: a [`Input::PortInfo`] for every local port
+    /// is in the sink before `start` returns (the driver feeds them to the engine
+    /// before any API call, so a connection protected right after start finds its
+    /// ports known), then events as they happen.
     async fn start(&self, sink: InputSink) -> Result<(), ProviderError>;
-    /// Carry out one command. Commands for the same connection are issued one at a time.
+    /// Carry out one command.
+    ///
+    /// The engine hands over at most one command naming a connection's QP
+    /// (`LoadAlternate`, `SetRearm`, `ForceMigrate`, `SoftwareMigrate`, `QueryQp`) at a
+    /// time: when it overrides what a connection was doing (a migration replacing a
+    /// re-arm, say), the new command waits until the one in flight is answered, so
+    /// commands on one QP never run concurrently and take effect in the order the
+    /// engine decided them. Sends, path queries and subscriptions may run
+    /// concurrently. A call not answered within `Policy::command_timeout_ms` is
+    /// treated as failed ([`ProviderError::NoAnswer`]) and the driver drops it; a
+    /// provider should bound its own operations well within that.
     async fn execute(&self, op: CommandOp) -> Result<CommandOutcome, ProviderError>;
 }
 
@@ -33,7 +54,8 @@ pub trait Provider: Send + Sync + 'static {
 #[cfg_attr(any(test, feature = "mock"), mockall::automock)]
 #[async_trait]
 pub trait QpControl: Send + Sync + 'static {
-    /// Begin delivering local port info and async events.
+    /// Begin delivering local port info and async events: a [`Input::PortInfo`] for
+    /// every local port is in the sink before it returns (see [`Provider::start`]).
     async fn start(&self, sink: InputSink) -> Result<(), ProviderError>;
     /// Load `path` as the alternate path.
     async fn load_alternate(&self, conn: ConnId, path: Path) -> Result<(), ProviderError>;

@@ -48,6 +48,8 @@ impl PolicyKind {
 pub trait Controller: std::fmt::Debug + Send {
     /// Feed one input.
     fn handle_input(&mut self, now: Time, input: Input);
+    /// Protect a connection (the API call).
+    fn protect(&mut self, now: Time, spec: ConnSpec);
     /// Let deadlines up to `now` pass.
     fn handle_timeout(&mut self, now: Time);
     /// The next output.
@@ -77,10 +79,13 @@ impl ApmController {
 
 impl Controller for ApmController {
     fn handle_input(&mut self, now: Time, input: Input) {
-        if let Err(e) = self.engine.handle_input(now, input) {
-            // The simulator only feeds inputs for connections it protected; an error
-            // here is a simulator bug worth seeing in the logs, not a crash.
-            tracing::warn!(error = %e, "engine refused a simulator input");
+        self.engine.handle_input(now, input);
+    }
+    fn protect(&mut self, now: Time, spec: ConnSpec) {
+        if let Err(e) = self.engine.protect(now, spec) {
+            // The simulator protects each connection once; an error here is a
+            // simulator bug worth seeing in the logs, not a crash.
+            tracing::warn!(error = %e, "engine refused a simulator connection");
         }
     }
     fn handle_timeout(&mut self, now: Time) {
@@ -189,9 +194,11 @@ impl Baseline {
 }
 
 impl Controller for Baseline {
+    fn protect(&mut self, _now: Time, spec: ConnSpec) {
+        Baseline::protect(self, spec);
+    }
     fn handle_input(&mut self, _now: Time, input: Input) {
         match input {
-            Input::Protect(spec) => self.protect(spec),
             Input::QpEvent {
                 conn,
                 event: QpEvent::PathMigrated,

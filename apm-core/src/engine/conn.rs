@@ -1,8 +1,72 @@
 //! Per-connection state: the paths as the engine believes the QP holds them, and the
 //! phase of whatever the engine is doing for the connection.
 
-use crate::io::{CommandId, Lap, PeerMsg};
+use crate::io::{Command, CommandId, CommandOp, Lap, PeerMsg, UnprotectedReason};
 use crate::types::*;
+
+/// The connection's alternate path as the engine believes the QP holds it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Alternate {
+    /// None loaded (or none the engine can count on).
+    None,
+    /// Loaded in the QP (hardware) or proposed, but not armed: REARM not set, or the
+    /// peer has not agreed to it (a LAP given up on), or it names our old LID.
+    Loaded(Path),
+    /// Armed: REARM set on it (hardware) or the peer accepted it (software).
+    Armed(Path),
+}
+
+impl Alternate {
+    /// The alternate path, armed or not.
+    pub(crate) fn path(&self) -> Option<Path> {
+        match *self {
+            Alternate::None => None,
+            Alternate::Loaded(p) | Alternate::Armed(p) => Some(p),
+        }
+    }
+
+    /// The alternate path when it is armed.
+    pub(crate) fn armed(&self) -> Option<Path> {
+        match *self {
+            Alternate::Armed(p) => Some(p),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn is_armed(&self) -> bool {
+        matches!(self, Alternate::Armed(_))
+    }
+
+    /// The path, to rewrite in place (a LID change).
+    pub(crate) fn path_mut(&mut self) -> Option<&mut Path> {
+        match self {
+            Alternate::None => None,
+            Alternate::Loaded(p) | Alternate::Armed(p) => Some(p),
+        }
+    }
+
+    /// No longer known to be armed (the path stays loaded). The one place that
+    /// disarms.
+    pub(crate) fn disarm(&mut self) {
+        if let Alternate::Armed(p) = *self {
+            *self = Alternate::Loaded(p);
+        }
+    }
+
+    /// The QP migrated to it, or it failed: no alternate any more. Returns it.
+    pub(crate) fn take(&mut self) -> Option<Path> {
+        std::mem::replace(self, Alternate::None).path()
+    }
+
+    /// Another path took its place in the QP, which keeps its migration state (an
+    /// ARMED QP stays ARMED when its alternate is reloaded).
+    pub(crate) fn replace(&mut self, path: Path) {
+        *self = match *self {
+            Alternate::Armed(_) => Alternate::Armed(path),
+            _ => Alternate::Loaded(path),
+        };
+    }
+}
 
 /// Who a phase is answering, when the engine acts on a peer's request (LAP or Migrate).
 #[derive(Clone, Copy, Debug)]
@@ -28,8 +92,24 @@ pub(crate) enum MoveReason {
     PeerAskedAndMoved(Responder),
 }
 
+/// Whether the engine itself moved the QP (a forced migration, or a software move it
+/// made first: `Migrated { forced: true }`) or not (the HCA moved it, or the engine
+/// moved only because the peer asked).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Moved {
+    Forced,
+    Unforced,
+}
+
+/// Whether a LAP may still wait for a `PATH_MIG` (receiver rule 5) or already has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LapWait {
+    MayWait,
+    Waited,
+}
+
 /// What the engine is doing for a connection. Only one thing at a time: a second reason
-/// to act is remembered in `Conn::want_rearm` / `Conn::deferred_lap` and handled when the
+/// to act is remembered in `Conn::chores` / `Conn::deferred_lap` and handled when the
 /// phase returns to `Idle`.
 #[derive(Clone, Debug)]
 pub(crate) enum Phase {
@@ -40,14 +120,14 @@ pub(crate) enum Phase {
     /// We moved because the peer asked; it moves when it hears our answer. Until it
     /// says it has (its `Migrate` or a LAP), our QP stays MIGRATED: its packets carry
     /// MigReq=1, which moves the peer's ARMED QP by itself should our answer be lost,
-    /// where an early REARM (MigReq=0) would strand it. Then `old` is armed again
+    /// where an early REARM (MigReq=0) would strand it. Then `old` is armed again.
     /// Each deadline until `give_up` asks the peer whether it runs on our primary
     /// (our `Migrate` "moved": its "ok" answer is the word, should its own have been
     /// lost); at `give_up`, arm it anyway (our MigReq=1 packets have moved the peer by
     /// then). Every moment spent here the connection cannot arm, and a second failure
     /// in it leaves the QP in REARM with nothing to migrate to.
     AwaitFollow { old: Path, give_up: Time },
-    /// Waiting for a re-arm slot (`Engine::rearm_queue`).
+    /// Waiting for a re-arm slot (`RearmLimiter`).
     Queued,
     /// Waiting for path records.
     Resolving,
@@ -105,6 +185,23 @@ impl Phase {
         }
     }
 
+    /// The QP command this phase waits for, as it goes to the provider.
+    pub(crate) fn command(&self, conn: ConnId) -> Option<Command> {
+        let (id, op) = match *self {
+            Phase::Loading { cmd, path, .. } | Phase::LoadingToFollow { cmd, path, .. } => {
+                (cmd, CommandOp::LoadAlternate { conn, path })
+            }
+            Phase::Arming { cmd, .. } => (cmd, CommandOp::SetRearm { conn }),
+            Phase::Migrating { cmd, .. } => (cmd, CommandOp::ForceMigrate { conn }),
+            Phase::SwMigrating { cmd, path, .. } => {
+                (cmd, CommandOp::SoftwareMigrate { conn, path })
+            }
+            Phase::Querying { cmd } => (cmd, CommandOp::QueryQp { conn }),
+            _ => return None,
+        };
+        Some(Command { id, op })
+    }
+
     /// True while the connection is moving to another path.
     pub(crate) fn moving(&self) -> bool {
         matches!(
@@ -120,11 +217,64 @@ impl Phase {
     }
 }
 
-/// The last protection state the application was told about.
+/// What the application has been told about a connection: its protection story, which
+/// ends at `Lost`, a terminal state (the engine never acts on a lost connection again).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Told {
+    /// Nothing yet.
+    Nothing,
+    /// Unprotected, never protected so far (its first protection is `Protected`).
+    NotYetProtected(UnprotectedReason),
+    /// Protected.
     Protected,
-    Unprotected(crate::io::UnprotectedReason),
+    /// Unprotected, protected before (its next protection is `Rearmed`).
+    Unprotected(UnprotectedReason),
+    /// Lost: the last word.
+    Lost,
+}
+
+impl Told {
+    /// True once the application has heard `Protected`.
+    pub(crate) fn ever_protected(self) -> bool {
+        matches!(self, Told::Protected | Told::Unprotected(_))
+    }
+
+    /// What "unprotected because of `reason`" is after this.
+    pub(crate) fn unprotected(self, reason: UnprotectedReason) -> Told {
+        if self.ever_protected() {
+            Told::Unprotected(reason)
+        } else {
+            Told::NotYetProtected(reason)
+        }
+    }
+}
+
+/// Work a busy connection was asked to do meanwhile, done when its phase ends
+/// (`Engine::after_phase`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum Chore {
+    /// Tell the peer where we run now (`Migrate` "moved").
+    Announce = 1,
+    /// Look for a (better) alternate.
+    Rearm = 2,
+}
+
+/// A set of [`Chore`]s.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Chores(u8);
+
+impl Chores {
+    pub(crate) fn add(&mut self, chore: Chore) {
+        self.0 |= chore as u8;
+    }
+
+    /// Remove `chore`; true when it was there.
+    pub(crate) fn take(&mut self, chore: Chore) -> bool {
+        let had = self.0 & chore as u8 != 0;
+        self.0 &= !(chore as u8);
+        had
+    }
 }
 
 /// One protected connection.
@@ -140,10 +290,9 @@ pub(crate) struct Conn {
     pub(crate) primary: Path,
     /// The connection's own local ACK timeout (its primary's at protect time).
     pub(crate) base_timeout: u8,
-    /// The alternate loaded in the QP (hardware) or agreed with the peer (software).
-    pub(crate) alternate: Option<Path>,
-    /// REARM was set on `alternate` (hardware) / the peer accepted it (software).
-    pub(crate) armed: bool,
+    /// The alternate loaded in the QP (hardware) or agreed with the peer (software),
+    /// and whether it is armed.
+    pub(crate) alt: Alternate,
     /// Migration state as last known.
     pub(crate) mig: MigState,
     /// Every path to the peer the engine may use, including the original primary.
@@ -152,14 +301,14 @@ pub(crate) struct Conn {
     pub(crate) bad: Vec<(Path, Time)>,
     /// Boxed when not idle: most connections sit idle, and the busy phases are large.
     phase: Option<Box<Phase>>,
+    /// The QP command handed to the provider and not answered yet. At most one at a
+    /// time: a phase that replaced the one which issued it (an override) waits for its
+    /// answer before its own command goes out (`Engine::issue_qp`).
+    pub(crate) in_flight: Option<CommandId>,
     /// The phase's deadline (timer entries that do not match it are stale).
     pub(crate) deadline: Option<Time>,
-    /// Holds one of the `max_concurrent_rearms` slots.
-    pub(crate) slot: bool,
-    /// Another re-arm is wanted once the current phase ends.
-    pub(crate) want_rearm: bool,
-    /// The peer must hear where we run now (`Migrate`) once the current phase ends.
-    pub(crate) announce: bool,
+    /// What to do once the current phase ends.
+    pub(crate) chores: Chores,
     /// A LAP that arrived while busy, handled when the phase ends (or at its deadline).
     pub(crate) deferred_lap: Option<Box<(PeerAddr, PortKey, Lap)>>,
     /// Digest of the last LAP answered and the APStatus sent, for duplicates.
@@ -168,10 +317,8 @@ pub(crate) struct Conn {
     pub(crate) failed_rearms: u32,
     /// When the engine last forced a migration (its own PATH_MIG is not a new one).
     pub(crate) forced_at: Option<Time>,
-    /// What the application was last told.
-    pub(crate) told: Option<Told>,
-    pub(crate) ever_protected: bool,
-    pub(crate) lost: bool,
+    /// What the application was last told; `Told::Lost` ends the connection's life.
+    pub(crate) told: Told,
 }
 
 /// The phase of a connection with no phase box.
@@ -214,30 +361,31 @@ impl Conn {
             remote_comm_id: spec.remote_comm_id,
             primary: spec.primary,
             base_timeout: spec.primary.ack_timeout,
-            alternate: None,
-            armed: false,
+            alt: Alternate::None,
             mig: MigState::Migrated,
             candidates,
             bad: Vec::new(),
             phase: None,
+            in_flight: None,
             deadline: None,
-            slot: false,
-            want_rearm: false,
-            announce: false,
+            chores: Chores::default(),
             deferred_lap: None,
             last_lap: None,
             failed_rearms: 0,
             forced_at: None,
-            told: None,
-            ever_protected: false,
-            lost: false,
+            told: Told::Nothing,
         }
+    }
+
+    /// True once the connection is lost (terminal).
+    pub(crate) fn is_lost(&self) -> bool {
+        self.told == Told::Lost
     }
 
     /// True when `gid` is one of the peer's port GIDs as far as this connection knows.
     pub(crate) fn is_peer_gid(&self, gid: &Gid) -> bool {
         self.primary.dgid == *gid
-            || self.alternate.is_some_and(|a| a.dgid == *gid)
+            || self.alt.path().is_some_and(|a| a.dgid == *gid)
             || self.candidates.iter().any(|c| c.dgid == *gid)
     }
 

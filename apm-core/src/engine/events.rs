@@ -2,8 +2,19 @@
 //! GIDs (SA traps 64/65), device and QP events, and what a failure or a recovery means
 //! for each connection.
 
+use super::conn::{Chore, Chores, Conn, MoveReason, Moved, Phase, Responder, Told};
+use super::health::Health;
 use super::timers::TimerKey;
-use super::*;
+use super::{live, live_mut, select, Engine, LocalPort, Pending, Subscription};
+use crate::io::{
+    CommandOp, CommandOutcome, LostReason, Migrate, MigrateIntent, NotificationKind, PeerMsg,
+    PortEvent, ProviderError, QpEvent, UnprotectedReason,
+};
+use crate::policy::Policy;
+use crate::types::{
+    ConnId, Gid, Lid, LinkLayer, MigState, Path, PeerAddr, PortInfo, PortKey, Time,
+};
+use tracing::{debug, info, warn};
 
 impl Engine {
     // ---------------------------------------------------------------- local ports
@@ -19,8 +30,11 @@ impl Engine {
                     LocalPort {
                         info,
                         health,
-                        subscribed: false,
-                        subscribe_unsupported: !is_ib,
+                        subscription: if is_ib {
+                            Subscription::Wanted
+                        } else {
+                            Subscription::Unsupported
+                        },
                     },
                 );
                 if is_ib {
@@ -51,7 +65,7 @@ impl Engine {
                 // The SA may have forgotten us: subscribe again. Cached paths may come
                 // from an SM that routes differently now.
                 if let Some(p) = self.ports.get_mut(&port) {
-                    p.subscribed = false;
+                    p.subscription.renew();
                 }
                 self.invalidate_cache(|k| k.0 == port);
                 self.subscribe(port);
@@ -63,7 +77,7 @@ impl Engine {
                 // The new LID arrives in a PortInfo; resubscribe (the SA keys
                 // subscriptions by our address) and forget paths through the port.
                 if let Some(p) = self.ports.get_mut(&port) {
-                    p.subscribed = false;
+                    p.subscription.renew();
                 }
                 self.invalidate_cache(|k| k.0 == port);
                 self.subscribe(port);
@@ -75,10 +89,9 @@ impl Engine {
     }
 
     pub(super) fn port_down(&mut self, port: PortKey) {
-        let policy = self.policy.clone();
         let now = self.now;
         let changed = match self.ports.get_mut(&port) {
-            Some(p) => p.health.fail(now, &policy),
+            Some(p) => p.health.fail(now, &self.policy),
             None => {
                 warn!(%port, "PORT_ERR on a port never reported: ignored");
                 return;
@@ -91,14 +104,13 @@ impl Engine {
     }
 
     pub(super) fn port_up(&mut self, port: PortKey) {
-        let policy = self.policy.clone();
         let now = self.now;
         let Some(p) = self.ports.get_mut(&port) else {
             warn!(%port, "PORT_ACTIVE on a port never reported: ignored");
             return;
         };
         // A port that is back may sit behind a new SM or LID: re-learn its paths.
-        if let Some(usable_at) = p.health.recover(now, &policy) {
+        if let Some(usable_at) = p.health.recover(now, &self.policy) {
             info!(%port, held_until = %usable_at, "local port active");
             self.invalidate_cache(|k| k.0 == port);
             if usable_at > now {
@@ -121,15 +133,10 @@ impl Engine {
             return;
         };
         let prefixes: Vec<&[u8]> = p.info.gids.iter().map(|g| &g.0[..8]).collect();
-        let stale: Vec<Gid> = self
-            .remotes
-            .iter()
-            .filter(|(g, h)| !h.up && prefixes.contains(&&g.0[..8]))
-            .map(|(g, _)| *g)
-            .collect();
+        let stale = self.remotes.down_in(&prefixes);
         for gid in stale {
             debug!(%port, %gid, "out-of-service verdict may be stale: forgotten");
-            self.remote_gid(gid, true);
+            self.remote_in_service(gid);
         }
     }
 
@@ -145,22 +152,19 @@ impl Engine {
         };
         let ids: Vec<ConnId> = self.conns.keys().copied().collect();
         for id in ids {
-            let Some(c) = self.conns.get_mut(&id) else {
+            let Some(c) = live_mut(&mut self.conns, id) else {
                 continue;
             };
-            if c.lost {
-                continue;
-            }
             rebase(&mut c.primary);
             c.candidates.iter_mut().for_each(rebase);
-            let alt_on_port = c.alternate.is_some_and(|a| a.port == port);
-            if let Some(a) = c.alternate.as_mut() {
+            let alt_on_port = c.alt.path().is_some_and(|a| a.port == port);
+            if let Some(a) = c.alt.path_mut() {
                 rebase(a);
             }
             let primary_on_port = c.primary.port == port;
             if alt_on_port {
                 // The peer's copy of this alternate names our old LID: agree on it anew.
-                c.armed = false;
+                c.alt.disarm();
                 self.update_protection(id, UnprotectedReason::AlternateDown);
                 self.need_rearm(id);
             } else if primary_on_port {
@@ -173,10 +177,9 @@ impl Engine {
 
     pub(super) fn device_fatal(&mut self, device: u16) {
         let ids: Vec<ConnId> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| c.primary.port.device == device && !c.lost)
-            .map(|(id, _)| *id)
+            .live_conns()
+            .filter(|(_, c)| c.primary.port.device == device)
+            .map(|(id, _)| id)
             .collect();
         for id in ids {
             self.lose(id, LostReason::DeviceFatal);
@@ -185,33 +188,44 @@ impl Engine {
 
     // ---------------------------------------------------------------- remote ports
 
-    pub(super) fn remote_gid(&mut self, gid: Gid, in_service: bool) {
-        // Notices about our own ports: the local port events are the better source.
-        if self.ports.values().any(|p| p.info.gids.contains(&gid)) {
-            debug!(%gid, in_service, "notice about a local GID: ignored");
+    /// True when `gid` is one of our own ports': notices about them are ignored (the
+    /// local port events are the better source).
+    fn is_local_gid(&self, gid: &Gid) -> bool {
+        self.ports.values().any(|p| p.info.gids.contains(gid))
+    }
+
+    /// `gid` is in service (trap 64, or something proves it).
+    pub(super) fn remote_in_service(&mut self, gid: Gid) {
+        if self.is_local_gid(&gid) {
+            debug!(%gid, "in-service notice about a local GID: ignored");
             return;
         }
-        let policy = self.policy.clone();
         let now = self.now;
-        let h = self.remotes.entry(gid).or_insert_with(|| Health::new(true));
-        if in_service {
-            self.rechecks.remove(&gid);
-            self.urgent_rechecks.remove(&gid);
-            if let Some(usable_at) = h.recover(now, &policy) {
-                info!(%gid, held_until = %usable_at, "remote GID in service");
-                // Its LIDs may have changed (trap 64 follows a sweep).
-                self.invalidate_cache(|k| k.1 == gid);
-                if usable_at > now {
-                    self.timers.schedule(usable_at, TimerKey::RemoteHold(gid));
-                    self.path_up_while_held(|p| p.dgid == gid);
-                } else {
-                    self.path_returned(|p| p.dgid == gid);
-                }
-            }
-        } else if h.fail(now, &policy) {
+        self.remotes.forget_rechecks(&gid);
+        let Some(usable_at) = self.remotes.health_mut(gid).recover(now, &self.policy) else {
+            return;
+        };
+        info!(%gid, held_until = %usable_at, "remote GID in service");
+        // Its LIDs may have changed (trap 64 follows a sweep).
+        self.invalidate_cache(|k| k.1 == gid);
+        if usable_at > now {
+            self.timers.schedule(usable_at, TimerKey::RemoteHold(gid));
+            self.path_up_while_held(|p| p.dgid == gid);
+        } else {
+            self.path_returned(|p| p.dgid == gid);
+        }
+    }
+
+    /// `gid` is out of service (trap 65).
+    pub(super) fn remote_out_of_service(&mut self, gid: Gid) {
+        if self.is_local_gid(&gid) {
+            debug!(%gid, "out-of-service notice about a local GID: ignored");
+            return;
+        }
+        if self.remotes.health_mut(gid).fail(self.now, &self.policy) {
             info!(%gid, "remote GID out of service");
             self.invalidate_cache(|k| k.1 == gid);
-            self.schedule_recheck(gid, policy.remote_recheck_ms);
+            self.schedule_recheck(gid, self.policy.remote_recheck_ms);
             self.path_failed(|p| p.dgid == gid);
         }
     }
@@ -222,27 +236,27 @@ impl Engine {
             return;
         }
         let due = self.now.plus(Policy::ms(interval_ms));
-        self.rechecks.insert(gid, (due, interval_ms));
+        self.remotes.set_recheck(gid, due, interval_ms);
         self.timers.schedule(due, TimerKey::RemoteRecheck(gid));
     }
 
     /// Ask the SA, through every usable InfiniBand port, for paths to `gid`, which has
     /// been out of service for a while: a lost trap 64 must not keep it dead forever.
     pub(super) fn recheck_remote(&mut self, gid: Gid) {
-        if self.remotes.get(&gid).is_none_or(|h| h.up) {
-            self.rechecks.remove(&gid);
+        if self.remotes.up(&gid) {
+            self.remotes.drop_recheck(&gid);
             return;
         }
         let interval = self
-            .rechecks
-            .get(&gid)
-            .map_or(self.policy.remote_recheck_ms, |(_, i)| *i);
+            .remotes
+            .recheck(&gid)
+            .map_or(self.policy.remote_recheck_ms, |(_, i)| i);
         // Until an answer says otherwise, the next check is due a doubled interval later.
         let next = interval
             .saturating_mul(2)
             .min(self.policy.remote_recheck_max_ms.max(interval));
         self.schedule_recheck(gid, next);
-        let due = self.rechecks.get(&gid).map_or(Time::ZERO, |r| r.0);
+        let due = self.remotes.recheck(&gid).map_or(Time::ZERO, |r| r.0);
         self.ask_sa_about(gid, due);
     }
 
@@ -277,16 +291,16 @@ impl Engine {
         due: Time,
         result: Result<CommandOutcome, ProviderError>,
     ) {
-        if self.rechecks.get(&gid).map(|r| r.0) != Some(due) {
+        if self.remotes.recheck(&gid).map(|r| r.0) != Some(due) {
             debug!(%gid, "an SA recheck answer older than the last notice: ignored");
             return;
         }
         let reachable =
             matches!(&result, Ok(CommandOutcome::Paths(p)) if p.iter().any(|p| p.dgid == gid));
-        let still_down = self.remotes.get(&gid).is_some_and(|h| !h.up);
+        let still_down = !self.remotes.up(&gid);
         if reachable && still_down {
             info!(%gid, "the SA routes to a GID held out of service: it is back (trap 64 lost?)");
-            self.remote_gid(gid, true);
+            self.remote_in_service(gid);
         }
     }
 
@@ -297,13 +311,11 @@ impl Engine {
     pub(super) fn path_failed(&mut self, hit: impl Fn(&Path) -> bool) {
         // One pass to find who is hit (most connections usually are not), then act.
         let hits: Vec<(ConnId, bool)> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| !c.lost)
+            .live_conns()
             .filter_map(|(id, c)| {
                 let primary_hit = hit(&c.primary);
-                let alt_hit = c.alternate.is_some_and(|a| hit(&a));
-                (primary_hit || alt_hit).then_some((*id, primary_hit))
+                let alt_hit = c.alt.path().is_some_and(|a| hit(&a));
+                (primary_hit || alt_hit).then_some((id, primary_hit))
             })
             .collect();
         for (id, primary_hit) in hits {
@@ -325,10 +337,11 @@ impl Engine {
             return;
         }
         let alt = c
-            .alternate
-            .filter(|a| c.armed && !c.is_bad(a, self.now) && self.path_up(a));
+            .alt
+            .armed()
+            .filter(|a| !c.is_bad(a, self.now) && self.path_up(a));
         let mode = c.mode;
-        let armed_on_dead = c.armed && c.alternate.is_some();
+        let armed_on_dead = c.alt.is_armed();
         match alt {
             Some(alt) => {
                 // A migration overrides whatever negotiation was going on.
@@ -359,24 +372,19 @@ impl Engine {
     /// working port dead; on the connection's last path that mistake is fatal. A "yes"
     /// revives the GID and the connection moves there (`path_up_while_held`).
     fn recheck_alternate_now(&mut self, id: ConnId) {
-        let Some(alt) = self.conns.get(&id).and_then(|c| c.alternate) else {
+        let Some(alt) = self.conns.get(&id).and_then(|c| c.alt.path()) else {
             return;
         };
         let port_up = self.ports.get(&alt.port).is_some_and(|p| p.health.up);
         let gid = alt.dgid;
-        if !port_up || self.remotes.get(&gid).is_none_or(|h| h.up) {
+        if !port_up || self.remotes.up(&gid) {
             return;
         }
         let recent = Policy::ms(self.policy.lap_timeout_ms);
-        if self
-            .urgent_rechecks
-            .get(&gid)
-            .is_some_and(|t| self.now.since(*t) < recent)
-        {
+        if !self.remotes.ask_out_of_turn(gid, self.now, recent) {
             return;
         }
-        self.urgent_rechecks.insert(gid, self.now);
-        let Some(&(due, _)) = self.rechecks.get(&gid) else {
+        let Some((due, _)) = self.remotes.recheck(&gid) else {
             return;
         };
         self.ask_sa_about(gid, due);
@@ -384,7 +392,7 @@ impl Engine {
 
     /// Force `id` onto its armed alternate (hardware).
     pub(super) fn force_migration(&mut self, id: ConnId, why: MoveReason) {
-        let cmd = self.issue(CommandOp::ForceMigrate { conn: id }, Pending::Conn(id));
+        let cmd = self.issue_qp(id, CommandOp::ForceMigrate { conn: id });
         self.replace_phase(id, Phase::Migrating { cmd, why });
     }
 
@@ -419,10 +427,7 @@ impl Engine {
         path: Path,
         responder: Option<Responder>,
     ) {
-        let cmd = self.issue(
-            CommandOp::SoftwareMigrate { conn: id, path },
-            Pending::Conn(id),
-        );
+        let cmd = self.issue_qp(id, CommandOp::SoftwareMigrate { conn: id, path });
         self.replace_phase(
             id,
             Phase::SwMigrating {
@@ -444,11 +449,10 @@ impl Engine {
     /// them now (a flapping path beats a dead one).
     pub(super) fn path_up_while_held(&mut self, hit: impl Fn(&Path) -> bool) {
         let ids: Vec<ConnId> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| !c.lost && c.armed && c.alternate.is_some_and(|a| hit(&a)))
+            .live_conns()
+            .filter(|(_, c)| c.alt.armed().is_some_and(|a| hit(&a)))
             .filter(|(_, c)| self.should_move_now(c))
-            .map(|(id, _)| *id)
+            .map(|(id, _)| id)
             .collect();
         for id in ids {
             self.primary_failed(id);
@@ -458,9 +462,9 @@ impl Engine {
     /// The armed alternate of `c` is up while its primary is dead: move now rather than
     /// wait for the transport to give up on the primary.
     fn should_move_now(&self, c: &Conn) -> bool {
-        c.armed
-            && !self.path_up(&c.primary)
-            && c.alternate
+        !self.path_up(&c.primary)
+            && c.alt
+                .armed()
                 .is_some_and(|a| self.path_up(&a) && !c.is_bad(&a, self.now))
     }
 
@@ -469,12 +473,9 @@ impl Engine {
     /// what is now available upgrade.
     pub(super) fn path_returned(&mut self, hit: impl Fn(&Path) -> bool) {
         let ids: Vec<ConnId> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| {
-                !c.lost && (c.candidates.iter().any(&hit) || c.alternate.is_some_and(|a| hit(&a)))
-            })
-            .map(|(id, _)| *id)
+            .live_conns()
+            .filter(|(_, c)| c.candidates.iter().any(&hit) || c.alt.path().is_some_and(|a| hit(&a)))
+            .map(|(id, _)| id)
             .collect();
         for id in ids {
             self.update_protection(id, UnprotectedReason::AlternateDown);
@@ -502,17 +503,12 @@ impl Engine {
     }
 
     pub(super) fn lose(&mut self, id: ConnId, reason: LostReason) {
-        let Some(c) = self.conns.get_mut(&id) else {
+        let Some(c) = live_mut(&mut self.conns, id) else {
             return;
         };
-        if c.lost {
-            return;
-        }
-        c.lost = true;
-        c.armed = false;
-        c.told = None;
-        c.want_rearm = false;
-        c.announce = false;
+        c.told = Told::Lost;
+        c.alt.disarm();
+        c.chores = Chores::default();
         c.deferred_lap = None;
         self.stats.lost += 1;
         warn!(%id, ?reason, "connection lost");
@@ -523,13 +519,10 @@ impl Engine {
 
     // ---------------------------------------------------------------- QP events
 
-    pub(super) fn qp_event(&mut self, id: ConnId, event: QpEvent) -> Result<(), EngineError> {
-        let Some(c) = self.conns.get(&id) else {
-            return Err(EngineError::UnknownConnection(id));
+    pub(super) fn qp_event(&mut self, id: ConnId, event: QpEvent) {
+        let Some(c) = live(&self.conns, id) else {
+            return;
         };
-        if c.lost {
-            return Ok(());
-        }
         debug!(%id, ?event, "QP event");
         match event {
             QpEvent::PathMigrated => {
@@ -542,13 +535,13 @@ impl Engine {
                 let own_forced = recently_forced && c.mig == MigState::Migrated;
                 if recently_forced && !own_forced {
                     self.query(id);
-                    return Ok(());
+                    return;
                 }
                 // The HCA migrates only from ARMED: an alternate the QP was last known to
                 // hold armed (or arming) is where it went, even when a LAP given up on
                 // left it unagreed with the peer.
-                let may_migrate = c.alternate.is_some()
-                    && (c.armed
+                let may_migrate = c.alt.path().is_some()
+                    && (c.alt.is_armed()
                         || c.mig != MigState::Migrated
                         || matches!(
                             c.phase(),
@@ -564,7 +557,7 @@ impl Engine {
                         Phase::Migrating { why, .. } => *why,
                         _ => MoveReason::Ours,
                     };
-                    self.migrated(id, false, why);
+                    self.migrated(id, Moved::Unforced, why);
                 } else {
                     // Not armed as far as we know: ask the QP what happened.
                     self.query(id);
@@ -574,10 +567,9 @@ impl Engine {
                 let now = self.now;
                 let hold = now.plus(Policy::ms(self.policy.bad_path_hold_ms));
                 if let Some(c) = self.conns.get_mut(&id) {
-                    if let Some(a) = c.alternate.take() {
+                    if let Some(a) = c.alt.take() {
                         c.mark_bad(a, hold, now);
                     }
-                    c.armed = false;
                     c.mig = MigState::Migrated;
                 }
                 self.update_protection(id, UnprotectedReason::AlternateFailed);
@@ -592,7 +584,6 @@ impl Engine {
             QpEvent::SqDrained => {}
             QpEvent::PrimaryStalled => self.primary_failed(id),
         }
-        Ok(())
     }
 
     pub(super) fn query(&mut self, id: ConnId) {
@@ -600,7 +591,7 @@ impl Engine {
         if busy {
             return;
         }
-        let cmd = self.issue(CommandOp::QueryQp { conn: id }, Pending::Conn(id));
+        let cmd = self.issue_qp(id, CommandOp::QueryQp { conn: id });
         self.set_phase(id, Phase::Querying { cmd });
     }
 
@@ -610,22 +601,22 @@ impl Engine {
     /// before either side arms the next alternate (a QP that arms sends MigReq=0, and a
     /// peer still on the old path would never follow it); it still comes before the
     /// migrated path's COMM_EST (the re-arm race the IBA's APM leaves to software).
-    pub(super) fn migrated(&mut self, id: ConnId, forced: bool, why: MoveReason) {
+    pub(super) fn migrated(&mut self, id: ConnId, moved: Moved, why: MoveReason) {
+        let forced = moved == Moved::Forced;
         let now = self.now;
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
-        let Some(new_primary) = c.alternate.take() else {
+        let Some(new_primary) = c.alt.take() else {
             return;
         };
         let old = std::mem::replace(&mut c.primary, new_primary);
         c.learn(old);
-        c.armed = false;
         c.mig = MigState::Migrated;
-        c.want_rearm = true;
+        c.chores.add(Chore::Rearm);
         // "Migrated" itself tells the application the connection is unprotected.
-        c.told = Some(Told::Unprotected(UnprotectedReason::PrimaryDownUnarmed));
-        if forced {
+        c.told = c.told.unprotected(UnprotectedReason::PrimaryDownUnarmed);
+        if moved == Moved::Forced {
             c.forced_at = Some(now);
         }
         info!(%id, primary = %new_primary, forced, "migrated");
@@ -642,7 +633,7 @@ impl Engine {
         });
         match why {
             MoveReason::PeerAsked(r) => {
-                self.send_migrate_ack(id, r, true);
+                self.answer_moved(id, r);
                 if back {
                     // The word comes within a round trip and a device command; without
                     // it, ask (every quarter LAP timeout), and after two LAP timeouts
@@ -657,11 +648,11 @@ impl Engine {
                 }
                 return;
             }
-            MoveReason::PeerAskedAndMoved(r) => self.send_migrate_ack(id, r, true),
+            MoveReason::PeerAskedAndMoved(r) => self.answer_moved(id, r),
             // The peer hears where we are.
             MoveReason::Ours => {
                 if let Some(c) = self.conns.get_mut(&id) {
-                    c.announce = true;
+                    c.chores.add(Chore::Announce);
                 }
             }
             // The peer moved when we asked and waits for word that we followed: an
@@ -672,7 +663,7 @@ impl Engine {
                     port: new_primary.port,
                     digest: 0,
                 };
-                self.send_migrate_ack(id, r, true);
+                self.answer_moved(id, r);
             }
         }
         // Both sides know the path they left: arm it again at once, dead or not, as

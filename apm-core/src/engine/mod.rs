@@ -1,7 +1,10 @@
 //! The engine: a deterministic, sans-IO state machine that keeps connections armed.
 //!
 //! Methods come in four groups, in the style of quinn-proto:
-//! - inputs: [`Engine::handle_input`] and [`Engine::handle_timeout`], each with `now`;
+//! - inputs: [`Engine::handle_input`] (events of the world, which cannot fail),
+//!   [`Engine::handle_timeout`], and the API calls [`Engine::protect`],
+//!   [`Engine::unprotect`] and [`Engine::report_stall`] (which fail on misuse), each
+//!   with `now`;
 //! - outputs: [`Engine::poll_output`] (commands and notifications, in order);
 //! - timing: [`Engine::poll_timeout`] (when to call `handle_timeout` next);
 //! - getters: [`Engine::connection`], [`Engine::stats`], ...
@@ -13,27 +16,30 @@
 //! The engine never reads a clock, never sleeps, does no IO, spawns nothing, and iterates
 //! only ordered collections: the same inputs give the same outputs.
 
+mod cache;
 mod conn;
 mod events;
 mod health;
+mod limiter;
 mod peer;
 mod pending;
 mod probed;
 mod rearm;
+mod remote;
 mod results;
 mod select;
 mod timers;
 
 use crate::io::*;
 use crate::policy::{Policy, PolicyError};
-use crate::types::*;
-// `Responder` is used by the submodules, which import this module's names with
-// `use super::*`.
 use crate::probe::PathEnds;
-#[allow(unused_imports)]
-use conn::{Conn, MoveReason, Phase, Responder, Told};
+use crate::types::*;
+use cache::PathCache;
+use conn::{Conn, Phase, Told};
 use health::Health;
-use pending::PendingTable;
+use limiter::RearmLimiter;
+use pending::{Deadlines, PendingTable};
+use remote::Remotes;
 use serde::Serialize;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use timers::{TimerKey, Timers};
@@ -124,19 +130,28 @@ pub struct Stats {
 struct LocalPort {
     info: PortInfo,
     health: Health,
-    /// A subscription is outstanding or established (false: none, or retry pending).
-    subscribed: bool,
-    /// The SA facet said subscriptions are unsupported: stop asking.
-    subscribe_unsupported: bool,
+    subscription: Subscription,
 }
 
-#[derive(Debug, Default)]
-struct CacheEntry {
-    paths: Vec<Path>,
-    /// A query is out.
-    pending: bool,
-    /// The SA answered (possibly with no paths): do not ask again until invalidated.
-    resolved: bool,
+/// Where a local port stands with its SA subscription for traps 64/65.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Subscription {
+    /// None (never asked, or a retry is pending).
+    Wanted,
+    /// Asked for (outstanding or established).
+    Asked,
+    /// The SA facet said subscriptions are unsupported: never asked again.
+    Unsupported,
+}
+
+impl Subscription {
+    /// The SA may have forgotten us (SM change, client reregister, LID change): ask
+    /// again, unless it never supported it.
+    fn renew(&mut self) {
+        if *self == Subscription::Asked {
+            *self = Subscription::Wanted;
+        }
+    }
 }
 
 /// What an outstanding command was for.
@@ -162,20 +177,16 @@ pub struct Engine {
     conns: BTreeMap<ConnId, Box<Conn>>,
     by_comm_id: BTreeMap<u32, ConnId>,
     ports: BTreeMap<PortKey, LocalPort>,
-    remotes: BTreeMap<Gid, Health>,
-    /// Remote GIDs out of service awaiting an SA recheck: (when it is due, interval).
-    rechecks: BTreeMap<Gid, (Time, u64)>,
-    /// When the SA was last asked out of turn about a GID (see
-    /// `Engine::recheck_alternate_now`): at most once per LAP timeout.
-    urgent_rechecks: BTreeMap<Gid, Time>,
+    remotes: Remotes,
     /// Paths whose probe session is down (module `probed`).
     dead_paths: BTreeSet<PathEnds>,
-    cache: BTreeMap<(PortKey, Gid), CacheEntry>,
+    cache: PathCache,
     pending: PendingTable<Pending>,
+    /// When each command handed to the provider must have been answered.
+    deadlines: Deadlines,
     timers: Timers,
     out: VecDeque<Output>,
-    rearm_queue: VecDeque<ConnId>,
-    rearms_active: usize,
+    rearms: RearmLimiter,
     stats: Stats,
 }
 
@@ -189,16 +200,14 @@ impl Engine {
             conns: BTreeMap::new(),
             by_comm_id: BTreeMap::new(),
             ports: BTreeMap::new(),
-            remotes: BTreeMap::new(),
-            rechecks: BTreeMap::new(),
-            urgent_rechecks: BTreeMap::new(),
+            remotes: Remotes::default(),
             dead_paths: BTreeSet::new(),
-            cache: BTreeMap::new(),
+            cache: PathCache::default(),
             pending: PendingTable::new(1),
+            deadlines: Deadlines::default(),
             timers: Timers::default(),
             out: VecDeque::new(),
-            rearm_queue: VecDeque::new(),
-            rearms_active: 0,
+            rearms: RearmLimiter::default(),
             stats: Stats::default(),
         })
     }
@@ -247,7 +256,7 @@ impl Engine {
     }
 
     fn status_of(&self, c: &Conn) -> ConnStatus {
-        let protection = if c.lost {
+        let protection = if c.is_lost() {
             Protection::Lost
         } else if c.phase().moving() {
             Protection::Migrating
@@ -259,13 +268,14 @@ impl Engine {
         ConnStatus {
             protection,
             primary: c.primary,
-            alternate: c.alternate,
+            alternate: c.alt.path(),
             mig_state: c.mig,
         }
     }
 
     fn is_protected(&self, c: &Conn) -> bool {
-        !c.lost && c.armed && c.alternate.is_some_and(|a| self.path_usable(&a))
+        // A lost connection's alternate is disarmed.
+        c.alt.armed().is_some_and(|a| self.path_usable(&a))
     }
 
     fn port_usable(&self, port: PortKey) -> bool {
@@ -275,7 +285,7 @@ impl Engine {
     }
 
     fn remote_usable(&self, gid: &Gid) -> bool {
-        self.remotes.get(gid).is_none_or(|h| h.usable(self.now))
+        self.remotes.usable(gid, self.now)
     }
 
     /// True when `path` is up, held down for flapping or not: what a connection whose
@@ -284,7 +294,7 @@ impl Engine {
     /// for which this is false.
     pub fn path_up(&self, path: &Path) -> bool {
         self.ports.get(&path.port).is_some_and(|p| p.health.up)
-            && self.remotes.get(&path.dgid).is_none_or(|h| h.up)
+            && self.remotes.up(&path.dgid)
             && !self.probed_dead(path)
     }
 
@@ -297,13 +307,62 @@ impl Engine {
 
     /// When [`Engine::handle_timeout`] should be called next, if ever.
     pub fn poll_timeout(&self) -> Option<Time> {
-        self.timers.next()
+        match (self.timers.next(), self.deadlines.next()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
     }
 
+    /// Issue a command that concerns no connection's QP (a send, a query, a
+    /// subscription): it goes out at once.
     fn issue(&mut self, op: CommandOp, why: Pending) -> CommandId {
         let id = self.pending.issue(why);
-        self.out.push_back(Output::Command(Command { id, op }));
+        self.emit(Command { id, op });
         id
+    }
+
+    /// Issue the QP command of `conn`'s next phase. It goes out at once unless an
+    /// earlier command of the connection is still in flight (one an override abandoned:
+    /// its result is ignored): then it waits for that one's answer or deadline
+    /// (`Engine::dispatch_waiting`), so that the provider never runs two commands on
+    /// one QP at once and they take effect in the order the engine decided them.
+    fn issue_qp(&mut self, conn: ConnId, op: CommandOp) -> CommandId {
+        let id = self.pending.issue(Pending::Conn(conn));
+        if let Some(c) = self.conns.get_mut(&conn) {
+            if let Some(busy) = c.in_flight {
+                debug!(%conn, ?id, waits_for = ?busy, "a command waits for the one in flight");
+                return id;
+            }
+            c.in_flight = Some(id);
+        }
+        self.emit(Command { id, op });
+        id
+    }
+
+    /// The command `conn`'s phase waits for goes out if it was held back and nothing
+    /// of the connection's is in flight any more.
+    fn dispatch_waiting(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return;
+        };
+        if c.in_flight.is_some() {
+            return;
+        }
+        let Some(cmd) = c.phase().command(conn) else {
+            return;
+        };
+        if !self.pending.is_outstanding(cmd.id) {
+            return;
+        }
+        c.in_flight = Some(cmd.id);
+        self.emit(cmd);
+    }
+
+    /// Hand a command to the provider, with its deadline.
+    fn emit(&mut self, cmd: Command) {
+        let at = self.now.plus(Policy::ms(self.policy.command_timeout_ms));
+        self.deadlines.push(at, cmd.id);
+        self.out.push_back(Output::Command(cmd));
     }
 
     fn send(&mut self, port: PortKey, to: PeerAddr, msg: PeerMsg) {
@@ -341,28 +400,67 @@ impl Engine {
         }
     }
 
-    /// Feed one input that happened at `now`. An `Err` means the caller misused the API
-    /// (duplicate or unknown connection); faults in the fabric or from peers are never
-    /// errors here, they are handled.
-    pub fn handle_input(&mut self, now: Time, input: Input) -> Result<(), EngineError> {
+    /// Feed one event of the world that happened at `now`. It cannot fail: faults in
+    /// the fabric, from peers or from providers are handled, and an event about a
+    /// connection the engine does not know (a QP event racing an unprotect) is ignored.
+    pub fn handle_input(&mut self, now: Time, input: Input) {
+        self.at(now, |e| match input {
+            Input::PortInfo(info) => e.port_info(info),
+            Input::PortEvent { port, event } => e.port_event(port, event),
+            Input::DeviceFatal { device } => e.device_fatal(device),
+            Input::QpEvent { conn, event } => {
+                if e.conns.contains_key(&conn) {
+                    e.qp_event(conn, event);
+                } else {
+                    debug!(%conn, ?event, "QP event for a connection not protected: ignored");
+                }
+            }
+            Input::RemoteGid {
+                gid,
+                in_service: true,
+            } => e.remote_in_service(gid),
+            Input::RemoteGid {
+                gid,
+                in_service: false,
+            } => e.remote_out_of_service(gid),
+            Input::PathDown { ends, kind } => e.probe_path_down(ends, kind),
+            Input::PathUp { ends } => e.probe_path_up(ends),
+            Input::PeerMessage { from, port, msg } => e.peer_message(from, port, msg),
+            Input::CommandDone { id, result } => e.command_done(id, result),
+        });
+    }
+
+    /// API call at `now`: put a connection under protection. An `Err` means the call
+    /// was wrong (a connection id or comm id in use, a spec that cannot work).
+    pub fn protect(&mut self, now: Time, spec: ConnSpec) -> Result<(), EngineError> {
+        self.at(now, |e| e.add_conn(spec))
+    }
+
+    /// API call at `now`: stop protecting a connection (its QP is left as it is).
+    pub fn unprotect(&mut self, now: Time, id: ConnId) -> Result<(), EngineError> {
+        self.at(now, |e| e.remove_conn(id))
+    }
+
+    /// API call at `now`: the application saw the sends of `id` stop completing; the
+    /// engine takes its primary path as stalled (see `ManagerHandle::report_stall`).
+    pub fn report_stall(&mut self, now: Time, id: ConnId) -> Result<(), EngineError> {
+        self.at(now, |e| {
+            if !e.conns.contains_key(&id) {
+                return Err(EngineError::UnknownConnection(id));
+            }
+            e.qp_event(id, QpEvent::PrimaryStalled);
+            Ok(())
+        })
+    }
+
+    /// Run `f` at `now`: deadlines that passed before take effect first, so that it
+    /// sees the state a real clock would have produced.
+    fn at<T>(&mut self, now: Time, f: impl FnOnce(&mut Engine) -> T) -> T {
         self.advance(now);
-        // Deadlines that passed before this input take effect first, so that the input
-        // sees the state a real clock would have produced.
         self.run_timers();
-        match input {
-            Input::Protect(spec) => self.protect(spec)?,
-            Input::Unprotect(id) => self.unprotect(id)?,
-            Input::PortInfo(info) => self.port_info(info),
-            Input::PortEvent { port, event } => self.port_event(port, event),
-            Input::DeviceFatal { device } => self.device_fatal(device),
-            Input::QpEvent { conn, event } => self.qp_event(conn, event)?,
-            Input::RemoteGid { gid, in_service } => self.remote_gid(gid, in_service),
-            Input::PathDown { ends, kind } => self.probe_path_down(ends, kind),
-            Input::PathUp { ends } => self.probe_path_up(ends),
-            Input::PeerMessage { from, port, msg } => self.peer_message(from, port, msg),
-            Input::CommandDone { id, result } => self.command_done(id, result),
-        }
-        Ok(())
+        let out = f(self);
+        self.prune_deadlines();
+        out
     }
 
     /// Let deadlines up to `now` take effect.
@@ -372,7 +470,57 @@ impl Engine {
     }
 
     fn run_timers(&mut self) {
-        while let Some((at, key)) = self.timers.pop_due(self.now) {
+        self.run_deadlines_and_timers();
+        self.prune_deadlines();
+        // Stale entries pile up when many connections re-schedule; sweep them now and
+        // then so memory stays bounded by live deadlines.
+        if self.timers.len() > 4 * self.conns.len() + 1024 {
+            let conns = &self.conns;
+            self.timers.retain(|t, k| match k {
+                TimerKey::Conn(id) => conns.get(&id).is_some_and(|c| c.deadline == Some(t)),
+                _ => true,
+            });
+        }
+    }
+
+    /// Commands answered need no deadline any more: `poll_timeout` names a live one.
+    fn prune_deadlines(&mut self) {
+        let pending = &self.pending;
+        self.deadlines.prune(|id| pending.is_outstanding(id));
+    }
+
+    /// Timers and command deadlines that are due, in time order.
+    fn run_deadlines_and_timers(&mut self) {
+        loop {
+            let timer = self.timers.next().filter(|t| *t <= self.now);
+            let deadline = self.deadlines.next().filter(|t| *t <= self.now);
+            match (timer, deadline) {
+                (_, Some(d)) if timer.is_none_or(|t| d < t) => {
+                    if let Some(id) = self.deadlines.pop_due(self.now) {
+                        self.command_deadline(id);
+                    }
+                }
+                (Some(_), _) => self.run_one_timer(),
+                (None, _) => break,
+            }
+        }
+    }
+
+    /// A command's deadline passed: unanswered, it has failed.
+    fn command_deadline(&mut self, id: CommandId) {
+        if !self.pending.is_outstanding(id) {
+            return;
+        }
+        let after_ms = self.policy.command_timeout_ms;
+        warn!(
+            ?id,
+            after_ms, "the provider did not answer a command in time: failed"
+        );
+        self.command_done(id, Err(ProviderError::NoAnswer { after_ms }));
+    }
+
+    fn run_one_timer(&mut self) {
+        if let Some((at, key)) = self.timers.pop_due(self.now) {
             match key {
                 TimerKey::Conn(id) => {
                     let current = self.conns.get(&id).and_then(|c| c.deadline);
@@ -393,26 +541,17 @@ impl Engine {
                 }
                 TimerKey::Subscribe(port) => self.subscribe(port),
                 TimerKey::RemoteRecheck(gid) => {
-                    if self.rechecks.get(&gid).is_some_and(|(due, _)| *due == at) {
+                    if self.remotes.recheck(&gid).is_some_and(|(due, _)| due == at) {
                         self.recheck_remote(gid);
                     }
                 }
             }
         }
-        // Stale entries pile up when many connections re-schedule; sweep them now and
-        // then so memory stays bounded by live deadlines.
-        if self.timers.len() > 4 * self.conns.len() + 1024 {
-            let conns = &self.conns;
-            self.timers.retain(|t, k| match k {
-                TimerKey::Conn(id) => conns.get(&id).is_some_and(|c| c.deadline == Some(t)),
-                _ => true,
-            });
-        }
     }
 
     // ---------------------------------------------------------------- API calls
 
-    fn protect(&mut self, spec: ConnSpec) -> Result<(), EngineError> {
+    fn add_conn(&mut self, spec: ConnSpec) -> Result<(), EngineError> {
         if self.conns.contains_key(&spec.id) {
             return Err(EngineError::DuplicateConnection(spec.id));
         }
@@ -441,22 +580,24 @@ impl Engine {
         Ok(())
     }
 
-    fn unprotect(&mut self, id: ConnId) -> Result<(), EngineError> {
+    fn remove_conn(&mut self, id: ConnId) -> Result<(), EngineError> {
         let Some(c) = self.conns.remove(&id) else {
             return Err(EngineError::UnknownConnection(id));
         };
         self.by_comm_id.remove(&c.local_comm_id);
-        if c.slot {
-            self.rearms_active -= 1;
+        let mut c = c;
+        drop_held_command(&mut c, &mut self.pending);
+        if self.rearms.release(id) {
             self.pump_queue();
         }
-        self.rearm_queue.retain(|q| *q != id);
+        self.rearms.dequeue(id);
         info!(%id, "unprotected on request");
         Ok(())
     }
 
     fn set_phase(&mut self, id: ConnId, phase: Phase) {
         if let Some(c) = self.conns.get_mut(&id) {
+            drop_held_command(c, &mut self.pending);
             c.set_phase(phase);
             c.deadline = None;
         }
@@ -474,40 +615,32 @@ impl Engine {
             return;
         };
         let queued = matches!(c.phase(), Phase::Queued);
-        let had_slot = std::mem::take(&mut c.slot);
+        drop_held_command(c, &mut self.pending);
         c.set_phase(phase);
         c.deadline = None;
         if queued {
-            self.rearm_queue.retain(|q| *q != id);
+            self.rearms.dequeue(id);
         }
-        if had_slot {
-            self.rearms_active -= 1;
+        if self.rearms.release(id) {
             self.pump_queue();
         }
     }
 
     fn take_slot(&mut self, id: ConnId) {
-        if let Some(c) = self.conns.get_mut(&id) {
-            if !c.slot {
-                c.slot = true;
-                self.rearms_active += 1;
-            }
+        if self.conns.contains_key(&id) {
+            self.rearms.take(id);
         }
     }
 
     fn release_slot(&mut self, id: ConnId) {
-        if let Some(c) = self.conns.get_mut(&id) {
-            if c.slot {
-                c.slot = false;
-                self.rearms_active -= 1;
-                self.pump_queue();
-            }
+        if self.rearms.release(id) {
+            self.pump_queue();
         }
     }
 
     fn pump_queue(&mut self) {
-        while self.rearms_active < self.policy.max_concurrent_rearms {
-            let Some(next) = self.rearm_queue.pop_front() else {
+        while !self.rearms.full(self.policy.max_concurrent_rearms) {
+            let Some(next) = self.rearms.next_waiting() else {
                 break;
             };
             if self
@@ -516,35 +649,30 @@ impl Engine {
                 .is_some_and(|c| matches!(c.phase(), Phase::Queued))
             {
                 self.set_phase(next, Phase::Idle);
-                self.initiate(next);
+                self.initiate(next, rearm::AskSa::IfNeeded);
             }
         }
     }
 
     /// Tell the application when protection changed since it was last told.
     fn update_protection(&mut self, id: ConnId, reason: UnprotectedReason) {
-        let Some(c) = self.conns.get(&id) else {
+        let Some(c) = self.live(id) else {
             return;
         };
-        if c.lost {
-            return;
-        }
-        let now = match (self.is_protected(c), c.alternate) {
+        let now = match (self.is_protected(c), c.alt.path()) {
             (true, Some(_)) => Told::Protected,
-            _ => Told::Unprotected(reason),
+            _ => c.told.unprotected(reason),
         };
         // Tell each change once; an unprotected connection hears again only when the
         // reason changes (e.g. "alternate down" becomes "primary down, unarmed").
-        let same = c.told == Some(now);
-        if same {
+        if c.told == now {
             return;
         }
-        let first = !c.ever_protected;
-        let c_alt = c.alternate;
+        let first = !c.told.ever_protected();
+        let c_alt = c.alt.path();
         let c_primary = c.primary;
         if let Some(c) = self.conns.get_mut(&id) {
-            c.told = Some(now);
-            c.ever_protected |= now == Told::Protected;
+            c.told = now;
         }
         let kind = match (now, c_alt) {
             (Told::Protected, Some(alternate)) if first => NotificationKind::Protected {
@@ -558,6 +686,47 @@ impl Engine {
             (_, _) => NotificationKind::Unprotected { reason },
         };
         self.notify(id, kind);
+    }
+}
+
+impl Engine {
+    /// A connection the engine still acts on: known and not lost. With
+    /// [`live_mut`] and [`Engine::live_conns`], the one place that tells lost
+    /// connections (kept only to be reported) from the others.
+    fn live(&self, id: ConnId) -> Option<&Conn> {
+        live(&self.conns, id)
+    }
+
+    /// Every connection the engine still acts on, in id order.
+    fn live_conns(&self) -> impl Iterator<Item = (ConnId, &Conn)> + '_ {
+        self.conns
+            .iter()
+            .filter(|(_, c)| !c.is_lost())
+            .map(|(id, c)| (*id, &**c))
+    }
+}
+
+/// [`Engine::live`] as a function of the map alone, so that the rest of the engine
+/// stays usable while the connection is borrowed.
+fn live(conns: &BTreeMap<ConnId, Box<Conn>>, id: ConnId) -> Option<&Conn> {
+    conns.get(&id).map(|c| &**c).filter(|c| !c.is_lost())
+}
+
+/// [`live`], to change.
+fn live_mut(conns: &mut BTreeMap<ConnId, Box<Conn>>, id: ConnId) -> Option<&mut Conn> {
+    conns
+        .get_mut(&id)
+        .map(|c| &mut **c)
+        .filter(|c| !c.is_lost())
+}
+
+/// The phase of `c` is about to end: a command it issued that never went out (it was
+/// waiting for an earlier one in flight) never will, and is forgotten.
+fn drop_held_command(c: &mut Conn, pending: &mut PendingTable<Pending>) {
+    if let Some(cmd) = c.phase().awaited() {
+        if c.in_flight != Some(cmd) {
+            pending.complete(cmd);
+        }
     }
 }
 

@@ -18,7 +18,24 @@
 //! 8. Otherwise: load it, set REARM, answer "success".
 
 use super::conn::{lap_digest, Phase, Responder};
-use super::*;
+use super::conn::{Chore, LapWait, MoveReason, Moved};
+use super::Engine;
+use crate::io::{
+    ApStatus, Apr, CommandOp, Lap, Migrate, MigrateAck, MigrateIntent, Mra, PeerMsg,
+    UnprotectedReason,
+};
+use crate::policy::Policy;
+use crate::types::{ConnId, LinkLayer, MigState, MigrationMode, Path, PeerAddr, PortKey, Role};
+use std::ops::ControlFlow;
+use tracing::{debug, info, warn};
+
+/// A LAP from a verified peer, and where its answer goes.
+struct IncomingLap {
+    from: PeerAddr,
+    port: PortKey,
+    lap: Lap,
+    responder: Responder,
+}
 
 impl Engine {
     pub(super) fn peer_message(&mut self, from: PeerAddr, port: PortKey, msg: PeerMsg) {
@@ -32,9 +49,9 @@ impl Engine {
         // there by a stale Report: the SM resends each Report on its own schedule, so a
         // retransmitted trap 65 can arrive after the trap 64 that followed it, and no
         // later notice would ever correct it.
-        if self.remotes.get(&from.gid).is_some_and(|h| !h.up) {
+        if !self.remotes.up(&from.gid) {
             debug!(gid = %from.gid, "message from a GID held out of service: it is back");
-            self.remote_gid(from.gid, true);
+            self.remote_in_service(from.gid);
         }
         match msg {
             PeerMsg::Lap(lap) => self.lap_arrived(from, port, lap),
@@ -88,13 +105,13 @@ impl Engine {
             }
             return;
         }
-        if self.conns.get(&id).is_some_and(|c| c.lost) {
+        if self.live(id).is_none() {
             return;
         }
-        self.lap_received(id, from, port, lap, false);
+        self.lap_received(id, from, port, lap, LapWait::MayWait);
     }
 
-    /// The LAP of rules 3-8, from a verified peer. `deferred` is true when it already
+    /// The LAP of rules 3-8, from a verified peer. `wait` says whether it already
     /// waited for a `PATH_MIG` (rule 5).
     pub(super) fn lap_received(
         &mut self,
@@ -102,9 +119,8 @@ impl Engine {
         from: PeerAddr,
         port: PortKey,
         lap: Lap,
-        deferred: bool,
+        wait: LapWait,
     ) {
-        let digest = lap_digest(&lap);
         if self
             .conns
             .get(&id)
@@ -114,42 +130,19 @@ impl Engine {
             // proposes, most likely, the path we both left).
             self.set_phase(id, Phase::Idle);
         }
-        let Some(c) = self.conns.get(&id) else {
+        let Some(local_qpn) = self.conns.get(&id).map(|c| c.local_qpn) else {
             return;
         };
         let responder = Responder {
             to: from,
             port,
-            digest,
+            digest: lap_digest(&lap),
         };
-        // Rule 4: duplicates.
-        if let Some((d, status)) = c.last_lap {
-            // A "success" answer stays true only while that path is still our armed
-            // alternate: the same LAP sent again after a migration or another LAP is a
-            // new request, and answering it from memory would leave the two sides with
-            // different alternates.
-            // A refusal is worked out again: what made it (a dead path, a collision) may
-            // have changed since, and working it out touches nothing.
-            let still_true = status == ApStatus::Success
-                && c.armed
-                && c.alternate.is_some_and(|a| {
-                    a.slid == lap.alt.dlid && a.dlid == lap.alt.slid && a.dgid == lap.alt.sgid
-                });
-            if d == digest && still_true {
-                debug!(%id, ?status, "duplicate LAP: same answer again");
-                self.send_apr(id, responder, status);
-                return;
-            }
-        }
-        let working_on_it = matches!(
-            c.phase(),
-            Phase::Loading { responder: Some(r), .. } | Phase::Arming { responder: Some(r), .. } if r.digest == digest
-        );
-        if working_on_it {
-            self.send_mra(id, responder);
+        if self.lap_duplicate(id, &lap, responder).is_break() {
             return;
         }
-        if lap.receiver_qpn != c.local_qpn {
+        // Rule 3.
+        if lap.receiver_qpn != local_qpn {
             self.answer_lap(id, responder, ApStatus::InvalidQpn);
             return;
         }
@@ -160,19 +153,90 @@ impl Engine {
                 return;
             }
         };
-        let Some(c) = self.conns.get(&id) else {
-            return;
+        let incoming = IncomingLap {
+            from,
+            port,
+            lap,
+            responder,
         };
-        // Rule 5: a LAP naming our primary while we are armed means the peer has left
-        // it: our own PATH_MIG (or the peer's Migrate) may not have reached us yet, and
-        // loading a new alternate now would replace the one the HCA is about to migrate
-        // to. The comparison is of whole routes (LIDs too: the LMC variants of one port
-        // share its GID). Our own LAP in flight does not matter then: it proposes an
-        // alternate for a primary that is gone.
-        let armed = (c.armed || c.mig != MigState::Migrated)
-            && c.alternate.is_some()
+        if self
+            .lap_naming_primary(id, &incoming, path, wait)
+            .is_break()
+        {
+            return;
+        }
+        // Rule 6: a path known to be dead is accepted all the same. It is only an
+        // alternate: nothing moves there while it is dead, and armed it gives the QP a
+        // second retry budget when the primary fails (the sender chose it because
+        // nothing that works ranks as high).
+        if self.lap_while_busy(id, &incoming).is_break() {
+            return;
+        }
+        // Rule 8.
+        debug!(%id, %path, "accepting LAP");
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.learn(path);
+        }
+        self.start_load(id, path, Some(responder));
+    }
+
+    /// Rule 4: a duplicate of the last LAP answered gets the same answer, one of the LAP
+    /// being worked on an MRA.
+    fn lap_duplicate(&mut self, id: ConnId, lap: &Lap, r: Responder) -> ControlFlow<()> {
+        let Some(c) = self.conns.get(&id) else {
+            return ControlFlow::Break(());
+        };
+        if let Some((d, status)) = c.last_lap {
+            // A "success" answer stays true only while that path is still our armed
+            // alternate: the same LAP sent again after a migration or another LAP is a
+            // new request, and answering it from memory would leave the two sides with
+            // different alternates.
+            // A refusal is worked out again: what made it (a dead path, a collision) may
+            // have changed since, and working it out touches nothing.
+            let still_true = status == ApStatus::Success
+                && c.alt.armed().is_some_and(|a| {
+                    a.slid == lap.alt.dlid && a.dlid == lap.alt.slid && a.dgid == lap.alt.sgid
+                });
+            if d == r.digest && still_true {
+                debug!(%id, ?status, "duplicate LAP: same answer again");
+                self.send_apr(id, r, status);
+                return ControlFlow::Break(());
+            }
+        }
+        let working_on_it = matches!(
+            c.phase(),
+            Phase::Loading { responder: Some(w), .. } | Phase::Arming { responder: Some(w), .. } if w.digest == r.digest
+        );
+        if working_on_it {
+            self.send_mra(id, r);
+            return ControlFlow::Break(());
+        }
+        ControlFlow::Continue(())
+    }
+
+    /// Rule 5: a LAP naming our primary (`path`, in our terms) while we are armed means
+    /// the peer has left it: our own PATH_MIG (or the peer's Migrate) may not have
+    /// reached us yet, and loading a new alternate now would replace the one the HCA is
+    /// about to migrate to. The comparison is of whole routes (LIDs too: the LMC
+    /// variants of one port share its GID). Our own LAP in flight does not matter then:
+    /// it proposes an alternate for a primary that is gone. Once waited for (or when
+    /// not armed), it is "is current".
+    fn lap_naming_primary(
+        &mut self,
+        id: ConnId,
+        incoming: &IncomingLap,
+        path: Path,
+        wait: LapWait,
+    ) -> ControlFlow<()> {
+        let Some(c) = self.conns.get(&id) else {
+            return ControlFlow::Break(());
+        };
+        if !path.same_route(&c.primary) {
+            return ControlFlow::Continue(());
+        }
+        let armed = (c.alt.is_armed() || c.mig != MigState::Migrated)
+            && c.alt.path().is_some()
             && c.mode == MigrationMode::Hardware;
-        let names_primary = path.same_route(&c.primary);
         let own_lap = matches!(
             c.phase(),
             Phase::AwaitPeer {
@@ -180,44 +244,39 @@ impl Engine {
                 ..
             }
         );
-        let moving = c.phase().moving();
-        if names_primary && (armed || moving) && !deferred {
-            let busy = c.phase().busy() && !own_lap;
-            if own_lap {
-                self.abort_phase(id);
-            }
-            debug!(%id, "LAP names our primary: waiting for our PATH_MIG");
-            if let Some(c) = self.conns.get_mut(&id) {
-                c.deferred_lap = Some(Box::new((from, port, lap)));
-            }
-            // Mid-way through a command (a migration, typically), the LAP is answered
-            // when it is done; otherwise after `lap_defer_ms` at most.
-            if !busy {
-                let at = self.now.plus(Policy::ms(self.policy.lap_defer_ms));
-                self.set_deadline(id, Some(at));
-            }
-            return;
+        if !((armed || c.phase().moving()) && wait == LapWait::MayWait) {
+            self.answer_lap(id, incoming.responder, ApStatus::IsCurrent);
+            return ControlFlow::Break(());
         }
+        let busy = c.phase().busy() && !own_lap;
+        if own_lap {
+            self.abort_phase(id);
+        }
+        debug!(%id, "LAP names our primary: waiting for our PATH_MIG");
+        self.defer_lap(id, incoming);
+        // Mid-way through a command (a migration, typically), the LAP is answered
+        // when it is done; otherwise after `lap_defer_ms` at most.
+        if !busy {
+            let at = self.now.plus(Policy::ms(self.policy.lap_defer_ms));
+            self.set_deadline(id, Some(at));
+        }
+        ControlFlow::Break(())
+    }
+
+    /// Rule 7 and busy phases: a LAP crossing ours (the active side's wins), or one
+    /// arriving mid-way through something else (answered when it is done).
+    fn lap_while_busy(&mut self, id: ConnId, incoming: &IncomingLap) -> ControlFlow<()> {
         let Some(c) = self.conns.get(&id) else {
-            return;
+            return ControlFlow::Break(());
         };
-        if names_primary {
-            self.answer_lap(id, responder, ApStatus::IsCurrent);
-            return;
-        }
-        // Rule 6: a path known to be dead is accepted all the same. It is only an
-        // alternate: nothing moves there while it is dead, and armed it gives the QP a
-        // second retry budget when the primary fails (the sender chose it because
-        // nothing that works ranks as high).
-        // Rule 7 and busy phases.
         match c.phase() {
             Phase::AwaitPeer {
                 msg: PeerMsg::Lap(_),
                 ..
             } if c.role == Role::Active => {
                 debug!(%id, "LAP collision: ours wins (active side)");
-                self.answer_lap(id, responder, ApStatus::Rejected);
-                return;
+                self.answer_lap(id, incoming.responder, ApStatus::Rejected);
+                return ControlFlow::Break(());
             }
             Phase::AwaitPeer {
                 msg: PeerMsg::Lap(_),
@@ -227,21 +286,20 @@ impl Engine {
                 self.abort_phase(id);
             }
             p if p.busy() => {
-                // Mid-way through something else: answer when it is done.
-                if let Some(c) = self.conns.get_mut(&id) {
-                    c.deferred_lap = Some(Box::new((from, port, lap)));
-                }
-                self.send_mra(id, responder);
-                return;
+                self.defer_lap(id, incoming);
+                self.send_mra(id, incoming.responder);
+                return ControlFlow::Break(());
             }
             _ => self.abort_phase(id),
         }
-        // Rule 8.
-        debug!(%id, %path, "accepting LAP");
+        ControlFlow::Continue(())
+    }
+
+    /// Hold a LAP back until the connection's phase ends (or its deadline).
+    fn defer_lap(&mut self, id: ConnId, incoming: &IncomingLap) {
         if let Some(c) = self.conns.get_mut(&id) {
-            c.learn(path);
+            c.deferred_lap = Some(Box::new((incoming.from, incoming.port, incoming.lap)));
         }
-        self.start_load(id, path, Some(responder));
     }
 
     /// Turn a path written from the peer's point of view into ours, checking that its
@@ -380,7 +438,7 @@ impl Engine {
                 if status == ApStatus::IsCurrent {
                     // The peer's primary is our proposed alternate: our views differ.
                     if let Some(c) = self.conns.get_mut(&id) {
-                        c.want_rearm = true;
+                        c.chores.add(Chore::Rearm);
                     }
                     self.query(id);
                 } else {
@@ -424,18 +482,15 @@ impl Engine {
             digest,
         };
         let Ok(path) = self.local_view(id, &m.path) else {
-            self.send_migrate_ack(id, r, false);
+            self.refuse_move(id, r);
             return;
         };
-        let Some(c) = self.conns.get(&id) else {
+        let Some(c) = self.live(id) else {
             return;
         };
-        if c.lost {
-            return;
-        }
         if path.same_route(&c.primary) {
             // Already there (the HCA followed the peer's MigReq, or a retransmission).
-            self.send_migrate_ack(id, r, true);
+            self.answer_moved(id, r);
             if m.intent == MigrateIntent::Moved {
                 // The peer runs where we do: what `AwaitFollow` waits for.
                 self.peer_followed(id);
@@ -451,7 +506,7 @@ impl Engine {
             Phase::Migrating {
                 why: MoveReason::Ours | MoveReason::PeerMoved,
                 ..
-            } if c.alternate.is_some_and(|a| a.same_route(&path)) => {
+            } if c.alt.path().is_some_and(|a| a.same_route(&path)) => {
                 // Our own forced migration goes there: answer when it is done.
                 if let Some(Phase::Migrating { why, .. }) =
                     self.conns.get_mut(&id).and_then(|c| c.phase_mut())
@@ -466,14 +521,14 @@ impl Engine {
         if !self.path_up(&path) {
             // Never onto a path we know is dead: moving there would stall the QP. (A
             // path held down for flapping is up: the peer runs there, or is about to.)
-            self.send_migrate_ack(id, r, false);
+            self.refuse_move(id, r);
             return;
         }
         match c.mode {
             MigrationMode::Software => {
-                if !c.alternate.is_some_and(|a| a.same_route(&path)) {
+                if !c.alt.path().is_some_and(|a| a.same_route(&path)) {
                     // Only the agreed alternate may be forced on a RoCE QP.
-                    self.send_migrate_ack(id, r, false);
+                    self.refuse_move(id, r);
                     return;
                 }
                 self.stats.migrations_forced += 1;
@@ -492,22 +547,19 @@ impl Engine {
         let Some(c) = self.conns.get(&id) else {
             return;
         };
-        if !(c.armed || c.mig != MigState::Migrated) {
+        if !(c.alt.is_armed() || c.mig != MigState::Migrated) {
             debug!(%id, "the peer moved, our QP is not armed: it cannot follow");
-            self.send_migrate_ack(id, r, false);
+            self.refuse_move(id, r);
             return;
         }
         self.stats.migrations_forced += 1;
-        if c.alternate.is_some_and(|a| a.same_route(&path)) {
+        if c.alt.path().is_some_and(|a| a.same_route(&path)) {
             debug!(%id, %path, "the peer moves to our alternate: following");
             self.force_migration(id, MoveReason::PeerAsked(r));
             return;
         }
         info!(%id, %path, "the peer moved to a path that is not our alternate: loading it to follow");
-        let cmd = self.issue(
-            CommandOp::LoadAlternate { conn: id, path },
-            Pending::Conn(id),
-        );
+        let cmd = self.issue_qp(id, CommandOp::LoadAlternate { conn: id, path });
         self.replace_phase(
             id,
             Phase::LoadingToFollow {
@@ -518,7 +570,17 @@ impl Engine {
         );
     }
 
-    pub(super) fn send_migrate_ack(&mut self, id: ConnId, r: Responder, ok: bool) {
+    /// Answer the peer's `Migrate`: we run on the path it named.
+    pub(super) fn answer_moved(&mut self, id: ConnId, r: Responder) {
+        self.send_migrate_ack(id, r, true);
+    }
+
+    /// Answer the peer's `Migrate`: we did not move there.
+    pub(super) fn refuse_move(&mut self, id: ConnId, r: Responder) {
+        self.send_migrate_ack(id, r, false);
+    }
+
+    fn send_migrate_ack(&mut self, id: ConnId, r: Responder, ok: bool) {
         let Some(c) = self.conns.get(&id) else {
             return;
         };
@@ -533,11 +595,15 @@ impl Engine {
     /// A software migration to `path` is done on our side.
     pub(super) fn sw_migrated(&mut self, id: ConnId, path: Path, responder: Option<Responder>) {
         if let Some(c) = self.conns.get_mut(&id) {
-            c.alternate = Some(path);
+            c.alt.replace(path);
         }
         // We moved first unless the peer asked us to.
         let why = responder.map_or(MoveReason::Ours, MoveReason::PeerAsked);
-        self.migrated(id, responder.is_none(), why);
+        let moved = match responder {
+            None => Moved::Forced,
+            Some(_) => Moved::Unforced,
+        };
+        self.migrated(id, moved, why);
     }
 
     /// Tell the peer where we run now (`Migrate`), retransmitted until it answers; the
@@ -626,11 +692,15 @@ impl Engine {
         let probe = !m.path.same_route(&c.primary);
         let follow = probe
             && a.ok
-            && c.alternate.is_some_and(|alt| alt.same_route(&m.path))
-            && (c.armed || c.mig != MigState::Migrated);
+            && c.alt.path().is_some_and(|alt| alt.same_route(&m.path))
+            && (c.alt.is_armed() || c.mig != MigState::Migrated);
         if !a.ok {
             warn!(%id, "peer refused to follow the migration");
         }
+        // The path died at our end since the probe went out (its answer came another
+        // way): the move is off, as at the probe's deadline (the HCA decides at retry
+        // exhaustion). No command moves a connection onto a path known dead.
+        let follow = follow && self.path_up(&m.path);
         if follow {
             // The peer moved onto our alternate, which therefore works: follow it.
             match c.mode {

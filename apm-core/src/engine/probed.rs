@@ -8,8 +8,11 @@
 //! dead port or an out-of-service GID does: every connection whose primary runs over it
 //! moves, and no alternate over it is armed onto.
 
-use super::*;
+use super::Engine;
 use crate::probe::{FailureKind, PathEnds};
+use crate::types::{Lid, Path, PortKey};
+use std::collections::BTreeMap;
+use tracing::info;
 
 impl Engine {
     /// True when a probe session says `path` is dead.
@@ -39,12 +42,12 @@ impl Engine {
     /// GID, the local port and the peer's LID).
     pub fn probe_paths(&self) -> BTreeMap<PathEnds, (PortKey, Lid)> {
         let mut out = BTreeMap::new();
-        for c in self.conns.values().filter(|c| !c.lost) {
-            let paths = std::iter::once(&c.primary)
-                .chain(c.alternate.as_ref())
-                .chain(c.candidates.iter());
+        for (_, c) in self.live_conns() {
+            let paths = std::iter::once(c.primary)
+                .chain(c.alt.path())
+                .chain(c.candidates.iter().copied());
             for p in paths {
-                out.entry(ends_of(p)).or_insert((p.port, p.dlid));
+                out.entry(ends_of(&p)).or_insert((p.port, p.dlid));
             }
         }
         out

@@ -2,21 +2,29 @@
 //! paths), pacing storms with a concurrency limit, the LAP exchange's sender side with
 //! retransmission and backoff, and what to do when a phase deadline passes.
 
-use super::*;
+use super::cache::Need;
+use super::conn::{Chore, Conn, LapWait, Phase, Responder};
+use super::{live_mut, select, Engine, Pending};
+use crate::io::{
+    ApStatus, CommandOp, CommandOutcome, Lap, MigrateIntent, PeerMsg, ProviderError,
+    UnprotectedReason,
+};
+use crate::policy::Policy;
+use crate::types::{
+    ConnId, Gid, LinkLayer, MigState, MigrationMode, Path, PeerAddr, PortKey, Role,
+};
+use tracing::{debug, warn};
 
 impl Engine {
     // ---------------------------------------------------------------- re-arming
 
     /// `id` wants a (better) alternate. Starts now, queues, or remembers it for later.
     pub(super) fn need_rearm(&mut self, id: ConnId) {
-        let Some(c) = self.conns.get_mut(&id) else {
+        let Some(c) = live_mut(&mut self.conns, id) else {
             return;
         };
-        if c.lost {
-            return;
-        }
         if c.phase().busy() {
-            c.want_rearm = true;
+            c.chores.add(Chore::Rearm);
             return;
         }
         // If we refused the peer's last LAP (typically: its path came back at its end
@@ -42,30 +50,28 @@ impl Engine {
             self.set_deadline(id, Some(at));
             return;
         }
-        self.initiate(id);
+        self.initiate(id, AskSa::IfNeeded);
     }
 
-    /// Choose an alternate and send the LAP (or queue for a slot, or resolve paths).
-    pub(super) fn initiate(&mut self, id: ConnId) {
-        let Some(c) = self.conns.get(&id) else {
+    /// Choose an alternate and send the LAP (or queue for a slot, or ask the SA for
+    /// paths when `ask` allows and the policy does).
+    pub(super) fn initiate(&mut self, id: ConnId, ask: AskSa) {
+        let resolve = self.policy.resolve_paths && ask == AskSa::IfNeeded;
+        let Some(c) = self.live(id) else {
             return;
         };
-        if c.lost {
-            return;
-        }
         let current = self.current_score(c);
         let choice = self.choose(c);
         match choice {
             Some((path, score)) if current.is_none_or(|cur| score > cur) => {
                 // The best known is dead: the SA may know one that works.
-                if !score.1 && self.policy.resolve_paths && self.resolve_for(id) {
+                if !score.1 && resolve && self.resolve_for(id) {
                     self.set_phase(id, Phase::Resolving);
                     return;
                 }
-                let c = &self.conns[&id];
-                if !c.slot && self.rearms_active >= self.policy.max_concurrent_rearms {
+                if !self.rearms.holds(id) && self.rearms.full(self.policy.max_concurrent_rearms) {
                     self.set_phase(id, Phase::Queued);
-                    self.rearm_queue.push_back(id);
+                    self.rearms.enqueue(id);
                     return;
                 }
                 self.take_slot(id);
@@ -83,7 +89,7 @@ impl Engine {
                     self.set_phase(id, Phase::Idle);
                     return;
                 }
-                if self.policy.resolve_paths && self.resolve_for(id) {
+                if resolve && self.resolve_for(id) {
                     self.set_phase(id, Phase::Resolving);
                     return;
                 }
@@ -97,7 +103,7 @@ impl Engine {
     /// The score of `c`'s alternate when the QP holds it armed and it has not failed for
     /// this connection: what a new alternate must beat.
     pub(super) fn current_score(&self, c: &Conn) -> Option<select::Score> {
-        let a = c.alternate.filter(|a| c.armed && !c.is_bad(a, self.now))?;
+        let a = c.alt.armed().filter(|a| !c.is_bad(a, self.now))?;
         select::score(&c.primary, &a, self.path_usable(&a))
     }
 
@@ -106,11 +112,7 @@ impl Engine {
     pub(super) fn choose(&self, c: &Conn) -> Option<(Path, select::Score)> {
         let device = c.primary.port.device;
         let gids = c.peer_gids();
-        let cached = self
-            .cache
-            .iter()
-            .filter(|((port, gid), _)| port.device == device && gids.contains(gid))
-            .flat_map(|(_, e)| e.paths.iter());
+        let cached = self.cache.paths(device, &gids);
         select::best(
             &c.primary,
             c.candidates.iter().chain(cached),
@@ -144,21 +146,21 @@ impl Engine {
         let mut waiting = false;
         for port in &ports {
             for gid in &gids {
-                let entry = self.cache.entry((*port, *gid)).or_default();
-                if entry.pending {
-                    waiting = true;
-                } else if !entry.resolved {
-                    // Never asked since the last invalidation: ask once for everyone.
-                    entry.pending = true;
-                    self.stats.path_queries += 1;
-                    self.issue(
-                        CommandOp::ResolvePaths {
-                            port: *port,
-                            dgid: *gid,
-                        },
-                        Pending::Resolve(*port, *gid),
-                    );
-                    waiting = true;
+                match self.cache.need(*port, *gid) {
+                    Need::Known => {}
+                    Need::Wait => waiting = true,
+                    Need::Ask => {
+                        // Never asked since the last invalidation: ask once for everyone.
+                        self.stats.path_queries += 1;
+                        self.issue(
+                            CommandOp::ResolvePaths {
+                                port: *port,
+                                dgid: *gid,
+                            },
+                            Pending::Resolve(*port, *gid),
+                        );
+                        waiting = true;
+                    }
                 }
             }
         }
@@ -188,10 +190,7 @@ impl Engine {
             .into_iter()
             .filter(|p| p.port == port && p.dgid == gid)
             .collect();
-        let entry = self.cache.entry((port, gid)).or_default();
-        entry.pending = false;
-        entry.resolved = true;
-        entry.paths = paths;
+        self.cache.answer(port, gid, paths);
         let waiting: Vec<ConnId> = self
             .conns
             .iter()
@@ -199,25 +198,21 @@ impl Engine {
             .map(|(id, _)| *id)
             .collect();
         for id in waiting {
-            let still = self.conns.get(&id).is_some_and(|c| {
-                let g = c.peer_gids();
-                self.cache.iter().any(|((p, gg), e)| {
-                    e.pending && p.device == c.primary.port.device && g.contains(gg)
-                })
-            });
+            let still = self
+                .conns
+                .get(&id)
+                .is_some_and(|c| self.cache.asking(c.primary.port.device, &c.peer_gids()));
             if still {
                 continue;
             }
             self.set_phase(id, Phase::Idle);
             // Answers are in: choose, but do not ask again for this attempt.
-            let resolve = std::mem::replace(&mut self.policy.resolve_paths, false);
-            self.initiate(id);
-            self.policy.resolve_paths = resolve;
+            self.initiate(id, AskSa::No);
         }
     }
 
     pub(super) fn invalidate_cache(&mut self, hit: impl Fn(&(PortKey, Gid)) -> bool) {
-        self.cache.retain(|k, e| e.pending || !hit(k));
+        self.cache.invalidate(hit);
     }
 
     pub(super) fn send_lap(&mut self, id: ConnId, path: Path) {
@@ -274,10 +269,7 @@ impl Engine {
                     ack_timeout: path.ack_timeout.max(boosted),
                     ..path
                 };
-                let cmd = self.issue(
-                    CommandOp::LoadAlternate { conn: id, path },
-                    Pending::Conn(id),
-                );
+                let cmd = self.issue_qp(id, CommandOp::LoadAlternate { conn: id, path });
                 self.set_phase(
                     id,
                     Phase::Loading {
@@ -305,7 +297,7 @@ impl Engine {
                 .and_then(|c| c.deferred_lap.take().map(|b| *b));
             if let Some((from, port, lap)) = deferred {
                 // A deferred LAP's wait for PATH_MIG ran out: answer it as things stand.
-                self.lap_received(id, from, port, lap, true);
+                self.lap_received(id, from, port, lap, LapWait::Waited);
                 return;
             }
         }
@@ -324,7 +316,7 @@ impl Engine {
             }
             Phase::WaitPassive | Phase::Backoff => {
                 self.set_phase(id, Phase::Idle);
-                self.initiate(id);
+                self.initiate(id, AskSa::IfNeeded);
             }
             Phase::AwaitPeer { msg, .. } if probe_path(&msg).is_some_and(|p| !self.path_up(&p)) => {
                 // The path died since the probe went out: the move is off (the HCA
@@ -338,55 +330,59 @@ impl Engine {
                 port,
                 to,
                 tries,
-            } => {
-                if tries >= self.policy.lap_max_tries && matches!(msg, PeerMsg::Migrate(_)) {
-                    // Hardware: the peer follows our MigReq or its own notices anyway;
-                    // software: it may have moved and only its answers were lost. Either
-                    // way the connection needs its next alternate: re-arm now.
-                    warn!(%id, tries, "peer did not answer our Migrate: re-arming anyway");
-                    self.set_phase(id, Phase::Idle);
-                    self.after_phase(id);
-                    return;
-                }
-                if tries >= self.policy.lap_max_tries {
-                    warn!(%id, tries, "peer did not answer: giving up for now");
-                    if matches!(msg, PeerMsg::Lap(_)) {
-                        // The peer may have loaded our LAP's path and only its APRs were
-                        // lost: its alternate and ours may now differ, so ours is no
-                        // longer known to be agreed. The next attempt agrees anew.
-                        if let Some(c) = self.conns.get_mut(&id) {
-                            c.armed = false;
-                        }
-                    }
-                    self.release_slot(id);
-                    self.set_phase(id, Phase::Idle);
-                    self.update_protection(id, UnprotectedReason::PeerUnresponsive);
-                    self.backoff(id);
-                    return;
-                }
-                match msg {
-                    PeerMsg::Lap(_) => self.stats.lap_retransmits += 1,
-                    _ => self.stats.migrate_msgs_sent += 1,
-                }
-                self.issue(CommandOp::SendPeer { port, to, msg }, Pending::Send);
-                self.set_phase(
-                    id,
-                    Phase::AwaitPeer {
-                        msg,
-                        port,
-                        to,
-                        tries: tries + 1,
-                    },
-                );
-                let timeout = self
-                    .policy
-                    .lap_timeout_ms
-                    .saturating_mul(1u64 << tries.min(20));
-                let at = self.now.plus(Policy::ms(timeout));
-                self.set_deadline(id, Some(at));
-            }
+            } => self.peer_silent(id, msg, port, to, tries),
             _ => {}
         }
+    }
+
+    /// No answer from the peer to `msg` (sent `tries` times) by the deadline: send it
+    /// again with the timeout doubled, or give up.
+    fn peer_silent(&mut self, id: ConnId, msg: PeerMsg, port: PortKey, to: PeerAddr, tries: u32) {
+        if tries >= self.policy.lap_max_tries && matches!(msg, PeerMsg::Migrate(_)) {
+            // Hardware: the peer follows our MigReq or its own notices anyway;
+            // software: it may have moved and only its answers were lost. Either
+            // way the connection needs its next alternate: re-arm now.
+            warn!(%id, tries, "peer did not answer our Migrate: re-arming anyway");
+            self.set_phase(id, Phase::Idle);
+            self.after_phase(id);
+            return;
+        }
+        if tries >= self.policy.lap_max_tries {
+            warn!(%id, tries, "peer did not answer: giving up for now");
+            if matches!(msg, PeerMsg::Lap(_)) {
+                // The peer may have loaded our LAP's path and only its APRs were
+                // lost: its alternate and ours may now differ, so ours is no
+                // longer known to be agreed. The next attempt agrees anew.
+                if let Some(c) = self.conns.get_mut(&id) {
+                    c.alt.disarm();
+                }
+            }
+            self.release_slot(id);
+            self.set_phase(id, Phase::Idle);
+            self.update_protection(id, UnprotectedReason::PeerUnresponsive);
+            self.backoff(id);
+            return;
+        }
+        match msg {
+            PeerMsg::Lap(_) => self.stats.lap_retransmits += 1,
+            _ => self.stats.migrate_msgs_sent += 1,
+        }
+        self.issue(CommandOp::SendPeer { port, to, msg }, Pending::Send);
+        self.set_phase(
+            id,
+            Phase::AwaitPeer {
+                msg,
+                port,
+                to,
+                tries: tries + 1,
+            },
+        );
+        let timeout = self
+            .policy
+            .lap_timeout_ms
+            .saturating_mul(1u64 << tries.min(20));
+        let at = self.now.plus(Policy::ms(timeout));
+        self.set_deadline(id, Some(at));
     }
 
     pub(super) fn backoff(&mut self, id: ConnId) {
@@ -407,25 +403,32 @@ impl Engine {
 
     /// Phase is back to idle: do what was remembered meanwhile.
     pub(super) fn after_phase(&mut self, id: ConnId) {
-        let Some(c) = self.conns.get_mut(&id) else {
+        let Some(c) = live_mut(&mut self.conns, id) else {
             return;
         };
-        if c.phase().busy() || c.lost {
+        if c.phase().busy() {
             return;
         }
-        if std::mem::take(&mut c.announce) {
+        if c.chores.take(Chore::Announce) {
             self.announce_migration(id);
             return;
         }
         if let Some((from, port, lap)) = c.deferred_lap.take().map(|b| *b) {
-            self.lap_received(id, from, port, lap, false);
+            self.lap_received(id, from, port, lap, LapWait::MayWait);
             return;
         }
-        let want = std::mem::take(&mut c.want_rearm);
-        if want {
+        if c.chores.take(Chore::Rearm) {
             self.need_rearm(id);
         }
     }
+}
+
+/// Whether a re-arm attempt may ask the SA for paths: not when it follows the answers
+/// to its own questions.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum AskSa {
+    IfNeeded,
+    No,
 }
 
 /// The path a probe asks the peer to move to. (A LAP may propose a dead path on

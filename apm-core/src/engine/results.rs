@@ -1,7 +1,16 @@
 //! Results of commands: the next step of whatever phase awaited them, reconciling the
 //! engine's view with a queried QP, and SA subscription bookkeeping.
 
-use super::*;
+use super::conn::{Alternate, MoveReason, Moved, Phase, Responder};
+use super::timers::TimerKey;
+use super::{Engine, Pending, Subscription};
+use crate::io::{
+    ApStatus, Apr, CommandId, CommandOp, CommandOutcome, LostReason, PeerMsg, ProviderError,
+    QpSnapshot, UnprotectedReason,
+};
+use crate::policy::Policy;
+use crate::types::{ConnId, MigState, Path, PortKey};
+use tracing::{debug, info, warn};
 
 impl Engine {
     // ---------------------------------------------------------------- command results
@@ -28,10 +37,21 @@ impl Engine {
             Pending::Subscribe(port) => self.subscribe_done(port, result),
             Pending::Resolve(port, gid) => self.resolve_done(port, gid, result),
             Pending::Recheck(gid, due) => self.recheck_done(gid, due, result),
-            Pending::Conn(conn) => self.conn_command_done(conn, id, result),
+            Pending::Conn(conn) => {
+                if let Some(c) = self.conns.get_mut(&conn) {
+                    if c.in_flight == Some(id) {
+                        c.in_flight = None;
+                    }
+                }
+                self.conn_command_done(conn, id, result);
+                // An override's command may have waited for this one.
+                self.dispatch_waiting(conn);
+            }
         }
     }
 
+    /// The result of the QP command a connection's phase waited for: the phase's next
+    /// step.
     pub(super) fn conn_command_done(
         &mut self,
         id: ConnId,
@@ -49,141 +69,178 @@ impl Engine {
             self.lose(id, LostReason::QpFatal);
             return;
         }
-        match (c.phase().clone(), result) {
-            (
-                Phase::Loading {
-                    path, responder, ..
-                },
-                Ok(_),
-            ) => {
-                // A path that died while loading is armed all the same (see `select`).
-                let Some(c) = self.conns.get_mut(&id) else {
-                    return;
-                };
-                c.alternate = Some(path);
-                c.armed = false;
-                // A QP in REARM or ARMED keeps its state when a new alternate is loaded,
-                // and refuses REARM once ARMED (rdmavt: EINVAL): only a MIGRATED QP
-                // needs asking.
-                if c.mig != MigState::Migrated {
-                    let mig = c.mig;
+        match c.phase().clone() {
+            Phase::Loading {
+                path, responder, ..
+            } => self.loaded(id, path, responder, result),
+            Phase::Arming {
+                path, responder, ..
+            } => match result {
+                Ok(outcome) => {
+                    let mig = match outcome {
+                        CommandOutcome::MigState(m) => m,
+                        _ => MigState::Rearm,
+                    };
                     self.armed(id, path, mig, responder);
-                    return;
                 }
-                let cmd = self.issue(CommandOp::SetRearm { conn: id }, Pending::Conn(id));
-                self.set_phase(
-                    id,
-                    Phase::Arming {
-                        cmd,
-                        path,
-                        responder,
-                    },
-                );
-            }
-            (
-                Phase::Arming {
-                    path, responder, ..
-                },
-                Ok(outcome),
-            ) => {
-                let mig = match outcome {
-                    CommandOutcome::MigState(m) => m,
-                    _ => MigState::Rearm,
-                };
-                self.armed(id, path, mig, responder);
-            }
-            (
-                Phase::Loading {
-                    path, responder, ..
+                Err(e) => self.arming_failed(id, path, responder, &e),
+            },
+            Phase::Migrating { why, .. } => self.forced_done(id, why, result),
+            Phase::LoadingToFollow {
+                path, responder, ..
+            } => self.loaded_to_follow(id, path, responder, result),
+            Phase::SwMigrating {
+                path, responder, ..
+            } => self.sw_migration_done(id, path, responder, result),
+            Phase::Querying { .. } => match result {
+                Ok(CommandOutcome::Qp(snap)) => {
+                    self.set_phase(id, Phase::Idle);
+                    self.reconcile(id, snap);
                 }
-                | Phase::Arming {
-                    path, responder, ..
-                },
-                Err(e),
-            ) => {
-                warn!(%id, error = %e, "loading/arming the alternate failed");
-                let now = self.now;
-                let hold = now.plus(Policy::ms(self.policy.bad_path_hold_ms));
-                if let Some(c) = self.conns.get_mut(&id) {
-                    c.mark_bad(path, hold, now);
-                    c.alternate = None;
-                    c.armed = false;
+                other => {
+                    debug!(%id, ?other, "QP query gave no snapshot");
+                    self.set_phase(id, Phase::Idle);
+                    self.after_phase(id);
                 }
-                self.finish_failed(
-                    id,
-                    responder,
-                    ApStatus::Rejected,
-                    UnprotectedReason::ModifyFailed,
-                );
-            }
-            (Phase::Migrating { why, .. }, Ok(_)) => {
+            },
+            phase => debug!(%id, ?phase, ?result, "unexpected result for phase"),
+        }
+    }
+
+    /// `LoadAlternate` of a re-arm answered: set REARM when the QP needs it.
+    fn loaded(
+        &mut self,
+        id: ConnId,
+        path: Path,
+        responder: Option<Responder>,
+        result: Result<CommandOutcome, ProviderError>,
+    ) {
+        if let Err(e) = result {
+            self.arming_failed(id, path, responder, &e);
+            return;
+        }
+        // A path that died while loading is armed all the same (see `select`).
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        c.alt = Alternate::Loaded(path);
+        // A QP in REARM or ARMED keeps its state when a new alternate is loaded,
+        // and refuses REARM once ARMED (rdmavt: EINVAL): only a MIGRATED QP
+        // needs asking.
+        if c.mig != MigState::Migrated {
+            let mig = c.mig;
+            self.armed(id, path, mig, responder);
+            return;
+        }
+        let cmd = self.issue_qp(id, CommandOp::SetRearm { conn: id });
+        self.set_phase(
+            id,
+            Phase::Arming {
+                cmd,
+                path,
+                responder,
+            },
+        );
+    }
+
+    /// Loading or arming `path` failed: mark it bad, answer a waiting peer, try another.
+    fn arming_failed(
+        &mut self,
+        id: ConnId,
+        path: Path,
+        responder: Option<Responder>,
+        e: &ProviderError,
+    ) {
+        warn!(%id, error = %e, "loading/arming the alternate failed");
+        let now = self.now;
+        let hold = now.plus(Policy::ms(self.policy.bad_path_hold_ms));
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.mark_bad(path, hold, now);
+            c.alt = Alternate::None;
+        }
+        self.finish_failed(
+            id,
+            responder,
+            ApStatus::Rejected,
+            UnprotectedReason::ModifyFailed,
+        );
+    }
+
+    /// `ForceMigrate` answered.
+    fn forced_done(
+        &mut self,
+        id: ConnId,
+        why: MoveReason,
+        result: Result<CommandOutcome, ProviderError>,
+    ) {
+        match result {
+            Ok(_) => {
                 self.set_phase(id, Phase::Idle);
-                self.migrated(id, true, why);
+                self.migrated(id, Moved::Forced, why);
             }
-            (Phase::Migrating { why, .. }, Err(e)) => {
+            Err(e) => {
                 // The HCA may have migrated by itself (the peer's MigReq got there first)
                 // or the QP is unarmed: ask it.
                 warn!(%id, error = %e, "forcing migration failed; querying the QP");
                 if let MoveReason::PeerAsked(r) | MoveReason::PeerAskedAndMoved(r) = why {
-                    self.send_migrate_ack(id, r, false);
+                    self.refuse_move(id, r);
                 }
                 self.set_phase(id, Phase::Idle);
                 self.query(id);
             }
-            (
-                Phase::LoadingToFollow {
-                    path, responder, ..
-                },
-                Ok(_),
-            ) => {
+        }
+    }
+
+    /// `LoadAlternate` of the path the peer moved to answered: move there too.
+    fn loaded_to_follow(
+        &mut self,
+        id: ConnId,
+        path: Path,
+        responder: Responder,
+        result: Result<CommandOutcome, ProviderError>,
+    ) {
+        match result {
+            Ok(_) => {
                 // The peer's path is our alternate now, in an ARMED QP: move there.
                 if let Some(c) = self.conns.get_mut(&id) {
-                    c.alternate = Some(path);
+                    c.alt.replace(path);
                 }
                 self.force_migration(id, MoveReason::PeerAsked(responder));
             }
-            (Phase::LoadingToFollow { responder, .. }, Err(e)) => {
+            Err(e) => {
                 warn!(%id, error = %e, "loading the peer's path to follow it failed");
-                self.send_migrate_ack(id, responder, false);
+                self.refuse_move(id, responder);
                 self.set_phase(id, Phase::Idle);
                 self.query(id);
-            }
-            (
-                Phase::SwMigrating {
-                    path, responder, ..
-                },
-                Ok(_),
-            ) => {
-                self.sw_migrated(id, path, responder);
-            }
-            (Phase::SwMigrating { responder, .. }, Err(e)) => {
-                warn!(%id, error = %e, "software migration failed");
-                if let Some(r) = responder {
-                    self.send_migrate_ack(id, r, false);
-                }
-                self.set_phase(id, Phase::Idle);
-                if let Some(c) = self.conns.get_mut(&id) {
-                    c.armed = false;
-                }
-                self.update_protection(id, UnprotectedReason::ModifyFailed);
-                // A QP that failed under the move (a software migration cannot bring
-                // back a QP in ERR whose work the application owns) is lost; one still
-                // working is re-armed: the query's answer decides (`reconcile`).
-                self.query(id);
-            }
-            (Phase::Querying { .. }, Ok(CommandOutcome::Qp(snap))) => {
-                self.set_phase(id, Phase::Idle);
-                self.reconcile(id, snap);
-            }
-            (Phase::Querying { .. }, other) => {
-                debug!(%id, ?other, "QP query gave no snapshot");
-                self.set_phase(id, Phase::Idle);
-                self.after_phase(id);
-            }
-            (phase, result) => {
-                debug!(%id, ?phase, ?result, "unexpected result for phase");
             }
         }
+    }
+
+    /// `SoftwareMigrate` answered.
+    fn sw_migration_done(
+        &mut self,
+        id: ConnId,
+        path: Path,
+        responder: Option<Responder>,
+        result: Result<CommandOutcome, ProviderError>,
+    ) {
+        let Err(e) = result else {
+            self.sw_migrated(id, path, responder);
+            return;
+        };
+        warn!(%id, error = %e, "software migration failed");
+        if let Some(r) = responder {
+            self.refuse_move(id, r);
+        }
+        self.set_phase(id, Phase::Idle);
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.alt.disarm();
+        }
+        self.update_protection(id, UnprotectedReason::ModifyFailed);
+        // A QP that failed under the move (a software migration cannot bring
+        // back a QP in ERR whose work the application owns) is lost; one still
+        // working is re-armed: the query's answer decides (`reconcile`).
+        self.query(id);
     }
 
     /// Align the engine's view with what the QP says.
@@ -200,14 +257,14 @@ impl Engine {
                 && p.dlid == snap.primary_dlid
                 && p.dgid == snap.primary_dgid
         };
-        if c.alternate.is_some_and(|a| on(&a)) && !on(&c.primary) {
+        if c.alt.path().is_some_and(|a| on(&a)) && !on(&c.primary) {
             self.stats.migrations_observed += 1;
-            self.migrated(id, false, MoveReason::Ours);
+            self.migrated(id, Moved::Unforced, MoveReason::Ours);
             return;
         }
         c.mig = snap.mig_state;
         if snap.mig_state == MigState::Migrated {
-            c.armed = false;
+            c.alt.disarm();
         }
         self.update_protection(id, UnprotectedReason::PrimaryDownUnarmed);
         if !self.conns.get(&id).is_some_and(|c| self.is_protected(c)) {
@@ -228,8 +285,7 @@ impl Engine {
         let Some(c) = self.conns.get_mut(&id) else {
             return;
         };
-        c.alternate = Some(path);
-        c.armed = true;
+        c.alt = Alternate::Armed(path);
         c.mig = mig;
         c.failed_rearms = 0;
         // Both sides have just agreed on this path: an old "bad" mark (a LAP of ours
@@ -283,10 +339,10 @@ impl Engine {
         let Some(p) = self.ports.get_mut(&port) else {
             return;
         };
-        if p.subscribed || p.subscribe_unsupported {
+        if p.subscription != Subscription::Wanted {
             return;
         }
-        p.subscribed = true;
+        p.subscription = Subscription::Asked;
         self.stats.subscriptions += 1;
         self.issue(CommandOp::Subscribe { port }, Pending::Subscribe(port));
     }
@@ -303,12 +359,11 @@ impl Engine {
             Ok(_) => debug!(%port, "subscribed for traps 64/65"),
             Err(ProviderError::Unsupported { .. }) => {
                 info!(%port, "no SA subscriptions on this port; remote failures are learnt from peers only");
-                p.subscribed = false;
-                p.subscribe_unsupported = true;
+                p.subscription = Subscription::Unsupported;
             }
             Err(e) => {
                 warn!(%port, error = %e, "subscription failed; will retry");
-                p.subscribed = false;
+                p.subscription = Subscription::Wanted;
                 let at = self.now.plus(Policy::ms(self.policy.subscribe_retry_ms));
                 self.timers.schedule(at, TimerKey::Subscribe(port));
             }

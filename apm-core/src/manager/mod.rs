@@ -4,7 +4,13 @@
 //!
 //! Time: the driver stamps every input with `tokio::time::Instant` elapsed since it
 //! started, so tests with tokio's paused clock run in virtual time. Commands run as
-//! concurrent tasks; the engine never issues two for the same connection at once.
+//! concurrent tasks: the engine hands over at most one QP command per connection at a
+//! time (an override's command waits for the answer to the one in flight), so tasks
+//! of one connection never overlap; sends, path queries and subscriptions name no QP
+//! and may overlap. Every call is abandoned at `Policy::command_timeout_ms` and
+//! answered `ProviderError::NoAnswer`, the engine failing the command at the same
+//! deadline: a provider call that never returns wedges neither its connection nor the
+//! commands after it.
 
 use crate::engine::{ConnStatus, Engine, EngineError, Stats};
 use crate::io::*;
@@ -15,7 +21,7 @@ use crate::types::*;
 use std::sync::Arc;
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::debug;
 
 /// Why the manager stopped or refused a request.
 #[derive(Debug, thiserror::Error)]
@@ -281,8 +287,8 @@ impl<P: Provider> Manager<P> {
                 Some(p) => p.on_input(elapsed(), input),
                 None => Some(input),
             };
-            if let Some(Err(e)) = input.map(|i| self.engine.handle_input(elapsed(), i)) {
-                warn!(error = %e, "provider input refused by the engine");
+            if let Some(input) = input {
+                self.engine.handle_input(elapsed(), input);
             }
         }
         loop {
@@ -320,8 +326,8 @@ impl<P: Provider> Manager<P> {
                         Some(p) => p.on_input(now, input),
                         None => Some(input),
                     };
-                    if let Some(Err(e)) = input.map(|i| self.engine.handle_input(now, i)) {
-                        warn!(error = %e, "provider input refused by the engine");
+                    if let Some(input) = input {
+                        self.engine.handle_input(now, input);
                     }
                 }
                 req = self.requests.recv() => {
@@ -329,31 +335,25 @@ impl<P: Provider> Manager<P> {
                     let now = elapsed();
                     match req {
                         Request::Protect(spec, tx) => {
-                            let _ = tx.send(self.engine.handle_input(now, Input::Protect(spec)));
+                            let _ = tx.send(self.engine.protect(now, spec));
                             if let Some(p) = probes.as_mut() {
                                 p.follow(now, self.engine.probe_paths());
                             }
                         }
                         Request::Unprotect(id, tx) => {
-                            let _ = tx.send(self.engine.handle_input(now, Input::Unprotect(id)));
+                            let _ = tx.send(self.engine.unprotect(now, id));
                             if let Some(p) = probes.as_mut() {
                                 p.follow(now, self.engine.probe_paths());
                             }
                         }
                         Request::ReportStall(id, tx) => {
-                            let stalled = Input::QpEvent {
-                                conn: id,
-                                event: QpEvent::PrimaryStalled,
-                            };
-                            let _ = tx.send(self.engine.handle_input(now, stalled));
+                            let _ = tx.send(self.engine.report_stall(now, id));
                         }
                         Request::PathHealth(input) => {
                             if let Some(kind) = FabricEventKind::of(&input) {
                                 let _ = self.handle.events.send(FabricEvent { time: now, kind });
                             }
-                            if let Err(e) = self.engine.handle_input(now, input) {
-                                warn!(error = %e, "path verdict refused by the engine");
-                            }
+                            self.engine.handle_input(now, input);
                         }
                         Request::Status(id, tx) => {
                             let _ = tx.send(self.engine.connection(id));
@@ -392,9 +392,7 @@ impl<P: Provider> Manager<P> {
                     if let Some(kind) = FabricEventKind::of(&input) {
                         let _ = self.handle.events.send(FabricEvent { time: now, kind });
                     }
-                    if let Err(e) = self.engine.handle_input(now, input) {
-                        warn!(error = %e, "probe verdict refused by the engine");
-                    }
+                    self.engine.handle_input(now, input);
                 }
             }
         }
@@ -411,8 +409,15 @@ impl<P: Provider> Manager<P> {
                 Output::Command(Command { id, op }) => {
                     let provider = Arc::clone(&self.provider);
                     let results = results.clone();
+                    let after_ms = self.engine.policy().command_timeout_ms;
                     tokio::spawn(async move {
-                        let result = provider.execute(op).await;
+                        // The engine fails the command at its deadline too; dropping the
+                        // call here ends this task, so a provider that never answers
+                        // holds no task and no part of the command window.
+                        let limit = std::time::Duration::from_millis(after_ms);
+                        let result = tokio::time::timeout(limit, provider.execute(op))
+                            .await
+                            .unwrap_or(Err(ProviderError::NoAnswer { after_ms }));
                         let _ = results.send(Input::CommandDone { id, result });
                     });
                 }

@@ -177,7 +177,7 @@ async fn protect_loads_arms_and_notifies_then_port_err_forces_migration() {
         ops,
         task,
     } = start();
-    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    // No waiting: the ports reported at start reach the engine before any API call.
     handle.protect(spec()).await.expect("accepted");
     let n = notes.recv().await.expect("a notification");
     assert!(
@@ -249,7 +249,7 @@ async fn probes_run_per_path_and_a_silent_primary_moves_the_connection() {
         p.probe.infiniband = true;
         p
     });
-    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    // No waiting: the ports reported at start reach the engine before any API call.
     handle.protect(spec()).await.expect("accepted");
     let n = notes.recv().await.expect("protected");
     assert!(
@@ -309,7 +309,7 @@ async fn a_stall_the_application_reports_forces_the_migration() {
         ops,
         ..
     } = start();
-    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    // No waiting: the ports reported at start reach the engine before any API call.
     handle.protect(spec()).await.expect("accepted");
     let n = notes.recv().await.expect("protected");
     assert!(
@@ -350,6 +350,68 @@ async fn provider_start_failure_is_reported() {
     let (manager, _handle) = Manager::new(Arc::new(m), Policy::default()).expect("valid");
     let err = manager.run().await.expect_err("start fails");
     assert!(err.to_string().contains("libibverbs1"), "{err}");
+}
+
+/// A provider whose QP loads never return (a wedged device call); it reports every
+/// call it gets.
+struct NeverAnswers {
+    calls: mpsc::UnboundedSender<&'static str>,
+}
+
+#[async_trait::async_trait]
+impl Provider for NeverAnswers {
+    fn name(&self) -> String {
+        "never-answers".into()
+    }
+    async fn start(&self, sink: InputSink) -> Result<(), ProviderError> {
+        for p in [1, 2] {
+            sink.send(Input::PortInfo(port(p))).expect("driver listens");
+        }
+        Ok(())
+    }
+    async fn execute(&self, op: CommandOp) -> Result<CommandOutcome, ProviderError> {
+        let _ = self.calls.send(op.name());
+        match op {
+            CommandOp::LoadAlternate { .. } => std::future::pending().await,
+            _ => Ok(CommandOutcome::Done),
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_provider_call_that_never_returns_fails_at_the_deadline() {
+    let (calls, mut called) = mpsc::unbounded_channel();
+    let provider = Arc::new(NeverAnswers { calls });
+    let (manager, handle) = Manager::new(provider, Policy::default()).expect("valid");
+    let mut notes = handle.notifications();
+    let task = tokio::spawn(manager.run());
+    handle.protect(spec()).await.expect("accepted");
+    let n = notes.recv().await.expect("a notification");
+    assert_eq!(
+        n.kind,
+        NotificationKind::Unprotected {
+            reason: UnprotectedReason::ModifyFailed
+        }
+    );
+    assert_eq!(
+        n.time,
+        Time::from_millis(Policy::default().command_timeout_ms)
+    );
+    // Not wedged: the manager answers and goes on issuing commands.
+    let status = handle.status(ConnId(7)).await.expect("running");
+    assert_eq!(
+        status.map(|s| s.protection),
+        Some(crate::Protection::Unprotected)
+    );
+    // And the provider is called again after the stuck load.
+    let mut seen = Vec::new();
+    while !seen.contains(&"load_alternate") {
+        seen.push(called.recv().await.expect("the provider is called"));
+    }
+    let next = called.recv().await.expect("a call after the stuck one");
+    assert!(!next.is_empty(), "{seen:?} then {next}");
+    handle.shutdown();
+    task.await.expect("joined").expect("clean stop");
 }
 
 #[tokio::test(start_paused = true)]

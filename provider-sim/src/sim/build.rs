@@ -244,8 +244,8 @@ impl Sim {
             self.counts[Bucket::Unprotected.idx()] += 1;
             let id = self.conns.len() - 1;
             debug_assert_eq!(id, i);
-            self.feed(a, Input::Protect(spec_a));
-            self.feed(b, Input::Protect(spec_b));
+            self.protect(a, spec_a);
+            self.protect(b, spec_b);
         }
     }
 

@@ -59,11 +59,8 @@ impl Sim {
             _ => {}
         }
         if let Some(ext) = self.external.get_mut(&host) {
-            // API calls and port enumeration come from the driver itself.
-            if matches!(input, Input::Protect(_) | Input::PortInfo(_)) {
-                if let Input::Protect(spec) = input {
-                    self.external_specs.entry(host).or_default().push(spec);
-                }
+            // Port enumeration comes from the driver itself.
+            if matches!(input, Input::PortInfo(_)) {
                 return;
             }
             match &ext.sink {
@@ -79,6 +76,20 @@ impl Sim {
         let span = tracing::debug_span!("host", h = host);
         let _g = span.enter();
         self.hosts[host].ctl.handle_input(now, input);
+        self.pump(host);
+    }
+
+    /// Protect a connection on `host` (the API call), or leave it to the external
+    /// driver of that host.
+    pub(super) fn protect(&mut self, host: usize, spec: ConnSpec) {
+        if self.external.contains_key(&host) {
+            self.external_specs.entry(host).or_default().push(spec);
+            return;
+        }
+        let now = self.now;
+        let span = tracing::debug_span!("host", h = host);
+        let _g = span.enter();
+        self.hosts[host].ctl.protect(now, spec);
         self.pump(host);
     }
 

@@ -90,15 +90,19 @@ pub struct Node {
     pub unreachable: Vec<Gid>,
     /// Connections whose QP a query finds in ERR.
     pub dead_qps: Vec<ConnId>,
+    /// Command names this node's provider never answers (until `Pair::release`).
+    pub unanswered: Vec<&'static str>,
+    /// The commands held unanswered, in the order they came.
+    pub held: Vec<Command>,
+    /// Moves emitted onto a path the engine knew dead (`Node::check_move`).
+    pub dead_moves: Vec<String>,
 }
 
 impl Node {
     fn new(name: char, policy: Policy) -> Node {
         let mut engine = Engine::new(policy).expect("valid test policy");
         for p in [1, 2] {
-            engine
-                .handle_input(Time::ZERO, Input::PortInfo(port_info(name, p)))
-                .expect("port info is accepted");
+            engine.handle_input(Time::ZERO, Input::PortInfo(port_info(name, p)));
         }
         let mut n = Node {
             name,
@@ -108,15 +112,53 @@ impl Node {
             fail_ops: Vec::new(),
             unreachable: Vec::new(),
             dead_qps: Vec::new(),
+            unanswered: Vec::new(),
+            held: Vec::new(),
+            dead_moves: Vec::new(),
         };
         n.drain();
         n
     }
 
+    /// Take the engine's outputs, checking every move as it is emitted.
     fn drain(&mut self) {
         while let Some(o) = self.engine.poll_output() {
+            self.check_move(&o);
             self.log.push(o.clone());
             self.queue.push(o);
+        }
+    }
+
+    /// A command that moves a connection (a forced migration, onto the QP's alternate;
+    /// a software migration; a probe asking the peer to move) must name a path the
+    /// engine holds up at the moment it emits it: drained right after the input that
+    /// produced it, nothing has happened since.
+    fn check_move(&mut self, out: &Output) {
+        let Output::Command(c) = out else {
+            return;
+        };
+        let target = match &c.op {
+            CommandOp::ForceMigrate { conn } => {
+                self.engine.connection(*conn).and_then(|s| s.alternate)
+            }
+            CommandOp::SoftwareMigrate { path, .. } => Some(*path),
+            CommandOp::SendPeer {
+                msg:
+                    PeerMsg::Migrate(Migrate {
+                        path,
+                        intent: MigrateIntent::Probe,
+                        ..
+                    }),
+                ..
+            } => Some(*path),
+            _ => None,
+        };
+        if let Some(path) = target.filter(|p| !self.engine.path_up(p)) {
+            self.dead_moves.push(format!(
+                "{}: {} onto dead path {path}",
+                self.name,
+                c.op.name()
+            ));
         }
     }
 
@@ -214,7 +256,15 @@ impl Pair {
     pub fn input(&mut self, name: char, input: Input) {
         let now = self.now;
         let n = self.node(name);
-        n.engine.handle_input(now, input).expect("input accepted");
+        n.engine.handle_input(now, input);
+        n.drain();
+    }
+
+    /// Protect `spec` on one node at the current time.
+    pub fn protect_spec(&mut self, name: char, spec: ConnSpec) {
+        let now = self.now;
+        let n = self.node(name);
+        n.engine.protect(now, spec).expect("protect accepted");
         n.drain();
     }
 
@@ -224,8 +274,8 @@ impl Pair {
     }
 
     pub fn protect_mode(&mut self, n: u64, mode: MigrationMode) {
-        self.input('a', Input::Protect(spec('a', n, mode)));
-        self.input('b', Input::Protect(spec('b', n, mode)));
+        self.protect_spec('a', spec('a', n, mode));
+        self.protect_spec('b', spec('b', n, mode));
     }
 
     /// Carry out queued outputs, deliver messages, and follow deadlines until nothing
@@ -289,6 +339,23 @@ impl Pair {
     }
 
     fn execute(&mut self, name: char, cmd: Command) {
+        let node = self.node(name);
+        if node.unanswered.contains(&cmd.op.name()) {
+            node.held.push(cmd);
+            return;
+        }
+        self.answer(name, cmd);
+    }
+
+    /// Answer, as the provider would have, every command `name`'s provider held back.
+    pub fn release(&mut self, name: char) {
+        let held = std::mem::take(&mut self.node(name).held);
+        for cmd in held {
+            self.answer(name, cmd);
+        }
+    }
+
+    fn answer(&mut self, name: char, cmd: Command) {
         let other = if name == 'a' { 'b' } else { 'a' };
         let fail = self.node(name).fail_ops.contains(&cmd.op.name());
         let result = if fail {
@@ -347,4 +414,44 @@ impl Pair {
         };
         self.input(name, Input::CommandDone { id: cmd.id, result });
     }
+}
+
+pub fn port_event(p: &mut Pair, node: char, port: u8, event: PortEvent) {
+    p.input(
+        node,
+        Input::PortEvent {
+            port: PortKey::new(DEV, port),
+            event,
+        },
+    );
+}
+
+pub fn qp_event(p: &mut Pair, node: char, n: u64, event: QpEvent) {
+    p.input(
+        node,
+        Input::QpEvent {
+            conn: ConnId(n),
+            event,
+        },
+    );
+}
+
+/// Both sides armed on `alt_port` (local port number of A's alternate).
+pub fn assert_armed(p: &Pair, n: u64, a_alt: Path) {
+    let a = p.a.status(n);
+    let b = p.b.status(n);
+    assert_eq!(a.protection, crate::Protection::Armed, "A: {a:?}");
+    assert_eq!(b.protection, crate::Protection::Armed, "B: {b:?}");
+    // The route, not the timeout: an alternate carries its own, longer one.
+    assert!(
+        a.alternate.is_some_and(|x| x.same_route(&a_alt)),
+        "A's alternate {:?}, expected {a_alt}",
+        a.alternate
+    );
+    let b_alt = b.alternate.expect("B has an alternate");
+    assert_eq!(
+        (b_alt.sgid, b_alt.dgid),
+        (a_alt.dgid, a_alt.sgid),
+        "both ends agree"
+    );
 }

@@ -1,7 +1,12 @@
 //! Engine tests: one per behaviour of the engine's contract, on the two-node bench.
 
+mod commands;
+mod failover;
 mod harness;
+mod lifecycle;
 mod properties;
-mod scenarios;
+mod rearm;
+mod recovery;
+mod software;
 mod table;
 mod validation;

@@ -1,0 +1,73 @@
+//! Software migration (RoCE: no alternate in the QP), between two engines.
+
+use super::harness::*;
+use crate::io::*;
+use crate::types::*;
+use crate::Protection;
+
+#[test]
+fn software_migration_moves_both_sides() {
+    let mut p = Pair::new();
+    p.protect_mode(1, MigrationMode::Software);
+    p.run_for(1000);
+    assert_armed(&p, 1, path('a', 2, 2));
+    assert!(
+        !p.a.op_names().contains(&"load_alternate"),
+        "no hardware alternate on RoCE"
+    );
+    p.a.clear_log();
+    p.b.clear_log();
+    qp_event(&mut p, 'a', 1, QpEvent::PrimaryStalled);
+    p.run_for(1000);
+    assert!(p.a.op_names().contains(&"software_migrate"));
+    assert!(
+        p.b.op_names().contains(&"software_migrate"),
+        "peer followed"
+    );
+    assert_eq!(p.a.status(1).primary, path('a', 2, 2));
+    assert_eq!(p.b.status(1).primary, path('b', 2, 2));
+    assert_eq!(
+        p.a.status(1).protection,
+        Protection::Armed,
+        "re-armed after the move"
+    );
+}
+
+#[test]
+fn a_failed_software_migration_is_lost_if_the_qp_failed_and_rearmed_if_not() {
+    // Refused move, QP still working: unprotected, then armed again.
+    let mut p = Pair::new();
+    p.protect_mode(1, MigrationMode::Software);
+    p.run_for(1000);
+    p.a.fail_ops.push("software_migrate");
+    qp_event(&mut p, 'a', 1, QpEvent::PrimaryStalled);
+    p.run_for(100);
+    assert!(p.a.op_names().contains(&"query_qp"), "{:?}", p.a.op_names());
+    assert!(p
+        .a
+        .notifications()
+        .contains(&NotificationKind::Unprotected {
+            reason: UnprotectedReason::ModifyFailed
+        }));
+    p.a.fail_ops.clear();
+    p.run_for(60_000);
+    assert_ne!(p.a.status(1).protection, Protection::Lost);
+    assert_eq!(p.a.status(1).protection, Protection::Armed);
+
+    // Refused move with the QP in ERR (an application's QP apm cannot re-initialise):
+    // the connection is reported lost, not re-armed forever.
+    let mut p = Pair::new();
+    p.protect_mode(1, MigrationMode::Software);
+    p.run_for(1000);
+    p.a.fail_ops.push("software_migrate");
+    p.a.dead_qps.push(ConnId(1));
+    qp_event(&mut p, 'a', 1, QpEvent::PrimaryStalled);
+    p.run_for(1000);
+    assert_eq!(p.a.status(1).protection, Protection::Lost);
+    assert!(matches!(
+        p.a.notifications().last(),
+        Some(NotificationKind::Lost {
+            reason: LostReason::QpFatal
+        })
+    ));
+}
