@@ -673,8 +673,11 @@ fn two_engines_unlink_relink_rearm() {
     assert!(s2["laps_sent"] >= 1, "{s2:?}");
     assert!(s3["aprs_sent"] >= 1, "{s3:?}");
     assert_eq!(d(&s2, &b2, "laps_sent"), 0, "{s2:?}");
-    assert_eq!(s3["forced"], 1, "{s3:?}");
-    assert_eq!(s2["forced"], 1, "{s2:?}");
+    // One forced migration each for the Unlink; a second when the SM's trap 65 reached
+    // an engine before its peer's Migrate did (the trap is then a reason of its own to
+    // move, onto the same path): seen on a loaded machine.
+    assert!((1..=2).contains(&s3["forced"]), "{s3:?}");
+    assert!((1..=2).contains(&s2["forced"]), "{s2:?}");
 
     // A LAP for the connection from H4, which is not its peer.
     let _ = pair.passive.drain();
