@@ -82,11 +82,9 @@ impl AgentProbes {
             match o {
                 ProbeOutput::Send { ends, probe } => step.sends.push((ends.local, probe)),
                 ProbeOutput::Down { ends, kind } => step.verdicts.push((ends, false, Some(kind))),
-                ProbeOutput::Up {
-                    ends,
-                    after_down: true,
-                } => step.verdicts.push((ends, true, None)),
-                ProbeOutput::Up { .. } => {}
+                // Every Up, the first too (see apm-core's `ProbeDriver::poll`): a
+                // process may hold a path dead that the agent stopped watching.
+                ProbeOutput::Up { ends, .. } => step.verdicts.push((ends, true, None)),
             }
         }
         step

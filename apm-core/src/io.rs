@@ -50,7 +50,8 @@ pub enum Input {
         /// What kind of failure the prober saw.
         kind: crate::probe::FailureKind,
     },
-    /// A probe session came back up after being down: like trap 64 for that path.
+    /// A probe session is up (the first time, or again after being down): like trap 64
+    /// for that path; nothing for a path the engine does not hold dead.
     PathUp {
         /// The path.
         ends: crate::probe::PathEnds,

@@ -95,7 +95,7 @@ pub enum FabricEventKind {
         /// In service or not.
         in_service: bool,
     },
-    /// A liveness probe session went down or came back.
+    /// A liveness probe session went down, or is up (the first time or again).
     Path {
         /// The path (this host's GID, the peer's).
         ends: PathEnds,

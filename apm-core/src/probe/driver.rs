@@ -130,11 +130,13 @@ impl ProbeDriver {
                 ProbeOutput::Down { ends, kind } => {
                     out.push(ProbeAction::Engine(Input::PathDown { ends, kind }));
                 }
-                ProbeOutput::Up {
-                    ends,
-                    after_down: true,
-                } => out.push(ProbeAction::Engine(Input::PathUp { ends })),
-                ProbeOutput::Up { .. } => {}
+                // Every Up, the first too: a path unwatched while down (no connection
+                // used it for a while) comes back as a new session, whose first Up is
+                // the only news that it works again. The engine ignores an Up for a
+                // path it does not hold dead.
+                ProbeOutput::Up { ends, .. } => {
+                    out.push(ProbeAction::Engine(Input::PathUp { ends }));
+                }
             }
         }
         out
