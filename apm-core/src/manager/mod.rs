@@ -273,8 +273,8 @@ impl<P: Provider> Manager<P> {
             Time(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))
         };
         let (input_tx, mut input_rx): (InputSink, _) = mpsc::unbounded_channel();
-        // Seeded from the start time: probes of hosts started together must not beat in
-        // step (the jitter is what keeps them apart).
+        // Seeded per process: probes of hosts started together must not beat in step
+        // (the jitter is what keeps them apart).
         let seed = std::process::id().into();
         let mut probes = ProbeDriver::new(&self.engine.policy().probe, seed);
         self.provider
@@ -283,13 +283,7 @@ impl<P: Provider> Manager<P> {
             .map_err(ManagerError::Start)?;
         // The ports the provider reported at start must be known before any API call.
         while let Ok(input) = input_rx.try_recv() {
-            let input = match probes.as_mut() {
-                Some(p) => p.on_input(elapsed(), input),
-                None => Some(input),
-            };
-            if let Some(input) = input {
-                self.engine.handle_input(elapsed(), input);
-            }
+            self.take_input(probes.as_mut(), elapsed(), input);
         }
         loop {
             if let Some(p) = probes.as_mut() {
@@ -322,13 +316,7 @@ impl<P: Provider> Manager<P> {
                         // No watcher is fine: the stream is advisory.
                         let _ = self.handle.events.send(FabricEvent { time: now, kind });
                     }
-                    let input = match probes.as_mut() {
-                        Some(p) => p.on_input(now, input),
-                        None => Some(input),
-                    };
-                    if let Some(input) = input {
-                        self.engine.handle_input(now, input);
-                    }
+                    self.take_input(probes.as_mut(), now, input);
                 }
                 req = self.requests.recv() => {
                     let Some(req) = req else { return Ok(()) };
@@ -373,6 +361,18 @@ impl<P: Provider> Manager<P> {
 
     /// Hand every pending output on: commands to provider tasks, notifications to
     /// subscribers.
+    /// A provider's input: the prober's if it is a probe, the engine's otherwise (the
+    /// prober also sees the port events).
+    fn take_input(&mut self, probes: Option<&mut ProbeDriver>, now: Time, input: Input) {
+        let input = match probes {
+            Some(p) => p.on_input(now, input),
+            None => Some(input),
+        };
+        if let Some(input) = input {
+            self.engine.handle_input(now, input);
+        }
+    }
+
     /// Run the prober's due timers: its sends go out on their own tasks (a lost probe
     /// is what probes are for: results are only logged), its verdicts go to the engine
     /// and to the fabric event stream.
