@@ -16,6 +16,9 @@
 //! interval instead (to 100 ms there, detection in 300 ms), and says so in
 //! [`Prober::interval`].
 //!
+//! Each [`Prober::poll_timers`] walks every session: fine for the hundreds of paths a
+//! host has today; tens of thousands would want a timer queue.
+//!
 //! What the module must never do: create state for a path nobody asked it to watch (a
 //! stranger's probe is counted and dropped), or report a path down that it never saw up
 //! (a session that has not come up yet says nothing: the engine keeps its own view).
@@ -30,7 +33,7 @@ use crate::policy::PolicyError;
 use crate::types::{Gid, Time};
 use serde::{Deserialize, Serialize};
 use session::Session;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::time::Duration;
 
 /// The two ends of a probed path, seen from this host.
@@ -255,7 +258,7 @@ pub struct Prober {
     policy: ProbePolicy,
     sessions: BTreeMap<PathEnds, Session>,
     /// This host's ports that are down.
-    local_down: BTreeMap<Gid, ()>,
+    local_down: BTreeSet<Gid>,
     /// Peer ports a peer said are down, with when it last said so.
     peer_down: BTreeMap<Gid, Time>,
     rng: u64,
@@ -270,7 +273,7 @@ impl Prober {
         Prober {
             policy,
             sessions: BTreeMap::new(),
-            local_down: BTreeMap::new(),
+            local_down: BTreeSet::new(),
             peer_down: BTreeMap::new(),
             // xorshift must not start at 0.
             rng: seed ^ 0x9E37_79B9_7F4A_7C15,
@@ -327,9 +330,9 @@ impl Prober {
     /// peers learn which port died without waiting for their detection time.
     pub fn local_port(&mut self, now: Time, gid: Gid, up: bool) {
         let changed = if up {
-            self.local_down.remove(&gid).is_some()
+            self.local_down.remove(&gid)
         } else {
-            self.local_down.insert(gid, ()).is_none()
+            self.local_down.insert(gid)
         };
         if !changed {
             return;
@@ -352,7 +355,7 @@ impl Prober {
             self.counters.dropped += 1;
             return;
         };
-        if self.local_down.contains_key(&ends.local) || !s.accepts(probe) {
+        if self.local_down.contains(&ends.local) || !s.accepts(probe) {
             self.counters.dropped += 1;
             return;
         }
@@ -392,16 +395,17 @@ impl Prober {
         }
         let up_interval = self.interval();
         let down_interval = Duration::from_millis(u64::from(self.policy.down_interval_ms));
-        let ports_down = PortsDown::of(self.local_down.keys().copied());
+        let ports_down = PortsDown::of(self.local_down.iter().copied());
         let keys: Vec<PathEnds> = self.sessions.keys().copied().collect();
         for ends in keys {
+            let due = self.sessions.get(&ends).is_some_and(|s| s.next_tx <= now);
+            if !due || self.local_down.contains(&ends.local) {
+                continue;
+            }
             let jitter = self.jitter();
             let Some(s) = self.sessions.get_mut(&ends) else {
                 continue;
             };
-            if s.next_tx > now || self.local_down.contains_key(&ends.local) {
-                continue;
-            }
             let interval = if s.state == SessionState::Up {
                 up_interval
             } else {
@@ -420,7 +424,7 @@ impl Prober {
         self.sessions
             .iter()
             .flat_map(|(e, s)| {
-                let tx = (!self.local_down.contains_key(&e.local)).then_some(s.next_tx);
+                let tx = (!self.local_down.contains(&e.local)).then_some(s.next_tx);
                 [tx, s.detect_at]
             })
             .flatten()
@@ -474,7 +478,7 @@ impl Prober {
     }
 
     fn kind_of(&self, ends: PathEnds, now: Time) -> FailureKind {
-        if self.local_down.contains_key(&ends.local) {
+        if self.local_down.contains(&ends.local) {
             FailureKind::LocalPort
         } else if self
             .peer_down
