@@ -29,7 +29,6 @@ pub(crate) struct Step {
 #[derive(Debug)]
 pub(crate) struct AgentProbes {
     prober: Prober,
-    watched: BTreeSet<PathEnds>,
     origin: Instant,
 }
 
@@ -37,7 +36,6 @@ impl AgentProbes {
     pub(crate) fn new(policy: ProbePolicy) -> AgentProbes {
         AgentProbes {
             prober: Prober::new(policy, u64::from(std::process::id())),
-            watched: BTreeSet::new(),
             origin: Instant::now(),
         }
     }
@@ -58,13 +56,7 @@ impl AgentProbes {
     /// Probe exactly `paths` from now on.
     pub(crate) fn follow(&mut self, paths: BTreeSet<PathEnds>) {
         let now = self.now();
-        for gone in self.watched.difference(&paths) {
-            self.prober.unwatch(*gone);
-        }
-        for new in paths.difference(&self.watched) {
-            self.prober.watch(now, *new);
-        }
-        self.watched = paths;
+        self.prober.follow(now, &paths);
     }
 
     /// A probe arrived from a peer's agent.

@@ -312,10 +312,7 @@ impl<P: Provider> Manager<P> {
                     // input_tx lives in this function, so the channel never closes.
                     let Some(input) = input else { return Ok(()) };
                     let now = elapsed();
-                    if let Some(kind) = FabricEventKind::of(&input) {
-                        // No watcher is fine: the stream is advisory.
-                        let _ = self.handle.events.send(FabricEvent { time: now, kind });
-                    }
+                    self.publish(now, &input);
                     self.take_input(probes.as_mut(), now, input);
                 }
                 req = self.requests.recv() => {
@@ -338,9 +335,7 @@ impl<P: Provider> Manager<P> {
                             let _ = tx.send(self.engine.report_stall(now, id));
                         }
                         Request::PathHealth(input) => {
-                            if let Some(kind) = FabricEventKind::of(&input) {
-                                let _ = self.handle.events.send(FabricEvent { time: now, kind });
-                            }
+                            self.publish(now, &input);
                             self.engine.handle_input(now, input);
                         }
                         Request::Status(id, tx) => {
@@ -361,6 +356,14 @@ impl<P: Provider> Manager<P> {
 
     /// Hand every pending output on: commands to provider tasks, notifications to
     /// subscribers.
+    /// Publish the fabric event `input` carries, if it is one. No watcher is fine: the
+    /// stream is advisory.
+    fn publish(&self, now: Time, input: &Input) {
+        if let Some(kind) = FabricEventKind::of(input) {
+            let _ = self.handle.events.send(FabricEvent { time: now, kind });
+        }
+    }
+
     /// A provider's input: the prober's if it is a probe, the engine's otherwise (the
     /// prober also sees the port events).
     fn take_input(&mut self, probes: Option<&mut ProbeDriver>, now: Time, input: Input) {
@@ -389,9 +392,7 @@ impl<P: Provider> Manager<P> {
                     });
                 }
                 ProbeAction::Engine(input) => {
-                    if let Some(kind) = FabricEventKind::of(&input) {
-                        let _ = self.handle.events.send(FabricEvent { time: now, kind });
-                    }
+                    self.publish(now, &input);
                     self.engine.handle_input(now, input);
                 }
             }

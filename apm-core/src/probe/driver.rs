@@ -94,12 +94,7 @@ impl ProbeDriver {
         if !self.probe_infiniband {
             paths.retain(|_, (port, _)| !self.ib_ports.contains(port));
         }
-        for ends in self.paths.keys().filter(|e| !paths.contains_key(e)) {
-            self.prober.unwatch(*ends);
-        }
-        for ends in paths.keys().filter(|e| !self.paths.contains_key(e)) {
-            self.prober.watch(now, *ends);
-        }
+        self.prober.follow(now, &paths.keys().copied().collect());
         self.paths = paths;
     }
 

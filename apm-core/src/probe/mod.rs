@@ -305,9 +305,13 @@ impl Prober {
         self.sessions.insert(ends, s);
     }
 
-    /// Stop probing `ends` (no output: nobody needs that path any more).
-    pub fn unwatch(&mut self, ends: PathEnds) {
-        self.sessions.remove(&ends);
+    /// Probe exactly `paths` from now on: a new one starts as [`Prober::watch`] starts
+    /// it, one left out stops with no output (nobody needs that path any more).
+    pub fn follow(&mut self, now: Time, paths: &BTreeSet<PathEnds>) {
+        self.sessions.retain(|ends, _| paths.contains(ends));
+        for ends in paths {
+            self.watch(now, *ends);
+        }
     }
 
     /// The paths watched, with their state.
