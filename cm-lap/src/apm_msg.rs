@@ -203,7 +203,11 @@ fn probe_of(d: &[u8]) -> Option<Probe> {
     if n > MAX_PORTS_DOWN {
         return None;
     }
-    let down: Option<Vec<Gid>> = (0..n).map(|i| gid_at(56 + 16 * i)).collect();
+    // No allocation per probe received: a fixed array, as the probe holds them.
+    let mut down = [Gid::default(); MAX_PORTS_DOWN];
+    for (i, slot) in down.iter_mut().take(n).enumerate() {
+        *slot = gid_at(56 + 16 * i)?;
+    }
     Some(Probe {
         state: SessionState::from_code(*d.get(1)?)?,
         diag: Diag::from_code(*d.get(2)?),
@@ -216,7 +220,7 @@ fn probe_of(d: &[u8]) -> Option<Probe> {
             local: gid_at(20)?,
             remote: gid_at(36)?,
         },
-        ports_down: PortsDown::of(down?),
+        ports_down: PortsDown::of(down[..n].iter().copied()),
     })
 }
 
