@@ -162,10 +162,8 @@ impl ApmManager {
             .and_then(|a| a.sim())
             .ok_or_else(|| fail(ApmStatus::Unsupported, "not a simulated deployment"))?;
         let host = fabric.hosts().first().copied().unwrap_or(0);
-        // The simulation is brought up to tokio's now first: read that on the manager's
-        // paused clock. Outside the runtime tokio's now is the wall clock, which would
-        // run the fabric ahead by however long the application took between calls.
-        let _on_the_paused_clock = self.rt.enter();
+        // Read between two block_ons: the simulation stays where the runtime left it
+        // (provider-sim's `SimProvider` does not read a wall clock outside a runtime).
         Ok(fabric.connections(host))
     }
 
