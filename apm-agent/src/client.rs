@@ -8,7 +8,10 @@
 
 use crate::wire::{self, FromAgent, Route, ToAgent};
 use crate::AgentError;
-use apm_core::{Gid, Input, InputSink, PeerAddr, PeerChannel, PeerMsg, PortKey, ProviderError};
+use apm_core::{
+    Gid, Input, InputSink, Operation, PeerAddr, PeerChannel, PeerMsg, PortKey, ProviderError,
+    Reason,
+};
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::os::linux::net::SocketAddrExt;
@@ -211,12 +214,16 @@ impl PeerChannel for AgentPeer {
             .unwrap_or_else(PoisonError::into_inner)
             .get(&to.gid)
             .copied()
-            .ok_or_else(|| ProviderError::Refused {
-                operation: "send a peer message through the apm agent".into(),
-                detail: format!("no known local address on the rail to {}", to.gid),
-            })?;
-        self.client
-            .send(from, to.gid, msg)
-            .map_err(|e| ProviderError::Io(e.to_string()))
+            .ok_or(ProviderError::refused(
+                Operation::SendPeer,
+                Reason::NoRouteTo(to.gid),
+            ))?;
+        self.client.send(from, to.gid, msg).map_err(|e| {
+            let why = match &e {
+                AgentError::Io(io) => Reason::of_io(io),
+                AgentError::NotRunning(_) | AgentError::Gone => Reason::Closed,
+            };
+            ProviderError::io(Operation::SendPeer, why)
+        })
     }
 }

@@ -4,13 +4,14 @@
 //! device events, SA Reports and peer MADs into `Input`s, carry out `Command`s, and hand
 //! each command's result back as [`Input::CommandDone`]. Nothing here does IO.
 
+pub use crate::provider_error::{Operation, ProviderError, Reason};
 use crate::types::*;
 use serde::{Deserialize, Serialize};
 
 /// An event of the world for the engine. Each comes with the time it happened
 /// (see [`crate::Engine::handle_input`]). API calls are the engine's methods
 /// ([`crate::Engine::protect`], ...), not inputs: only they can be refused.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize)]
 #[non_exhaustive]
 pub enum Input {
     /// A local port appeared or its attributes changed (enumeration, after LID change).
@@ -238,51 +239,6 @@ pub struct QpSnapshot {
     pub primary_dlid: Lid,
     /// The DGID of the primary path.
     pub primary_dgid: Gid,
-}
-
-/// Why a provider could not carry out a command.
-#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
-#[non_exhaustive]
-pub enum ProviderError {
-    /// The provider does not implement this operation (yet, or ever, for its device).
-    #[error("{provider} does not support {operation}")]
-    Unsupported {
-        /// The provider's name.
-        provider: String,
-        /// What was asked.
-        operation: String,
-    },
-    /// The device refused the operation (e.g. `ibv_modify_qp` returned an errno).
-    #[error("{operation} refused: {detail}")]
-    Refused {
-        /// What was asked.
-        operation: String,
-        /// The device's answer (errno text).
-        detail: String,
-    },
-    /// The QP is in ERR: the connection is gone.
-    #[error("the QP is in the error state")]
-    QpInError,
-    /// The connection or QP is not known to the provider.
-    #[error("unknown connection {0}")]
-    UnknownConnection(ConnId),
-    /// No answer in time (SA query, send completion).
-    #[error("{0} timed out")]
-    Timeout(String),
-    /// The provider did not answer within the command's deadline
-    /// (`Policy::command_timeout_ms`): the engine and the driver treat the command as
-    /// failed and go on without its answer.
-    #[error("no answer within {after_ms} ms")]
-    NoAnswer {
-        /// The deadline, in milliseconds after the command was handed over.
-        after_ms: u64,
-    },
-    /// A library or device the provider needs is missing.
-    #[error("{0}")]
-    Unavailable(String),
-    /// Any other IO failure.
-    #[error("{0}")]
-    Io(String),
 }
 
 /// Peer messages at the engine's level. The cm-lap crate maps them to CM MADs

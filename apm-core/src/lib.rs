@@ -18,6 +18,7 @@ pub mod manager;
 pub mod policy;
 pub mod probe;
 pub mod provider;
+mod provider_error;
 #[cfg(any(test, feature = "testing"))]
 pub mod testing;
 pub mod types;

@@ -236,9 +236,9 @@ impl FabricService for StaticPaths {
     }
 
     async fn subscribe(&self, _port: PortKey) -> Result<(), ProviderError> {
-        Err(ProviderError::Unsupported {
-            provider: "static paths".into(),
-            operation: "SA subscription".into(),
-        })
+        Err(ProviderError::unsupported(
+            "static paths",
+            Operation::Subscribe,
+        ))
     }
 }

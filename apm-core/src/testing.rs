@@ -238,10 +238,10 @@ impl QpControl for FakeQp {
     }
 
     async fn software_migrate(&self, _conn: ConnId, _path: Path) -> Result<(), ProviderError> {
-        Err(ProviderError::Unsupported {
-            provider: "fake QP".into(),
-            operation: "software migration".into(),
-        })
+        Err(ProviderError::unsupported(
+            "fake QP",
+            Operation::SoftwareMigrate,
+        ))
     }
 
     async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError> {

@@ -52,7 +52,8 @@ use crate::ib::{UmadFacets, UmadOptions};
 use crate::start_error::{one_kind, SimUnavailable, StartError, Unavailable};
 use apm_core::{
     ConnId, ConnSpec, ConnStatus, FabricEvent, Gid, Manager, ManagerError, ManagerHandle,
-    MigrationMode, Notification, PortKey, ProviderError, QpControl, Stack, StaticPaths, Time,
+    MigrationMode, Notification, Operation, PortKey, ProviderError, QpControl, Reason, Stack,
+    StaticPaths, Time,
 };
 use provider_rxe::{RxeConfig, RxeQpControl};
 use provider_sim::{PolicyKind, RunConfig, Scenario, Sim, SimProvider};
@@ -463,17 +464,18 @@ impl Apm {
             QpFacet::Verbs(facet) => {
                 if spec.mode != MigrationMode::Hardware {
                     return Err(ProtectError::Qp(ProviderError::Unsupported {
-                        provider: "provider-verbs".into(),
-                        operation: "software path migration on InfiniBand (the HCA migrates: \
-                                    protect with mode Hardware)"
-                            .into(),
+                        provider: "provider-verbs",
+                        operation: Operation::SoftwareMigrate,
+                        why: Some(Reason::Because(
+                            "on InfiniBand the HCA migrates: protect with mode Hardware",
+                        )),
                     }));
                 }
                 facet.register(id, qp).map_err(|e| {
-                    ProtectError::Qp(ProviderError::Refused {
-                        operation: "register the QP with provider-verbs".into(),
-                        detail: e.to_string(),
-                    })
+                    ProtectError::Qp(ProviderError::refused(
+                        Operation::Register,
+                        provider_verbs::facet::reason(&e),
+                    ))
                 })?;
             }
             QpFacet::External => return Err(ProtectError::NoQpFacet),

@@ -43,7 +43,8 @@
 use crate::config::{Config, LapTransport, ProviderKind};
 use crate::start_error::{one_kind, StartError, Unavailable};
 use apm_core::{
-    FabricService, Gid, InputSink, Path, PeerAddr, PeerChannel, PeerMsg, PortKey, ProviderError,
+    FabricService, Gid, InputSink, Operation, Path, PeerAddr, PeerChannel, PeerMsg, PortKey,
+    ProviderError, Reason,
 };
 use async_trait::async_trait;
 use cm_lap::peer_channel::{SaSourceGid, SourceGid, UmadPeerChannel};
@@ -460,10 +461,10 @@ impl PeerChannel for PortPeers {
     async fn send(&self, port: PortKey, to: PeerAddr, msg: PeerMsg) -> Result<(), ProviderError> {
         match self.by_port.get(&port).and_then(|i| self.channels.get(*i)) {
             Some(c) => c.send(port, to, msg).await,
-            None => Err(ProviderError::Refused {
-                operation: "send peer message".into(),
-                detail: format!("{port} is not a port of this deployment (not configured)"),
-            }),
+            None => Err(ProviderError::refused(
+                Operation::SendPeer,
+                Reason::NotOurPort(port),
+            )),
         }
     }
 }
@@ -477,13 +478,14 @@ pub struct PortFabrics {
 }
 
 impl PortFabrics {
-    fn of(&self, port: PortKey, what: &str) -> Result<&SaFabric, ProviderError> {
+    fn of(&self, port: PortKey, operation: Operation) -> Result<&SaFabric, ProviderError> {
         self.by_port
             .get(&port)
             .and_then(|i| self.fabrics.get(*i))
-            .ok_or_else(|| ProviderError::Unsupported {
-                provider: "umad-sa".into(),
-                operation: format!("{what} through {port}, which is not a configured port"),
+            .ok_or(ProviderError::Unsupported {
+                provider: "umad-sa",
+                operation,
+                why: Some(Reason::NotOurPort(port)),
             })
     }
 
@@ -503,13 +505,13 @@ impl FabricService for PortFabrics {
     }
 
     async fn resolve_paths(&self, port: PortKey, dgid: Gid) -> Result<Vec<Path>, ProviderError> {
-        self.of(port, "path queries")?
+        self.of(port, Operation::ResolvePaths)?
             .resolve_paths(port, dgid)
             .await
     }
 
     async fn subscribe(&self, port: PortKey) -> Result<(), ProviderError> {
-        self.of(port, "SA subscriptions")?.subscribe(port).await
+        self.of(port, Operation::Subscribe)?.subscribe(port).await
     }
 }
 

@@ -86,6 +86,14 @@ pub enum EncodeError {
     NotVendorClass(u8),
 }
 
+/// Why a message could not be encoded, as a [`apm_core::Reason`].
+pub fn encode_reason(e: &EncodeError) -> apm_core::Reason {
+    apm_core::Reason::Because(match e {
+        EncodeError::OutOfRange(_) => "a value does not fit its field",
+        EncodeError::NotVendorClass(_) => "the class is not a vendor class with an OUI (0x30-0x4F)",
+    })
+}
+
 /// Encode `msg` as one vendor MAD of `class`/`oui` with transaction id `tid`.
 pub fn encode(
     class: u8,

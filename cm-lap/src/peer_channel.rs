@@ -13,8 +13,8 @@
 use crate::answer_tids::AnswerTids;
 use crate::umad_transport::{CmChannel, Incoming, TransportError, UmadCmTransport};
 use apm_core::{
-    Apr, Gid, Input, InputSink, Lap, Lid, Mra, Path, PeerAddr, PeerChannel, PeerMsg, PortKey,
-    ProviderError, Qpn,
+    Apr, Gid, Input, InputSink, Lap, Lid, Mra, Operation, Path, PeerAddr, PeerChannel, PeerMsg,
+    PortKey, ProviderError, Qpn, Reason,
 };
 use async_trait::async_trait;
 use ib_mad::cm::{self, CmBody};
@@ -150,11 +150,8 @@ impl UmadPeerChannel {
         self
     }
 
-    fn refused(&self, what: String) -> ProviderError {
-        ProviderError::Refused {
-            operation: "send peer message".into(),
-            detail: what,
-        }
+    fn refused(&self, why: Reason) -> ProviderError {
+        ProviderError::refused(Operation::SendPeer, why)
     }
 }
 
@@ -168,8 +165,9 @@ impl PeerChannel for UmadPeerChannel {
             .take();
         let Some(mut rx) = rx else {
             return Err(ProviderError::Unsupported {
-                provider: "cm-lap".into(),
-                operation: "starting the peer channel twice".into(),
+                provider: "cm-lap",
+                operation: Operation::Start,
+                why: Some(Reason::Because("started twice")),
             });
         };
         let port = self.port;
@@ -207,7 +205,7 @@ impl PeerChannel for UmadPeerChannel {
 
     async fn send(&self, port: PortKey, to: PeerAddr, msg: PeerMsg) -> Result<(), ProviderError> {
         if port != self.port && !self.carried.contains(&port) {
-            return Err(self.refused(format!("{port} is not this channel's port")));
+            return Err(self.refused(Reason::NotOurPort(port)));
         }
         // An answer reuses its LAP's TID; a LAP (and a resent one) gets a fresh one.
         let tid = self
@@ -218,22 +216,30 @@ impl PeerChannel for UmadPeerChannel {
         let sent = match (&msg, self.transport.channel()) {
             (PeerMsg::Migrate(_) | PeerMsg::MigrateAck(_), CmChannel::Vendor { class, oui }) => {
                 let mad = crate::apm_msg::encode(class, oui, tid, &msg)
-                    .map_err(|e| self.refused(e.to_string()))?;
+                    .map_err(|e| self.refused(crate::apm_msg::encode_reason(&e)))?;
                 self.transport.send_mad(Dest::gsi(dlid, 0), &mad)
             }
             (PeerMsg::Migrate(_) | PeerMsg::MigrateAck(_), CmChannel::CmClass) => {
-                return Err(self.refused(
+                return Err(self.refused(Reason::Because(
                     "the CM class has no attribute for apm's Migrate (the probe before a \
-                     forced migration): use a vendor class"
-                        .into(),
-                ))
+                     forced migration): use a vendor class",
+                )))
             }
             _ => {
-                let body = from_peer_msg(&msg).map_err(|e| self.refused(e.to_string()))?;
+                let body = from_peer_msg(&msg).map_err(|e| self.refused(transport_reason(&e)))?;
                 self.transport.send(Dest::gsi(dlid, 0), tid, &body)
             }
         };
-        sent.map_err(|e| ProviderError::Io(e.to_string()))
+        sent.map_err(|e| ProviderError::io(Operation::SendPeer, transport_reason(&e)))
+    }
+}
+
+/// Why the umad CM transport failed, as a [`Reason`].
+fn transport_reason(e: &TransportError) -> Reason {
+    match e {
+        TransportError::Umad(e) => umad_sa::umad_reason(e),
+        TransportError::Encode(_) => Reason::Because("a value does not fit its field"),
+        _ => Reason::Because("only LAP, APR and MRA go through the CM class"),
     }
 }
 

@@ -37,7 +37,8 @@ use crate::apm_msg;
 use crate::auth::{self, Authenticator, CounterValues, Mode};
 use crate::umad_transport::DEFAULT_VENDOR_CLASS;
 use apm_core::{
-    Gid, Input, InputSink, Lid, PeerAddr, PeerChannel, PeerMsg, PortKey, ProviderError,
+    Gid, Input, InputSink, Lid, Operation, PeerAddr, PeerChannel, PeerMsg, PortKey, ProviderError,
+    Reason,
 };
 use async_trait::async_trait;
 use std::collections::BTreeMap;
@@ -50,9 +51,6 @@ use tracing::{debug, warn};
 /// The OUI apm's UDP datagrams carry unless configured otherwise: a locally administered
 /// value (the U/L bit of the first octet set), since UDP needs no registered one.
 pub const UDP_DEFAULT_OUI: [u8; 3] = [0x02, 0x41, 0x50];
-
-/// This facet's name in errors.
-const NAME: &str = "cm-lap udp";
 
 /// GID <-> UDP address mapping (see the module docs).
 #[derive(Debug, Default)]
@@ -266,27 +264,24 @@ impl PeerChannel for UdpPeerChannel {
     }
 
     async fn send(&self, port: PortKey, to: PeerAddr, msg: PeerMsg) -> Result<(), ProviderError> {
-        let refused = |detail: String| ProviderError::Refused {
-            operation: format!("{NAME} send"),
-            detail,
-        };
+        let refused = |why: Reason| ProviderError::refused(Operation::SendPeer, why);
         if port != self.port {
-            return Err(refused(format!("{port} is not this channel's port")));
+            return Err(refused(Reason::NotOurPort(port)));
         }
         let Some(addr) = self.lock_peers().addr_of(&to.gid) else {
-            return Err(refused(format!("no UDP address for GID {}", to.gid)));
+            return Err(refused(Reason::NoRouteTo(to.gid)));
         };
         let tid = self
             .lap_tids
             .for_answer(&msg)
             .unwrap_or_else(|| self.next_tid.fetch_add(1, Ordering::Relaxed));
-        let mad =
-            apm_msg::encode(self.class, self.oui, tid, &msg).map_err(|e| refused(e.to_string()))?;
+        let mad = apm_msg::encode(self.class, self.oui, tid, &msg)
+            .map_err(|e| refused(apm_msg::encode_reason(&e)))?;
         let wire = self.auth.seal(&mad, auth::wall_clock_ns());
         self.socket
             .send_to(&wire, addr)
             .await
-            .map_err(|e| ProviderError::Io(format!("{NAME} send to {addr}: {e}")))?;
+            .map_err(|e| ProviderError::io(Operation::SendPeer, Reason::of_io(&e)))?;
         Ok(())
     }
 }

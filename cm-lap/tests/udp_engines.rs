@@ -5,8 +5,8 @@
 
 use apm_core::{
     ConnId, ConnSpec, Gid, Input, InputSink, Lid, LinkLayer, Manager, MigState, MigrationMode,
-    NotificationKind, Path, PortInfo, PortKey, ProviderError, QpControl, QpEvent, QpSnapshot, Qpn,
-    Role, Stack, StaticPaths,
+    NotificationKind, Operation, Path, PortInfo, PortKey, ProviderError, QpControl, QpEvent,
+    QpSnapshot, Qpn, Role, Stack, StaticPaths,
 };
 use async_trait::async_trait;
 use cm_lap::udp::UdpPeerChannel;
@@ -36,22 +36,13 @@ impl QpControl for FakeQp {
         Ok(())
     }
     async fn load_alternate(&self, _: ConnId, _: Path) -> Result<(), ProviderError> {
-        Err(ProviderError::Unsupported {
-            provider: "fake".into(),
-            operation: "hardware APM".into(),
-        })
+        Err(ProviderError::unsupported("fake", Operation::LoadAlternate))
     }
     async fn set_rearm(&self, _: ConnId) -> Result<MigState, ProviderError> {
-        Err(ProviderError::Unsupported {
-            provider: "fake".into(),
-            operation: "hardware APM".into(),
-        })
+        Err(ProviderError::unsupported("fake", Operation::SetRearm))
     }
     async fn force_migrate(&self, _: ConnId) -> Result<(), ProviderError> {
-        Err(ProviderError::Unsupported {
-            provider: "fake".into(),
-            operation: "hardware APM".into(),
-        })
+        Err(ProviderError::unsupported("fake", Operation::ForceMigrate))
     }
     async fn software_migrate(&self, _: ConnId, path: Path) -> Result<(), ProviderError> {
         self.moved_to.lock().expect("not poisoned").push(path);

@@ -28,9 +28,11 @@
 use crate::adopt::AdoptedQp;
 use crate::conn::RcConn;
 use apm_core::{
-    ConnId, Gid, Input, InputSink, MigState, Path, ProviderError, QpControl, QpEvent, QpSnapshot,
+    ConnId, Gid, Input, InputSink, MigState, Operation, Path, ProviderError, QpControl, QpEvent,
+    QpSnapshot, Reason,
 };
 use async_trait::async_trait;
+use provider_verbs::facet::reason as verbs_reason;
 use provider_verbs::ffi::{AddressVector, AsyncEventKind, Context, EventElement, Qp};
 use provider_verbs::VerbsQpControl;
 use std::collections::BTreeMap;
@@ -173,27 +175,22 @@ impl RxeQpControl {
     /// `conn`, for software migration through [`AdoptedQp`]. Refused when the QP is not
     /// connected (see [`AdoptedQp::new`]).
     pub fn adopt(&self, conn: ConnId, qp: Arc<Qp>) -> Result<(), ProviderError> {
-        let adopted = AdoptedQp::new(qp.clone()).map_err(|e| ProviderError::Refused {
-            operation: "adopt the application's QP".into(),
-            detail: e.to_string(),
-        })?;
+        let adopted = AdoptedQp::new(qp.clone())
+            .map_err(|e| ProviderError::refused(Operation::Adopt, e.reason()))?;
         self.insert(conn, qp, Managed::Adopted(Arc::new(adopted)))
     }
 
     fn insert(&self, conn: ConnId, qp: Arc<Qp>, managed: Managed) -> Result<(), ProviderError> {
         let mut conns = lock(&self.conns);
         if conns.contains_key(&conn) {
-            return Err(ProviderError::Refused {
-                operation: "register".into(),
-                detail: format!("connection {conn} is already registered"),
-            });
+            return Err(ProviderError::refused(
+                Operation::Register,
+                Reason::AlreadyRegistered(conn),
+            ));
         }
         self.verbs
             .register(conn, qp)
-            .map_err(|e| ProviderError::Refused {
-                operation: "register".into(),
-                detail: e.to_string(),
-            })?;
+            .map_err(|e| ProviderError::refused(Operation::Register, verbs_reason(&e)))?;
         conns.insert(conn, managed);
         Ok(())
     }
@@ -244,13 +241,14 @@ fn ip_of_gid(gid: &Gid) -> Option<IpAddr> {
 }
 
 /// The error for every hardware-APM operation.
-fn no_hw_apm(operation: &str) -> ProviderError {
+fn no_hw_apm(operation: Operation) -> ProviderError {
     ProviderError::Unsupported {
-        provider: NAME.into(),
-        operation: format!(
-            "{operation}: RoCE has no hardware APM (the kernel refuses alternate paths on \
-             RoCE ports); protect RoCE connections with MigrationMode::Software"
-        ),
+        provider: NAME,
+        operation,
+        why: Some(Reason::Because(
+            "RoCE has no hardware APM (the kernel refuses alternate paths on RoCE ports); \
+             protect RoCE connections with MigrationMode::Software",
+        )),
     }
 }
 
@@ -282,14 +280,11 @@ pub fn address_vector(ctx: &Context, path: &Path) -> Result<AddressVector, Provi
 /// ([`Context::roce_gid_index`]).
 pub fn gid_index(ctx: &Context, port: u8, gid: &Gid) -> Result<u8, ProviderError> {
     ctx.roce_gid_index(port, &gid.0)
-        .map_err(|e| ProviderError::Refused {
-            operation: "query GID table".into(),
-            detail: e.to_string(),
-        })?
-        .ok_or_else(|| ProviderError::Refused {
-            operation: "find source GID".into(),
-            detail: format!("{gid} is not in {} port {port}'s GID table", ctx.name()),
-        })
+        .map_err(|e| ProviderError::refused(Operation::FindGid, verbs_reason(&e)))?
+        .ok_or(ProviderError::refused(
+            Operation::FindGid,
+            Reason::GidNotInTable { gid: *gid, port },
+        ))
 }
 
 #[async_trait]
@@ -360,15 +355,15 @@ impl QpControl for RxeQpControl {
     }
 
     async fn load_alternate(&self, _conn: ConnId, _path: Path) -> Result<(), ProviderError> {
-        Err(no_hw_apm("load alternate path"))
+        Err(no_hw_apm(Operation::LoadAlternate))
     }
 
     async fn set_rearm(&self, _conn: ConnId) -> Result<MigState, ProviderError> {
-        Err(no_hw_apm("set REARM"))
+        Err(no_hw_apm(Operation::SetRearm))
     }
 
     async fn force_migrate(&self, _conn: ConnId) -> Result<(), ProviderError> {
-        Err(no_hw_apm("force MIGRATED"))
+        Err(no_hw_apm(Operation::ForceMigrate))
     }
 
     async fn software_migrate(&self, conn: ConnId, path: Path) -> Result<(), ProviderError> {
@@ -385,10 +380,10 @@ impl QpControl for RxeQpControl {
                     }
                     Err(e) => {
                         warn!(%conn, to = %path, error = %e, "software migration of the application's QP failed");
-                        Err(ProviderError::Refused {
-                            operation: "software path migration".into(),
-                            detail: e.to_string(),
-                        })
+                        Err(ProviderError::refused(
+                            Operation::SoftwareMigrate,
+                            e.reason(),
+                        ))
                     }
                 };
             }
@@ -401,10 +396,10 @@ impl QpControl for RxeQpControl {
             Err(e) => {
                 warn!(%conn, to = %path, error = %e, "software migration failed");
                 debug!(stats = ?rc.stats(), "connection stats");
-                Err(ProviderError::Refused {
-                    operation: "software path migration".into(),
-                    detail: e.to_string(),
-                })
+                Err(ProviderError::refused(
+                    Operation::SoftwareMigrate,
+                    e.reason(),
+                ))
             }
         }
     }
@@ -452,16 +447,11 @@ mod tests {
         ];
         for e in errs {
             match e {
-                Some(ProviderError::Unsupported {
-                    provider,
-                    operation,
-                }) => {
+                Some(e @ ProviderError::Unsupported { provider, .. }) => {
                     assert_eq!(provider, "provider-rxe");
-                    assert!(
-                        operation.contains("RoCE has no hardware APM"),
-                        "{operation}"
-                    );
-                    assert!(operation.contains("MigrationMode::Software"), "{operation}");
+                    let text = e.to_string();
+                    assert!(text.contains("RoCE has no hardware APM"), "{text}");
+                    assert!(text.contains("MigrationMode::Software"), "{text}");
                 }
                 other => panic!("expected Unsupported, got {other:?}"),
             }

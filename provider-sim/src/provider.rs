@@ -10,8 +10,9 @@
 
 use crate::sim::Sim;
 use apm_core::{
-    CommandOp, CommandOutcome, ConnId, FabricService, Gid, Input, InputSink, MigState, Path,
-    PeerAddr, PeerChannel, PeerMsg, PortKey, ProviderError, QpControl, QpSnapshot, Stack, Time,
+    CommandOp, CommandOutcome, ConnId, FabricService, Gid, Input, InputSink, MigState, Operation,
+    Path, PeerAddr, PeerChannel, PeerMsg, PortKey, ProviderError, QpControl, QpSnapshot, Reason,
+    Stack, Time,
 };
 use async_trait::async_trait;
 use std::sync::{Arc, Mutex};
@@ -110,6 +111,7 @@ impl SimProvider {
     /// comes back (a device command queues behind others; an SA request waits for the
     /// SA and its retries).
     async fn exec(&self, op: CommandOp) -> Result<CommandOutcome, ProviderError> {
+        let operation = Operation::from(&op);
         let (mut rx, origin) = {
             let mut sh = self.lock();
             let now = Self::now_of(&sh);
@@ -124,21 +126,22 @@ impl SimProvider {
                 match rx.try_recv() {
                     Ok(result) => return result,
                     Err(TryRecvError::Closed) => {
-                        return Err(ProviderError::Io("the simulation ended".into()))
+                        return Err(ProviderError::io(operation, Reason::Closed))
                     }
                     Err(TryRecvError::Empty) => sh.sim.next_event_time(),
                 }
             };
             let Some(next) = next else {
-                return Err(ProviderError::Timeout("the simulation ended first".into()));
+                return Err(ProviderError::Timeout { operation });
             };
             tokio::time::sleep_until(origin + std::time::Duration::from_nanos(next.0)).await;
         }
     }
 }
 
-fn unexpected(what: CommandOutcome) -> ProviderError {
-    ProviderError::Io(format!("unexpected simulator answer {what:?}"))
+/// The simulator answered a command with an outcome of another command.
+fn unexpected(operation: Operation) -> ProviderError {
+    ProviderError::io(operation, Reason::BadAnswer)
 }
 
 #[async_trait]
@@ -162,7 +165,7 @@ impl QpControl for SimProvider {
     async fn set_rearm(&self, conn: ConnId) -> Result<MigState, ProviderError> {
         match self.exec(CommandOp::SetRearm { conn }).await? {
             CommandOutcome::MigState(m) => Ok(m),
-            other => Err(unexpected(other)),
+            _ => Err(unexpected(Operation::SetRearm)),
         }
     }
 
@@ -181,7 +184,7 @@ impl QpControl for SimProvider {
     async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError> {
         match self.exec(CommandOp::QueryQp { conn }).await? {
             CommandOutcome::Qp(q) => Ok(q),
-            other => Err(unexpected(other)),
+            _ => Err(unexpected(Operation::QueryQp)),
         }
     }
 }
@@ -210,7 +213,7 @@ impl FabricService for SimProvider {
     async fn resolve_paths(&self, port: PortKey, dgid: Gid) -> Result<Vec<Path>, ProviderError> {
         match self.exec(CommandOp::ResolvePaths { port, dgid }).await? {
             CommandOutcome::Paths(p) => Ok(p),
-            other => Err(unexpected(other)),
+            _ => Err(unexpected(Operation::ResolvePaths)),
         }
     }
 

@@ -14,8 +14,8 @@
 use crate::ffi::{self, AsyncEventKind, Context, EventElement, PortState, Qp, QpState, VerbsError};
 use crate::hw_apm;
 use apm_core::{
-    ConnId, Gid, Input, InputSink, Lid, LinkLayer, MigState, Path, PortEvent, PortInfo, PortKey,
-    ProviderError, QpControl, QpEvent, QpSnapshot,
+    ConnId, Gid, Input, InputSink, Lid, LinkLayer, MigState, Operation, Path, PortEvent, PortInfo,
+    PortKey, ProviderError, QpControl, QpEvent, QpSnapshot, Reason,
 };
 use async_trait::async_trait;
 use std::collections::BTreeMap;
@@ -150,26 +150,55 @@ fn port_info(ctx: &Context, key: PortKey) -> Result<PortInfo, VerbsError> {
     })
 }
 
-/// A binding error as the engine sees it.
-fn to_provider(operation: &str, e: VerbsError) -> ProviderError {
+/// A binding error as the engine sees it: what it says the device cannot do is
+/// `Unsupported`, a missing library `Unavailable`, anything else a refusal with its
+/// [`reason`].
+pub fn to_provider(operation: Operation, e: VerbsError) -> ProviderError {
+    let unsupported = |why: &'static str| ProviderError::Unsupported {
+        provider: NAME,
+        operation,
+        why: Some(Reason::Because(why)),
+    };
     match e {
-        VerbsError::HardwareApmOnRoce { .. } | VerbsError::NoApmCapability { .. } => {
-            ProviderError::Unsupported {
-                provider: NAME.into(),
-                operation: format!("{operation}: {e}"),
-            }
+        VerbsError::HardwareApmOnRoce { .. } => unsupported(
+            "hardware APM on a RoCE port: the kernel refuses alternate paths there (the \
+             stock RDMA core bans them on RoCE, and stock rxe never migrates); use \
+             provider-rxe, which migrates paths in software",
+        ),
+        VerbsError::NoApmCapability { .. } => {
+            unsupported("the device does not advertise IBV_DEVICE_AUTO_PATH_MIG")
         }
-        VerbsError::Unsupported(what) => ProviderError::Unsupported {
-            provider: NAME.into(),
-            operation: what.into(),
+        VerbsError::Unsupported(what) => unsupported(what),
+        VerbsError::LibraryMissing { .. } => ProviderError::Unavailable {
+            library: "libibverbs.so.1",
+            package: "libibverbs1",
         },
-        VerbsError::LibraryMissing { .. } => ProviderError::Unavailable(e.to_string()),
-        other => ProviderError::Refused {
-            operation: operation.into(),
-            detail: other.to_string(),
-        },
+        other => ProviderError::refused(operation, reason(&other)),
     }
 }
+
+/// Why a verb failed, as a [`Reason`]: the call and its errno, or what was wrong with
+/// the argument.
+pub fn reason(e: &VerbsError) -> Reason {
+    match e {
+        VerbsError::Call { call, source } => Reason::Call {
+            call,
+            errno: source.raw_os_error().unwrap_or(EIO),
+        },
+        VerbsError::InvalidArgument(what) | VerbsError::Unsupported(what) => Reason::Because(what),
+        VerbsError::NoSuchDevice(_) => Reason::Because("no RDMA device of that name"),
+        VerbsError::HardwareApmOnRoce { .. } => {
+            Reason::Because("the kernel refuses alternate paths on RoCE ports")
+        }
+        VerbsError::NoApmCapability { .. } => {
+            Reason::Because("the device does not advertise IBV_DEVICE_AUTO_PATH_MIG")
+        }
+        VerbsError::LibraryMissing { .. } => Reason::Because("libibverbs cannot be loaded"),
+    }
+}
+
+/// `EIO`, for a failed call that left no errno.
+const EIO: i32 = 5;
 
 /// After a refused modify, a QP found in ERR means the connection is gone.
 fn refine(qp: &Qp, err: ProviderError) -> ProviderError {
@@ -179,14 +208,15 @@ fn refine(qp: &Qp, err: ProviderError) -> ProviderError {
     }
 }
 
-fn mig_state(m: ffi::MigState) -> Result<MigState, ProviderError> {
+fn mig_state(operation: Operation, m: ffi::MigState) -> Result<MigState, ProviderError> {
     match m {
         ffi::MigState::Migrated => Ok(MigState::Migrated),
         ffi::MigState::Rearm => Ok(MigState::Rearm),
         ffi::MigState::Armed => Ok(MigState::Armed),
-        other => Err(ProviderError::Io(format!(
-            "the device reported an unknown path migration state {other:?}"
-        ))),
+        _ => Err(ProviderError::io(
+            operation,
+            Reason::Because("the device reported an unknown path migration state"),
+        )),
     }
 }
 
@@ -248,11 +278,17 @@ fn roce_av(
     ctx: &Context,
     path: &Path,
     av: ffi::AddressVector,
-) -> Result<ffi::AddressVector, String> {
+) -> Result<ffi::AddressVector, ProviderError> {
     let sgid_index = ctx
         .roce_gid_index(path.port.port, &path.sgid.0)
-        .map_err(|e| e.to_string())?
-        .ok_or_else(|| format!("no RoCE GID {} in the table", path.sgid))?;
+        .map_err(|e| to_provider(Operation::FindGid, e))?
+        .ok_or(ProviderError::refused(
+            Operation::LoadAlternate,
+            Reason::GidNotInTable {
+                gid: path.sgid,
+                port: path.port.port,
+            },
+        ))?;
     Ok(ffi::AddressVector {
         is_global: true,
         sgid_index,
@@ -265,19 +301,20 @@ fn roce_av(
 impl QpControl for VerbsQpControl {
     async fn start(&self, sink: InputSink) -> Result<(), ProviderError> {
         for (i, ctx) in self.devices.iter().enumerate() {
-            let device = u16::try_from(i)
-                .map_err(|_| ProviderError::Io("more than 65535 devices".into()))?;
+            let device = u16::try_from(i).map_err(|_| {
+                ProviderError::io(Operation::Start, Reason::Because("more than 65535 devices"))
+            })?;
             let dev = ctx
                 .query_device()
-                .map_err(|e| to_provider("query_device", e))?;
+                .map_err(|e| to_provider(Operation::QueryDevice, e))?;
             for port in 1..=dev.phys_port_cnt {
                 let info = port_info(ctx, PortKey::new(device, port))
-                    .map_err(|e| to_provider("query_port", e))?;
+                    .map_err(|e| to_provider(Operation::QueryPort, e))?;
                 let _ = sink.send(Input::PortInfo(info));
             }
             let events = ctx
                 .async_events()
-                .map_err(|e| to_provider("async events", e))?;
+                .map_err(|e| to_provider(Operation::ReadEvents, e))?;
             let hook = self
                 .hook
                 .lock()
@@ -301,31 +338,33 @@ impl QpControl for VerbsQpControl {
 
     async fn load_alternate(&self, conn: ConnId, path: Path) -> Result<(), ProviderError> {
         let qp = self.qp(conn)?;
-        blocking(move || load(&qp, &path)).await
+        blocking(Operation::LoadAlternate, move || load(&qp, &path)).await
     }
 
     async fn set_rearm(&self, conn: ConnId) -> Result<MigState, ProviderError> {
         let qp = self.qp(conn)?;
-        blocking(move || {
-            hw_apm::set_rearm(&qp).map_err(|e| refine(&qp, to_provider("set REARM", e)))?;
-            let (_, m) = hw_apm::query(&qp).map_err(|e| to_provider("query QP", e))?;
-            mig_state(m)
+        blocking(Operation::SetRearm, move || {
+            hw_apm::set_rearm(&qp).map_err(|e| refine(&qp, to_provider(Operation::SetRearm, e)))?;
+            let (_, m) = hw_apm::query(&qp).map_err(|e| to_provider(Operation::QueryQp, e))?;
+            mig_state(Operation::SetRearm, m)
         })
         .await
     }
 
     async fn force_migrate(&self, conn: ConnId) -> Result<(), ProviderError> {
         let qp = self.qp(conn)?;
-        blocking(move || {
-            hw_apm::force_migrated(&qp).map_err(|e| refine(&qp, to_provider("force MIGRATED", e)))
+        blocking(Operation::ForceMigrate, move || {
+            hw_apm::force_migrated(&qp)
+                .map_err(|e| refine(&qp, to_provider(Operation::ForceMigrate, e)))
         })
         .await
     }
 
     async fn software_migrate(&self, _conn: ConnId, _path: Path) -> Result<(), ProviderError> {
         Err(ProviderError::Unsupported {
-            provider: NAME.into(),
-            operation: "software path migration (provider-rxe does it on RoCE)".into(),
+            provider: NAME,
+            operation: Operation::SoftwareMigrate,
+            why: Some(Reason::Because("provider-rxe does it on RoCE")),
         })
     }
 
@@ -334,15 +373,15 @@ impl QpControl for VerbsQpControl {
         let device = self
             .device_index(qp.context().name())
             .ok_or(ProviderError::UnknownConnection(conn))?;
-        blocking(move || {
+        blocking(Operation::QueryQp, move || {
             let a = qp
                 .query(
                     ffi::QpAttrMask::STATE | ffi::QpAttrMask::PATH_MIG_STATE | ffi::QpAttrMask::AV,
                 )
-                .map_err(|e| to_provider("query QP", e))?;
+                .map_err(|e| to_provider(Operation::QueryQp, e))?;
             Ok(QpSnapshot {
                 operational: !matches!(a.qp_state, QpState::Err | QpState::Reset),
-                mig_state: mig_state(a.path_mig_state)?,
+                mig_state: mig_state(Operation::QueryQp, a.path_mig_state)?,
                 primary_port: PortKey::new(device, a.ah_attr.port_num.max(a.port_num).max(1)),
                 primary_dlid: Lid::from_wire(a.ah_attr.dlid),
                 primary_dgid: Gid(a.ah_attr.dgid),
@@ -357,11 +396,12 @@ impl QpControl for VerbsQpControl {
 /// pumps and the peer channel must keep going meanwhile (a LAP left waiting behind it
 /// arrives late and stale).
 async fn blocking<T: Send + 'static>(
+    operation: Operation,
     f: impl FnOnce() -> Result<T, ProviderError> + Send + 'static,
 ) -> Result<T, ProviderError> {
     tokio::task::spawn_blocking(f)
         .await
-        .map_err(|e| ProviderError::Io(format!("a verbs call's thread failed: {e}")))?
+        .map_err(|_| ProviderError::io(operation, Reason::WorkerFailed))?
 }
 
 /// Load `path` as the alternate of `qp` (blocking: see [`blocking`]).
@@ -369,18 +409,15 @@ fn load(qp: &Qp, path: &Path) -> Result<(), ProviderError> {
     let port = qp
         .context()
         .query_port(path.port.port)
-        .map_err(|e| to_provider("query_port", e))?;
-    let refused = |detail: String| ProviderError::Refused {
-        operation: "load alternate path".into(),
-        detail: format!("port {}: {detail}", path.port.port),
-    };
-    let bits =
-        src_path_bits(path.slid.get(), port.lid, port.lmc).map_err(|e| refused(e.to_string()))?;
+        .map_err(|e| to_provider(Operation::QueryPort, e))?;
+    let bits = src_path_bits(path.slid.get(), port.lid, port.lmc)
+        .map_err(|_| ProviderError::refused(Operation::LoadAlternate, Reason::NotLocalPath))?;
     let mut alt = alt_path(path, bits);
     if port.link_layer == ffi::LinkLayer::Ethernet {
-        alt.av = roce_av(qp.context(), path, alt.av).map_err(refused)?;
+        alt.av = roce_av(qp.context(), path, alt.av)?;
     }
-    hw_apm::load_alternate(qp, &alt).map_err(|e| refine(qp, to_provider("load alternate path", e)))
+    hw_apm::load_alternate(qp, &alt)
+        .map_err(|e| refine(qp, to_provider(Operation::LoadAlternate, e)))
 }
 
 /// The registered QPs, shared between the facet and its event pumps.

@@ -9,7 +9,9 @@
 //! their own (the ibsim bed: only port 1 of a node hosts a MAD client).
 
 use crate::{SaClient, SaError, SaEvent};
-use apm_core::{FabricService, Gid, Input, InputSink, Lid, Path, PortKey, ProviderError};
+use apm_core::{
+    FabricService, Gid, Input, InputSink, Lid, Operation, Path, PortKey, ProviderError, Reason,
+};
 use async_trait::async_trait;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -73,10 +75,11 @@ impl SaFabric {
         self.queries.load(std::sync::atomic::Ordering::Relaxed)
     }
 
-    fn unsupported(&self, what: &str) -> ProviderError {
+    fn unsupported(&self, operation: Operation, why: Reason) -> ProviderError {
         ProviderError::Unsupported {
-            provider: "umad-sa".into(),
-            operation: what.into(),
+            provider: NAME,
+            operation,
+            why: Some(why),
         }
     }
 }
@@ -86,26 +89,58 @@ fn lock(c: &Cache) -> MutexGuard<'_, PathCache> {
     c.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-fn to_provider(e: SaError) -> ProviderError {
+/// The provider's name in errors.
+const NAME: &str = "umad-sa";
+
+/// An SA client's error as the engine sees it: no answer after every retry is a
+/// timeout, a missing libibumad `Unavailable`, the rest a failure with its [`Reason`].
+fn to_provider(operation: Operation, e: SaError) -> ProviderError {
     match e {
-        SaError::Transport(umad::Error::Timeout { .. }) => ProviderError::Timeout(e.to_string()),
-        SaError::Transport(umad::Error::LibraryMissing { .. }) => {
-            ProviderError::Unavailable(e.to_string())
-        }
-        SaError::Unsupported(op) => ProviderError::Unsupported {
-            provider: "umad-sa".into(),
-            operation: op.into(),
+        SaError::Transport(umad::Error::Timeout { .. }) => ProviderError::Timeout { operation },
+        SaError::Transport(umad::Error::LibraryMissing {
+            library, package, ..
+        }) => ProviderError::Unavailable { library, package },
+        SaError::Unsupported(what) => ProviderError::Unsupported {
+            provider: NAME,
+            operation,
+            why: Some(Reason::Because(what)),
         },
-        other => ProviderError::Io(other.to_string()),
+        SaError::Status(status) => ProviderError::io(operation, Reason::Status(status)),
+        SaError::Transport(e) => ProviderError::io(operation, reason(&e)),
+        _ => ProviderError::io(operation, Reason::BadAnswer),
     }
 }
+
+/// Why a umad call failed, as a [`Reason`] (shared with cm-lap's MAD channel).
+pub fn reason(e: &umad::Error) -> Reason {
+    match e {
+        umad::Error::Call { func, rc } => Reason::Call {
+            call: func,
+            // libibumad returns a negative errno, or -1 with errno lost.
+            errno: if *rc < -1 { -rc } else { EIO },
+        },
+        umad::Error::Closed => Reason::Closed,
+        umad::Error::LibraryMissing { .. } => Reason::Because("libibumad cannot be loaded"),
+        umad::Error::NoSuchPort(_) => Reason::Because("no such local umad port"),
+        umad::Error::TestBedRefused(_) => {
+            Reason::Because("the test-bed mode works on the ibsim bed only")
+        }
+        umad::Error::NoAgent(_) => Reason::Because("no agent registered for the class"),
+        umad::Error::BadMad(_) => Reason::Because("a malformed MAD"),
+        umad::Error::Timeout { .. } => Reason::Because("no answer after every attempt"),
+        _ => Reason::Because("the umad transport failed"),
+    }
+}
+
+/// `EIO`, for a failed call that left no errno.
+const EIO: i32 = 5;
 
 #[async_trait]
 impl FabricService for SaFabric {
     async fn start(&self, sink: InputSink) -> Result<(), ProviderError> {
         let rx = self.events.lock().unwrap_or_else(|p| p.into_inner()).take();
         let Some(mut rx) = rx else {
-            return Err(self.unsupported("starting the SA facet twice"));
+            return Err(self.unsupported(Operation::Start, Reason::Because("started twice")));
         };
         let cache = Arc::clone(&self.cache);
         tokio::spawn(async move {
@@ -138,7 +173,7 @@ impl FabricService for SaFabric {
         } else if let Some(g) = self.others.get(&port) {
             ib_mad::types::Gid(g.0)
         } else {
-            return Err(self.unsupported("resolving paths from a port it does not serve"));
+            return Err(self.unsupported(Operation::ResolvePaths, Reason::NotOurPort(port)));
         };
         // Paths depend on our LIDs and on the SM that computed them: a LID change or a
         // new SM (both seen in the port's attributes) makes every cached path stale.
@@ -146,7 +181,7 @@ impl FabricService for SaFabric {
             .client
             .port()
             .refresh_info()
-            .map_err(|e| to_provider(e.into()))?;
+            .map_err(|e| to_provider(Operation::ResolvePaths, e.into()))?;
         let epoch = (me.lid, me.lmc, me.sm_lid);
         {
             let mut c = lock(&self.cache);
@@ -164,7 +199,7 @@ impl FabricService for SaFabric {
             .client
             .path_records(sgid, ib_mad::types::Gid(dgid.0))
             .await
-            .map_err(to_provider)?;
+            .map_err(|e| to_provider(Operation::ResolvePaths, e))?;
         let paths: Vec<Path> = records
             .iter()
             .filter(|r| r.reversible)
@@ -202,11 +237,14 @@ impl FabricService for SaFabric {
             return Ok(());
         }
         if port != self.port {
-            return Err(self.unsupported("subscribing through a port it does not serve"));
+            return Err(self.unsupported(Operation::Subscribe, Reason::NotOurPort(port)));
         }
         // A (re)subscription follows a client reregister or SM change: the SA may have
         // rerouted, so cached paths are stale.
         lock(&self.cache).paths.clear();
-        self.client.subscribe_gid_traps().await.map_err(to_provider)
+        self.client
+            .subscribe_gid_traps()
+            .await
+            .map_err(|e| to_provider(Operation::Subscribe, e))
     }
 }

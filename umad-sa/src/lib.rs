@@ -34,7 +34,7 @@ use tracing::{debug, info, warn};
 use umad::{Dest, Port, Received, RequestOptions};
 
 mod fabric;
-pub use fabric::SaFabric;
+pub use fabric::{reason as umad_reason, SaFabric};
 
 /// The SA's management class and version, for [`umad::AgentSpec`].
 /// Registered with RMPP so that a kernel reassembles GetTable responses.

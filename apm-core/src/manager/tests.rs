@@ -350,9 +350,10 @@ async fn a_stall_the_application_reports_forces_the_migration() {
 async fn provider_start_failure_is_reported() {
     let mut m = MockProvider::new();
     m.expect_start().returning(|_| {
-        Err(ProviderError::Unavailable(
-            "libibverbs.so.1 not found: install libibverbs1".into(),
-        ))
+        Err(ProviderError::Unavailable {
+            library: "libibverbs.so.1",
+            package: "libibverbs1",
+        })
     });
     let (manager, _handle) = Manager::new(Arc::new(m), Policy::default()).expect("valid");
     let err = manager.run().await.expect_err("start fails");

@@ -60,6 +60,17 @@ pub enum ConnError {
     Timeout(&'static str),
 }
 
+impl ConnError {
+    /// Why, as the engine's [`apm_core::Reason`].
+    pub fn reason(&self) -> apm_core::Reason {
+        match self {
+            ConnError::Verbs(e) => provider_verbs::facet::reason(e),
+            ConnError::Invalid(why) => apm_core::Reason::Because(why),
+            ConnError::Timeout(what) => apm_core::Reason::TimedOut(what),
+        }
+    }
+}
+
 /// How the QP is connected (kept for a re-initialisation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ConnectParams {

@@ -162,10 +162,7 @@ impl Sim {
             }
             CommandOp::Subscribe { port } => self.sa_request(host, reply, port, None),
             other => {
-                let e = ProviderError::Unsupported {
-                    provider: "provider-sim".into(),
-                    operation: other.name().into(),
-                };
+                let e = ProviderError::unsupported("provider-sim", Operation::from(&other));
                 self.complete(host, reply, Err(e));
             }
         }
@@ -197,10 +194,10 @@ impl Sim {
             CommandOp::ForceMigrate { conn } => self.force_migrate(host, conn),
             CommandOp::SoftwareMigrate { conn, path } => self.software_migrate(host, conn, path),
             CommandOp::QueryQp { conn } => self.query_qp(host, conn),
-            other => Err(ProviderError::Unsupported {
-                provider: "provider-sim".into(),
-                operation: other.name().into(),
-            }),
+            other => Err(ProviderError::unsupported(
+                "provider-sim",
+                Operation::from(&other),
+            )),
         };
         self.complete(host, reply, result);
     }
@@ -299,13 +296,6 @@ impl Sim {
             Ok((i, 1))
         } else {
             Err(ProviderError::UnknownConnection(conn))
-        }
-    }
-
-    pub(super) fn refused(op: &str, detail: &str) -> ProviderError {
-        ProviderError::Refused {
-            operation: op.into(),
-            detail: detail.into(),
         }
     }
 }

@@ -34,18 +34,22 @@ impl Sim {
         let (i, s) = self.qp_checked(host, conn)?;
         if self.conns[i].mode == Mode::Software {
             return Err(ProviderError::Unsupported {
-                provider: "provider-sim (RoCE QP)".into(),
-                operation: "alternate path".into(),
+                provider: "provider-sim",
+                operation: Operation::LoadAlternate,
+                why: Some(Reason::Because("a RoCE QP has no alternate path")),
             });
         }
         if !self.path_local_ok(host, &path) {
-            return Err(Self::refused(
-                "modify_qp(ALT_PATH)",
-                "EINVAL: SLID/port not ours",
+            return Err(ProviderError::refused(
+                Operation::LoadAlternate,
+                Reason::NotLocalPath,
             ));
         }
         if path.mtu != self.conns[i].qp[s].primary.mtu {
-            return Err(Self::refused("modify_qp(ALT_PATH)", "EINVAL: MTU differs"));
+            return Err(ProviderError::refused(
+                Operation::LoadAlternate,
+                Reason::MtuDiffers,
+            ));
         }
         // IBA allows a new alternate while ARMED; the state is kept (rdmavt copies the
         // address vector and leaves `s_mig_state` alone).
@@ -64,24 +68,25 @@ impl Sim {
         let (i, s) = self.qp_checked(host, conn)?;
         if self.conns[i].mode == Mode::Software {
             return Err(ProviderError::Unsupported {
-                provider: "provider-sim (RoCE QP)".into(),
-                operation: "path migration state".into(),
+                provider: "provider-sim",
+                operation: Operation::SetRearm,
+                why: Some(Reason::Because("a RoCE QP has no alternate path")),
             });
         }
         let q = &mut self.conns[i].qp[s];
         if q.alt.is_none() {
-            return Err(Self::refused(
-                "modify_qp(PATH_MIG_STATE)",
-                "EINVAL: no alternate",
+            return Err(ProviderError::refused(
+                Operation::SetRearm,
+                Reason::NoAlternate,
             ));
         }
         // Software may ask for REARM from MIGRATED (or again in REARM); an ARMED QP
         // refuses it (rdmavt's `rvt_modify_qp`: EINVAL). A new alternate loaded while
         // ARMED is armed already: the state is the QP's, not the path's.
         if q.mig == MigState::Armed {
-            return Err(Self::refused(
-                "modify_qp(PATH_MIG_STATE=REARM)",
-                "EINVAL: already ARMED",
+            return Err(ProviderError::refused(
+                Operation::SetRearm,
+                Reason::MigState(MigState::Armed),
             ));
         }
         q.mig = MigState::Rearm;
@@ -99,15 +104,15 @@ impl Sim {
         let (i, s) = self.qp_checked(host, conn)?;
         let q = &self.conns[i].qp[s];
         if q.mig != MigState::Armed {
-            return Err(Self::refused(
-                "modify_qp(PATH_MIG_STATE=MIGRATED)",
-                "EINVAL: not ARMED",
+            return Err(ProviderError::refused(
+                Operation::ForceMigrate,
+                Reason::MigState(q.mig),
             ));
         }
         let Some(alt) = q.alt else {
-            return Err(Self::refused(
-                "modify_qp(PATH_MIG_STATE=MIGRATED)",
-                "EINVAL: no alternate",
+            return Err(ProviderError::refused(
+                Operation::ForceMigrate,
+                Reason::NoAlternate,
             ));
         };
         let _ = alt;
@@ -123,9 +128,9 @@ impl Sim {
     ) -> Result<CommandOutcome, ProviderError> {
         let (i, s) = self.qp_checked(host, conn)?;
         if !self.path_local_ok(host, &path) {
-            return Err(Self::refused(
-                "modify_qp(SQD->SQD, AV)",
-                "EINVAL: SLID/port not ours",
+            return Err(ProviderError::refused(
+                Operation::SoftwareMigrate,
+                Reason::NotLocalPath,
             ));
         }
         self.conns[i].qp[s].primary = path;

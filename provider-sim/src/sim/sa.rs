@@ -21,6 +21,14 @@ pub(super) struct SaTxn {
     attempt: u32,
 }
 
+/// The operation an SA request carries out: PathRecords to a GID, or the subscription.
+fn sa_operation(dgid: Option<Gid>) -> Operation {
+    match dgid {
+        Some(_) => Operation::ResolvePaths,
+        None => Operation::Subscribe,
+    }
+}
+
 impl Sim {
     /// Start an SA request of `host` through its port `port` (PathRecords to `dgid`, or
     /// the InformInfo subscription when `dgid` is `None`).
@@ -40,7 +48,10 @@ impl Sim {
             self.complete(
                 host,
                 reply,
-                Err(ProviderError::Io(format!("no port {port}"))),
+                Err(ProviderError::io(
+                    sa_operation(dgid),
+                    Reason::NotOurPort(port),
+                )),
             );
             return;
         };
@@ -100,7 +111,9 @@ impl Sim {
             self.complete(
                 t.host,
                 t.reply,
-                Err(ProviderError::Timeout("SA request".into())),
+                Err(ProviderError::Timeout {
+                    operation: sa_operation(t.dgid),
+                }),
             );
         }
     }

@@ -359,10 +359,10 @@ impl Pair {
         let other = if name == 'a' { 'b' } else { 'a' };
         let fail = self.node(name).fail_ops.contains(&cmd.op.name());
         let result = if fail {
-            Err(ProviderError::Refused {
-                operation: cmd.op.name().into(),
-                detail: "test says no".into(),
-            })
+            Err(ProviderError::refused(
+                Operation::from(&cmd.op),
+                Reason::Because("test says no"),
+            ))
         } else {
             match &cmd.op {
                 CommandOp::SendPeer { port, to, msg } => {
