@@ -39,8 +39,8 @@ pub enum Input {
     RemoteGid {
         /// The port GID the notice is about.
         gid: Gid,
-        /// True for trap 64 (in service), false for trap 65 (out of service).
-        in_service: bool,
+        /// What the notice says (trap 64: in service, trap 65: out of service).
+        service: GidService,
     },
     /// A liveness probe session ([`crate::probe`]) that was up went down: every
     /// connection whose primary runs between these two GIDs moves, and no alternate

@@ -311,10 +311,13 @@ pub fn notification_line(kind: &NotificationKind) -> String {
 /// `None` for the other fabric events.
 pub fn remote_gid_line(kind: &FabricEventKind) -> Option<String> {
     match kind {
-        FabricEventKind::RemoteGid { gid, in_service } => Some(format!(
+        FabricEventKind::RemoteGid { gid, service } => Some(format!(
             "remote {:x} {}",
             gid.guid(),
-            if *in_service { "in" } else { "out" }
+            match service {
+                GidService::InService => "in",
+                GidService::OutOfService => "out",
+            }
         )),
         _ => None,
     }
@@ -464,7 +467,7 @@ mod tests {
         );
         let e = FabricEventKind::RemoteGid {
             gid: Gid::from_guid(0xab),
-            in_service: false,
+            service: GidService::OutOfService,
         };
         assert_eq!(remote_gid_line(&e).as_deref(), Some("remote ab out"));
     }

@@ -209,6 +209,45 @@ pub enum MigrationMode {
     Software,
 }
 
+/// What the subnet manager says of a port's GID: in service (trap 64) or out of
+/// service (trap 65). One type from the SA notice to the engine and the tools.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GidService {
+    /// Trap 64: the port is in service (it joined, or came back).
+    InService,
+    /// Trap 65: the port is out of service (it left, or its link went down).
+    OutOfService,
+}
+
+impl GidService {
+    /// The SA trap number that says it: 64 or 65.
+    pub fn trap(self) -> u16 {
+        match self {
+            GidService::InService => 64,
+            GidService::OutOfService => 65,
+        }
+    }
+
+    /// The state a trap number says, if it is 64 or 65.
+    pub fn of_trap(trap: u16) -> Option<GidService> {
+        match trap {
+            64 => Some(GidService::InService),
+            65 => Some(GidService::OutOfService),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for GidService {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            GidService::InService => "in service",
+            GidService::OutOfService => "out of service",
+        })
+    }
+}
+
 /// Path migration state of a QP (`ibv_mig_state`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]

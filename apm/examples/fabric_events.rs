@@ -31,10 +31,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     FabricEventKind::Port { port, event } => {
                         println!("{:>10} port {} {event:?}", ev.time.to_string(), port.port)
                     }
-                    FabricEventKind::RemoteGid { gid, in_service } => println!(
-                        "{:>10} remote {gid} {}",
+                    FabricEventKind::RemoteGid { gid, service } => println!(
+                        "{:>10} remote {gid} {service} (trap {})",
                         ev.time.to_string(),
-                        if in_service { "in service (trap 64)" } else { "out of service (trap 65)" }
+                        service.trap()
                     ),
                     FabricEventKind::DeviceFatal { .. } => {
                         println!("{:>10} device fatal", ev.time.to_string())

@@ -145,9 +145,8 @@ impl FabricService for SaFabric {
         let cache = Arc::clone(&self.cache);
         tokio::spawn(async move {
             while let Some(ev) = rx.recv().await {
-                let (gid, in_service) = match ev {
-                    SaEvent::GidInService { gid } => (gid, true),
-                    SaEvent::GidOutOfService { gid } => (gid, false),
+                let (gid, service) = match ev {
+                    SaEvent::Gid { gid, service } => (gid, service),
                     SaEvent::Other { trap } => {
                         debug!(trap, "notice not for the engine");
                         continue;
@@ -157,7 +156,7 @@ impl FabricService for SaFabric {
                 lock(&cache).paths.retain(|(_, d), _| *d != gid.0);
                 let input = Input::RemoteGid {
                     gid: Gid(gid.0),
-                    in_service,
+                    service,
                 };
                 if sink.send(input).is_err() {
                     break;

@@ -79,15 +79,12 @@ pub enum SaError {
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum SaEvent {
-    /// Trap 64: the port with this GID is in service.
-    GidInService {
+    /// Trap 64 or 65: the port with this GID is in service, or out of service.
+    Gid {
         /// The port's GID.
         gid: Gid,
-    },
-    /// Trap 65: the port with this GID is out of service.
-    GidOutOfService {
-        /// The port's GID.
-        gid: Gid,
+        /// What the trap says.
+        service: apm_core::GidService,
     },
     /// Any other notice (trap number as reported).
     Other {
@@ -507,8 +504,14 @@ fn handle_report(port: &Port, m: &Received, recent: &mut RecentReports) -> Optio
         return None;
     }
     Some(match notice.details {
-        NoticeDetails::GidInService(gid) => SaEvent::GidInService { gid },
-        NoticeDetails::GidOutOfService(gid) => SaEvent::GidOutOfService { gid },
+        NoticeDetails::GidInService(gid) => SaEvent::Gid {
+            gid,
+            service: apm_core::GidService::InService,
+        },
+        NoticeDetails::GidOutOfService(gid) => SaEvent::Gid {
+            gid,
+            service: apm_core::GidService::OutOfService,
+        },
         ref d => SaEvent::Other {
             trap: d.trap_number(),
         },

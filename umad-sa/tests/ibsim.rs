@@ -5,7 +5,7 @@
 //! the ibsim console, time what the nodes report and read OpenSM's log.
 #![allow(clippy::disallowed_methods)] // bed tests measure wall-clock latencies
 
-use apm_core::FabricService;
+use apm_core::{FabricService, GidService};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -96,10 +96,14 @@ async fn node(role: &str) -> Result<(), String> {
                     },
                 };
                 match ev {
-                    SaEvent::GidOutOfService { gid } => {
-                        report(&format!("EVENT out {}", hex(&gid.0)))
-                    }
-                    SaEvent::GidInService { gid } => report(&format!("EVENT in {}", hex(&gid.0))),
+                    SaEvent::Gid {
+                        gid,
+                        service: GidService::OutOfService,
+                    } => report(&format!("EVENT out {}", hex(&gid.0))),
+                    SaEvent::Gid {
+                        gid,
+                        service: GidService::InService,
+                    } => report(&format!("EVENT in {}", hex(&gid.0))),
                     other => report(&format!("EVENT other {other:?}")),
                 }
             }
@@ -204,9 +208,11 @@ async fn fabric_node(
         .map_err(|_| "no engine input after Unlink".to_string())?
         .ok_or("sink closed")?;
     match input {
-        apm_core::Input::RemoteGid { gid: g, in_service } => {
-            report(&format!("INPUT {} {}", hex(&g.0), in_service))
-        }
+        apm_core::Input::RemoteGid { gid: g, service } => report(&format!(
+            "INPUT {} {}",
+            hex(&g.0),
+            service == GidService::InService
+        )),
         other => report(&format!("INPUT other {other:?}")),
     }
     // The notice dropped the victim's cached paths only.
@@ -395,7 +401,7 @@ fn subscription_refreshed_after_opensm_restart() {
 
 /// The fabric facet the engine uses: a rearm storm of 3 connections to each of 2
 /// destinations costs 2 SA path queries (cache); Unlink of one destination port becomes
-/// an `Input::RemoteGid { in_service: false }` for the engine and drops only that
+/// an `Input::RemoteGid` out of service for the engine and drops only that
 /// destination's cached paths.
 #[test]
 fn fabric_facet_inputs_and_path_cache() {

@@ -417,11 +417,11 @@ impl Engine {
             }
             Input::RemoteGid {
                 gid,
-                in_service: true,
+                service: GidService::InService,
             } => e.remote_in_service(gid),
             Input::RemoteGid {
                 gid,
-                in_service: false,
+                service: GidService::OutOfService,
             } => e.remote_out_of_service(gid),
             Input::PathDown { ends, kind } => e.probe_path_down(ends, kind),
             Input::PathUp { ends } => e.probe_path_up(ends),

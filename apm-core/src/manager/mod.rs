@@ -93,7 +93,7 @@ pub enum FabricEventKind {
         /// The remote port GID.
         gid: Gid,
         /// In service or not.
-        in_service: bool,
+        service: GidService,
     },
     /// A liveness probe session went down, or is up (the first time or again).
     Path {
@@ -116,9 +116,9 @@ impl FabricEventKind {
                 event: *event,
             },
             Input::DeviceFatal { device } => FabricEventKind::DeviceFatal { device: *device },
-            Input::RemoteGid { gid, in_service } => FabricEventKind::RemoteGid {
+            Input::RemoteGid { gid, service } => FabricEventKind::RemoteGid {
                 gid: *gid,
-                in_service: *in_service,
+                service: *service,
             },
             Input::PathDown { ends, kind } => FabricEventKind::Path {
                 ends: *ends,

@@ -322,8 +322,7 @@ pub(super) fn open_sa_port(
     tokio::spawn(async move {
         while let Some(ev) = notes.recv().await {
             let (gid, kind) = match ev {
-                umad_sa::SaEvent::GidInService { gid } => (gid, EventKind::GidInService),
-                umad_sa::SaEvent::GidOutOfService { gid } => (gid, EventKind::GidOutOfService),
+                umad_sa::SaEvent::Gid { gid, service } => (gid, EventKind::of_gid_service(service)),
                 other => {
                     tracing::debug!(?other, "notice apm watch does not report");
                     continue;

@@ -1,7 +1,7 @@
 //! The kinds of events `apm watch` reports, their names (output, `--event`,
 //! `APM_EVENT`) and how engine port events map onto them. Names only: no IO.
 
-use apm_core::PortEvent;
+use apm_core::{GidService, PortEvent};
 
 /// The kinds of events `apm watch` reports.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
@@ -64,6 +64,13 @@ impl EventKind {
             let names: Vec<&str> = KINDS.iter().map(|k| k.name()).collect();
             format!("unknown event kind {s:?}; one of {}", names.join(", "))
         })
+    }
+
+    pub(super) fn of_gid_service(s: GidService) -> EventKind {
+        match s {
+            GidService::InService => EventKind::GidInService,
+            GidService::OutOfService => EventKind::GidOutOfService,
+        }
     }
 
     pub(super) fn of_port_event(e: PortEvent) -> EventKind {

@@ -184,15 +184,9 @@ fn sim_event(
             (Some(port.port), EventKind::of_port_event(*event), None)
         }
         FabricEventKind::DeviceFatal { .. } => (None, EventKind::DeviceFatal, None),
-        FabricEventKind::RemoteGid { gid, in_service } => (
-            None,
-            if *in_service {
-                EventKind::GidInService
-            } else {
-                EventKind::GidOutOfService
-            },
-            Some(*gid),
-        ),
+        FabricEventKind::RemoteGid { gid, service } => {
+            (None, EventKind::of_gid_service(*service), Some(*gid))
+        }
         _ => return None,
     };
     let now = port.map_or_else(PortNow::default, |p| {

@@ -48,13 +48,12 @@ impl Sim {
                     }
                 }
             }
-            Input::RemoteGid { gid, in_service } => {
+            Input::RemoteGid { gid, service } => {
                 *self.hosts[host].notices.entry(*gid).or_insert(0) += 1;
-                if *in_service {
-                    self.hosts[host].known_dead_gids.remove(gid);
-                } else {
-                    self.hosts[host].known_dead_gids.insert(*gid);
-                }
+                match service {
+                    GidService::InService => self.hosts[host].known_dead_gids.remove(gid),
+                    GidService::OutOfService => self.hosts[host].known_dead_gids.insert(*gid),
+                };
             }
             _ => {}
         }

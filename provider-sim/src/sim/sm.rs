@@ -53,7 +53,7 @@ pub(super) struct Sm {
 pub(super) struct PendingReport {
     sub: PortId,
     gid: Gid,
-    in_service: bool,
+    service: GidService,
     tries: u32,
     /// Every transmission so far had a route and was not lost.
     all_delivered: bool,
@@ -451,7 +451,7 @@ impl Sim {
             }
         }
         self.fab.program_lfts(&ports, &switches);
-        let mut traps: Vec<(Gid, bool, PortId)> = Vec::new();
+        let mut traps: Vec<(Gid, GidService, PortId)> = Vec::new();
         // Indexing: three parallel tables (fabric ports, discovery, the SM's view).
         #[allow(clippy::needless_range_loop)]
         for pid in 0..self.fab.num_ports() {
@@ -461,7 +461,12 @@ impl Sim {
             let now_in = ports[pid] && self.fab.ports[pid].state == PortState::Active;
             let was = self.sms[s].in_service[pid];
             if self.sms[s].initialized && now_in != was {
-                traps.push((self.fab.ports[pid].gid, now_in, pid));
+                let service = if now_in {
+                    GidService::InService
+                } else {
+                    GidService::OutOfService
+                };
+                traps.push((self.fab.ports[pid].gid, service, pid));
             }
             self.sms[s].in_service[pid] = now_in;
         }
@@ -477,21 +482,16 @@ impl Sim {
                 dropped.len()
             ));
         }
-        for (gid, in_service, pid) in traps {
+        for (gid, service, pid) in traps {
             let subs: Vec<PortId> = self.sms[s].subs.iter().copied().collect();
             let name = self.fab.port_name(pid);
             self.note(format!(
-                "SM of subnet {s}: trap {} ({name} {}) to {} subscriber(s)",
-                if in_service { 64 } else { 65 },
-                if in_service {
-                    "in service"
-                } else {
-                    "out of service"
-                },
+                "SM of subnet {s}: trap {} ({name} {service}) to {} subscriber(s)",
+                service.trap(),
                 subs.len()
             ));
             for sub in subs {
-                self.send_report(s, sub, gid, in_service);
+                self.send_report(s, sub, gid, service);
             }
         }
         self.reeval_all();
@@ -499,7 +499,7 @@ impl Sim {
 
     // ------------------------------------------------------------------ Reports
 
-    fn send_report(&mut self, s: usize, sub: PortId, gid: Gid, in_service: bool) {
+    fn send_report(&mut self, s: usize, sub: PortId, gid: Gid, service: GidService) {
         let tid = self.sms[s].next_tid;
         self.sms[s].next_tid += 1;
         self.sms[s].reports.insert(
@@ -507,7 +507,7 @@ impl Sim {
             PendingReport {
                 sub,
                 gid,
-                in_service,
+                service,
                 tries: 1,
                 all_delivered: true,
             },
@@ -625,7 +625,7 @@ impl Sim {
                 host,
                 Input::RemoteGid {
                     gid: r.gid,
-                    in_service: r.in_service,
+                    service: r.service,
                 },
             );
         }

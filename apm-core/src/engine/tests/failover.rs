@@ -3,6 +3,7 @@
 
 use super::harness::*;
 use crate::io::*;
+use crate::types::GidService;
 use crate::Protection;
 
 #[test]
@@ -78,7 +79,7 @@ fn remote_gid_out_of_service_moves_the_passive_side() {
         'b',
         Input::RemoteGid {
             gid: gid('a', 1),
-            in_service: false,
+            service: GidService::OutOfService,
         },
     );
     assert_eq!(p.b.op_names(), ["send_peer"]);
@@ -95,7 +96,7 @@ fn remote_gid_out_of_service_moves_the_passive_side() {
         'b',
         Input::RemoteGid {
             gid: gid('a', 2),
-            in_service: false,
+            service: GidService::OutOfService,
         },
     );
     assert!(!q.b.op_names().contains(&"force_migrate"));
@@ -117,14 +118,14 @@ fn hardware_migration_arms_the_old_primary_which_protects_when_good_again() {
         'a',
         Input::RemoteGid {
             gid: gid('b', 1),
-            in_service: false,
+            service: GidService::OutOfService,
         },
     );
     p.input(
         'b',
         Input::RemoteGid {
             gid: gid('a', 1),
-            in_service: false,
+            service: GidService::OutOfService,
         },
     );
     p.run_for(0);
@@ -145,14 +146,14 @@ fn hardware_migration_arms_the_old_primary_which_protects_when_good_again() {
         'a',
         Input::RemoteGid {
             gid: gid('b', 1),
-            in_service: true,
+            service: GidService::InService,
         },
     );
     p.input(
         'b',
         Input::RemoteGid {
             gid: gid('a', 1),
-            in_service: true,
+            service: GidService::InService,
         },
     );
     p.run_for(2000);

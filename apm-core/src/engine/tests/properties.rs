@@ -57,7 +57,7 @@ proptest! {
             match e {
                 Ev::PortDown(n, port) => p.input(n, Input::PortEvent { port: PortKey::new(DEV, port), event: PortEvent::Down }),
                 Ev::PortUp(n, port) => p.input(n, Input::PortEvent { port: PortKey::new(DEV, port), event: PortEvent::Active }),
-                Ev::Trap(n, o, port, up) => p.input(n, Input::RemoteGid { gid: gid(o, port), in_service: up }),
+                Ev::Trap(n, o, port, up) => p.input(n, Input::RemoteGid { gid: gid(o, port), service: if up { GidService::InService } else { GidService::OutOfService } }),
                 Ev::PathMig(n, c) => p.input(n, Input::QpEvent { conn: ConnId(c), event: QpEvent::PathMigrated }),
                 Ev::PathMigErr(n, c) => p.input(n, Input::QpEvent { conn: ConnId(c), event: QpEvent::PathMigrationError }),
                 Ev::Fatal(n, c) => p.input(n, Input::QpEvent { conn: ConnId(c), event: QpEvent::Fatal }),

@@ -100,7 +100,7 @@ fn an_alternate_that_dies_stays_armed_and_protects_again_when_it_returns() {
         'b',
         Input::RemoteGid {
             gid: gid('a', 2),
-            in_service: false,
+            service: GidService::OutOfService,
         },
     );
     p.run_for(1000);
@@ -113,7 +113,7 @@ fn an_alternate_that_dies_stays_armed_and_protects_again_when_it_returns() {
         'b',
         Input::RemoteGid {
             gid: gid('a', 2),
-            in_service: true,
+            service: GidService::InService,
         },
     );
     p.run_for(1);
@@ -133,7 +133,7 @@ fn a_lost_trap_64_is_made_good_by_asking_the_sa() {
         'a',
         Input::RemoteGid {
             gid: gid('b', 2),
-            in_service: false,
+            service: GidService::OutOfService,
         },
     );
     p.run_for(6000);
@@ -167,7 +167,7 @@ fn an_sa_recheck_answer_older_than_the_last_notice_is_ignored() {
         'a',
         Input::RemoteGid {
             gid: dead,
-            in_service: false,
+            service: GidService::OutOfService,
         },
     );
     p.run_for(100);
@@ -191,14 +191,9 @@ fn an_sa_recheck_answer_older_than_the_last_notice_is_ignored() {
     let id = question.expect("the SA recheck asked about the GID");
     // Meanwhile the port came back and died again: trap 64, then trap 65.
     let ms = |k: u64| t.plus(std::time::Duration::from_millis(k));
-    for (k, in_service) in [(1, true), (2, false)] {
-        p.a.engine.handle_input(
-            ms(k),
-            Input::RemoteGid {
-                gid: dead,
-                in_service,
-            },
-        );
+    for (k, service) in [(1, GidService::InService), (2, GidService::OutOfService)] {
+        p.a.engine
+            .handle_input(ms(k), Input::RemoteGid { gid: dead, service });
     }
     // The answer describes the port's short life in between: paths. It is stale.
     p.a.engine.handle_input(

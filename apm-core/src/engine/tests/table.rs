@@ -187,7 +187,11 @@ fn apply(p: &mut Pair, word: &str) {
             let port = spec[1].to_digit(10).expect("port digit") as u8;
             Input::RemoteGid {
                 gid: gid(spec[0], port),
-                in_service: spec[2] == '+',
+                service: if spec[2] == '+' {
+                    GidService::InService
+                } else {
+                    GidService::OutOfService
+                },
             }
         }
         other => panic!("unknown script word {other:?}"),
