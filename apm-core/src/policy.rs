@@ -37,8 +37,9 @@ pub struct Policy {
     /// when it alone knows the reason to re-arm (e.g. its own port came back).
     pub passive_initiate_delay_ms: u64,
     /// A LAP that names our current primary while we are armed may mean the HCA migrated
-    /// and we have not seen `PATH_MIG` yet (seed 001's race): wait this long for the event
-    /// before answering "is current". Default 20 ms.
+    /// and we have not read its `PATH_MIG` event yet (the peer migrated on its own and
+    /// proposes the path we just left: the re-arm race of docs/iba-facts.md, section
+    /// 2): wait this long for the event before answering "is current". Default 20 ms.
     pub lap_defer_ms: u64,
     /// Hold-down of a port or remote GID that failed again within `flap_window_ms`:
     /// `hold_down_base_ms * 2^(failures-2)`, capped at `hold_down_max_ms`. A first failure

@@ -577,7 +577,9 @@ impl Engine {
             }
             QpEvent::CommEstablished => {
                 // Traffic flows on the current primary: nothing to decide, but worth a
-                // trace (the re-arm was already started at PATH_MIG, seed 001's race).
+                // trace. The re-arm race (docs/iba-facts.md, section 2: the next
+                // alternate must be loaded between MIGRATED and this event) is already
+                // run: the re-arm started at PATH_MIG.
                 debug!(%id, "communication established");
             }
             QpEvent::Fatal => self.lose(id, LostReason::QpFatal),

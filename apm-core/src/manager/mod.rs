@@ -59,8 +59,9 @@ pub struct ManagerHandle {
     events: broadcast::Sender<FabricEvent>,
 }
 
-/// An unaffiliated event as the Manager saw it pass (seed 002: user-level programs such
-/// as a subnet manager or a monitor need port up/down and fabric notices).
+/// An unaffiliated event as the Manager saw it pass: user-level programs such as a
+/// subnet manager or a monitor need port up/down and fabric notices at once (the
+/// "user-level events" problem of docs/iba-facts.md, section 2).
 #[derive(Clone, Debug, PartialEq, serde::Serialize)]
 pub struct FabricEvent {
     /// When the Manager received it (its own clock, as for the engine).

@@ -8,7 +8,7 @@ use crate::types::*;
 use crate::Protection;
 
 #[test]
-fn protect_picks_port_disjoint_alternate_and_follows_seed_001_order() {
+fn protect_picks_a_port_disjoint_alternate_and_asks_the_peer_before_loading_and_arming() {
     let mut p = Pair::new();
     p.protect(1);
     p.run_for(1000);

@@ -140,7 +140,7 @@ fn lap_repeating_the_primary_is_current_after_the_deferral() {
 }
 
 #[test]
-fn seed_001_race_lap_before_our_path_mig_is_answered_after_it() {
+fn rearm_race_a_lap_that_arrives_before_our_own_path_mig_is_answered_after_it() {
     let mut p = armed_pair();
     // A migrated to A2->B2 and proposes A1->B1 (the old primary) before B's PATH_MIG
     // event was read: B must not answer "is current".
