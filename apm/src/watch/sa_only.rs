@@ -141,12 +141,59 @@ fn read_back(sa: &SaPort) -> PortNow {
     }
 }
 
+/// Watch the selected ports' SA notices until the sources end, `--timeout` passes or
+/// a signal stops the watch.
 async fn watch_ports(
     args: &Args,
     all: Vec<PortInfo>,
     why: Option<String>,
     mut stop: Stop,
 ) -> anyhow::Result<()> {
+    let selected = select_ports(args, &all)?;
+    let testbed = if args.ibsim_bed {
+        TestBedMode::IbsimOnly
+    } else {
+        TestBedMode::Off
+    };
+    if let Some(why) = why {
+        errln!("apm watch: {why}");
+    }
+    let (msg_tx, mut msgs) = mpsc::unbounded_channel::<Msg>();
+    let sa_ports = subscribe_ports(selected, testbed, msg_tx).await?;
+    let poller = tokio::spawn(poll_ports(sa_ports.clone()));
+
+    #[allow(clippy::disallowed_methods)] // the watcher measures real time
+    let start = std::time::Instant::now();
+    let deadline = args.timeout.map(Duration::from_secs_f64);
+    let mut sink = Sink::new(args, stop.clone());
+    while let Some(msg) = next_msg(&mut msgs, start, deadline, &mut stop).await {
+        let Msg::Sa {
+            device,
+            port,
+            gid,
+            kind,
+        } = msg
+        else {
+            continue;
+        };
+        let now = sa_ports
+            .iter()
+            .find(|s| s.device == device && s.port == port)
+            .map(|s| read_back(s))
+            .unwrap_or_default();
+        let raw = sa_raw(device, port, gid, kind);
+        if !sink.event(raw, now, wall_clock(), start.elapsed()).await {
+            break;
+        }
+    }
+    poller.abort();
+    unsubscribe_all(&sa_ports).await;
+    sink.finish()
+}
+
+/// The umad ports `--device`/`--port` select (every one without them); an error naming
+/// the ports there are when a device is unknown or nothing matches.
+fn select_ports<'a>(args: &Args, all: &'a [PortInfo]) -> anyhow::Result<Vec<&'a PortInfo>> {
     let mut cas: Vec<&str> = all.iter().map(|p| p.ca.as_str()).collect();
     cas.dedup();
     for d in &args.devices {
@@ -169,15 +216,17 @@ async fn watch_ports(
             here.join(", ")
         );
     }
-    let testbed = if args.ibsim_bed {
-        TestBedMode::IbsimOnly
-    } else {
-        TestBedMode::Off
-    };
-    if let Some(why) = why {
-        errln!("apm watch: {why}");
-    }
-    let (msg_tx, mut msgs) = mpsc::unbounded_channel::<Msg>();
+    Ok(selected)
+}
+
+/// Open each selected port for SA MADs and subscribe for traps 64/65 (a port whose
+/// subscription fails is kept: the poll tries again); say on stderr what came of each.
+/// An error when no port could be opened.
+async fn subscribe_ports(
+    selected: Vec<&PortInfo>,
+    testbed: TestBedMode,
+    msg_tx: mpsc::UnboundedSender<Msg>,
+) -> anyhow::Result<Vec<Arc<SaPort>>> {
     let mut sa_ports: Vec<Arc<SaPort>> = Vec::new();
     let mut subscribed = Vec::new();
     let mut notes = Vec::new();
@@ -215,35 +264,7 @@ async fn watch_ports(
             subscribed.join(", ")
         );
     }
-    let poller = tokio::spawn(poll_ports(sa_ports.clone()));
-
-    #[allow(clippy::disallowed_methods)] // the watcher measures real time
-    let start = std::time::Instant::now();
-    let deadline = args.timeout.map(Duration::from_secs_f64);
-    let mut sink = Sink::new(args, stop.clone());
-    while let Some(msg) = next_msg(&mut msgs, start, deadline, &mut stop).await {
-        let Msg::Sa {
-            device,
-            port,
-            gid,
-            kind,
-        } = msg
-        else {
-            continue;
-        };
-        let now = sa_ports
-            .iter()
-            .find(|s| s.device == device && s.port == port)
-            .map(|s| read_back(s))
-            .unwrap_or_default();
-        let raw = sa_raw(device, port, gid, kind);
-        if !sink.event(raw, now, wall_clock(), start.elapsed()).await {
-            break;
-        }
-    }
-    poller.abort();
-    unsubscribe_all(&sa_ports).await;
-    sink.finish()
+    Ok(sa_ports)
 }
 
 /// Subscribe again through a port that became active or whose LID or SM LID changed:
