@@ -171,6 +171,37 @@ pub(crate) enum Phase {
     Backoff,
 }
 
+/// A QP command handed to the provider and not answered yet.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct InFlight {
+    pub(crate) id: CommandId,
+    /// What it does to the QP's alternate.
+    pub(crate) kind: InFlightKind,
+}
+
+/// What a command in flight does to the QP's alternate path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum InFlightKind {
+    /// Nothing (REARM, a migration, a query).
+    Other,
+    /// Loads a path as the alternate: a load abandoned by an override still takes
+    /// effect when the provider carries it out.
+    Load,
+    /// Puts back the alternate an abandoned load replaced (`Engine::restore_alternate`).
+    Restore,
+}
+
+impl InFlight {
+    /// `op` (command `id`) handed to the provider.
+    pub(crate) fn of(id: CommandId, op: &CommandOp) -> InFlight {
+        let kind = match op {
+            CommandOp::LoadAlternate { .. } => InFlightKind::Load,
+            _ => InFlightKind::Other,
+        };
+        InFlight { id, kind }
+    }
+}
+
 impl Phase {
     /// The command this phase waits for, if any.
     pub(crate) fn awaited(&self) -> Option<CommandId> {
@@ -304,7 +335,7 @@ pub(crate) struct Conn {
     /// The QP command handed to the provider and not answered yet. At most one at a
     /// time: a phase that replaced the one which issued it (an override) waits for its
     /// answer before its own command goes out (`Engine::issue_qp`).
-    pub(crate) in_flight: Option<CommandId>,
+    pub(crate) in_flight: Option<InFlight>,
     /// The phase's deadline (timer entries that do not match it are stale).
     pub(crate) deadline: Option<Time>,
     /// What to do once the current phase ends.

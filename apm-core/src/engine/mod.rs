@@ -35,7 +35,7 @@ use crate::policy::{Policy, PolicyError};
 use crate::probe::PathEnds;
 use crate::types::*;
 use cache::PathCache;
-use conn::{Conn, Phase, Told};
+use conn::{Conn, InFlight, Phase, Told};
 use health::Health;
 use limiter::RearmLimiter;
 use pending::{Deadlines, PendingTable};
@@ -330,10 +330,10 @@ impl Engine {
         let id = self.pending.issue(Pending::Conn(conn));
         if let Some(c) = self.conns.get_mut(&conn) {
             if let Some(busy) = c.in_flight {
-                debug!(%conn, ?id, waits_for = ?busy, "a command waits for the one in flight");
+                debug!(%conn, ?id, waits_for = ?busy.id, "a command waits for the one in flight");
                 return id;
             }
-            c.in_flight = Some(id);
+            c.in_flight = Some(InFlight::of(id, &op));
         }
         self.emit(Command { id, op });
         id
@@ -354,7 +354,7 @@ impl Engine {
         if !self.pending.is_outstanding(cmd.id) {
             return;
         }
-        c.in_flight = Some(cmd.id);
+        c.in_flight = Some(InFlight::of(cmd.id, &cmd.op));
         self.emit(cmd);
     }
 
@@ -724,7 +724,7 @@ fn live_mut(conns: &mut BTreeMap<ConnId, Box<Conn>>, id: ConnId) -> Option<&mut 
 /// waiting for an earlier one in flight) never will, and is forgotten.
 fn drop_held_command(c: &mut Conn, pending: &mut PendingTable<Pending>) {
     if let Some(cmd) = c.phase().awaited() {
-        if c.in_flight != Some(cmd) {
+        if c.in_flight.map(|f| f.id) != Some(cmd) {
             pending.complete(cmd);
         }
     }

@@ -1,12 +1,12 @@
 //! Results of commands: the next step of whatever phase awaited them, reconciling the
 //! engine's view with a queried QP, and SA subscription bookkeeping.
 
-use super::conn::{Alternate, MoveReason, Moved, Phase, Responder};
+use super::conn::{Alternate, InFlight, InFlightKind, MoveReason, Moved, Phase, Responder};
 use super::timers::TimerKey;
 use super::{Engine, Pending, Subscription};
 use crate::io::{
-    ApStatus, Apr, CommandId, CommandOp, CommandOutcome, LostReason, PeerMsg, ProviderError,
-    QpSnapshot, UnprotectedReason,
+    ApStatus, Apr, Command, CommandId, CommandOp, CommandOutcome, LostReason, PeerMsg,
+    ProviderError, QpSnapshot, UnprotectedReason,
 };
 use crate::policy::Policy;
 use crate::types::{ConnId, MigState, Path, PortKey};
@@ -38,9 +38,13 @@ impl Engine {
             Pending::Resolve(port, gid) => self.resolve_done(port, gid, result),
             Pending::Recheck(gid, due) => self.recheck_done(gid, due, result),
             Pending::Conn(conn) => {
-                if let Some(c) = self.conns.get_mut(&conn) {
-                    if c.in_flight == Some(id) {
-                        c.in_flight = None;
+                let finished = self
+                    .conns
+                    .get_mut(&conn)
+                    .and_then(|c| c.in_flight.take_if(|f| f.id == id));
+                if let Some(f) = finished {
+                    if self.restore_alternate(conn, f, &result) {
+                        return;
                     }
                 }
                 self.conn_command_done(conn, id, result);
@@ -48,6 +52,54 @@ impl Engine {
                 self.dispatch_waiting(conn);
             }
         }
+    }
+
+    /// An abandoned command came back while a forced migration waits for it. A load
+    /// that went through replaced the alternate the QP migrates onto, and
+    /// `ForceMigrate` would carry the QP onto that path instead of the one the engine
+    /// chose (and the peer was told): load the engine's alternate again first (loading
+    /// keeps an ARMED QP armed), then the migration goes out. A restore that fails
+    /// fails the migration. A load refused left the QP as it was (`modify_qp` changes
+    /// all or nothing); one that never answered is taken as not done: a provider that
+    /// hangs on one modify would hang on the restore too, and the migration would
+    /// wait a second deadline. True when this took the result over.
+    fn restore_alternate(
+        &mut self,
+        conn: ConnId,
+        finished: InFlight,
+        result: &Result<CommandOutcome, ProviderError>,
+    ) -> bool {
+        let Some(c) = self.conns.get_mut(&conn) else {
+            return false;
+        };
+        let (Phase::Migrating { cmd: waiting, .. }, Some(alt)) = (c.phase(), c.alt.path()) else {
+            return false;
+        };
+        let waiting = *waiting;
+        if finished.kind == InFlightKind::Restore {
+            let Err(e) = result else {
+                return false;
+            };
+            warn!(%conn, error = %e, "putting the alternate back failed: not migrating");
+            self.pending.complete(waiting);
+            self.conn_command_done(conn, waiting, Err(e.clone()));
+            self.dispatch_waiting(conn);
+            return true;
+        }
+        if finished.kind != InFlightKind::Load || result.is_err() {
+            return false;
+        }
+        debug!(%conn, %alt, "an abandoned load replaced the alternate: loading it back before migrating");
+        let id = self.pending.issue(Pending::Conn(conn));
+        c.in_flight = Some(InFlight {
+            id,
+            kind: InFlightKind::Restore,
+        });
+        self.emit(Command {
+            id,
+            op: CommandOp::LoadAlternate { conn, path: alt },
+        });
+        true
     }
 
     /// The result of the QP command a connection's phase waited for: the phase's next

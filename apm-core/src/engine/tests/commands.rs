@@ -84,10 +84,13 @@ fn an_override_waits_for_the_command_in_flight() {
         "two commands on one QP: {:?}",
         p.b.op_names()
     );
-    // The load is answered (its result is ignored: the migration overrode it); only
-    // then does the forced migration go out, and the connection moves.
+    // The load is answered (its result is ignored: the migration overrode it, but it
+    // replaced the QP's alternate, which is loaded back); only then does the forced
+    // migration go out, and the connection moves.
     p.b.unanswered.clear();
     p.release('b');
+    assert_eq!(forced(&p.b), 0, "{:?}", p.b.op_names());
+    p.run_for(0);
     assert_eq!(forced(&p.b), 1, "{:?}", p.b.op_names());
     p.run_for(100);
     assert!(p.b.status(1).primary.same_route(&path('b', 2, 2)));
@@ -181,4 +184,78 @@ fn a_waiting_command_whose_phase_ended_never_goes_out() {
     assert_eq!(forced(&p.b), 0, "{:?}", p.b.op_names());
     // Only the load's deadline was ever pending, and it was answered.
     assert_eq!(p.b.engine.poll_timeout(), None);
+}
+
+/// What B's QP would do with the QP commands B's engine emitted since `armed_pair`,
+/// in the order they were emitted (one in flight at a time: the order they run in):
+/// every load that was answered "done" replaced the QP's alternate, and a forced
+/// migration moves onto the alternate the QP holds, whatever the engine believes.
+/// The primary the QP ends on.
+fn qp_primary_after(n: &Node, armed_alt: Path, refused: &[CommandId]) -> Option<Path> {
+    let mut alt = armed_alt;
+    let mut primary = None;
+    for o in &n.log {
+        let Output::Command(c) = o else { continue };
+        match c.op {
+            CommandOp::LoadAlternate { path, .. } if !refused.contains(&c.id) => alt = path,
+            CommandOp::ForceMigrate { .. } => primary = Some(alt),
+            _ => {}
+        }
+    }
+    primary
+}
+
+#[test]
+fn a_load_abandoned_while_armed_then_a_forced_migration_moves_where_the_engine_thinks() {
+    // B is armed on b2 -> a2 and loads A's proposed b2 -> a1 (the load goes through: the
+    // QP's alternate is now b2 -> a1, still ARMED); A then asks B to move to b2 -> a2,
+    // the alternate B's engine had armed. The forced migration must not carry the QP
+    // onto the abandoned load's path.
+    let mut p = armed_pair();
+    let armed = p.b.status(1).alternate.expect("B is armed");
+    assert!(armed.same_route(&path('b', 2, 2)), "{armed}");
+    override_while_loading(&mut p);
+    p.run_for(0);
+    p.b.unanswered.clear();
+    p.release('b');
+    p.run_for(100);
+    let on = qp_primary_after(&p.b, armed, &[]).expect("B forced a migration");
+    let believed = p.b.status(1).primary;
+    assert!(
+        on.same_route(&believed),
+        "the QP moved onto {on}, the engine believes {believed}: {:?}",
+        p.b.op_names()
+    );
+    assert!(on.same_route(&path('b', 2, 2)), "{on}");
+}
+
+#[test]
+fn a_load_refused_while_armed_leaves_the_armed_alternate_to_migrate_onto() {
+    // The same interleaving, the abandoned load refused: the QP kept b2 -> a2, and the
+    // forced migration goes out at once with no second load.
+    let mut p = armed_pair();
+    let armed = p.b.status(1).alternate.expect("B is armed");
+    override_while_loading(&mut p);
+    p.run_for(0);
+    let abandoned = p.b.held[0].id;
+    p.b.unanswered.clear();
+    p.b.held.clear();
+    p.input(
+        'b',
+        Input::CommandDone {
+            id: abandoned,
+            result: Err(ProviderError::refused(
+                Operation::LoadAlternate,
+                Reason::Because("test says no"),
+            )),
+        },
+    );
+    p.run_for(100);
+    let on = qp_primary_after(&p.b, armed, &[abandoned]).expect("B forced a migration");
+    assert!(on.same_route(&path('b', 2, 2)), "{on}");
+    assert!(on.same_route(&p.b.status(1).primary));
+    let names = p.b.op_names();
+    let before_move = names.iter().take_while(|o| **o != "force_migrate");
+    let loads = before_move.filter(|o| **o == "load_alternate").count();
+    assert_eq!(loads, 1, "{names:?}");
 }
