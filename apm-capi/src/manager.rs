@@ -101,9 +101,12 @@ pub unsafe extern "C" fn apm_manager_new(
             Ok(p) => p,
             Err(s) => return s,
         };
-        match std::fs::read_to_string(path) {
+        // Bounded like every reader of apm's input: an endless or huge file costs at
+        // most the limit and is refused with it named.
+        let limit = apm::input::CONFIG_LIMIT;
+        match apm::input::read_file(std::path::Path::new(path), limit, "a configuration file") {
             Ok(t) => create(&t, out),
-            Err(e) => fail(ApmStatus::Config, format!("reading {path}: {e}")),
+            Err(e) => fail(ApmStatus::Config, e.to_string()),
         }
     })
 }

@@ -31,6 +31,18 @@ fn last_error() -> String {
 }
 
 #[test]
+fn an_endless_config_file_is_refused_at_the_limit() {
+    let mut m: *mut ApmManager = std::ptr::null_mut();
+    let zero = CString::new("/dev/zero").unwrap();
+    // SAFETY: valid C string and out pointer.
+    let st = unsafe { apm_manager_new(zero.as_ptr(), &mut m) };
+    assert_eq!(st, ApmStatus::Config);
+    let e = last_error();
+    assert!(e.contains("/dev/zero") && e.contains("16 MiB limit"), "{e}");
+    assert!(m.is_null());
+}
+
+#[test]
 fn rust_calls_through_the_abi() {
     let mut m: *mut ApmManager = std::ptr::null_mut();
     let bad = CString::new("[[device]]\nname = \"x\"\nprovider = \"sim\"\n").unwrap();

@@ -104,11 +104,12 @@ impl SimFabric {
         let scenario = match &config.sim.scenario {
             Some(path) => {
                 let path = path.get_ref();
-                let text =
-                    std::fs::read_to_string(path).map_err(|source| SimUnavailable::Read {
-                        path: path.clone(),
-                        source,
-                    })?;
+                let text = crate::input::read_file(
+                    std::path::Path::new(path),
+                    crate::input::SCENARIO_LIMIT,
+                    "a scenario file",
+                )
+                .map_err(SimUnavailable::Read)?;
                 Scenario::from_toml(&text).map_err(|source| SimUnavailable::Scenario {
                     path: path.clone(),
                     source,

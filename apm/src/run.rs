@@ -98,8 +98,7 @@ fn settings(path: Option<&Path>) -> Result<Settings> {
             policy: apm_core::Policy::default(),
         });
     };
-    let text =
-        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
+    let text = apm::input::read_file(path, apm::input::CONFIG_LIMIT, "a configuration file")?;
     // Devices are the program's: a configuration without `[[device]]` is fine here.
     let config = match Config::parse(&text) {
         Ok(c) => c,

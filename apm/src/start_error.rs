@@ -133,14 +133,10 @@ pub enum Unavailable {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SimUnavailable {
-    /// The scenario file cannot be read.
-    #[error("reading {path}: {source}")]
-    Read {
-        /// The file.
-        path: String,
-        /// Why.
-        source: std::io::Error,
-    },
+    /// The scenario file cannot be read (missing, unreadable, over the size limit, not
+    /// text); the message names the file.
+    #[error(transparent)]
+    Read(#[from] crate::input::InputError),
     /// The scenario file is invalid.
     #[error("{path}: {source}")]
     Scenario {
