@@ -110,6 +110,16 @@ impl Fault {
         }
     }
 
+    /// How many changes of the fabric the fault makes once expanded (a flap of `count`
+    /// is `2 * count` port changes; a loss burst starts and ends).
+    pub fn transitions(&self) -> u64 {
+        match self {
+            Fault::PortFlap { count, .. } => 2 * u64::from(*count),
+            Fault::MadLoss { .. } => 2,
+            _ => 1,
+        }
+    }
+
     /// When the fault's last effect happens (the end of a flap or loss burst).
     pub fn end_ms(&self) -> u64 {
         match self {

@@ -22,6 +22,23 @@ use serde::{Deserialize, Serialize};
 /// million seconds is eleven days of simulated time).
 const MAX_MS: u64 = 1_000_000_000;
 
+/// The most simulated time a scenario runs (one hour): far beyond any failover story,
+/// and a bound on how long `apm simulate` works for one.
+pub const MAX_DURATION_MS: u64 = 3_600_000;
+/// The most hosts a scenario has.
+pub const MAX_HOSTS: usize = 4096;
+/// The most switches a scenario declares.
+pub const MAX_SWITCHES: usize = 4096;
+/// The most links a scenario declares.
+pub const MAX_LINKS: usize = 65_536;
+/// The most subnet managers a scenario declares.
+pub const MAX_SMS: usize = 1024;
+/// The most connections a workload opens.
+pub const MAX_CONNECTIONS: usize = 1_000_000;
+/// The most fabric changes the faults make once expanded (every flap's downs and ups,
+/// the random faults at their largest), each an event kept from the start.
+pub const MAX_FAULT_TRANSITIONS: u64 = 100_000;
+
 /// Why a scenario file is unusable.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
@@ -184,11 +201,26 @@ impl Scenario {
                 t.hosts
             )));
         }
-        if t.hosts > 4096 {
+        if t.hosts > MAX_HOSTS {
             return Err(invalid(format!(
-                "topology.hosts = {}: at most 4096 hosts",
+                "topology.hosts = {}: at most {MAX_HOSTS} hosts",
                 t.hosts
             )));
+        }
+        let counts = [
+            (
+                "topology.switches",
+                t.switches.len(),
+                MAX_SWITCHES,
+                "switches",
+            ),
+            ("topology.links", t.links.len(), MAX_LINKS, "links"),
+            ("topology.sm", t.sm.len(), MAX_SMS, "subnet managers"),
+        ];
+        for (key, n, max, what) in counts {
+            if n > max {
+                return Err(invalid(format!("{key}: {n} {what}, at most {max}")));
+            }
         }
         if !(1..=2).contains(&t.ports) {
             return Err(invalid(format!(
@@ -204,11 +236,34 @@ impl Scenario {
                 "workload.message_interval_ms = 0: must be at least 1",
             ));
         }
-        if self.workload.connections > 1_000_000 {
-            return Err(invalid("workload.connections: at most 1000000"));
+        if self.workload.connections > MAX_CONNECTIONS {
+            return Err(invalid(format!(
+                "workload.connections = {}: at most {MAX_CONNECTIONS}",
+                self.workload.connections
+            )));
         }
         if self.duration_ms == 0 {
             return Err(invalid("duration_ms = 0: nothing to simulate"));
+        }
+        if self.duration_ms > MAX_DURATION_MS {
+            return Err(invalid(format!(
+                "duration_ms = {}: at most {MAX_DURATION_MS} ms (one hour of simulated time)",
+                self.duration_ms
+            )));
+        }
+        // Before anything is expanded: a flap's count can ask for billions of changes.
+        let fixed = self.faults.iter().map(Fault::transitions);
+        // A random fault is at most a flap of 3 (6 changes).
+        let random = self
+            .random_faults
+            .as_ref()
+            .map_or(0, |r| 6 * u64::from(r.count));
+        let transitions = fixed.fold(random, u64::saturating_add);
+        if transitions > MAX_FAULT_TRANSITIONS {
+            return Err(invalid(format!(
+                "faults: {transitions} port, link or switch changes once every flap and \
+                 random fault is expanded, at most {MAX_FAULT_TRANSITIONS}"
+            )));
         }
         Ok(())
     }
@@ -381,6 +436,39 @@ mod tests {
             "[random_faults]\nend_ms = 18446744073709551615\n",
         ] {
             assert!(Scenario::from_toml(text).is_err(), "{text}");
+        }
+    }
+
+    #[test]
+    fn counts_are_refused_before_anything_is_built_and_the_limit_is_named() {
+        let flap = "[[faults]]\nkind = \"port_flap\"\nat_ms = 1\nport = \"h1:1\"\n\
+                    down_ms = 1\nup_ms = 1\ncount = 4294967295\n";
+        let mut switches = String::new();
+        for i in 0..=MAX_SWITCHES {
+            switches.push_str(&format!(
+                "[[topology.switches]]\nname = \"S{i}\"\nsubnet = 0\n"
+            ));
+        }
+        for (text, limit) in [
+            (flap.to_owned(), MAX_FAULT_TRANSITIONS.to_string()),
+            (switches, MAX_SWITCHES.to_string()),
+            (
+                "duration_ms = 3600001\n".to_owned(),
+                MAX_DURATION_MS.to_string(),
+            ),
+            (
+                "[workload]\nconnections = 1000001\n".to_owned(),
+                MAX_CONNECTIONS.to_string(),
+            ),
+            (
+                "[random_faults]\ncount = 20000\n".to_owned(),
+                MAX_FAULT_TRANSITIONS.to_string(),
+            ),
+        ] {
+            let e = Scenario::from_toml(&text)
+                .expect_err("over a limit")
+                .to_string();
+            assert!(e.contains(&format!("at most {limit}")), "{e}");
         }
     }
 
