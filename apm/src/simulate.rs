@@ -229,6 +229,10 @@ fn size(args: &Args) -> Size {
     }
 }
 
+/// The most seeds `--sweep` runs: a sweep keeps every seed's result, and this many
+/// already take days.
+const MAX_SWEEP_SEEDS: u64 = 100_000;
+
 /// `--sweep N`: every family over N seeds.
 fn sweep(args: &Args, seeds: u64) -> anyhow::Result<()> {
     let families = if args.families.is_empty() {
@@ -241,6 +245,9 @@ fn sweep(args: &Args, seeds: u64) -> anyhow::Result<()> {
     };
     if seeds == 0 {
         bail!("--sweep needs at least one seed");
+    }
+    if seeds > MAX_SWEEP_SEEDS {
+        bail!("--sweep {seeds}: at most {MAX_SWEEP_SEEDS} seeds (each family runs every one)");
     }
     let sweep = sim_sweep::Sweep {
         families,

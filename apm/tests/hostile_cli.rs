@@ -149,6 +149,25 @@ fn durations_that_would_overflow_are_refused_by_name() {
     assert_eq!(status.code(), Some(2), "{status} {err}");
 }
 
+#[test]
+fn absurd_counts_are_refused_before_any_work_with_the_limit_named() {
+    for (args, want) in [
+        (
+            &["simulate", "--sweep", "4294967296"][..],
+            "at most 100000 seeds",
+        ),
+        (
+            &["simulate", "--connections", "1000000000"][..],
+            "at most 1000000",
+        ),
+        (&["simulate", "--hosts", "100000"][..], "at most 4096 hosts"),
+    ] {
+        let (status, err) = run_with_stdin(args, Stdio::null());
+        assert_eq!(status.code(), Some(1), "{args:?}: {status} {err}");
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+}
+
 /// A process is gone (or a zombie nobody reaped yet: not running either way).
 fn gone(pid: &str) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
