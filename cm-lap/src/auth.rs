@@ -203,7 +203,7 @@ impl Key {
         self.id
     }
 
-    fn mac(&self) -> HmacSha256 {
+    pub(crate) fn mac(&self) -> HmacSha256 {
         self.mac.clone()
     }
 }
@@ -221,7 +221,7 @@ pub enum Mode {
 }
 
 impl Mode {
-    fn key(&self) -> Option<&Key> {
+    pub(crate) fn key(&self) -> Option<&Key> {
         match self {
             Mode::Off => None,
             Mode::Require(k) | Mode::AcceptUnauthenticated(k) => Some(k),
@@ -401,11 +401,7 @@ impl Authenticator {
         let Some(key) = self.mode.key() else {
             return mad.to_vec();
         };
-        let seq = {
-            let mut last = self.last_seq.lock().unwrap_or_else(|p| p.into_inner());
-            *last = now_ns.max(last.saturating_add(1));
-            *last
-        };
+        let seq = self.next_seq(now_ns);
         let mut d = Vec::with_capacity(DATAGRAM_LEN);
         d.extend_from_slice(&[VERSION, 0, 0, 0]);
         d.extend_from_slice(&key.id);
@@ -417,9 +413,30 @@ impl Authenticator {
         d
     }
 
+    /// The next Sequence: the clock, or one above the last when it has not moved.
+    pub(crate) fn next_seq(&self, now_ns: u64) -> u64 {
+        let mut last = self.last_seq.lock().unwrap_or_else(|p| p.into_inner());
+        *last = now_ns.max(last.saturating_add(1));
+        *last
+    }
+
+    /// The mode (the key, and what is accepted without one).
+    pub(crate) fn mode(&self) -> &Mode {
+        &self.mode
+    }
+
+    /// This channel's SenderID.
+    pub(crate) fn sender_id(&self) -> u64 {
+        self.sender_id
+    }
+
     /// The MAD in `datagram` if it may reach the engine, else why not (counted).
     pub fn open(&self, datagram: &[u8], now_ns: u64) -> Result<[u8; ib_mad::MAD_SIZE], Rejected> {
-        let r = self.check(datagram, now_ns);
+        self.counted(self.check(datagram, now_ns))
+    }
+
+    /// Count `r` by its outcome.
+    pub(crate) fn counted<T>(&self, r: Result<T, Rejected>) -> Result<T, Rejected> {
         let c = &self.counters;
         let counter = match r {
             Ok(_) => &c.accepted,
@@ -471,13 +488,18 @@ impl Authenticator {
             u64::from_be_bytes(b)
         };
         let (sender, seq) = (be64(8), be64(16));
-        if seq.abs_diff(now_ns) > self.max_skew_ns {
-            return Err(Rejected::Stale);
-        }
-        self.accept_once(sender, seq, now_ns)?;
+        self.fresh_once(sender, seq, now_ns)?;
         let mut mad = [0u8; ib_mad::MAD_SIZE];
         mad.copy_from_slice(&d[HEADER_LEN..HEADER_LEN + BODY_LEN]);
         Ok(mad)
+    }
+
+    /// `seq` of `sender` is within the clock skew and comes for the first time.
+    pub(crate) fn fresh_once(&self, sender: u64, seq: u64, now_ns: u64) -> Result<(), Rejected> {
+        if seq.abs_diff(now_ns) > self.max_skew_ns {
+            return Err(Rejected::Stale);
+        }
+        self.accept_once(sender, seq, now_ns)
     }
 
     /// The replay window of `sender`: true the first time `seq` comes.

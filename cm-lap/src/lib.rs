@@ -6,7 +6,8 @@
 //!   by the SA from the source LID, never by the payload.
 //! - [`udp`] and [`apm_msg`]: the same messages plus software-migration requests as
 //!   vendor MADs in UDP datagrams, for RoCE; senders named by the source address.
-//! - [`auth`]: the UDP datagrams' MAC and replay window under a deployment's key.
+//! - [`auth`]: the UDP datagrams' MAC and replay window under a deployment's key;
+//!   [`auth_mad`]: the same inside the vendor MADs of the InfiniBand channel.
 //!
 //! The exchange itself (timeouts, retransmission, duplicates, sender checks, every
 //! APStatus) is apm-core's engine: a channel only carries, and never answers a LAP by
@@ -16,6 +17,7 @@
 mod answer_tids;
 pub mod apm_msg;
 pub mod auth;
+pub mod auth_mad;
 pub mod peer_channel;
 pub mod udp;
 pub mod umad_transport;
