@@ -19,8 +19,8 @@
 //!
 //! [lap]
 //! transport = "vendor"      # vendor (default on IB) | cm | udp (default on RoCE)
-//! # key_file = "/etc/apm/peer.key"  # udp: authenticate peer messages (see cm-lap's auth)
-//! # require_auth = true             # with key_file: drop unauthenticated datagrams
+//! # key_file = "/etc/apm/peer.key"  # udp, vendor: authenticate peer messages (cm-lap's auth)
+//! # require_auth = true             # with key_file: drop unauthenticated messages
 //!
 //! [policy]
 //! lap_timeout_ms = 100      # any apm_core::Policy field; see its docs for defaults
@@ -151,11 +151,12 @@ pub struct LapConfig {
     /// Where each peer GID listens, for `udp` (`[[lap.peer]]` tables).
     #[serde(default, rename = "peer")]
     pub peers: Vec<UdpPeer>,
-    /// For `udp`: a file holding the deployment's shared secret; every datagram then
-    /// carries a MAC and a sequence number under it (cm-lap's `auth`). Must be readable
-    /// by its owner only.
+    /// For `udp` and `vendor`: a file holding the deployment's shared secret; every
+    /// datagram or vendor MAD then carries a MAC and a sequence number under it
+    /// (cm-lap's `auth`, `auth_mad`). Must be readable by its owner only. The CM class
+    /// has no room for it.
     pub key_file: Option<Spanned<String>>,
-    /// With `key_file`: drop datagrams without a valid MAC (default true). False accepts
+    /// With `key_file`: drop messages without a valid MAC (default true). False accepts
     /// unauthenticated peers too, while a deployment moves to keys node by node.
     pub require_auth: Option<Spanned<bool>>,
 }
@@ -345,7 +346,8 @@ impl Config {
             .map_or_else(|| default_transport(&self.devices), |t| *t.get_ref())
     }
 
-    /// The UDP peer channel's authentication: none without `key_file`; with it, the key
+    /// The peer channel's authentication (UDP or vendor MADs): none without `key_file`;
+    /// with it, the key
     /// read (and its file checked) now, and unauthenticated datagrams refused unless
     /// `require_auth = false`.
     pub fn peer_auth(&self) -> Result<cm_lap::auth::Mode, cm_lap::auth::KeyError> {
@@ -530,7 +532,7 @@ fn check_lap_auth(
     transport: LapTransport,
     at: &mut impl FnMut(Option<std::ops::Range<usize>>, &str, String),
 ) {
-    if transport != LapTransport::Udp {
+    if transport == LapTransport::Cm {
         for (k, span) in [
             ("lap.key_file", lap.key_file.as_ref().map(Spanned::span)),
             (
@@ -542,9 +544,8 @@ fn check_lap_auth(
                 at(
                     Some(span),
                     k,
-                    "peer authentication is for transport = \"udp\"; the MAD \
-                     transports are not authenticated (their source LIDs come from the \
-                     fabric)"
+                    "peer authentication is for transport = \"udp\" and \"vendor\"; \
+                     the CM class has no room for it (use transport = \"vendor\")"
                         .into(),
                 );
             }
@@ -735,10 +736,12 @@ mod tests {
         assert!(es[0].contains("needs key_file"), "{es:?}");
         let ok = Config::parse(&format!("{roce}key_file = \"/k\"\n")).expect("valid");
         assert!(ok.peer_auth().is_err(), "no such file");
+        // The vendor MADs of InfiniBand carry it too; the CM class has no room for it.
         let ib = "[[device]]\nname = \"mlx5_0\"\nprovider = \"verbs\"\n[lap]\nkey_file = \"/k\"\n";
-        let es = errors(ib);
+        Config::parse(ib).expect("a key on the vendor channel");
+        let es = errors(&format!("{ib}transport = \"cm\"\n"));
         assert!(
-            es[0].starts_with("line 5, column 12: lap.key_file:") && es[0].contains("udp"),
+            es[0].starts_with("line 5, column 12: lap.key_file:") && es[0].contains("vendor"),
             "{es:?}"
         );
     }

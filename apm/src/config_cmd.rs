@@ -48,12 +48,17 @@ pub fn run(cmd: ConfigCommand) -> anyhow::Result<()> {
                 &config.lap.key_file,
                 config.lap.require_auth.as_ref().map(|r| *r.get_ref()),
             ) {
-                ("udp", Some(_), Some(false)) => "key_file; unauthenticated peers accepted too",
-                ("udp", Some(_), _) => "key_file; unauthenticated peers refused",
+                ("udp" | "vendor", Some(_), Some(false)) => {
+                    "key_file; unauthenticated peers accepted too"
+                }
+                ("udp" | "vendor", Some(_), _) => "key_file; unauthenticated peers refused",
                 ("udp", None, _) => {
                     "none: any host on the rail can send peer messages (set [lap] key_file)"
                 }
-                _ => "none (MAD transport)",
+                ("vendor", None, _) => {
+                    "none: senders are named by their source LID only (set [lap] key_file)"
+                }
+                _ => "none (the CM class has no room for it)",
             };
             if json {
                 let doc = serde_json::json!({

@@ -344,6 +344,10 @@ impl UmadFacets {
         }
         let keys: Vec<PortKey> = opened.keys().copied().collect();
         let carriers = assign_carriers(&plan, &keys, &failed)?;
+        // The vendor channel's MADs are sealed and checked under `[lap] key_file`
+        // (cm-lap's auth_mad); the CM class carries no authentication (the
+        // configuration refuses a key with it).
+        let auth = config.peer_auth().map_err(Unavailable::PeerKey)?;
         let mut peers = Vec::new();
         let mut fabrics = Vec::new();
         let mut umad_ports = Vec::new();
@@ -361,7 +365,8 @@ impl UmadFacets {
             };
             let (sa, events) = SaClient::new(Arc::clone(&port), sa_stream, opts.sa.clone());
             let mut fabric = SaFabric::new(sa.clone(), key, events);
-            let (transport, incoming) = UmadCmTransport::new(Arc::clone(&port), channel, cm_stream);
+            let (transport, incoming) =
+                UmadCmTransport::authenticated(Arc::clone(&port), channel, cm_stream, auth.clone());
             let sources: Arc<dyn SourceGid> = Arc::new(SaSourceGid::new(sa));
             let mut peer = UmadPeerChannel::new(transport, incoming, key, sources);
             for p in &plan {

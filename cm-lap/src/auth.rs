@@ -342,6 +342,22 @@ pub struct Authenticator {
     counters: Counters,
 }
 
+/// Log a dropped datagram or MAD: a warning the first time for each reason (an attack
+/// or a misconfiguration shows without flooding the log), debug after that.
+pub(crate) fn report_drop(
+    warned: &std::sync::atomic::AtomicU8,
+    why: Rejected,
+    from: impl std::fmt::Display,
+    len: usize,
+) {
+    let bit = 1u8 << (why as u8);
+    if warned.fetch_or(bit, Ordering::Relaxed) & bit == 0 {
+        tracing::warn!(%from, len, ?why, "peer message dropped by authentication (further ones of this kind are logged at debug level)");
+    } else {
+        tracing::debug!(%from, len, ?why, "peer message dropped by authentication");
+    }
+}
+
 /// The receiver's default tolerance between clocks.
 pub const DEFAULT_MAX_SKEW: std::time::Duration = std::time::Duration::from_secs(30);
 

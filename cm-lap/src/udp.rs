@@ -46,7 +46,7 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use tokio::net::UdpSocket;
-use tracing::{debug, warn};
+use tracing::debug;
 
 /// The OUI apm's UDP datagrams carry unless configured otherwise: a locally administered
 /// value (the U/L bit of the first octet set), since UDP needs no registered one.
@@ -233,7 +233,7 @@ impl PeerChannel for UdpPeerChannel {
                 {
                     Ok(mad) => mad,
                     Err(why) => {
-                        report_drop(&warned, why, from, len);
+                        auth::report_drop(&warned, why, from, len);
                         continue;
                     }
                 };
@@ -283,17 +283,6 @@ impl PeerChannel for UdpPeerChannel {
             .await
             .map_err(|e| ProviderError::io(Operation::SendPeer, Reason::of_io(&e)))?;
         Ok(())
-    }
-}
-
-/// Log a dropped datagram: a warning the first time for each reason (an attack or a
-/// misconfiguration shows without flooding the log), debug after that.
-fn report_drop(warned: &AtomicU8, why: auth::Rejected, from: SocketAddr, len: usize) {
-    let bit = 1u8 << (why as u8);
-    if warned.fetch_or(bit, Ordering::Relaxed) & bit == 0 {
-        warn!(%from, len, ?why, "peer datagram dropped by authentication (further ones of this kind are logged at debug level)");
-    } else {
-        debug!(%from, len, ?why, "peer datagram dropped by authentication");
     }
 }
 

@@ -19,10 +19,12 @@
 //! IDs, retransmits and detects duplicates. This module only encodes, sends, receives
 //! and decodes; it never answers anything by itself.
 
+use crate::auth::{Authenticator, CounterValues, Mode};
 use ib_mad::cm::{Apr, CmBody, CmMad, Lap, Mra, CM_CLASS_VERSION};
 use ib_mad::types::{Oui, U24};
 use ib_mad::vendor::{VendorMad, VENDOR_DATA_SIZE};
 use ib_mad::{Attribute, AttributeId, Method, MgmtClass};
+use std::sync::atomic::AtomicU8;
 use std::sync::Arc;
 use tokio::sync::mpsc;
 use tracing::debug;
@@ -105,6 +107,9 @@ pub struct Incoming {
 pub struct UmadCmTransport {
     port: Arc<Port>,
     channel: CmChannel,
+    /// Seals what goes out and opens what comes in on a vendor channel
+    /// ([`crate::auth_mad`]); the CM class carries no authentication.
+    auth: Arc<Authenticator>,
 }
 
 impl UmadCmTransport {
@@ -115,12 +120,42 @@ impl UmadCmTransport {
     pub fn new(
         port: Arc<Port>,
         channel: CmChannel,
+        unsolicited: Unsolicited,
+    ) -> (UmadCmTransport, mpsc::UnboundedReceiver<Incoming>) {
+        UmadCmTransport::authenticated(port, channel, unsolicited, Mode::Off)
+    }
+
+    /// As [`UmadCmTransport::new`], a vendor channel authenticated under `mode`
+    /// ([`crate::auth_mad`]): with a key every MAD goes out sealed, and what comes in
+    /// is opened before it is decoded (dropped and counted when it may not reach the
+    /// engine). The CM class carries no authentication: `mode` is ignored there.
+    pub fn authenticated(
+        port: Arc<Port>,
+        channel: CmChannel,
         mut unsolicited: Unsolicited,
+        mode: Mode,
     ) -> (UmadCmTransport, mpsc::UnboundedReceiver<Incoming>) {
         let (tx, rx) = mpsc::unbounded_channel();
+        let sender = Authenticator::fresh_sender_id(&port.info().gid);
+        let auth = Arc::new(Authenticator::new(mode, sender));
+        let opener = Arc::clone(&auth);
         tokio::spawn(async move {
+            let warned = AtomicU8::new(0);
             while let Some(m) = unsolicited.recv().await {
-                match decode_carried(channel, &m.mad) {
+                let mad = match channel {
+                    CmChannel::CmClass => m.mad.clone(),
+                    CmChannel::Vendor { .. } => {
+                        match opener.open_mad(&m.mad, crate::auth::wall_clock_ns()) {
+                            Ok(mad) => mad.to_vec(),
+                            Err(why) => {
+                                let from = format!("LID {}", m.src.lid);
+                                crate::auth::report_drop(&warned, why, from, m.mad.len());
+                                continue;
+                            }
+                        }
+                    }
+                };
+                match decode_carried(channel, &mad) {
                     Some((attribute, body)) => {
                         let inc = Incoming {
                             from: m.src,
@@ -140,7 +175,19 @@ impl UmadCmTransport {
                 }
             }
         });
-        (UmadCmTransport { port, channel }, rx)
+        (
+            UmadCmTransport {
+                port,
+                channel,
+                auth,
+            },
+            rx,
+        )
+    }
+
+    /// The authentication's counters (accepted, and dropped by reason).
+    pub fn auth_counters(&self) -> CounterValues {
+        self.auth.counters().get()
     }
 
     /// A fresh transaction ID for a new exchange.
@@ -157,14 +204,21 @@ impl UmadCmTransport {
     /// keeps one TID per transaction so retransmissions are recognisable).
     pub fn send(&self, to: Dest, tid: u64, body: &CmBody) -> Result<(), TransportError> {
         let mad = encode(self.channel, tid, body)?;
-        self.port.send(&mad, to)?;
-        Ok(())
+        self.send_mad(to, &mad)
     }
 
     /// Send a MAD encoded elsewhere (apm's own attributes, [`crate::apm_msg::encode`])
-    /// to `to`.
+    /// to `to`, sealed on an authenticated vendor channel.
     pub fn send_mad(&self, to: Dest, mad: &[u8; ib_mad::MAD_SIZE]) -> Result<(), TransportError> {
-        self.port.send(mad, to)?;
+        let mut mad = *mad;
+        if let CmChannel::Vendor { .. } = self.channel {
+            if !self.auth.seal_mad(&mut mad, crate::auth::wall_clock_ns()) {
+                return Err(TransportError::Encode(
+                    "the MAD's last 32 bytes (the authentication's) are in use".into(),
+                ));
+            }
+        }
+        self.port.send(&mad, to)?;
         Ok(())
     }
 }
