@@ -1,6 +1,7 @@
-//! The UDP peer channel's datagrams, as its receive task handles them: authentication
-//! (every mode) then decoding. Nothing may panic; what opens under a key must have been
-//! sealed with it, and a sealed MAD opens once and only once.
+//! The peer channel's datagrams (UDP) and vendor MADs (InfiniBand), as their receive
+//! tasks handle them: authentication (every mode) then decoding. Nothing may panic;
+//! what opens under a key must have been sealed with it, and a sealed MAD opens once
+//! and only once.
 #![no_main]
 
 use apm_core::PortKey;
@@ -24,6 +25,9 @@ fuzz_target!(|data: &[u8]| {
         if let Ok(mad) = receiver.open(data, NOW) {
             let _ = apm_msg::decode(DEFAULT_VENDOR_CLASS, UDP_DEFAULT_OUI, port, &mad);
         }
+        if let Ok(mad) = receiver.open_mad(data, NOW) {
+            let _ = apm_msg::decode(DEFAULT_VENDOR_CLASS, UDP_DEFAULT_OUI, port, &mad);
+        }
     }
     // Whatever 256 bytes a sender seals open once under the same key.
     if let Ok(mad) = <[u8; 256]>::try_from(data) {
@@ -32,5 +36,11 @@ fuzz_target!(|data: &[u8]| {
         let sealed = sender.seal(&mad, NOW);
         assert_eq!(receiver.open(&sealed, NOW), Ok(mad));
         assert!(receiver.open(&sealed, NOW).is_err(), "a replay opened");
+        // In a MAD: sealed when its trailer is free, then opened once, trailer zeroed.
+        let mut in_mad = mad;
+        if sender.seal_mad(&mut in_mad, NOW) {
+            assert_eq!(receiver.open_mad(&in_mad, NOW), Ok(mad));
+            assert!(receiver.open_mad(&in_mad, NOW).is_err(), "a replayed MAD opened");
+        }
     }
 });
