@@ -186,10 +186,69 @@ impl Scenario {
         self.validate_fabric_params()?;
         // Names are resolved against the built fabric.
         let fabric = Fabric::build(&self.topology).map_err(|e| invalid(e.to_string()))?;
+        self.validate_cabling(&fabric)?;
         for fault in &self.faults {
             fault.check(&fabric).map_err(invalid)?;
         }
         self.validate_random_faults()
+    }
+
+    /// What the fabric cannot mean: a host with no cabled port (nothing reaches it), an
+    /// SM named on a subnet or a port that does not exist, or on a port of another
+    /// subnet or without a cable (it would never run).
+    fn validate_cabling(&self, fabric: &Fabric) -> Result<(), ScenarioError> {
+        let uncabled: Vec<String> = (0..fabric.num_hosts())
+            .filter(|&h| {
+                (1..=fabric.ports_per_host())
+                    .filter_map(|n| fabric.port_of(h, n))
+                    .all(|p| fabric.ports[p].link.is_none())
+            })
+            .map(|h| format!("h{h}"))
+            .collect();
+        if !uncabled.is_empty() {
+            let shown = uncabled
+                .iter()
+                .take(8)
+                .cloned()
+                .collect::<Vec<_>>()
+                .join(", ");
+            let more = uncabled.len().saturating_sub(8);
+            let more = if more > 0 {
+                format!(" and {more} more")
+            } else {
+                String::new()
+            };
+            return Err(invalid(format!(
+                "topology.links: {} host(s) have no cabled port ({shown}{more}): cable \
+                 each host to a switch",
+                uncabled.len()
+            )));
+        }
+        for sm in &self.topology.sm {
+            if sm.subnet >= fabric.subnets() {
+                return Err(invalid(format!(
+                    "topology.sm: subnet {} does not exist (the fabric has {} subnet(s), \
+                     0..{})",
+                    sm.subnet,
+                    fabric.subnets(),
+                    fabric.subnets()
+                )));
+            }
+            for name in &sm.ports {
+                let p = fabric.port_by_name(name).map_err(|e| {
+                    invalid(format!("{e}: an SM of subnet {} (topology.sm)", sm.subnet))
+                })?;
+                let port = &fabric.ports[p];
+                if port.subnet != sm.subnet || port.link.is_none() {
+                    return Err(invalid(format!(
+                        "port \"{name}\" is not cabled into subnet {}: an SM of that subnet \
+                         (topology.sm)",
+                        sm.subnet
+                    )));
+                }
+            }
+        }
+        Ok(())
     }
 
     /// The topology's and the workload's sizes.
@@ -469,6 +528,39 @@ mod tests {
                 .expect_err("over a limit")
                 .to_string();
             assert!(e.contains(&format!("at most {limit}")), "{e}");
+        }
+    }
+
+    #[test]
+    fn fabrics_that_cannot_mean_what_they_say_are_refused_at_their_line() {
+        let sw =
+            "[topology]\nhosts = 2\nports = 1\n[[topology.switches]]\nname = \"S\"\nsubnet = 0\n";
+        // No cable at all: nothing reaches the hosts.
+        let e = Scenario::from_toml(sw).unwrap_err().to_string();
+        assert!(e.contains("2 host(s) have no cabled port (h0, h1)"), "{e}");
+        let cabled = format!(
+            "{sw}[[topology.links]]\na = \"S\"\nb = \"h0:1\"\n\
+             [[topology.links]]\na = \"S\"\nb = \"h1:1\"\n"
+        );
+        Scenario::from_toml(&cabled).expect("cabled");
+        for (sm, want, line) in [
+            (
+                "subnet = 0\nports = [\"h9:1\"]\n",
+                "\"h9:1\" does not exist",
+                15,
+            ),
+            (
+                "subnet = 3\nports = [\"h0:1\"]\n",
+                "subnet 3 does not exist",
+                0,
+            ),
+        ] {
+            let text = format!("{cabled}[[topology.sm]]\n{sm}");
+            let e = Scenario::from_toml(&text).unwrap_err().to_string();
+            assert!(e.contains(want), "{e}");
+            if line > 0 {
+                assert!(e.starts_with(&format!("line {line}:")), "{e}");
+            }
         }
     }
 
