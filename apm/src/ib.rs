@@ -309,6 +309,41 @@ pub struct UmadFacets {
     umad: Vec<Arc<umad::Port>>,
 }
 
+/// A umad port opened, with its stream of unsolicited MADs.
+type Opened = (umad::Port, umad::Unsolicited);
+
+/// Open every listed port of `plan` with the SA agent and `channel`'s; the ports that
+/// did not open, with why (another port may carry their MADs).
+fn open_ports(
+    plan: &[PlannedPort],
+    channel: CmChannel,
+    testbed: TestBedMode,
+) -> (BTreeMap<PortKey, Opened>, BTreeMap<PortKey, String>) {
+    let mut opened = BTreeMap::new();
+    let mut failed = BTreeMap::new();
+    for p in plan.iter().filter(|p| p.listed) {
+        let sel = PortSelector::CaPort {
+            ca: p.device.clone(),
+            port: p.port,
+        };
+        let popts = PortOptions {
+            agents: vec![umad_sa::SA_AGENT, channel.agent()],
+            testbed,
+            ..Default::default()
+        };
+        match umad::Port::open(&sel, popts) {
+            Ok(o) => {
+                opened.insert(p.key, o);
+            }
+            Err(e) => {
+                warn!(device = %p.device, port = p.port, error = %e, "umad port did not open");
+                failed.insert(p.key, e.to_string());
+            }
+        }
+    }
+    (opened, failed)
+}
+
 impl UmadFacets {
     /// Open the umad ports of `config`'s devices (see the module docs) and build one SA
     /// client, fabric facet and LAP channel per opened port. Call inside a tokio
@@ -320,28 +355,7 @@ impl UmadFacets {
         if opts.testbed != TestBedMode::Off {
             umad::testbed::check_allowed(opts.testbed).map_err(Unavailable::TestBed)?;
         }
-        let mut opened = BTreeMap::new();
-        let mut failed = BTreeMap::new();
-        for p in plan.iter().filter(|p| p.listed) {
-            let sel = PortSelector::CaPort {
-                ca: p.device.clone(),
-                port: p.port,
-            };
-            let popts = PortOptions {
-                agents: vec![umad_sa::SA_AGENT, channel.agent()],
-                testbed: opts.testbed,
-                ..Default::default()
-            };
-            match umad::Port::open(&sel, popts) {
-                Ok(o) => {
-                    opened.insert(p.key, o);
-                }
-                Err(e) => {
-                    warn!(device = %p.device, port = p.port, error = %e, "umad port did not open");
-                    failed.insert(p.key, e.to_string());
-                }
-            }
-        }
+        let (opened, failed) = open_ports(&plan, channel, opts.testbed);
         let keys: Vec<PortKey> = opened.keys().copied().collect();
         let carriers = assign_carriers(&plan, &keys, &failed)?;
         // The vendor channel's MADs are sealed and checked under `[lap] key_file`
