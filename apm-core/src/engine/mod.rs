@@ -28,7 +28,7 @@ mod rearm;
 mod remote;
 mod results;
 mod select;
-mod timers;
+pub(crate) mod timers;
 
 use crate::io::*;
 use crate::policy::{Policy, PolicyError};

@@ -276,3 +276,130 @@ fn same_seed_same_sends() {
     };
     assert_eq!(run(7), run(7));
 }
+
+#[test]
+fn a_path_that_keeps_flapping_is_held_down_and_returns_once_quiet() {
+    let mut bed = Bed::new(8);
+    bed.run_ms(100);
+    // Three cuts of rail 1, each long enough to end the sessions, 200 ms apart.
+    for _ in 0..3 {
+        bed.cut.push(1);
+        bed.run_ms(150);
+        bed.cut.clear();
+        bed.run_ms(400);
+    }
+    let rail1 = |o: &ProbeOutput| match o {
+        ProbeOutput::Up { ends, .. } | ProbeOutput::Down { ends, .. } => ends.local.0[15] == 1,
+        _ => false,
+    };
+    let host0: Vec<_> = bed
+        .seen
+        .iter()
+        .filter(|(_, h, o)| *h == 0 && rail1(o))
+        .map(|(_, _, o)| matches!(o, ProbeOutput::Up { .. }))
+        .collect();
+    // Up at start, then down/up, down/up, down and the third return held.
+    assert_eq!(host0, [true, false, true, false, true, false], "{:?}", bed.seen);
+    assert_eq!(bed.hosts[0].state(ends(1, 1)), Some(SessionState::Up));
+    assert!(bed.hosts[0].damped(ends(1, 1)));
+    // Rail 2 never flapped: untouched.
+    assert!(!bed.hosts[0].damped(ends(1, 2)));
+    // About 1.2 half-lives later (6 s) the return is told, once.
+    bed.run_ms(7_000);
+    assert!(!bed.hosts[0].damped(ends(1, 1)));
+    let last = bed
+        .seen
+        .iter()
+        .filter(|(_, h, o)| *h == 0 && rail1(o))
+        .last()
+        .expect("told");
+    assert!(
+        matches!(
+            last.2,
+            ProbeOutput::Up {
+                after_down: true,
+                ..
+            }
+        ),
+        "{last:?}"
+    );
+}
+
+#[test]
+fn a_cut_during_a_hold_is_not_news_and_lengthens_the_hold() {
+    let mut bed = Bed::new(9);
+    bed.run_ms(100);
+    for _ in 0..3 {
+        bed.cut.push(1);
+        bed.run_ms(150);
+        bed.cut.clear();
+        bed.run_ms(400);
+    }
+    let told = bed.seen.len();
+    // A fourth flap while held: the engine still holds the path dead, nothing to say.
+    bed.cut.push(1);
+    bed.run_ms(150);
+    bed.cut.clear();
+    bed.run_ms(400);
+    let news: Vec<_> = bed.seen[told..]
+        .iter()
+        .filter(|(_, _, o)| match o {
+            ProbeOutput::Up { ends, .. } | ProbeOutput::Down { ends, .. } => {
+                ends.local.0[15] == 1 || ends.remote.0[15] == 1
+            }
+            _ => false,
+        })
+        .collect();
+    assert!(news.is_empty(), "{news:?}");
+    // Four quick flaps hold longer than three: not back within 5.5 s.
+    bed.run_ms(5_500);
+    assert!(bed.hosts[0].damped(ends(1, 1)));
+    bed.run_ms(5_000);
+    assert!(!bed.hosts[0].damped(ends(1, 1)));
+}
+
+#[test]
+fn damping_off_reports_every_return() {
+    let policy = ProbePolicy {
+        damping_half_life_ms: 0,
+        ..on()
+    };
+    let mut bed = Bed::new(10);
+    bed.hosts = [Prober::new(policy.clone(), 10), Prober::new(policy, 11)];
+    for (i, h) in bed.hosts.iter_mut().enumerate() {
+        for rail in 1..=2 {
+            h.watch(Time::ZERO, ends(i as u8 + 1, rail));
+        }
+    }
+    bed.run_ms(100);
+    for _ in 0..5 {
+        bed.cut.push(1);
+        bed.run_ms(150);
+        bed.cut.clear();
+        bed.run_ms(400);
+    }
+    assert!(!bed.hosts[0].damped(ends(1, 1)));
+    let ups = bed
+        .seen
+        .iter()
+        .filter(|(_, h, o)| *h == 0 && matches!(o, ProbeOutput::Up { ends, .. } if ends.local.0[15] == 1))
+        .count();
+    assert_eq!(ups, 6);
+}
+
+#[test]
+fn the_timer_queue_stays_bounded_and_wakes_only_for_what_is_due() {
+    let mut bed = Bed::new(12);
+    bed.run_ms(2_000);
+    // Each session keeps about one send and one expiry queued.
+    for h in &bed.hosts {
+        assert!(h.timers.len() <= 3 * h.sessions.len() + 2, "{}", h.timers.len());
+        let next = h.next_deadline().expect("sessions send");
+        assert!(next > bed.now, "nothing overdue after a poll");
+    }
+    // Following no path leaves no session; stale entries do nothing when due.
+    bed.hosts[0].follow(bed.now, &BTreeSet::new());
+    bed.run_ms(1_000);
+    assert_eq!(bed.hosts[0].sessions().count(), 0);
+    assert_eq!(bed.hosts[0].next_deadline(), None);
+}
