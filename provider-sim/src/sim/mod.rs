@@ -52,6 +52,7 @@ use crate::controller::{self, Controller, PolicyKind};
 use crate::fabric::{Fabric, PortId, PortState};
 use crate::report::{Percentiles, RunReport, Sample};
 use crate::rng::Rng;
+use apm_core::probe::Probe;
 use apm_core::*;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -90,12 +91,14 @@ pub struct RunConfig {
 }
 
 impl RunConfig {
-    /// A run of `policy` with `seed`, default engine policy, samples every 10 ms.
+    /// A run of `policy` with `seed`, the simulator's engine policy
+    /// ([`crate::controller::sim_policy`]: the defaults with probes on), samples every
+    /// 10 ms.
     pub fn new(policy: PolicyKind, seed: u64) -> RunConfig {
         RunConfig {
             seed,
             policy,
-            engine_policy: Policy::default(),
+            engine_policy: controller::sim_policy(),
             sample_ms: 10,
             check: false,
             external_hosts: Vec::new(),
@@ -258,6 +261,7 @@ enum Action {
     SmFail(usize),
     MadLoss(f64, Time),
     DeviceFatal(usize),
+    BlackHole(usize, bool),
 }
 
 #[derive(Debug)]
@@ -414,6 +418,7 @@ struct Counters {
     notifications: u64,
     events: u64,
     messages_posted: u64,
+    probes_sent: u64,
 }
 
 /// One simulation run.
