@@ -156,9 +156,7 @@ impl Controller for ApmController {
         self.run_probes(now);
     }
     fn poll_output(&mut self) -> Option<Output> {
-        self.sends
-            .pop_front()
-            .or_else(|| self.engine.poll_output())
+        self.sends.pop_front().or_else(|| self.engine.poll_output())
     }
     fn poll_timeout(&self) -> Option<Time> {
         let probes = self.probes.as_ref().and_then(|p| {
@@ -168,7 +166,10 @@ impl Controller for ApmController {
                 p.next_deadline()
             }
         });
-        [self.engine.poll_timeout(), probes].into_iter().flatten().min()
+        [self.engine.poll_timeout(), probes]
+            .into_iter()
+            .flatten()
+            .min()
     }
     fn engine(&self) -> Option<&Engine> {
         Some(&self.engine)

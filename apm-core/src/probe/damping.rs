@@ -96,7 +96,10 @@ impl Damping {
             return None;
         }
         let wait = rule.half_life.mul_f64((p / rule.reuse()).log2());
-        Some(now.plus(wait.min(rule.max_hold)).max(now.plus(Duration::from_nanos(1))))
+        Some(
+            now.plus(wait.min(rule.max_hold))
+                .max(now.plus(Duration::from_nanos(1))),
+        )
     }
 
     /// Whether returns are held now.

@@ -299,7 +299,12 @@ fn a_path_that_keeps_flapping_is_held_down_and_returns_once_quiet() {
         .map(|(_, _, o)| matches!(o, ProbeOutput::Up { .. }))
         .collect();
     // Up at start, then down/up, down/up, down and the third return held.
-    assert_eq!(host0, [true, false, true, false, true, false], "{:?}", bed.seen);
+    assert_eq!(
+        host0,
+        [true, false, true, false, true, false],
+        "{:?}",
+        bed.seen
+    );
     assert_eq!(bed.hosts[0].state(ends(1, 1)), Some(SessionState::Up));
     assert!(bed.hosts[0].damped(ends(1, 1)));
     // Rail 2 never flapped: untouched.
@@ -382,7 +387,9 @@ fn damping_off_reports_every_return() {
     let ups = bed
         .seen
         .iter()
-        .filter(|(_, h, o)| *h == 0 && matches!(o, ProbeOutput::Up { ends, .. } if ends.local.0[15] == 1))
+        .filter(|(_, h, o)| {
+            *h == 0 && matches!(o, ProbeOutput::Up { ends, .. } if ends.local.0[15] == 1)
+        })
         .count();
     assert_eq!(ups, 6);
 }
@@ -393,7 +400,11 @@ fn the_timer_queue_stays_bounded_and_wakes_only_for_what_is_due() {
     bed.run_ms(2_000);
     // Each session keeps about one send and one expiry queued.
     for h in &bed.hosts {
-        assert!(h.timers.len() <= 3 * h.sessions.len() + 2, "{}", h.timers.len());
+        assert!(
+            h.timers.len() <= 3 * h.sessions.len() + 2,
+            "{}",
+            h.timers.len()
+        );
         let next = h.next_deadline().expect("sessions send");
         assert!(next > bed.now, "nothing overdue after a poll");
     }
