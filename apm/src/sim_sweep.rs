@@ -302,7 +302,7 @@ pub fn table(sweep: &Sweep, results: &[FamilyResult]) -> String {
     let _ = writeln!(
         o,
         "apm simulate --sweep {}: {} families x {} seeds (seeds {}..={}), {size} scenarios, \
-         default policy and fabric constants\n",
+         the simulator's policy (defaults, probes on) and default fabric constants\n",
         sweep.seeds,
         results.len(),
         sweep.seeds,
