@@ -5,6 +5,7 @@
 //! re-scheduling O(log n) and `next()` O(log n) with 100k connections. The prober
 //! ([`crate::probe`]) keeps its sessions' deadlines in one too, keyed by path.
 
+use crate::probe::PathEnds;
 use crate::types::{ConnId, Gid, PortKey, Time};
 use std::collections::BTreeSet;
 
@@ -17,6 +18,8 @@ pub(crate) enum TimerKey {
     PortHold(PortKey),
     /// A remote GID's hold-down ends.
     RemoteHold(Gid),
+    /// A probed path's hold for flapping ends.
+    PathHold(PathEnds),
     /// Retry a subscription through a port.
     Subscribe(PortKey),
     /// Ask the SA whether a remote GID held out of service is reachable again.

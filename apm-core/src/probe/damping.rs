@@ -2,8 +2,9 @@
 //! time the session leaves Up it earns a penalty of one flap; the penalty decays
 //! exponentially with a half-life; at the `suppress`-th flap in quick succession (a
 //! penalty above `suppress - 0.5`, so that the decay between quick flaps does not let
-//! the last one slip under) the session's return is held (the engine keeps the path
-//! dead) until the penalty has decayed to half that threshold. The hold therefore grows
+//! the last one slip under) the session's return is held (the engine does not arm onto
+//! the path, but still moves a connection with a dead primary onto it: a flapping path
+//! beats a dead one) until the penalty has decayed to half that threshold. The hold therefore grows
 //! with the flaps (about one half-life at the threshold, one more per doubling of the
 //! penalty) and is capped at `max_hold`: the penalty never exceeds what decays to the
 //! reuse level in that time (RFC 2439's ceiling).

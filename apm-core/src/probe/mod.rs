@@ -251,8 +251,6 @@ impl ProbePolicy {
 enum Due {
     /// The detection time passes unless a probe arrived meanwhile.
     Detect,
-    /// A damped return's hold ends.
-    Release,
     /// The next probe goes out.
     Send,
 }
@@ -303,6 +301,9 @@ pub enum ProbeOutput {
         ends: PathEnds,
         /// False the first time the session comes up: nothing changed for the engine.
         after_down: bool,
+        /// The path has been flapping: it should not be used before then unless
+        /// nothing better is left (the damping's hold), `None` when usable at once.
+        held_until: Option<Time>,
     },
 }
 
@@ -323,7 +324,7 @@ pub struct Prober {
     policy: ProbePolicy,
     damping: DampingRule,
     sessions: BTreeMap<PathEnds, Session>,
-    /// Every session's deadlines, lazily deleted: an entry is acted on only when it is
+    /// Every session's deadlines (sends and detection expiries), lazily deleted: an entry is acted on only when it is
     /// still its session's deadline of that kind.
     timers: Timers<(PathEnds, Due)>,
     /// This host's ports that are down.
@@ -402,12 +403,12 @@ impl Prober {
         self.sessions.get(&ends).map(|s| s.state)
     }
 
-    /// True when the path's session is Up but its return is held for flapping (the
-    /// caller still holds the path dead).
-    pub fn damped(&self, ends: PathEnds) -> bool {
+    /// True when the path's session is Up but its return is held for flapping at
+    /// `now`.
+    pub fn damped(&self, ends: PathEnds, now: Time) -> bool {
         self.sessions
             .get(&ends)
-            .is_some_and(|s| s.release_at.is_some())
+            .is_some_and(|s| s.state == SessionState::Up && s.release_at.is_some_and(|t| now < t))
     }
 
     /// The counters so far.
@@ -478,7 +479,7 @@ impl Prober {
         }
     }
 
-    /// Run the timers due at `now`: detection expiries, held returns, sends.
+    /// Run the timers due at `now`: detection expiries and sends.
     pub fn poll_timers(&mut self, now: Time) {
         let mut sends = Vec::new();
         while let Some((at, (ends, due))) = self.timers.pop_due(now) {
@@ -499,12 +500,6 @@ impl Prober {
                             self.timers.schedule(d, (ends, Due::Detect));
                         }
                         None => {}
-                    }
-                }
-                Due::Release if s.release_at == Some(at) => {
-                    s.release_at = None;
-                    if s.state == SessionState::Up {
-                        self.came_up(now, ends, true);
                     }
                 }
                 Due::Send if s.next_tx == at && !self.local_down.contains(&ends.local) => {
@@ -575,7 +570,7 @@ impl Prober {
     }
 
     /// The session left Up: one flap more, and the caller hears of it if it was told
-    /// the path was up (a return held for flapping was never told).
+    /// the path was up.
     fn left_up(&mut self, now: Time, ends: PathEnds, kind: FailureKind) {
         let Some(s) = self.sessions.get_mut(&ends) else {
             return;
@@ -587,21 +582,19 @@ impl Prober {
         }
     }
 
-    /// The session is Up: tell the caller now, or when its flap penalty allows.
+    /// The session is Up: tell the caller, with the hold its flap penalty asks for.
     fn came_up(&mut self, now: Time, ends: PathEnds, after_down: bool) {
         let Some(s) = self.sessions.get_mut(&ends) else {
             return;
         };
-        match s.damping.release_at(&self.damping, now) {
-            Some(at) => {
-                s.release_at = Some(at);
-                self.timers.schedule(at, (ends, Due::Release));
-            }
-            None => {
-                s.told_up = true;
-                self.out.push_back(ProbeOutput::Up { ends, after_down });
-            }
-        }
+        let held_until = s.damping.release_at(&self.damping, now);
+        s.release_at = held_until;
+        s.told_up = true;
+        self.out.push_back(ProbeOutput::Up {
+            ends,
+            after_down,
+            held_until,
+        });
     }
 
     /// Remember the peer ports `probe`'s sender says are down; a session to one of them

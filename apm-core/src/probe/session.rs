@@ -103,7 +103,7 @@ pub(super) struct Session {
     pub(super) told_up: bool,
     /// The flap history.
     pub(super) damping: Damping,
-    /// Up, but its return is held for flapping until then.
+    /// Its last return was held for flapping until then.
     pub(super) release_at: Option<Time>,
 }
 

@@ -277,90 +277,80 @@ fn same_seed_same_sends() {
     assert_eq!(run(7), run(7));
 }
 
-#[test]
-fn a_path_that_keeps_flapping_is_held_down_and_returns_once_quiet() {
-    let mut bed = Bed::new(8);
-    bed.run_ms(100);
-    // Three cuts of rail 1, each long enough to end the sessions, 200 ms apart.
-    for _ in 0..3 {
+/// Rail 1 cut `n` times, each cut long enough to end the sessions.
+fn flap_rail_1(bed: &mut Bed, n: usize) {
+    for _ in 0..n {
         bed.cut.push(1);
         bed.run_ms(150);
         bed.cut.clear();
         bed.run_ms(400);
     }
-    let rail1 = |o: &ProbeOutput| match o {
-        ProbeOutput::Up { ends, .. } | ProbeOutput::Down { ends, .. } => ends.local.0[15] == 1,
-        _ => false,
-    };
-    let host0: Vec<_> = bed
-        .seen
+}
+
+/// Host 0's verdicts about its rail-1 path: `Some(hold)` for an Up, `None` for a Down.
+fn rail_1_verdicts(bed: &Bed) -> Vec<Option<Option<Time>>> {
+    bed.seen
         .iter()
-        .filter(|(_, h, o)| *h == 0 && rail1(o))
-        .map(|(_, _, o)| matches!(o, ProbeOutput::Up { .. }))
-        .collect();
-    // Up at start, then down/up, down/up, down and the third return held.
-    assert_eq!(
-        host0,
-        [true, false, true, false, true, false],
-        "{:?}",
-        bed.seen
-    );
-    assert_eq!(bed.hosts[0].state(ends(1, 1)), Some(SessionState::Up));
-    assert!(bed.hosts[0].damped(ends(1, 1)));
-    // Rail 2 never flapped: untouched.
-    assert!(!bed.hosts[0].damped(ends(1, 2)));
-    // About 1.2 half-lives later (6 s) the return is told, once.
-    bed.run_ms(7_000);
-    assert!(!bed.hosts[0].damped(ends(1, 1)));
-    let last = bed
-        .seen
-        .iter()
-        .filter(|(_, h, o)| *h == 0 && rail1(o))
-        .last()
-        .expect("told");
-    assert!(
-        matches!(
-            last.2,
+        .filter_map(|(_, h, o)| match o {
             ProbeOutput::Up {
-                after_down: true,
-                ..
-            }
-        ),
-        "{last:?}"
+                ends, held_until, ..
+            } if *h == 0 && ends.local.0[15] == 1 => Some(Some(*held_until)),
+            ProbeOutput::Down { ends, .. } if *h == 0 && ends.local.0[15] == 1 => Some(None),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_path_that_keeps_flapping_comes_back_held_and_the_hold_ends_when_quiet() {
+    let mut bed = Bed::new(8);
+    bed.run_ms(100);
+    flap_rail_1(&mut bed, 3);
+    let v = rail_1_verdicts(&bed);
+    // Up at start, then down/up, down/up, down and a third return that is held.
+    assert_eq!(v.len(), 7, "{v:?}");
+    assert!(v[..6].iter().step_by(2).all(|x| *x == Some(None)), "{v:?}");
+    assert!(v[1..6].iter().step_by(2).all(Option::is_none), "{v:?}");
+    let until = v[6].flatten().expect("the third return is held");
+    // About 1.2 half-lives (6 s) from the return.
+    let hold = until.since(bed.now);
+    assert!(
+        hold > Duration::from_secs(5) && hold < Duration::from_secs(7),
+        "{hold:?}"
+    );
+    assert!(bed.hosts[0].damped(ends(1, 1), bed.now));
+    assert!(
+        !bed.hosts[0].damped(ends(1, 2), bed.now),
+        "rail 2 never flapped"
+    );
+    bed.run_ms(7_000);
+    assert!(!bed.hosts[0].damped(ends(1, 1), bed.now));
+    assert_eq!(
+        rail_1_verdicts(&bed).len(),
+        7,
+        "nothing more to say when quiet"
     );
 }
 
 #[test]
-fn a_cut_during_a_hold_is_not_news_and_lengthens_the_hold() {
+fn a_cut_during_a_hold_is_news_and_lengthens_the_next_hold() {
     let mut bed = Bed::new(9);
     bed.run_ms(100);
-    for _ in 0..3 {
-        bed.cut.push(1);
-        bed.run_ms(150);
-        bed.cut.clear();
-        bed.run_ms(400);
-    }
-    let told = bed.seen.len();
-    // A fourth flap while held: the engine still holds the path dead, nothing to say.
-    bed.cut.push(1);
-    bed.run_ms(150);
-    bed.cut.clear();
-    bed.run_ms(400);
-    let news: Vec<_> = bed.seen[told..]
-        .iter()
-        .filter(|(_, _, o)| match o {
-            ProbeOutput::Up { ends, .. } | ProbeOutput::Down { ends, .. } => {
-                ends.local.0[15] == 1 || ends.remote.0[15] == 1
-            }
-            _ => false,
-        })
-        .collect();
-    assert!(news.is_empty(), "{news:?}");
-    // Four quick flaps hold longer than three: not back within 5.5 s.
-    bed.run_ms(5_500);
-    assert!(bed.hosts[0].damped(ends(1, 1)));
-    bed.run_ms(5_000);
-    assert!(!bed.hosts[0].damped(ends(1, 1)));
+    flap_rail_1(&mut bed, 3);
+    let third = rail_1_verdicts(&bed)[6].flatten().expect("held");
+    let third_hold = third.since(bed.now);
+    flap_rail_1(&mut bed, 1);
+    let v = rail_1_verdicts(&bed);
+    assert_eq!(v.len(), 9, "{v:?}");
+    assert_eq!(
+        v[7], None,
+        "the engine was told the path is up: its loss is news"
+    );
+    let fourth = v[8].flatten().expect("held again");
+    assert!(
+        fourth.since(bed.now) > third_hold,
+        "{fourth:?} vs {third:?}"
+    );
 }
 
 #[test]
@@ -383,7 +373,7 @@ fn damping_off_reports_every_return() {
         bed.cut.clear();
         bed.run_ms(400);
     }
-    assert!(!bed.hosts[0].damped(ends(1, 1)));
+    assert!(!bed.hosts[0].damped(ends(1, 1), bed.now));
     let ups = bed
         .seen
         .iter()
