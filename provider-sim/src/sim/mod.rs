@@ -35,6 +35,14 @@
 //! - **The SA** (`sa.rs`) serves requests one at a time at `sa_rate_per_s`, drops those
 //!   that wait longer than `sa_fifo_timeout_ms`, and answers nothing until a new
 //!   master's first sweep is done; clients time out and retry.
+//! - **Silent failures**: a black-holing switch keeps its ports up and answers the SM's
+//!   directed-route SMPs but forwards nothing (no port event, no trap 128, no sweep);
+//!   a cut between switches raises no port event at a host (the switches' trap 128
+//!   starts a sweep; the SM's trap 65 names only the ports a split left unreachable).
+//!   RoCE (software-migration) ports have no SA: Ethernet ports for the engine.
+//! - **Probes** (apm only): each host's `ProbeDriver` sends through `SendPeer`; a probe
+//!   travels as a datagram routed like data (`hosts.rs`), never through the MAD agent
+//!   and never lost to MAD loss, and reaches the peer's prober after its hops.
 //! - **Traffic** is application messages numbered per direction. A message is delivered
 //!   once the forward path works, acknowledged once the return path works too. The
 //!   application keeps offering messages on a connection that died (they count as not
