@@ -95,7 +95,7 @@ pub fn run(
                                     break;
                                 };
                                 let scenario = family.scenario(seed, sweep.size);
-                                let policy = apm_core::Policy::default();
+                                let policy = provider_sim::controller::sim_policy();
                                 out.push((i, compare::run_all(&scenario, seed, &policy)));
                                 if let Some(b) = progress {
                                     b.inc(1);
