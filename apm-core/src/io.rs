@@ -57,6 +57,16 @@ pub enum Input {
         /// The path.
         ends: crate::probe::PathEnds,
     },
+    /// A probe session is up again, but its path has been flapping: held until `until`
+    /// (the prober's damping). Like a port held down for flapping: nothing is armed
+    /// onto it before then, but a connection whose primary is dead still moves onto it
+    /// (a flapping path beats a dead one).
+    PathHeld {
+        /// The path.
+        ends: crate::probe::PathEnds,
+        /// When it is usable again unless it fails first.
+        until: Time,
+    },
     /// A LAP/APR/MRA (or software-migration message) from a peer.
     PeerMessage {
         /// Where the transport says it came from.

@@ -95,7 +95,7 @@ pub fn run(
                                     break;
                                 };
                                 let scenario = family.scenario(seed, sweep.size);
-                                let policy = apm_core::Policy::default();
+                                let policy = provider_sim::controller::sim_policy();
                                 out.push((i, compare::run_all(&scenario, seed, &policy)));
                                 if let Some(b) = progress {
                                     b.inc(1);
@@ -302,7 +302,7 @@ pub fn table(sweep: &Sweep, results: &[FamilyResult]) -> String {
     let _ = writeln!(
         o,
         "apm simulate --sweep {}: {} families x {} seeds (seeds {}..={}), {size} scenarios, \
-         default policy and fabric constants\n",
+         the simulator's policy (defaults, probes on) and default fabric constants\n",
         sweep.seeds,
         results.len(),
         sweep.seeds,

@@ -32,7 +32,7 @@ pub struct Args {
     scenario: Option<PathBuf>,
     /// The scenario of a family for `--seed` instead of a file: dual-rail,
     /// leaf-spine-lmc2, random-dual-rail-lmc0, random-dual-rail-lmc1, random-leaf-spine,
-    /// mad-loss-50, mad-loss-90, sm-failures, random-roce.
+    /// mad-loss-50, mad-loss-90, sm-failures, random-roce, silent-split-rail, silent-roce.
     #[arg(long, value_name = "NAME")]
     family: Option<String>,
     /// With `--family` or `--sweep`: the small scenarios of the chaos campaign.

@@ -24,7 +24,7 @@ use crate::sim::{RunConfig, Sim, SimError};
 use crate::Scenario;
 use apm_core::Policy;
 
-/// The engine policy the invariant runs use: the defaults with the hold-down, the
+/// The engine policy the invariant runs use: the simulator's (probes on) with the hold-down, the
 /// re-arm backoff and the SA recheck of an out-of-service GID (1 s, doubling) capped at
 /// 2 s, so that "armed again within a bound after the faults stop" can be checked within
 /// seconds of simulated time rather than minutes, for every connection: a host that
@@ -35,7 +35,7 @@ pub fn chaos_policy() -> Policy {
         rearm_retry_max_ms: 2000,
         remote_recheck_ms: 1000,
         remote_recheck_max_ms: 2000,
-        ..Policy::default()
+        ..crate::controller::sim_policy()
     }
 }
 
@@ -140,7 +140,7 @@ pub fn run_seed(seed: u64) -> Result<SeedOutcome, SeedError> {
             a.digest, b.digest
         ));
     }
-    let reports = compare::run_all(&s, seed, &Policy::default())?;
+    let reports = compare::run_all(&s, seed, &crate::controller::sim_policy())?;
     for r in &reports {
         if !r.violations.is_empty() {
             problems.push(format!(

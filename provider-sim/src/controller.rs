@@ -6,6 +6,7 @@
 //! and must stay as simple as they are in the wild: they are not straw men, but they
 //! are not to be improved either.
 
+use apm_core::probe::{ProbeAction, ProbeDriver, ProbePolicy};
 use apm_core::{
     Command, CommandId, CommandOp, ConnId, ConnSpec, Engine, Input, MigState, Output, Path, Policy,
     QpEvent, Time,
@@ -62,24 +63,84 @@ pub trait Controller: std::fmt::Debug + Send {
     }
 }
 
-/// The apm engine as a controller.
+/// The engine policy apm runs with in the simulator: the defaults, with liveness probes
+/// on every path, InfiniBand ones included. In the simulator a probe rides a datagram of
+/// its own on the rail (what a UD QP of apm's would carry), routed like data and never
+/// lost to MAD loss; on a real InfiniBand fabric probes would ride vendor MADs on QP1,
+/// which is why they are off there by default.
+pub fn sim_policy() -> Policy {
+    Policy {
+        probe: ProbePolicy {
+            enabled: true,
+            infiniband: true,
+            ..ProbePolicy::default()
+        },
+        ..Policy::default()
+    }
+}
+
+/// The apm engine as a controller, with its prober beside it as the `Manager` runs it
+/// (`ProbeDriver`): probes in and out through the simulated fabric, verdicts to the
+/// engine at once.
 #[derive(Debug)]
 pub struct ApmController {
     engine: Engine,
+    probes: Option<ProbeDriver>,
+    /// Connections were protected since the prober last looked at their paths.
+    follow_due: bool,
+    /// Probe sends waiting for `poll_output`.
+    sends: VecDeque<Output>,
+    next_send: u64,
 }
 
+/// Command ids of probe sends: apart from the engine's, never answered to it.
+const PROBE_SEND: u64 = 1 << 63;
+
 impl ApmController {
-    /// An engine with `policy`.
-    pub fn new(policy: Policy) -> Result<ApmController, apm_core::PolicyError> {
+    /// An engine with `policy`; `seed` drives its prober's jitter.
+    pub fn new(policy: Policy, seed: u64) -> Result<ApmController, apm_core::PolicyError> {
+        let probes = ProbeDriver::new(&policy.probe, seed);
         Ok(ApmController {
             engine: Engine::new(policy)?,
+            probes,
+            follow_due: false,
+            sends: VecDeque::new(),
+            next_send: 0,
         })
+    }
+
+    /// Run the prober's due timers; its sends become outputs, its verdicts engine inputs.
+    fn run_probes(&mut self, now: Time) {
+        let Some(p) = self.probes.as_mut() else {
+            return;
+        };
+        if std::mem::take(&mut self.follow_due) {
+            p.follow(now, self.engine.probe_paths());
+        }
+        for action in p.poll(now) {
+            match action {
+                ProbeAction::Send { port, to, msg } => {
+                    self.next_send += 1;
+                    let id = CommandId(PROBE_SEND | self.next_send);
+                    let op = CommandOp::SendPeer { port, to, msg };
+                    self.sends.push_back(Output::Command(Command { id, op }));
+                }
+                ProbeAction::Engine(input) => self.engine.handle_input(now, input),
+            }
+        }
     }
 }
 
 impl Controller for ApmController {
     fn handle_input(&mut self, now: Time, input: Input) {
-        self.engine.handle_input(now, input);
+        let input = match self.probes.as_mut() {
+            Some(p) => p.on_input(now, input),
+            None => Some(input),
+        };
+        if let Some(input) = input {
+            self.engine.handle_input(now, input);
+        }
+        self.run_probes(now);
     }
     fn protect(&mut self, now: Time, spec: ConnSpec) {
         if let Err(e) = self.engine.protect(now, spec) {
@@ -87,15 +148,28 @@ impl Controller for ApmController {
             // simulator bug worth seeing in the logs, not a crash.
             tracing::warn!(error = %e, "engine refused a simulator connection");
         }
+        // Followed at the next timer: protecting n connections costs one walk, not n.
+        self.follow_due = self.probes.is_some();
     }
     fn handle_timeout(&mut self, now: Time) {
         self.engine.handle_timeout(now);
+        self.run_probes(now);
     }
     fn poll_output(&mut self) -> Option<Output> {
-        self.engine.poll_output()
+        self.sends.pop_front().or_else(|| self.engine.poll_output())
     }
     fn poll_timeout(&self) -> Option<Time> {
-        self.engine.poll_timeout()
+        let probes = self.probes.as_ref().and_then(|p| {
+            if self.follow_due {
+                Some(Time::ZERO)
+            } else {
+                p.next_deadline()
+            }
+        });
+        [self.engine.poll_timeout(), probes]
+            .into_iter()
+            .flatten()
+            .min()
     }
     fn engine(&self) -> Option<&Engine> {
         Some(&self.engine)
@@ -237,13 +311,15 @@ impl Controller for Baseline {
     }
 }
 
-/// A controller of `kind`; `policy` is used by `apm` only.
+/// A controller of `kind`; `policy` and `seed` (its prober's jitter) are used by `apm`
+/// only.
 pub fn make(
     kind: PolicyKind,
     policy: &Policy,
+    seed: u64,
 ) -> Result<Box<dyn Controller>, apm_core::PolicyError> {
     Ok(match kind {
-        PolicyKind::Apm => Box::new(ApmController::new(policy.clone())?),
+        PolicyKind::Apm => Box::new(ApmController::new(policy.clone(), seed)?),
         PolicyKind::HwOnly => Box::new(Baseline::new(false)),
         PolicyKind::ReloadLocal => Box::new(Baseline::new(true)),
     })

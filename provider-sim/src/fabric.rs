@@ -143,6 +143,9 @@ pub struct Switch {
     pub subnet: usize,
     /// Powered and working.
     pub up: bool,
+    /// Powered, its links up, its management answering the SM, but dropping every
+    /// packet it should forward (a corrupt forwarding table, a firmware fault).
+    pub black_hole: bool,
     /// Links attached, in the order they were declared (ECMP choices index this).
     pub links: Vec<LinkId>,
     /// Linear forwarding table: DLID -> link, as last programmed by the SM.
@@ -290,6 +293,7 @@ impl Fabric {
             name,
             subnet,
             up: true,
+            black_hole: false,
             links: Vec::new(),
             lft: Vec::new(),
         });
@@ -507,7 +511,9 @@ impl Fabric {
     }
 
     /// Follow the forwarding tables from `slid` to `dlid`: the number of links crossed
-    /// when the packet gets there, `None` when it is dropped on the way.
+    /// when the packet gets there, `None` when it is dropped on the way (a dead link, a
+    /// table with no entry, a black-holing switch). The SM's directed-route SMPs never
+    /// come here ([`Fabric::discover`]): a black hole answers them.
     pub fn route(&self, slid: u16, dlid: u16) -> Option<u32> {
         let src = self.lid_owner(slid)?;
         let dst = self.lid_owner(dlid)?;
@@ -528,6 +534,9 @@ impl Fabric {
             match at {
                 End::Port(p) => return (p == dst).then_some(hops),
                 End::Switch(s) => {
+                    if self.switches[s].black_hole {
+                        return None;
+                    }
                     let l = self.switches[s]
                         .lft
                         .get(usize::from(dlid))

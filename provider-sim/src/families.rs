@@ -37,6 +37,12 @@ pub enum Family {
     SmFailures,
     /// Random faults with RoCE-style QPs (software migration).
     RandomRoce,
+    /// Silent failures (black-holing switches, cuts between switches) among random
+    /// faults, on rails of two switches joined by one cable.
+    SilentSplitRail,
+    /// The same with RoCE-style QPs: no SA, so a far end's port going down is silent
+    /// too.
+    SilentRoce,
 }
 
 /// How big the scenarios are.
@@ -50,7 +56,7 @@ pub enum Size {
 
 impl Family {
     /// Every family, in report order.
-    pub const ALL: [Family; 9] = [
+    pub const ALL: [Family; 11] = [
         Family::DualRail,
         Family::LeafSpineLmc2,
         Family::RandomDualRailLmc0,
@@ -60,6 +66,8 @@ impl Family {
         Family::MadLoss90,
         Family::SmFailures,
         Family::RandomRoce,
+        Family::SilentSplitRail,
+        Family::SilentRoce,
     ];
 
     /// The name used on the command line and in reports.
@@ -74,6 +82,8 @@ impl Family {
             Family::MadLoss90 => "mad-loss-90",
             Family::SmFailures => "sm-failures",
             Family::RandomRoce => "random-roce",
+            Family::SilentSplitRail => "silent-split-rail",
+            Family::SilentRoce => "silent-roce",
         }
     }
 
@@ -94,6 +104,10 @@ impl Family {
             Family::MadLoss90 => "a rail or port fails during 90% MAD loss",
             Family::SmFailures => "SM failover, SM port/host death, failures with no SM",
             Family::RandomRoce => "random faults, RoCE-style software migration",
+            Family::SilentSplitRail => {
+                "black holes and inter-switch cuts among random faults, two-switch rails"
+            }
+            Family::SilentRoce => "the same on RoCE: no SA, a far end's port down is silent",
         }
     }
 
@@ -106,6 +120,12 @@ impl Family {
             Family::RandomDualRailLmc0 => random(dual_rail(size, 0), &mut rng),
             Family::RandomDualRailLmc1 => random(dual_rail(size, 1), &mut rng),
             Family::RandomLeafSpine => random(leaf_spine(size, 1), &mut rng),
+            Family::SilentSplitRail => silent(split_rail(size), &mut rng),
+            Family::SilentRoce => {
+                let mut s = silent(split_rail(size), &mut rng);
+                s.workload.mode = Mode::Software;
+                s
+            }
             Family::MadLoss50 => mad_loss(size, 0.5, &mut rng),
             Family::MadLoss90 => mad_loss(size, 0.9, &mut rng),
             Family::SmFailures => sm_failures(size, &mut rng),
@@ -211,7 +231,106 @@ fn random(mut s: Scenario, rng: &mut Rng) -> Scenario {
         end_ms: 4000,
         max_outage_ms: 1500,
         device_fatal: rng.chance(0.2),
+        silent: false,
     });
+    s
+}
+
+/// Silent failures first: one to three black-holing switches or inter-switch cuts, each
+/// back within 1.5 s; then, on half the seeds, random faults with silent ones among
+/// them.
+fn silent(mut s: Scenario, rng: &mut Rng) -> Scenario {
+    let switches: Vec<String> = s.topology.switches.iter().map(|x| x.name.clone()).collect();
+    let isls: Vec<String> = s
+        .topology
+        .links
+        .iter()
+        .filter(|l| !l.a.starts_with('h'))
+        .map(|l| format!("{}-{}", l.a, l.b))
+        .collect();
+    for _ in 0..rng.range(1, 3) {
+        let at = rng.range(300, 3500);
+        let back = at + rng.range(50, 1500);
+        if rng.chance(0.5) {
+            let switch = switches[rng.below(switches.len() as u64) as usize].clone();
+            s.faults.push(Fault::SwitchBlackHole {
+                at_ms: at,
+                switch: switch.clone(),
+            });
+            s.faults.push(Fault::SwitchBlackHoleEnd {
+                at_ms: back,
+                switch,
+            });
+        } else {
+            let link = isls[rng.below(isls.len() as u64) as usize].clone();
+            s.faults.push(Fault::LinkDown {
+                at_ms: at,
+                link: link.clone(),
+            });
+            s.faults.push(Fault::LinkUp { at_ms: back, link });
+        }
+    }
+    if rng.chance(0.5) {
+        s = random(s, rng);
+        if let Some(r) = s.random_faults.as_mut() {
+            r.silent = true;
+        }
+    }
+    s.faults.sort_by_key(Fault::at_ms);
+    s
+}
+
+/// Two rails, each of two switches joined by one cable, the hosts split between them
+/// (rail A: switches A0 and A1, rail B: B0 and B1); SMs on h0 (on A0/B0) and the last
+/// host (on A1/B1). Cutting the cable between a rail's switches splits it: the master
+/// SM's sweep drops the far half's ports (trap 65 to the subscribers it still reaches),
+/// the far half hears nothing.
+fn split_rail(size: Size) -> Scenario {
+    let hosts = match size {
+        Size::Small => SMALL_HOSTS,
+        Size::Full => 12,
+    };
+    let mut t = Topology {
+        hosts,
+        ports: 2,
+        lmc: 0,
+        switches: Vec::new(),
+        links: Vec::new(),
+        sm: Vec::new(),
+    };
+    for r in 0..2usize {
+        let name = |i: usize| format!("{}{i}", char::from(b'A' + r as u8));
+        for i in 0..2 {
+            t.switches.push(SwitchSpec {
+                name: name(i),
+                subnet: r,
+            });
+        }
+        for h in 0..hosts {
+            t.links.push(LinkSpec {
+                a: format!("h{h}:{}", r + 1),
+                b: name(h * 2 / hosts),
+            });
+        }
+        t.links.push(LinkSpec {
+            a: name(0),
+            b: name(1),
+        });
+        t.sm.push(SmSpec {
+            subnet: r,
+            ports: vec![format!("h0:{}", r + 1), format!("h{}:{}", hosts - 1, r + 1)],
+        });
+    }
+    let mut s = Scenario {
+        duration_ms: 8000,
+        topology: t,
+        faults: Vec::new(),
+        ..Scenario::default()
+    };
+    s.workload.connections = match size {
+        Size::Small => 30,
+        Size::Full => 800,
+    };
     s
 }
 

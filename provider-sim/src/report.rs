@@ -135,6 +135,9 @@ pub struct RunReport {
     pub reports_sent: u64,
     /// Reports the SMs gave up on.
     pub reports_abandoned: u64,
+    /// Liveness probes the hosts' probers sent (apm only): per host, its peers times
+    /// its rails times the probe rate, whatever the number of connections.
+    pub probes_sent: u64,
     /// Notifications the controllers raised.
     pub notifications: u64,
     /// Simulation events processed.

@@ -4,7 +4,6 @@
 //! (`provider_sim::compare`) for violations. Each failed before its fix; the comment
 //! says what went wrong then.
 
-use apm_core::Policy;
 use provider_sim::compare::{dominance_violations, run_all};
 use provider_sim::{Family, RunReport, Scenario, Size};
 
@@ -19,7 +18,7 @@ fn lost(reports: &[RunReport], policy: &str) -> u64 {
 /// Run `s` under every policy and fail with the dominance check's words if apm did
 /// worse than a baseline, or lost more connections than either in any way.
 fn assert_dominates(s: &Scenario, seed: u64) {
-    let reports = run_all(s, seed, &Policy::default()).expect("scenario runs");
+    let reports = run_all(s, seed, &provider_sim::controller::sim_policy()).expect("scenario runs");
     let violations = dominance_violations(&reports);
     assert!(
         violations.is_empty(),

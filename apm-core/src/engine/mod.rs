@@ -28,7 +28,7 @@ mod rearm;
 mod remote;
 mod results;
 mod select;
-mod timers;
+pub(crate) mod timers;
 
 use crate::io::*;
 use crate::policy::{Policy, PolicyError};
@@ -180,6 +180,8 @@ pub struct Engine {
     remotes: Remotes,
     /// Paths whose probe session is down (module `probed`).
     dead_paths: BTreeSet<PathEnds>,
+    /// Paths whose session is up again but held for flapping, until when.
+    held_paths: BTreeMap<PathEnds, Time>,
     cache: PathCache,
     pending: PendingTable<Pending>,
     /// When each command handed to the provider must have been answered.
@@ -202,6 +204,7 @@ impl Engine {
             ports: BTreeMap::new(),
             remotes: Remotes::default(),
             dead_paths: BTreeSet::new(),
+            held_paths: BTreeMap::new(),
             cache: PathCache::default(),
             pending: PendingTable::new(1),
             deadlines: Deadlines::default(),
@@ -252,7 +255,10 @@ impl Engine {
     /// True when `path` is usable now: its local port is up and not held down, and its
     /// remote GID is not known to be out of service or held down.
     pub fn path_usable(&self, path: &Path) -> bool {
-        self.port_usable(path.port) && self.remote_usable(&path.dgid) && !self.probed_dead(path)
+        self.port_usable(path.port)
+            && self.remote_usable(&path.dgid)
+            && !self.probed_dead(path)
+            && !self.probe_held(path)
     }
 
     fn status_of(&self, c: &Conn) -> ConnStatus {
@@ -425,6 +431,7 @@ impl Engine {
             } => e.remote_out_of_service(gid),
             Input::PathDown { ends, kind } => e.probe_path_down(ends, kind),
             Input::PathUp { ends } => e.probe_path_up(ends),
+            Input::PathHeld { ends, until } => e.probe_path_held(ends, until),
             Input::PeerMessage { from, port, msg } => e.peer_message(from, port, msg),
             Input::CommandDone { id, result } => e.command_done(id, result),
         });
@@ -539,6 +546,7 @@ impl Engine {
                         self.path_returned(|p| p.dgid == gid);
                     }
                 }
+                TimerKey::PathHold(ends) => self.probe_hold_ends(ends, at),
                 TimerKey::Subscribe(port) => self.subscribe(port),
                 TimerKey::RemoteRecheck(gid) => {
                     if self.remotes.recheck(&gid).is_some_and(|(due, _)| due == at) {

@@ -6,11 +6,15 @@
 //! sessions that were up, so a path never probed, or whose peer does not answer
 //! probes, keeps the engine's own view. A probe-dead path counts as dead exactly as a
 //! dead port or an out-of-service GID does: every connection whose primary runs over it
-//! moves, and no alternate over it is armed onto.
+//! moves, and no alternate over it is armed onto. A path whose return the prober holds
+//! for flapping ([`Input::PathHeld`](crate::Input::PathHeld)) is up but not usable until
+//! the hold ends, like a port held down: a connection whose primary is dead still moves
+//! onto it.
 
 use super::Engine;
+use crate::engine::timers::TimerKey;
 use crate::probe::{FailureKind, PathEnds};
-use crate::types::{Lid, Path, PortKey};
+use crate::types::{Lid, Path, PortKey, Time};
 use std::collections::BTreeMap;
 use tracing::info;
 
@@ -20,7 +24,17 @@ impl Engine {
         !self.dead_paths.is_empty() && self.dead_paths.contains(&ends_of(path))
     }
 
+    /// True while a probed path's return is held for flapping.
+    pub(super) fn probe_held(&self, path: &Path) -> bool {
+        !self.held_paths.is_empty()
+            && self
+                .held_paths
+                .get(&ends_of(path))
+                .is_some_and(|until| self.now < *until)
+    }
+
     pub(super) fn probe_path_down(&mut self, ends: PathEnds, kind: FailureKind) {
+        self.held_paths.remove(&ends);
         if !self.dead_paths.insert(ends) {
             return;
         }
@@ -30,10 +44,37 @@ impl Engine {
     }
 
     pub(super) fn probe_path_up(&mut self, ends: PathEnds) {
-        if !self.dead_paths.remove(&ends) {
+        let held = self.held_paths.remove(&ends).is_some();
+        if !self.dead_paths.remove(&ends) && !held {
             return;
         }
         info!(local = %ends.local, remote = %ends.remote, "probes: path back");
+        self.path_returned(|p| ends_of(p) == ends);
+    }
+
+    /// A probed path is up again but held for flapping until `until`: connections whose
+    /// primary is dead move onto it if it is their armed alternate; nothing else uses
+    /// it before the hold ends.
+    pub(super) fn probe_path_held(&mut self, ends: PathEnds, until: Time) {
+        if until <= self.now {
+            return self.probe_path_up(ends);
+        }
+        let was_dead = self.dead_paths.remove(&ends);
+        if !was_dead && !self.held_paths.contains_key(&ends) {
+            return;
+        }
+        info!(local = %ends.local, remote = %ends.remote, %until, "probes: path back, held for flapping");
+        self.held_paths.insert(ends, until);
+        self.timers.schedule(until, TimerKey::PathHold(ends));
+        self.path_up_while_held(|p| ends_of(p) == ends);
+    }
+
+    /// The hold of `ends` due at `at` ends, unless it was replaced since.
+    pub(super) fn probe_hold_ends(&mut self, ends: PathEnds, at: Time) {
+        if self.held_paths.get(&ends) != Some(&at) {
+            return;
+        }
+        self.held_paths.remove(&ends);
         self.path_returned(|p| ends_of(p) == ends);
     }
 

@@ -2,8 +2,10 @@
 //!
 //! Setting a new deadline for a key does not remove the old entry; when an entry comes
 //! due, the owner checks whether it is still the key's current deadline. That keeps
-//! re-scheduling O(log n) and `next()` O(log n) with 100k connections.
+//! re-scheduling O(log n) and `next()` O(log n) with 100k connections. The prober
+//! ([`crate::probe`]) keeps its sessions' deadlines in one too, keyed by path.
 
+use crate::probe::PathEnds;
 use crate::types::{ConnId, Gid, PortKey, Time};
 use std::collections::BTreeSet;
 
@@ -16,19 +18,29 @@ pub(crate) enum TimerKey {
     PortHold(PortKey),
     /// A remote GID's hold-down ends.
     RemoteHold(Gid),
+    /// A probed path's hold for flapping ends.
+    PathHold(PathEnds),
     /// Retry a subscription through a port.
     Subscribe(PortKey),
     /// Ask the SA whether a remote GID held out of service is reachable again.
     RemoteRecheck(Gid),
 }
 
-#[derive(Debug, Default)]
-pub(crate) struct Timers {
-    queue: BTreeSet<(Time, TimerKey)>,
+#[derive(Debug)]
+pub(crate) struct Timers<K = TimerKey> {
+    queue: BTreeSet<(Time, K)>,
 }
 
-impl Timers {
-    pub(crate) fn schedule(&mut self, at: Time, key: TimerKey) {
+impl<K> Default for Timers<K> {
+    fn default() -> Timers<K> {
+        Timers {
+            queue: BTreeSet::new(),
+        }
+    }
+}
+
+impl<K: Ord + Copy> Timers<K> {
+    pub(crate) fn schedule(&mut self, at: Time, key: K) {
         self.queue.insert((at, key));
     }
 
@@ -38,7 +50,7 @@ impl Timers {
     }
 
     /// Remove and return the earliest entry due at or before `now`.
-    pub(crate) fn pop_due(&mut self, now: Time) -> Option<(Time, TimerKey)> {
+    pub(crate) fn pop_due(&mut self, now: Time) -> Option<(Time, K)> {
         match self.queue.first() {
             Some(&(t, _)) if t <= now => self.queue.pop_first(),
             _ => None,
@@ -50,7 +62,7 @@ impl Timers {
     }
 
     /// Drop entries no owner wants any more, when stale ones pile up.
-    pub(crate) fn retain(&mut self, mut keep: impl FnMut(Time, TimerKey) -> bool) {
+    pub(crate) fn retain(&mut self, mut keep: impl FnMut(Time, K) -> bool) {
         self.queue.retain(|&(t, k)| keep(t, k));
     }
 }

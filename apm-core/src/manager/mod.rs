@@ -126,7 +126,7 @@ impl FabricEventKind {
                 up: false,
                 failure: Some(*kind),
             },
-            Input::PathUp { ends } => FabricEventKind::Path {
+            Input::PathUp { ends } | Input::PathHeld { ends, .. } => FabricEventKind::Path {
                 ends: *ends,
                 up: true,
                 failure: None,

@@ -129,8 +129,19 @@ impl ProbeDriver {
                 // used it for a while) comes back as a new session, whose first Up is
                 // the only news that it works again. The engine ignores an Up for a
                 // path it does not hold dead.
-                ProbeOutput::Up { ends, .. } => {
+                ProbeOutput::Up {
+                    ends,
+                    held_until: None,
+                    ..
+                } => {
                     out.push(ProbeAction::Engine(Input::PathUp { ends }));
+                }
+                ProbeOutput::Up {
+                    ends,
+                    held_until: Some(until),
+                    ..
+                } => {
+                    out.push(ProbeAction::Engine(Input::PathHeld { ends, until }));
                 }
             }
         }

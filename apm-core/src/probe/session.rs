@@ -3,6 +3,7 @@
 //! without demand mode or echo (apm probes the path itself, never through the peer's
 //! forwarding plane).
 
+use super::damping::Damping;
 use super::{PathEnds, PortsDown, Probe};
 use crate::types::Time;
 use serde::{Deserialize, Serialize};
@@ -94,8 +95,16 @@ pub(super) struct Session {
     pub(super) next_tx: Time,
     /// When the session goes down unless a probe arrives (Init and Up only).
     pub(super) detect_at: Option<Time>,
+    /// The expiry queued in the prober's timers (at most one per session).
+    pub(super) detect_queued: Option<Time>,
     /// It has been Up before: a later Up is news for the engine.
     pub(super) was_up: bool,
+    /// The caller was told the path is up (and has not heard it went down since).
+    pub(super) told_up: bool,
+    /// The flap history.
+    pub(super) damping: Damping,
+    /// Its last return was held for flapping until then.
+    pub(super) release_at: Option<Time>,
 }
 
 impl Session {
@@ -108,7 +117,11 @@ impl Session {
             multiplier,
             next_tx: Time::ZERO,
             detect_at: None,
+            detect_queued: None,
             was_up: false,
+            told_up: false,
+            damping: Damping::default(),
+            release_at: None,
         }
     }
 

@@ -276,3 +276,131 @@ fn same_seed_same_sends() {
     };
     assert_eq!(run(7), run(7));
 }
+
+/// Rail 1 cut `n` times, each cut long enough to end the sessions.
+fn flap_rail_1(bed: &mut Bed, n: usize) {
+    for _ in 0..n {
+        bed.cut.push(1);
+        bed.run_ms(150);
+        bed.cut.clear();
+        bed.run_ms(400);
+    }
+}
+
+/// Host 0's verdicts about its rail-1 path: `Some(hold)` for an Up, `None` for a Down.
+fn rail_1_verdicts(bed: &Bed) -> Vec<Option<Option<Time>>> {
+    bed.seen
+        .iter()
+        .filter_map(|(_, h, o)| match o {
+            ProbeOutput::Up {
+                ends, held_until, ..
+            } if *h == 0 && ends.local.0[15] == 1 => Some(Some(*held_until)),
+            ProbeOutput::Down { ends, .. } if *h == 0 && ends.local.0[15] == 1 => Some(None),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_path_that_keeps_flapping_comes_back_held_and_the_hold_ends_when_quiet() {
+    let mut bed = Bed::new(8);
+    bed.run_ms(100);
+    flap_rail_1(&mut bed, 3);
+    let v = rail_1_verdicts(&bed);
+    // Up at start, then down/up, down/up, down and a third return that is held.
+    assert_eq!(v.len(), 7, "{v:?}");
+    assert!(v[..6].iter().step_by(2).all(|x| *x == Some(None)), "{v:?}");
+    assert!(v[1..6].iter().step_by(2).all(Option::is_none), "{v:?}");
+    let until = v[6].flatten().expect("the third return is held");
+    // About 1.2 half-lives (6 s) from the return.
+    let hold = until.since(bed.now);
+    assert!(
+        hold > Duration::from_secs(5) && hold < Duration::from_secs(7),
+        "{hold:?}"
+    );
+    assert!(bed.hosts[0].damped(ends(1, 1), bed.now));
+    assert!(
+        !bed.hosts[0].damped(ends(1, 2), bed.now),
+        "rail 2 never flapped"
+    );
+    bed.run_ms(7_000);
+    assert!(!bed.hosts[0].damped(ends(1, 1), bed.now));
+    assert_eq!(
+        rail_1_verdicts(&bed).len(),
+        7,
+        "nothing more to say when quiet"
+    );
+}
+
+#[test]
+fn a_cut_during_a_hold_is_news_and_lengthens_the_next_hold() {
+    let mut bed = Bed::new(9);
+    bed.run_ms(100);
+    flap_rail_1(&mut bed, 3);
+    let third = rail_1_verdicts(&bed)[6].flatten().expect("held");
+    let third_hold = third.since(bed.now);
+    flap_rail_1(&mut bed, 1);
+    let v = rail_1_verdicts(&bed);
+    assert_eq!(v.len(), 9, "{v:?}");
+    assert_eq!(
+        v[7], None,
+        "the engine was told the path is up: its loss is news"
+    );
+    let fourth = v[8].flatten().expect("held again");
+    assert!(
+        fourth.since(bed.now) > third_hold,
+        "{fourth:?} vs {third:?}"
+    );
+}
+
+#[test]
+fn damping_off_reports_every_return() {
+    let policy = ProbePolicy {
+        damping_half_life_ms: 0,
+        ..on()
+    };
+    let mut bed = Bed::new(10);
+    bed.hosts = [Prober::new(policy.clone(), 10), Prober::new(policy, 11)];
+    for (i, h) in bed.hosts.iter_mut().enumerate() {
+        for rail in 1..=2 {
+            h.watch(Time::ZERO, ends(i as u8 + 1, rail));
+        }
+    }
+    bed.run_ms(100);
+    for _ in 0..5 {
+        bed.cut.push(1);
+        bed.run_ms(150);
+        bed.cut.clear();
+        bed.run_ms(400);
+    }
+    assert!(!bed.hosts[0].damped(ends(1, 1), bed.now));
+    let ups = bed
+        .seen
+        .iter()
+        .filter(|(_, h, o)| {
+            *h == 0 && matches!(o, ProbeOutput::Up { ends, .. } if ends.local.0[15] == 1)
+        })
+        .count();
+    assert_eq!(ups, 6);
+}
+
+#[test]
+fn the_timer_queue_stays_bounded_and_wakes_only_for_what_is_due() {
+    let mut bed = Bed::new(12);
+    bed.run_ms(2_000);
+    // Each session keeps about one send and one expiry queued.
+    for h in &bed.hosts {
+        assert!(
+            h.timers.len() <= 3 * h.sessions.len() + 2,
+            "{}",
+            h.timers.len()
+        );
+        let next = h.next_deadline().expect("sessions send");
+        assert!(next > bed.now, "nothing overdue after a poll");
+    }
+    // Following no path leaves no session; stale entries do nothing when due.
+    bed.hosts[0].follow(bed.now, &BTreeSet::new());
+    bed.run_ms(1_000);
+    assert_eq!(bed.hosts[0].sessions().count(), 0);
+    assert_eq!(bed.hosts[0].next_deadline(), None);
+}

@@ -2,7 +2,7 @@
 //! place their names are resolved against the fabric ([`Fault::target`]), for the
 //! scenario's validation and for the simulation's fault schedule alike.
 
-use crate::fabric::{Fabric, FabricError, LinkId, PortId, SwitchId};
+use crate::fabric::{End, Fabric, FabricError, LinkId, PortId, SwitchId};
 use crate::rng::Rng;
 use serde::{Deserialize, Serialize};
 
@@ -91,6 +91,22 @@ pub enum Fault {
         /// Which host (`"h3"`).
         host: String,
     },
+    /// A switch starts dropping everything it should forward while its ports stay up
+    /// and its management still answers the SM: no port event, no trap, no sweep. Only
+    /// the transport's retries and liveness probes can find it.
+    SwitchBlackHole {
+        /// When.
+        at_ms: u64,
+        /// Which switch.
+        switch: String,
+    },
+    /// A black-holing switch forwards again.
+    SwitchBlackHoleEnd {
+        /// When.
+        at_ms: u64,
+        /// Which switch.
+        switch: String,
+    },
 }
 
 impl Fault {
@@ -106,7 +122,9 @@ impl Fault {
             | Fault::SwitchUp { at_ms, .. }
             | Fault::SmFailover { at_ms, .. }
             | Fault::MadLoss { at_ms, .. }
-            | Fault::DeviceFatal { at_ms, .. } => *at_ms,
+            | Fault::DeviceFatal { at_ms, .. }
+            | Fault::SwitchBlackHole { at_ms, .. }
+            | Fault::SwitchBlackHoleEnd { at_ms, .. } => *at_ms,
         }
     }
 
@@ -155,6 +173,9 @@ pub struct RandomFaults {
     pub max_outage_ms: u64,
     /// Include `device_fatal` faults (they lose connections by design).
     pub device_fatal: bool,
+    /// Include silent failures: black-holing switches and cuts of inter-switch links
+    /// (nothing reports them to the hosts at once). Default false.
+    pub silent: bool,
 }
 
 impl Default for RandomFaults {
@@ -165,6 +186,7 @@ impl Default for RandomFaults {
             end_ms: 3000,
             max_outage_ms: 1500,
             device_fatal: false,
+            silent: false,
         }
     }
 }
@@ -176,7 +198,7 @@ pub enum Target {
     Port(PortId),
     /// A link (`link_down`, `link_up`).
     Link(LinkId),
-    /// A switch (`switch_down`, `switch_up`).
+    /// A switch (`switch_down`, `switch_up`, `switch_black_hole`, `switch_black_hole_end`).
     Switch(SwitchId),
     /// A host (`device_fatal`).
     Host(usize),
@@ -197,7 +219,10 @@ impl Fault {
             Fault::LinkDown { link, .. } | Fault::LinkUp { link, .. } => {
                 Target::Link(fabric.link_by_name(link)?)
             }
-            Fault::SwitchDown { switch, .. } | Fault::SwitchUp { switch, .. } => {
+            Fault::SwitchDown { switch, .. }
+            | Fault::SwitchUp { switch, .. }
+            | Fault::SwitchBlackHole { switch, .. }
+            | Fault::SwitchBlackHoleEnd { switch, .. } => {
                 Target::Switch(fabric.switch_by_name(switch)?)
             }
             Fault::DeviceFatal { host, .. } => Target::Host(fabric.host_by_name(host)?),
@@ -236,6 +261,12 @@ pub(super) fn generate_faults(fabric: &Fabric, r: &RandomFaults, seed: u64) -> V
         let at = r.start_ms + rng.below(span);
         let outage = rng.range(20, r.max_outage_ms.max(20));
         let back = (at + outage).min(r.end_ms.max(at + 1));
+        // Silent kinds on half the draws, from their own stream: the other draws are
+        // those of a schedule without them.
+        if r.silent && rng.chance(0.5) {
+            out.extend(silent_fault(fabric, &mut rng, at, back));
+            continue;
+        }
         let kinds = if r.device_fatal { 7 } else { 6 };
         match rng.below(kinds) {
             0 | 1 => {
@@ -301,4 +332,39 @@ pub(super) fn generate_faults(fabric: &Fabric, r: &RandomFaults, seed: u64) -> V
         }
     }
     out
+}
+
+/// One silent failure and its end: a switch black-holes, or an inter-switch link is cut
+/// (a host-port link when the fabric has none between switches).
+fn silent_fault(fabric: &Fabric, rng: &mut Rng, at: u64, back: u64) -> Vec<Fault> {
+    let isls: Vec<usize> = (0..fabric.num_links())
+        .filter(|&l| {
+            let link = &fabric.links[l];
+            matches!((link.a, link.b), (End::Switch(_), End::Switch(_)))
+        })
+        .collect();
+    if fabric.num_switches() > 0 && (isls.is_empty() || rng.chance(0.5)) {
+        let switch = fabric.switch_name(rng.below(fabric.num_switches() as u64) as usize);
+        return vec![
+            Fault::SwitchBlackHole {
+                at_ms: at,
+                switch: switch.clone(),
+            },
+            Fault::SwitchBlackHoleEnd {
+                at_ms: back,
+                switch,
+            },
+        ];
+    }
+    let Some(&l) = isls.get(rng.below(isls.len().max(1) as u64) as usize) else {
+        return Vec::new();
+    };
+    let link = fabric.link_name(l);
+    vec![
+        Fault::LinkDown {
+            at_ms: at,
+            link: link.clone(),
+        },
+        Fault::LinkUp { at_ms: back, link },
+    ]
 }

@@ -61,8 +61,10 @@ impl Sim {
             sim.external.insert(h, External::default());
         }
         sim.build_sms();
-        for _ in 0..sim.fab.num_hosts() {
-            let ctl = controller::make(sim.cfg.policy, &sim.cfg.engine_policy)?;
+        for h in 0..sim.fab.num_hosts() {
+            // Each host's prober jitters on its own stream, as hosts started together do.
+            let probe_seed = sim.cfg.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ h as u64;
+            let ctl = controller::make(sim.cfg.policy, &sim.cfg.engine_policy, probe_seed)?;
             sim.hosts.push(Host {
                 ctl,
                 timer_at: None,
@@ -323,6 +325,20 @@ impl Sim {
                         format!("MAD loss {:.0}% for {duration_ms} ms", rate * 100.0),
                     ));
                 }
+                (Fault::SwitchBlackHole { switch, .. }, Target::Switch(s)) => {
+                    acts.push((
+                        at,
+                        Action::BlackHole(s, true),
+                        format!("switch {switch} black-holes (ports up, nothing forwarded)"),
+                    ));
+                }
+                (Fault::SwitchBlackHoleEnd { switch, .. }, Target::Switch(s)) => {
+                    acts.push((
+                        at,
+                        Action::BlackHole(s, false),
+                        format!("switch {switch} forwards again"),
+                    ));
+                }
                 (Fault::DeviceFatal { host, .. }, Target::Host(h)) => {
                     acts.push((at, Action::DeviceFatal(h), format!("{host}: DEVICE_FATAL")));
                 }
@@ -359,7 +375,13 @@ impl Sim {
             lid: Lid::from_wire(p.lid),
             lmc: p.lmc,
             active: p.state == PortState::Active,
-            link_layer: LinkLayer::InfiniBand,
+            // RoCE has no SA: an Ethernet port tells the engine not to subscribe to
+            // traps or ask for PathRecords, so a far end's failure reaches it only from
+            // the peer, its QPs' retries or its probes.
+            link_layer: match self.scenario.workload.mode {
+                Mode::Hardware => LinkLayer::InfiniBand,
+                Mode::Software => LinkLayer::Ethernet,
+            },
         }
     }
 }

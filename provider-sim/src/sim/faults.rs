@@ -27,6 +27,12 @@ impl Sim {
             Action::SmFail(subnet) => self.sm_fail(subnet),
             Action::MadLoss(rate, until) => self.loss_burst = Some((rate, until)),
             Action::DeviceFatal(h) => self.device_fatal(h),
+            Action::BlackHole(k, on) => {
+                // Nothing physical changes: no port event, no trap 128, and a light
+                // sweep finds every port and link as it was. Only routes through it die.
+                self.fab.switches[k].black_hole = on;
+                self.reeval_all();
+            }
         }
     }
 

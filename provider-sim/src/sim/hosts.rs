@@ -32,6 +32,11 @@ impl Sim {
                         .retain(|g| g.0[..8] != prefix[..]);
                 }
             }
+            // Probes are the prober's: the engine never sees them.
+            Input::PeerMessage {
+                msg: PeerMsg::Probe(_),
+                ..
+            } => {}
             Input::PeerMessage { from, .. } => {
                 // The engine takes a message from a GID as proof that it is in service.
                 self.hosts[host].known_dead_gids.remove(&from.gid);
@@ -151,6 +156,17 @@ impl Sim {
                 let done = after(h.device_busy.max(self.now), us(self.p.command_latency_us));
                 h.device_busy = done;
                 self.push(done, Ev::QpCommand { host, reply, op });
+            }
+            CommandOp::SendPeer {
+                port,
+                to,
+                msg: PeerMsg::Probe(probe),
+            } => {
+                self.send_probe(host, port, to, probe);
+                // A controller's prober never waits for its sends; a driver's does.
+                if matches!(reply, Reply::External(_)) {
+                    self.complete(host, reply, Ok(CommandOutcome::Done));
+                }
             }
             CommandOp::SendPeer { port, to, msg } => {
                 self.send_peer(host, port, to, msg);
@@ -277,6 +293,37 @@ impl Sim {
             msg,
         };
         self.push(after(self.now, d), Ev::MadArrive { host: h, mad });
+    }
+
+    /// A liveness probe from `host`'s `port` to `to`: a datagram of its own on the rail
+    /// (a UD QP's, not the MAD agent's), routed by the forwarding tables like data, so
+    /// it dies exactly where the connections' packets die (a cut, a black-holing
+    /// switch), and untouched by MAD loss.
+    fn send_probe(&mut self, host: usize, port: PortKey, to: PeerAddr, probe: Probe) {
+        self.c.probes_sent += 1;
+        let Some(pid) = self.fab.port_of(host, port.port) else {
+            return;
+        };
+        let slid = self.fab.ports[pid].lid;
+        let Some(hops) = self.fab.route(slid, to.lid.get()) else {
+            return;
+        };
+        let Some(dst) = self.fab.lid_owner(to.lid.get()) else {
+            return;
+        };
+        let h = self.fab.ports[dst].host;
+        if self.hosts[h].dead || self.hosts[host].dead {
+            return;
+        }
+        let input = Input::PeerMessage {
+            from: PeerAddr {
+                gid: self.fab.ports[pid].gid,
+                lid: Lid::from_wire(slid),
+            },
+            port: self.fab.ports[dst].key(),
+            msg: PeerMsg::Probe(probe),
+        };
+        self.raise(h, us(u64::from(hops) * self.p.hop_latency_us), input);
     }
 
     pub(super) fn side_of(

@@ -35,6 +35,14 @@
 //! - **The SA** (`sa.rs`) serves requests one at a time at `sa_rate_per_s`, drops those
 //!   that wait longer than `sa_fifo_timeout_ms`, and answers nothing until a new
 //!   master's first sweep is done; clients time out and retry.
+//! - **Silent failures**: a black-holing switch keeps its ports up and answers the SM's
+//!   directed-route SMPs but forwards nothing (no port event, no trap 128, no sweep);
+//!   a cut between switches raises no port event at a host (the switches' trap 128
+//!   starts a sweep; the SM's trap 65 names only the ports a split left unreachable).
+//!   RoCE (software-migration) ports have no SA: Ethernet ports for the engine.
+//! - **Probes** (apm only): each host's `ProbeDriver` sends through `SendPeer`; a probe
+//!   travels as a datagram routed like data (`hosts.rs`), never through the MAD agent
+//!   and never lost to MAD loss, and reaches the peer's prober after its hops.
 //! - **Traffic** is application messages numbered per direction. A message is delivered
 //!   once the forward path works, acknowledged once the return path works too. The
 //!   application keeps offering messages on a connection that died (they count as not
@@ -52,6 +60,7 @@ use crate::controller::{self, Controller, PolicyKind};
 use crate::fabric::{Fabric, PortId, PortState};
 use crate::report::{Percentiles, RunReport, Sample};
 use crate::rng::Rng;
+use apm_core::probe::Probe;
 use apm_core::*;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -90,12 +99,14 @@ pub struct RunConfig {
 }
 
 impl RunConfig {
-    /// A run of `policy` with `seed`, default engine policy, samples every 10 ms.
+    /// A run of `policy` with `seed`, the simulator's engine policy
+    /// ([`crate::controller::sim_policy`]: the defaults with probes on), samples every
+    /// 10 ms.
     pub fn new(policy: PolicyKind, seed: u64) -> RunConfig {
         RunConfig {
             seed,
             policy,
-            engine_policy: Policy::default(),
+            engine_policy: controller::sim_policy(),
             sample_ms: 10,
             check: false,
             external_hosts: Vec::new(),
@@ -258,6 +269,7 @@ enum Action {
     SmFail(usize),
     MadLoss(f64, Time),
     DeviceFatal(usize),
+    BlackHole(usize, bool),
 }
 
 #[derive(Debug)]
@@ -414,6 +426,7 @@ struct Counters {
     notifications: u64,
     events: u64,
     messages_posted: u64,
+    probes_sent: u64,
 }
 
 /// One simulation run.

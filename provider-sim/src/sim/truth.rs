@@ -381,6 +381,7 @@ impl Sim {
             messages_retransmitted: self.c.messages_retransmitted,
             reports_sent: self.c.reports_sent,
             reports_abandoned: self.c.reports_abandoned,
+            probes_sent: self.c.probes_sent,
             notifications: self.c.notifications,
             events: self.c.events,
             digest: self.digest,

@@ -4,6 +4,7 @@ mod commands;
 mod failover;
 mod harness;
 mod lifecycle;
+mod probed;
 mod properties;
 mod rearm;
 mod recovery;

@@ -1,0 +1,123 @@
+//! Silent failures: what nothing reports (a black-holing switch, a cut between two
+//! switches, a far end's port on RoCE), the retry budget the baselines pay for them,
+//! and apm's probes finding them in tens of milliseconds.
+
+use provider_sim::compare::{dominance_violations, run_all};
+use provider_sim::controller::sim_policy;
+use provider_sim::{Family, PolicyKind, RunConfig, RunReport, Scenario, Sim, Size};
+
+fn nccl() -> Scenario {
+    let text = include_str!("../scenarios/nccl-silent.toml");
+    let mut s = Scenario::from_toml(text).expect("the shipped scenario parses");
+    s.workload.connections = 60;
+    s
+}
+
+fn run(s: &Scenario, kind: PolicyKind, probes: bool) -> RunReport {
+    let mut cfg = RunConfig::new(kind, 5);
+    cfg.engine_policy.probe.enabled = probes;
+    cfg.check = true;
+    let r = Sim::new(s, cfg).expect("scenario runs").run();
+    assert!(r.violations.is_empty(), "{:?}", r.violations);
+    r
+}
+
+/// ACK timeout 20, retry count 7: (7 + 1) x 4.096 us x 2^20 = 34.36 s.
+const BUDGET_MS: f64 = 8.0 * 4.096e-3 * (1u64 << 20) as f64;
+
+#[test]
+fn the_baselines_wait_out_the_retry_budget_of_a_silent_rail() {
+    let s = nccl();
+    for kind in [PolicyKind::HwOnly, PolicyKind::ReloadLocal] {
+        let r = run(&s, kind, false);
+        assert_eq!(
+            r.lost, 0,
+            "{kind:?}: the HCA migrates at the end of the budget"
+        );
+        // Each restore is the budget from the QP's first unanswered message (at most
+        // one message interval after the fault) to the migration.
+        assert!(
+            r.restore_ms.p50 >= BUDGET_MS - 10.0 && r.restore_ms.max <= BUDGET_MS + 20.0,
+            "{kind:?}: {:?}, budget {BUDGET_MS} ms",
+            r.restore_ms
+        );
+    }
+}
+
+#[test]
+fn apm_without_probes_learns_nothing_sooner_and_with_them_moves_in_tens_of_ms() {
+    let s = nccl();
+    let blind = run(&s, PolicyKind::Apm, false);
+    assert!(
+        blind.restore_ms.p50 >= BUDGET_MS - 10.0,
+        "no port event, no trap: {:?}",
+        blind.restore_ms
+    );
+    assert_eq!(blind.probes_sent, 0);
+    let probed = run(&s, PolicyKind::Apm, true);
+    assert_eq!(probed.lost, 0);
+    // Detection is 3 x 20 ms after the last probe heard, then one exchange with the peer.
+    assert!(probed.restore_ms.max < 100.0, "{:?}", probed.restore_ms);
+    assert!(probed.probes_sent > 0);
+}
+
+#[test]
+fn probes_cost_paths_not_connections() {
+    let mut few = nccl();
+    few.workload.connections = 20;
+    few.duration_ms = 2000;
+    let mut many = few.clone();
+    many.workload.connections = 400;
+    let a = run(&few, PolicyKind::Apm, true).probes_sent;
+    let b = run(&many, PolicyKind::Apm, true).probes_sent;
+    // 20 connections among 16 hosts leave some pairs without a connection; 400 cover
+    // them all: never more than the 16 x 15 x 2 sessions allow.
+    let ceiling = 16 * 15 * 2 * 2000 / 15;
+    assert!(b <= ceiling, "{b} probes, at most {ceiling}");
+    assert!(a <= b && b < 20 * a, "{a} then {b}");
+}
+
+#[test]
+fn roce_has_no_sa_and_probes_keep_what_the_baselines_lose() {
+    for seed in 0..6 {
+        let s = Family::SilentRoce.scenario(seed, Size::Small);
+        let reports = run_all(&s, seed, &sim_policy()).expect("runs");
+        let apm = &reports[0];
+        assert_eq!(apm.policy, "apm");
+        assert_eq!(apm.sa_queries, 0, "seed {seed}: RoCE has no SA to ask");
+        assert!(
+            dominance_violations(&reports).is_empty(),
+            "seed {seed}: {:?}",
+            dominance_violations(&reports)
+        );
+    }
+}
+
+#[test]
+fn silent_families_dominate_and_replay_byte_for_byte() {
+    for family in [Family::SilentSplitRail, Family::SilentRoce] {
+        for seed in 10..16 {
+            let s = family.scenario(seed, Size::Small);
+            let reports = run_all(&s, seed, &sim_policy()).expect("runs");
+            let v = dominance_violations(&reports);
+            assert!(v.is_empty(), "{} seed {seed}: {v:?}", family.name());
+            let again = run_all(&s, seed, &sim_policy()).expect("runs");
+            assert_eq!(
+                serde_json::to_string(&reports).expect("json"),
+                serde_json::to_string(&again).expect("json"),
+                "{} seed {seed}",
+                family.name()
+            );
+        }
+    }
+}
+
+#[test]
+fn a_black_hole_naming_no_switch_is_refused_at_its_line() {
+    let text = "[[faults]]\nkind = \"switch_black_hole\"\nat_ms = 5\nswitch = \"Q\"\n";
+    let e = Scenario::from_toml(text).unwrap_err();
+    assert!(e.to_string().contains("line 4"), "{e}");
+    let ok = "[[faults]]\nkind = \"switch_black_hole\"\nat_ms = 5\nswitch = \"A\"\n\
+              [[faults]]\nkind = \"switch_black_hole_end\"\nat_ms = 9\nswitch = \"A\"\n";
+    Scenario::from_toml(ok).expect("valid");
+}
