@@ -240,36 +240,19 @@ fn random(mut s: Scenario, rng: &mut Rng) -> Scenario {
 /// back within 1.5 s; then, on half the seeds, random faults with silent ones among
 /// them.
 fn silent(mut s: Scenario, rng: &mut Rng) -> Scenario {
-    let switches: Vec<String> = s.topology.switches.iter().map(|x| x.name.clone()).collect();
-    let isls: Vec<String> = s
-        .topology
-        .links
-        .iter()
-        .filter(|l| !l.a.starts_with('h'))
-        .map(|l| format!("{}-{}", l.a, l.b))
-        .collect();
-    for _ in 0..rng.range(1, 3) {
-        let at = rng.range(300, 3500);
-        let back = at + rng.range(50, 1500);
-        if rng.chance(0.5) {
-            let switch = switches[rng.below(switches.len() as u64) as usize].clone();
-            s.faults.push(Fault::SwitchBlackHole {
-                at_ms: at,
+    let count = rng.range(1, 3);
+    switch_and_cable_faults(&mut s, rng, count, |at_ms, switch, back| {
+        [
+            Fault::SwitchBlackHole {
+                at_ms,
                 switch: switch.clone(),
-            });
-            s.faults.push(Fault::SwitchBlackHoleEnd {
+            },
+            Fault::SwitchBlackHoleEnd {
                 at_ms: back,
                 switch,
-            });
-        } else {
-            let link = isls[rng.below(isls.len() as u64) as usize].clone();
-            s.faults.push(Fault::LinkDown {
-                at_ms: at,
-                link: link.clone(),
-            });
-            s.faults.push(Fault::LinkUp { at_ms: back, link });
-        }
-    }
+            },
+        ]
+    });
     if rng.chance(0.5) {
         s = random(s, rng);
         if let Some(r) = s.random_faults.as_mut() {
@@ -338,29 +321,47 @@ fn split_rail(size: Size) -> Scenario {
 /// from the seed, each back within 1.5 s.
 fn leaf_spine_faults(rng: &mut Rng, size: Size) -> Scenario {
     let mut s = leaf_spine(size, 2);
+    let count = rng.range(2, 5);
+    switch_and_cable_faults(&mut s, rng, count, |at_ms, switch, back| {
+        [
+            Fault::SwitchDown {
+                at_ms,
+                switch: switch.clone(),
+            },
+            Fault::SwitchUp {
+                at_ms: back,
+                switch,
+            },
+        ]
+    });
+    s
+}
+
+/// `count` faults at times drawn from the seed, each back within 1.5 s: on a coin toss,
+/// a switch fault (`switch_fault(at, switch, back)` gives the fault and its end) or an
+/// inter-switch cable down and up again.
+fn switch_and_cable_faults(
+    s: &mut Scenario,
+    rng: &mut Rng,
+    count: u64,
+    switch_fault: impl Fn(u64, String, u64) -> [Fault; 2],
+) {
     let switches: Vec<String> = s.topology.switches.iter().map(|x| x.name.clone()).collect();
-    let uplinks: Vec<String> = s
+    let cables: Vec<String> = s
         .topology
         .links
         .iter()
         .filter(|l| !l.a.starts_with('h'))
         .map(|l| format!("{}-{}", l.a, l.b))
         .collect();
-    for _ in 0..rng.range(2, 5) {
+    for _ in 0..count {
         let at = rng.range(300, 3500);
         let back = at + rng.range(50, 1500);
         if rng.chance(0.5) {
             let switch = switches[rng.below(switches.len() as u64) as usize].clone();
-            s.faults.push(Fault::SwitchDown {
-                at_ms: at,
-                switch: switch.clone(),
-            });
-            s.faults.push(Fault::SwitchUp {
-                at_ms: back,
-                switch,
-            });
+            s.faults.extend(switch_fault(at, switch, back));
         } else {
-            let link = uplinks[rng.below(uplinks.len() as u64) as usize].clone();
+            let link = cables[rng.below(cables.len() as u64) as usize].clone();
             s.faults.push(Fault::LinkDown {
                 at_ms: at,
                 link: link.clone(),
@@ -368,7 +369,6 @@ fn leaf_spine_faults(rng: &mut Rng, size: Size) -> Scenario {
             s.faults.push(Fault::LinkUp { at_ms: back, link });
         }
     }
-    s
 }
 
 /// A dual-rail fabric where a rail's switch or a host port fails, and maybe returns,
