@@ -51,5 +51,7 @@
 #![allow(clippy::disallowed_methods)]
 
 mod ffi;
+pub mod ledger;
 pub mod protect;
 pub mod report;
+mod tee;

@@ -13,16 +13,19 @@
 //! program's `ibv_destroy_qp` takes too; afterwards the program's own control verbs
 //! and apm's moves serialise on the adopted QP's lock (`AdoptedQp::hold`).
 
+use crate::ledger::{Element, Event, Object};
 use crate::report;
 use apm_agent::client::{AgentClient, AgentPeer};
 use apm_agent::local::ip_of;
+use apm_agent::report::MovedBy;
 use apm_agent::wire::{FromAgent, Route};
 use apm_core::{
     ConnId, ConnSpec, Gid, Manager, ManagerHandle, MigrationMode, NotificationKind, Path, PortKey,
     Qpn, Role, Stack, StaticPaths,
 };
 use provider_rxe::{AdoptedQp, RxeConfig, RxeQpControl};
-use provider_verbs::ffi::{Context, QpAttr, QpAttrMask, Verbs};
+use provider_verbs::ffi::{AsyncEventKind, Context, QpAttr, QpAttrMask, Verbs};
+use provider_verbs::VerbsQpControl;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
@@ -49,6 +52,8 @@ pub enum QpKind {
 pub struct QpSeen {
     /// The `struct ibv_qp *`, as a key.
     pub key: usize,
+    /// Its `struct ibv_context *` (the program's, where its async events arrive).
+    pub context: usize,
     /// Its number.
     pub qpn: u32,
     /// Its type.
@@ -63,9 +68,77 @@ pub struct QpSeen {
 struct Adopted {
     device: Arc<Device>,
     id: ConnId,
-    qp: Arc<AdoptedQp>,
+    qpn: u32,
+    how: Moved,
     remote_qpn: u32,
 }
+
+/// Who moves an adopted QP's path.
+enum Moved {
+    /// apm, through the SQ drain (provider-rxe): the program's own verbs on the QP wait
+    /// while it does ([`AdoptedQp::hold`]).
+    Software(Arc<AdoptedQp>),
+    /// The device (hardware APM: it migrates by itself; apm loads, arms and forces with
+    /// RTS -> RTS modifies, which the kernel serialises with the program's own).
+    Hardware,
+}
+
+/// How apm moves the program's QPs (`APM_RUN_MIGRATION`, which `apm run --migration`
+/// sets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Migration {
+    /// Hardware APM where the kernel accepts alternate paths on the device (the
+    /// APM-capable soft-RoCE), software migration elsewhere.
+    Auto,
+    /// Always software migration (no async event tee either).
+    Software,
+    /// Hardware APM only: a device that cannot is not protected.
+    Hardware,
+}
+
+/// This process's [`Migration`] (read once; an unknown value is `Auto`, said once).
+pub fn migration() -> Migration {
+    static MODE: OnceLock<Migration> = OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("APM_RUN_MIGRATION").as_deref() {
+        Err(_) | Ok("auto") | Ok("") => Migration::Auto,
+        Ok("software") => Migration::Software,
+        Ok("hardware") => Migration::Hardware,
+        Ok(other) => {
+            report::note(&format!(
+                "APM_RUN_MIGRATION={other:?} is not auto, software or hardware: auto"
+            ));
+            Migration::Auto
+        }
+    })
+}
+
+/// Whether `device` is soft-RoCE: rxe devices name their netdev in sysfs' `parent`.
+fn is_soft_roce(device: &str) -> bool {
+    std::path::Path::new(&format!("/sys/class/infiniband/{device}/parent")).exists()
+}
+
+/// Whether a context the program opens on `device` gets the async event tee: only where
+/// apm may use hardware APM (soft-RoCE, unless software migration is asked for), the one
+/// case in which apm needs the program's QP events.
+pub fn wants_tee(device: &str) -> bool {
+    migration() != Migration::Software && is_soft_roce(device)
+}
+
+/// QPs whose program loads alternate paths or sets their migration state itself: apm
+/// leaves them to it.
+fn own_apm() -> &'static Mutex<std::collections::BTreeSet<usize>> {
+    static OWN: OnceLock<Mutex<std::collections::BTreeSet<usize>>> = OnceLock::new();
+    OWN.get_or_init(Mutex::default)
+}
+
+/// The program itself set `IBV_QP_ALT_PATH` or `IBV_QP_PATH_MIG_STATE` on QP `key`.
+pub fn manages_apm(key: usize) {
+    lock(own_apm()).insert(key);
+}
+
+/// Why a QP whose program does its own APM is not protected.
+const OWN_APM: &str = "the program loads alternate paths itself (its own APM): apm leaves \
+                       the QP's path migration to it";
 
 /// One QP from RTS until released.
 #[derive(Default)]
@@ -75,11 +148,36 @@ struct Slot {
     adopted: Option<Adopted>,
 }
 
+/// The QP facet of a device: how its engine's commands reach the program's QPs.
+enum Facet {
+    /// provider-rxe: software migration through the SQ drain.
+    Software(Arc<RxeQpControl>),
+    /// provider-verbs: hardware APM (the kernel accepts alternate paths here); the QPs'
+    /// events come from the program's contexts through the tee.
+    Hardware(Arc<VerbsQpControl>),
+}
+
+impl Facet {
+    fn mode(&self) -> MigrationMode {
+        match self {
+            Facet::Software(_) => MigrationMode::Software,
+            Facet::Hardware(_) => MigrationMode::Hardware,
+        }
+    }
+
+    fn unregister(&self, id: ConnId) {
+        match self {
+            Facet::Software(f) => f.unregister(id),
+            Facet::Hardware(f) => f.unregister(id),
+        }
+    }
+}
+
 /// What apm runs per device.
 struct Device {
     name: String,
     ctx: Context,
-    facet: Arc<RxeQpControl>,
+    facet: Facet,
     peer: AgentPeer,
     paths: StaticPaths,
     handle: ManagerHandle,
@@ -161,6 +259,7 @@ impl Protector {
             .map_err(|_| "the apm agent did not accept the connection in time".to_owned())?
             .map_err(|e| e.to_string())?;
         rt.spawn(dispatch(events));
+        crate::tee::set_hook(Box::new(|_, ev| tee_event(ev)));
         Ok(Protector {
             rt,
             client: Arc::new(client),
@@ -187,9 +286,9 @@ impl Protector {
     }
 
     async fn open(&self, name: &str) -> Result<Device, String> {
-        // Soft-RoCE devices name their netdev in `parent`; apm moves QPs in software
-        // only there (other RoCE drivers are untested with the SQ-drain move).
-        if !std::path::Path::new(&format!("/sys/class/infiniband/{name}/parent")).exists() {
+        // apm run protects soft-RoCE QPs only: other RoCE drivers are untested with the
+        // SQ-drain move, and InfiniBand under apm run is not built.
+        if !is_soft_roce(name) {
             return Err(format!(
                 "device {name} is not soft-RoCE (rxe): apm run protects rxe QPs only"
             ));
@@ -198,10 +297,49 @@ impl Protector {
         let ctx = verbs
             .open(name)
             .map_err(|e| format!("apm cannot open {name}: {e}"))?;
-        let facet = Arc::new(RxeQpControl::new(vec![ctx.clone()], RxeConfig::default()));
         let peer = AgentPeer::new(self.client.clone(), PortKey::new(0, 1));
         let paths = StaticPaths::default();
-        let stack = Stack::new(facet.clone(), peer.clone(), paths.clone());
+        // rxe has one port: whether the kernel takes alternate paths there decides.
+        let hardware = match migration() {
+            Migration::Software => false,
+            Migration::Auto => provider_verbs::hw_apm::available(&ctx, 1).is_ok(),
+            Migration::Hardware => {
+                provider_verbs::hw_apm::available(&ctx, 1).map_err(|e| {
+                    format!("hardware APM was asked for (APM_RUN_MIGRATION) and {name} cannot: {e}")
+                })?;
+                true
+            }
+        };
+        let (facet, handle) = if hardware {
+            let f = Arc::new(VerbsQpControl::new(vec![ctx.clone()]));
+            let h = self.engine(name, f.clone(), &peer, &paths).await?;
+            (Facet::Hardware(f), h)
+        } else {
+            let f = Arc::new(RxeQpControl::new(vec![ctx.clone()], RxeConfig::default()));
+            let h = self.engine(name, f.clone(), &peer, &paths).await?;
+            (Facet::Software(f), h)
+        };
+        info!(device = name, mode = ?facet.mode(), "apm's engine started");
+        Ok(Device {
+            name: name.to_owned(),
+            ctx,
+            facet,
+            peer,
+            paths,
+            handle,
+            conns: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// Start an engine on `facet`, the agent's peer channel and the connections' paths.
+    async fn engine<Q: apm_core::QpControl + 'static>(
+        &self,
+        name: &str,
+        facet: Arc<Q>,
+        peer: &AgentPeer,
+        paths: &StaticPaths,
+    ) -> Result<ManagerHandle, String> {
+        let stack = Stack::new(facet, peer.clone(), paths.clone());
         let (manager, handle) = Manager::new(Arc::new(stack), self.policy.clone())
             .map_err(|e| format!("apm's engine refused to start: {e}"))?;
         let task = tokio::spawn(manager.run());
@@ -212,15 +350,7 @@ impl Protector {
             };
             return Err(format!("apm's engine on {name} did not start: {why}"));
         }
-        Ok(Device {
-            name: name.to_owned(),
-            ctx,
-            facet,
-            peer,
-            paths,
-            handle,
-            conns: Mutex::new(BTreeMap::new()),
-        })
+        Ok(handle)
     }
 }
 
@@ -258,6 +388,7 @@ fn settle_rtr(key: usize) {
 pub fn on_rts(seen: QpSeen) {
     lock(rtr_only()).remove(&seen.key);
     let reason = match seen.kind {
+        QpKind::Rc if lock(own_apm()).contains(&seen.key) => Some(OWN_APM),
         QpKind::Rc if seen.srq => {
             Some("it receives through a shared receive queue (SRQ), not supported yet")
         }
@@ -308,9 +439,18 @@ pub fn on_rts(seen: QpSeen) {
 pub fn with_held<R>(key: usize, f: impl FnOnce() -> R) -> Option<R> {
     let p = PROTECTOR.get()?.as_ref().ok()?;
     let slot = lock(&p.slots).get(&key).cloned()?;
-    let qp = lock(&slot).adopted.as_ref().map(|a| a.qp.clone())?;
+    let qp = match lock(&slot).adopted.as_ref().map(|a| &a.how) {
+        Some(Moved::Software(qp)) => qp.clone(),
+        _ => return None,
+    };
     let _held = qp.hold();
     Some(f())
+}
+
+/// The program destroys QP `key`.
+pub fn destroyed(key: usize) {
+    lock(own_apm()).remove(&key);
+    release(key, "destroyed");
 }
 
 /// The program destroys QP `key` or took it out of RTS: stop looking after it (waits
@@ -325,9 +465,11 @@ pub fn release(key: usize, why: &str) {
     s.released = true;
     let Some(a) = s.adopted.take() else { return };
     drop(s);
-    a.qp.retire();
+    if let Moved::Software(qp) = &a.how {
+        qp.retire();
+    }
     a.device.facet.unregister(a.id);
-    let qpn = a.qp.qp().qp_num();
+    let qpn = a.qpn;
     lock(&a.device.conns).remove(&a.id);
     let _ = p.client.unregister(qpn, a.remote_qpn);
     report::released(qpn);
@@ -439,33 +581,28 @@ async fn protect(
     let qpn = seen.qpn;
     let remote_qpn = attr.dest_qp_num;
     let id = ConnId(u64::from(qpn));
-    let adopted = {
+    {
         let mut s = lock(&slot);
         if s.released {
             return Ok(());
         }
-        dev.facet
-            .adopt(id, Arc::new(qp))
-            .map_err(|e| e.to_string())?;
-        let a = dev
-            .facet
-            .adopted(id)
-            .ok_or("the QP facet lost the adopted QP")?;
+        let how = hand_over(&dev, &seen, id, qp)?;
         s.adopted = Some(Adopted {
             device: dev.clone(),
             id,
-            qp: a.clone(),
+            qpn,
+            how,
             remote_qpn,
         });
-        a
-    };
-    let _ = adopted;
+    }
     let all: Vec<Path> = std::iter::once(primary)
         .chain(candidates.iter().copied())
         .collect();
     dev.peer.learn(all.iter().map(|p| (p.sgid, p.dgid)));
     dev.paths.add(all.iter().copied());
-    dev.facet.keep_warm(all.iter().copied());
+    if let Facet::Software(f) = &dev.facet {
+        f.keep_warm(all.iter().copied());
+    }
     p.client
         .register(Route {
             local_qpn: qpn,
@@ -492,7 +629,7 @@ async fn protect(
     let spec = ConnSpec {
         id,
         role,
-        mode: MigrationMode::Software,
+        mode: dev.facet.mode(),
         local_qpn: Qpn::new(qpn).ok_or("its QP number is out of range")?,
         remote_qpn: Qpn::new(remote_qpn).ok_or("the peer's QP number is out of range")?,
         local_comm_id: qpn,
@@ -507,6 +644,53 @@ async fn protect(
         return Err(format!("apm's engine refused it: {e}"));
     }
     Ok(())
+}
+
+/// Put the adopted `qp` under the device's facet as connection `id`.
+fn hand_over(
+    dev: &Device,
+    seen: &QpSeen,
+    id: ConnId,
+    qp: provider_verbs::ffi::Qp,
+) -> Result<Moved, String> {
+    match &dev.facet {
+        Facet::Software(f) => {
+            f.adopt(id, Arc::new(qp)).map_err(|e| e.to_string())?;
+            let a = f.adopted(id).ok_or("the QP facet lost the adopted QP")?;
+            Ok(Moved::Software(a))
+        }
+        Facet::Hardware(f) => {
+            if !crate::tee::attached(seen.context) {
+                return Err(
+                    "its context's async events are not shared with apm (no event \
+                            tee on it), and hardware APM needs its PATH_MIG events"
+                        .into(),
+                );
+            }
+            f.register(id, Arc::new(qp)).map_err(|e| e.to_string())?;
+            Ok(Moved::Hardware)
+        }
+    }
+}
+
+/// An async event the tee passed on (see [`crate::tee`]): a protected QP's event goes
+/// to the engine of its device when the device migrates it (hardware APM); apm's own
+/// context reads the port events.
+fn tee_event(ev: Event) {
+    let Element::Object(Object::Qp, addr) = ev.about() else {
+        return;
+    };
+    let Some(Ok(p)) = PROTECTOR.get() else { return };
+    let Some(slot) = lock(&p.slots).get(&addr).cloned() else {
+        return;
+    };
+    let s = lock(&slot);
+    let Some(a) = &s.adopted else { return };
+    if let (Moved::Hardware, Facet::Hardware(f)) = (&a.how, &a.device.facet) {
+        let kind = AsyncEventKind::from_raw(ev.event_type);
+        debug!(qpn = a.qpn, ?kind, "the program's QP event");
+        f.deliver_qp_event(a.id, kind);
+    }
 }
 
 /// Follow one device's notifications into the report and the connections' primaries.
@@ -535,12 +719,17 @@ async fn watch(dev: Arc<Device>) {
                 if let Some(c) = lock(&dev.conns).get_mut(&n.conn) {
                     c.primary = primary;
                 }
-                let took = dev
-                    .facet
-                    .adopted(n.conn)
-                    .and_then(|a| a.last_move())
-                    .map(|d| d.as_secs_f64() * 1000.0);
-                report::failover(conn.qpn, &dev.name, took, primary.to_string());
+                let (took, by) = match &dev.facet {
+                    Facet::Software(f) => (
+                        f.adopted(n.conn)
+                            .and_then(|a| a.last_move())
+                            .map(|d| d.as_secs_f64() * 1000.0),
+                        MovedBy::Software,
+                    ),
+                    // The device moved it: no move of apm's to time.
+                    Facet::Hardware(_) => (None, MovedBy::Hardware),
+                };
+                report::failover(conn.qpn, &dev.name, took, primary.to_string(), by);
             }
             NotificationKind::Unprotected { reason } => {
                 debug!(qpn = conn.qpn, ?reason, "unprotected");

@@ -39,9 +39,36 @@ pub struct Args {
     /// apm's interposition library (default: `libapm_preload.so` beside this binary).
     #[arg(long, env = "APM_PRELOAD", value_name = "FILE")]
     pub preload: Option<PathBuf>,
+    /// How the program's QPs move to another path: `auto` uses hardware APM where the
+    /// kernel accepts alternate paths on the device (the device migrates by itself; apm
+    /// arms and re-arms it) and software migration (apm moves the QP through the SQ
+    /// drain) elsewhere; `software` or `hardware` insist on one.
+    #[arg(long, value_enum, default_value_t = Migration::Auto)]
+    pub migration: Migration,
     /// The program and its arguments (after `--`).
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     pub program: Vec<OsString>,
+}
+
+/// `apm run --migration`: passed to the interposition library as `APM_RUN_MIGRATION`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Migration {
+    /// Hardware APM where the kernel accepts alternate paths, else software migration.
+    Auto,
+    /// Software migration only (the program's async events are not shared with apm).
+    Software,
+    /// Hardware APM only: QPs on devices that cannot are not protected.
+    Hardware,
+}
+
+impl Migration {
+    fn env_value(self) -> &'static str {
+        match self {
+            Migration::Auto => "auto",
+            Migration::Software => "software",
+            Migration::Hardware => "hardware",
+        }
+    }
 }
 
 /// `apm agent` arguments.
@@ -224,7 +251,8 @@ pub fn run(args: Args) -> Result<()> {
         .env("LD_PRELOAD", preload)
         .env("APM_RUN_PORT", settings.port.to_string())
         .env("APM_RUN_POLICY", serde_json::to_string(&settings.policy)?)
-        .env("APM_RUN_REPORT_DIR", &dir);
+        .env("APM_RUN_REPORT_DIR", &dir)
+        .env("APM_RUN_MIGRATION", args.migration.env_value());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

@@ -35,6 +35,7 @@ const UNSAFE_MODULES: &[&str] = &[
     "umad/src/ffi.rs",
     "provider-verbs/src/ffi/mod.rs",
     "apm-preload/src/ffi.rs",
+    "apm-preload/src/tee.rs",
     "apm-capi/src/lib.rs",
 ];
 

@@ -28,6 +28,9 @@ use std::time::{Duration, Instant};
 // UCX and the overhead benchmark.
 #[path = "apm_run_more.rs"]
 mod more;
+// Hardware APM under `apm run` (the patched soft-RoCE).
+#[path = "apm_run_hw.rs"]
+mod hw;
 
 /// The agent's UDP port in these tests (not the default, so nothing else answers).
 const PORT: &str = "47950";
@@ -286,6 +289,9 @@ fn qp_table() -> String {
 enum Cut {
     /// netem 100% loss on rail 10, both ways; apm told through the agent.
     Silent,
+    /// netem 100% loss on rail 10, both ways; nothing tells apm (hardware APM: the
+    /// device's own retry budget finds it).
+    SilentUnreported,
     /// `ip link set vA.10 down`.
     LinkDown,
 }
@@ -359,6 +365,11 @@ fn case(name: &str, pairs: &[Pair], apm: Option<&str>, cut: Cut, cut_after: Dura
     let before = rate("vB.10", Duration::from_millis(500));
     let meter = StallMeter::start();
     match cut {
+        Cut::SilentUnreported => {
+            for dev in ["vA.10", "vB.10"] {
+                tc(&["qdisc", "add", "dev", dev, "root", "netem", "loss", "100%"]);
+            }
+        }
         Cut::Silent => {
             for dev in ["vA.10", "vB.10"] {
                 tc(&["qdisc", "add", "dev", dev, "root", "netem", "loss", "100%"]);
