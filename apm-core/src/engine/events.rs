@@ -46,12 +46,11 @@ impl Engine {
                 }
             }
             Some(p) => {
-                let old_lid = p.info.lid;
-                let new_lid = info.lid;
-                p.info = info;
-                if old_lid != new_lid {
-                    self.lid_changed(key, old_lid, new_lid);
+                let old = std::mem::replace(&mut p.info, info.clone());
+                if old.lid != info.lid {
+                    self.lid_changed(key, old.lid, info.lid);
                 }
+                self.local_gids_changed(&old, &info);
             }
         }
     }

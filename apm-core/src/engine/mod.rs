@@ -24,6 +24,7 @@ mod limiter;
 mod peer;
 mod pending;
 mod probed;
+mod rails;
 mod rearm;
 mod remote;
 mod results;
@@ -182,6 +183,8 @@ pub struct Engine {
     dead_paths: BTreeSet<PathEnds>,
     /// Paths whose session is up again but held for flapping, until when.
     held_paths: BTreeMap<PathEnds, Time>,
+    /// RoCE source GIDs their port reported and no longer has (module `rails`).
+    gone_gids: BTreeSet<(PortKey, Gid)>,
     cache: PathCache,
     pending: PendingTable<Pending>,
     /// When each command handed to the provider must have been answered.
@@ -205,6 +208,7 @@ impl Engine {
             remotes: Remotes::default(),
             dead_paths: BTreeSet::new(),
             held_paths: BTreeMap::new(),
+            gone_gids: BTreeSet::new(),
             cache: PathCache::default(),
             pending: PendingTable::new(1),
             deadlines: Deadlines::default(),
@@ -257,6 +261,7 @@ impl Engine {
     pub fn path_usable(&self, path: &Path) -> bool {
         self.port_usable(path.port)
             && self.remote_usable(&path.dgid)
+            && !self.local_gid_gone(path)
             && !self.probed_dead(path)
             && !self.probe_held(path)
     }
@@ -301,6 +306,7 @@ impl Engine {
     pub fn path_up(&self, path: &Path) -> bool {
         self.ports.get(&path.port).is_some_and(|p| p.health.up)
             && self.remotes.up(&path.dgid)
+            && !self.local_gid_gone(path)
             && !self.probed_dead(path)
     }
 
