@@ -112,9 +112,21 @@ pub struct Args {
     /// How the connection is protected on RoCE: `hardware` APM (the device migrates; the
     /// kernel must accept alternate paths on the port), `software` path migration, or
     /// `auto`: hardware where the kernel accepts alternate paths. InfiniBand is always
-    /// hardware.
+    /// hardware. `none` protects nothing: the same traffic on a plain RC QP, a baseline
+    /// (one `--rail` is enough).
     #[arg(long, value_enum, default_value_t = ModeArg::Auto)]
     mode: ModeArg,
+    /// Run apm's liveness probes on the paths (`[policy.probe] enabled`): a silent cut
+    /// is found in `--probe-multiplier` x `--probe-interval-ms`, not by the stall
+    /// monitor or the QP's retry budget. Both sides must.
+    #[arg(long)]
+    probes: bool,
+    /// With --probes: the interval between probes on each path.
+    #[arg(long, value_name = "MS", default_value_t = apm_core::probe::ProbePolicy::default().interval_ms)]
+    probe_interval_ms: u32,
+    /// With --probes: probes missed in a row before a path is down.
+    #[arg(long, value_name = "N", default_value_t = apm_core::probe::ProbePolicy::default().multiplier)]
+    probe_multiplier: u8,
     /// After sending, wait this long at most for the peer's last messages.
     #[arg(long, default_value_t = 20.0, value_parser = values::seconds)]
     drain_secs: f64,
@@ -134,6 +146,8 @@ enum ModeArg {
     Auto,
     Hardware,
     Software,
+    /// No protection (a baseline).
+    None,
 }
 
 /// One failover or protection change, as printed.
@@ -226,6 +240,22 @@ fn mode_name(hardware: bool) -> &'static str {
         "hardware APM"
     } else {
         "software migration"
+    }
+}
+
+impl Args {
+    /// The engine's policy: the defaults, with the probes `--probes` asks for.
+    fn policy(&self) -> Result<apm_core::Policy> {
+        let mut policy = apm_core::Policy::default();
+        policy.probe = apm_core::probe::ProbePolicy {
+            enabled: self.probes,
+            interval_ms: self.probe_interval_ms,
+            multiplier: self.probe_multiplier,
+            down_interval_ms: policy.probe.down_interval_ms.max(self.probe_interval_ms),
+            ..policy.probe
+        };
+        policy.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(policy)
     }
 }
 

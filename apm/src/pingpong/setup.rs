@@ -56,6 +56,8 @@ pub(super) struct Session {
     pub(super) role: &'static str,
     pub(super) infiniband: bool,
     pub(super) hardware: bool,
+    /// apm protects the connection (not `--mode none`).
+    pub(super) protected: bool,
     pub(super) rc: Arc<RcConn>,
     pub(super) conn: ConnId,
     pub(super) primary: Path,
@@ -97,9 +99,12 @@ fn hardware_mode(ctx: &Context, args: &Args, infiniband: bool) -> Result<bool> {
         }
         return Ok(true);
     }
+    if args.mode == ModeArg::None {
+        return Ok(false);
+    }
     let available = provider_verbs::hw_apm::available(ctx, args.port);
     match (args.mode, available) {
-        (ModeArg::Software, _) => Ok(false),
+        (ModeArg::Software | ModeArg::None, _) => Ok(false),
         (ModeArg::Hardware, Err(e)) => Err(anyhow::anyhow!("--mode hardware: {e}")),
         (_, Ok(())) => Ok(true),
         (ModeArg::Auto, Err(e)) => {
@@ -286,7 +291,7 @@ fn start_manager(
     paths: Vec<Path>,
 ) -> Result<(ManagerHandle, ManagerTask)> {
     let fabric = StaticPaths::new(paths);
-    let policy = apm_core::Policy::default();
+    let policy = args.policy()?;
     if hardware {
         let facet = provider_verbs::VerbsQpControl::new(vec![ctx.clone()]);
         facet
@@ -459,7 +464,10 @@ pub(super) async fn start(args: &Args) -> Result<Session> {
     }
     let (handle, manager_task) = start_manager(args, &ctx, &rc, conn, hardware, udp, paths)?;
     let notes = handle.notifications();
-    protect_when_ready(&handle, spec).await?;
+    let protected = args.mode != ModeArg::None;
+    if protected {
+        protect_when_ready(&handle, spec).await?;
+    }
     say(
         args,
         format!(
@@ -467,7 +475,11 @@ pub(super) async fn start(args: &Args) -> Result<Session> {
             args.device,
             rc.qp_num(),
             peer.qpn,
-            mode_name(hardware)
+            if protected {
+                mode_name(hardware)
+            } else {
+                "unprotected"
+            }
         ),
     );
     wait_ready(&mut wr, &mut lines).await?;
@@ -476,6 +488,7 @@ pub(super) async fn start(args: &Args) -> Result<Session> {
         role,
         infiniband,
         hardware,
+        protected,
         rc,
         conn,
         primary,

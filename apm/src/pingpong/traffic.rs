@@ -329,7 +329,11 @@ async fn report(
     Ok(Report {
         role: s.role,
         device: args.device.clone(),
-        mode: if s.hardware { "hardware" } else { "software" },
+        mode: match (s.protected, s.hardware) {
+            (false, _) => "none",
+            (true, true) => "hardware",
+            (true, false) => "software",
+        },
         sent,
         received: rx.received,
         peer_sent,

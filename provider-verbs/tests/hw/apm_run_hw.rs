@@ -43,7 +43,7 @@ fn roce_hw_apm_run_ibv_rc_pingpong_across_a_silent_cut_and_a_link_down() {
     if let Err(why) = hardware_apm_here() {
         return println!("SKIPPED roce_hw_apm_run: no hardware APM on rxe0: {why}");
     }
-    for (cut, port) in [(Cut::SilentUnreported, 18641), (Cut::LinkDown, 18642)] {
+    for (cut, port) in [(Cut::SilentUnreported, 18651), (Cut::LinkDown, 18652)] {
         let name = format!("hw-{cut:?}");
         // Without apm the QP has no alternate: the patched rxe errors it when its retries
         // run out (silent cut) or at once (link down), and the program fails.
