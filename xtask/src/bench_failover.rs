@@ -1,4 +1,4 @@
-//! `cargo xtask bench failover [--reps N] [--json]`: apm against Linux bonding and no
+//! `cargo xtask bench failover [--reps N] [--probe MS,N] [--json]`: apm against Linux bonding and no
 //! protection on real rxe in the VM (`provider-verbs/tests/hw/bench_failover.rs` runs
 //! the traffic and the faults there and prints one `FAILOVER-BENCH key=value ...` line
 //! per run); this gathers the runs into one row per protection and fault: what became
@@ -174,6 +174,7 @@ fn json(rows: &[Row]) -> String {
 pub fn main(args: &[String]) -> Result<()> {
     let mut reps = 10u32;
     let mut as_json = false;
+    let mut probe: Option<String> = None;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -185,11 +186,20 @@ pub fn main(args: &[String]) -> Result<()> {
                     .context("--reps N")?;
             }
             "--json" => as_json = true,
-            other => bail!("unknown `bench failover` argument {other:?} (--reps N, --json)"),
+            "--probe" => {
+                probe = Some(
+                    it.next()
+                        .context("--probe needs INTERVAL_MS,MULTIPLIER")?
+                        .clone(),
+                );
+            }
+            other => bail!(
+                "unknown `bench failover` argument {other:?} (--reps N, --probe MS,N, --json)"
+            ),
         }
     }
     let out = std::env::current_dir()?.join("target/vm/bench-failover.out");
-    let vm = [
+    let mut vm = vec![
         "--vm".to_owned(),
         "--timeout".to_owned(),
         "3600".to_owned(),
@@ -200,6 +210,9 @@ pub fn main(args: &[String]) -> Result<()> {
         "--env".to_owned(),
         format!("APM_BENCH_REPS={reps}"),
     ];
+    if let Some(p) = probe {
+        vm.extend(["--env".to_owned(), format!("APM_BENCH_PROBE={p}")]);
+    }
     std::env::set_var("APM_VM_OUTPUT", &out);
     crate::hwtest::main(&vm)?;
     let text =

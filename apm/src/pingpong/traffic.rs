@@ -222,6 +222,7 @@ pub(super) async fn run(args: &Args, mut s: Session) -> Result<Report> {
         failovers: 0,
     };
     let mut done_sent = false;
+    let mut stopped_at: Option<Instant> = None;
     let mut peer_sent: Option<u64> = None;
     let mut drain_deadline: Option<Instant> = None;
     let mut peer_left = false;
@@ -261,7 +262,15 @@ pub(super) async fn run(args: &Args, mut s: Session) -> Result<Report> {
             s.rc.post_recv(c.wr_id, slot, SLOT)?;
             rx.arrived(u64::from_be_bytes(b), Instant::now(), |t| s.ms(t));
         }
-        if !tx.sending && tx.in_flight == 0 && !done_sent {
+        // Done once every send completed, or, on a connection that no longer completes
+        // any (it died: no protection, or both rails dead), once the drain time is up.
+        if !tx.sending && stopped_at.is_none() {
+            stopped_at = Some(now);
+        }
+        let gave_up = stopped_at.is_some_and(|t| {
+            now.saturating_duration_since(t) >= Duration::from_secs_f64(args.drain_secs)
+        });
+        if !tx.sending && (tx.in_flight == 0 || gave_up) && !done_sent {
             send_line(&mut s.wr, &Ctl::Done { sent: tx.sent }).await?;
             done_sent = true;
             drain_deadline = Some(Instant::now() + Duration::from_secs_f64(args.drain_secs));

@@ -119,7 +119,10 @@ fn bonds_up(monitor: &[&str]) {
     wait_gid("rxe3", BOND_B);
 }
 
-/// Per-source routes through the bonds (dropped by a link going down; set again after).
+/// Routes through the bonds for locally sent packets to the other bond's address
+/// (dropped by a link going down; set again after). By destination, not source: the
+/// bonding ARP monitor looks its target up with no source address, and must find the
+/// bond, not the local table.
 fn bond_routes() {
     for (dev, src, dst, table) in [
         ("bondA", BOND_A, BOND_B, "130"),
@@ -128,12 +131,25 @@ fn bond_routes() {
         let _ = ip_quiet(&[
             "route", "replace", dst, "dev", dev, "src", src, "table", table,
         ]);
-        if !super::rails::rule_present(src, table) {
+        if !rule_to_present(dst, table) {
             ip(&[
-                "rule", "add", "pref", "100", "from", src, "iif", "lo", "lookup", table,
+                "rule", "add", "pref", "100", "to", dst, "iif", "lo", "lookup", table,
             ]);
         }
     }
+}
+
+/// Whether the rule sending locally generated packets for `dst` to `table` is there.
+fn rule_to_present(dst: &str, table: &str) -> bool {
+    std::process::Command::new("/usr/bin/ip")
+        .args(["rule", "show"])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout).lines().any(|l| {
+                l.contains(&format!("to {dst} ")) && l.contains(&format!("lookup {table}"))
+            })
+        })
+        .unwrap_or(false)
 }
 
 fn bonds_down() {
@@ -213,6 +229,19 @@ fn heal(v: Variant, ends: &[String; 2]) {
     }
 }
 
+/// apm's probe interval (ms) and multiplier in the `apm` runs: `APM_BENCH_PROBE`
+/// (`INTERVAL,MULTIPLIER`), else apm's defaults.
+fn probe_setting() -> (u32, u8) {
+    let d = apm_core::probe::ProbePolicy::default();
+    std::env::var("APM_BENCH_PROBE")
+        .ok()
+        .and_then(|v| {
+            let (i, m) = v.split_once(',')?;
+            Some((i.trim().parse().ok()?, m.trim().parse().ok()?))
+        })
+        .unwrap_or((d.interval_ms, d.multiplier))
+}
+
 /// The `apm pingpong` arguments of each side: (server, client).
 fn sides(v: Variant, port: u16) -> (Vec<String>, Vec<String>) {
     let listen = format!("127.0.0.1:{port}");
@@ -224,10 +253,21 @@ fn sides(v: Variant, port: u16) -> (Vec<String>, Vec<String>) {
         Variant::None => (["rxe1", "rxe0"], vec![["10.0.10.2", "10.0.10.1"]]),
         Variant::BondMiimon | Variant::BondArp => (["rxe3", "rxe2"], vec![[BOND_B, BOND_A]]),
     };
-    let mode = if v == Variant::Apm {
-        vec!["--mode", "software", "--probes"]
+    let mode: Vec<String> = if v == Variant::Apm {
+        let (interval, multiplier) = probe_setting();
+        [
+            "--mode",
+            "software",
+            "--probes",
+            "--probe-interval-ms",
+            &interval.to_string(),
+            "--probe-multiplier",
+            &multiplier.to_string(),
+        ]
+        .map(String::from)
+        .to_vec()
     } else {
-        vec!["--mode", "none"]
+        vec!["--mode".into(), "none".into()]
     };
     let common = [
         "--json",
@@ -247,15 +287,29 @@ fn sides(v: Variant, port: u16) -> (Vec<String>, Vec<String>) {
         }
         a.push(if k == 0 { "--listen" } else { "--connect" }.into());
         a.push(listen.clone());
-        a.extend(mode.iter().map(|s| (*s).to_owned()));
+        a.extend(mode.iter().cloned());
         a.extend(common.iter().map(|s| (*s).to_owned()));
         a
     };
     (build(0), build(1))
 }
 
-/// One side's report, or `None` when it did not finish (hung, killed).
-fn finish(mut p: Pingpong, limit: Duration) -> Option<serde_json::Value> {
+/// One side's report, or `None` when it did not finish (hung, killed); the side's last
+/// lines are printed when it gave no report.
+fn finish(p: Pingpong, limit: Duration) -> Option<serde_json::Value> {
+    let name = p.0.name;
+    let (report, log) = finish_logged(p, limit);
+    if report.is_none() {
+        let tail = &log[log.len().saturating_sub(12)..];
+        println!(
+            "  {name} gave no report; its last lines:\n    {}",
+            tail.join("\n    ")
+        );
+    }
+    report
+}
+
+fn finish_logged(mut p: Pingpong, limit: Duration) -> (Option<serde_json::Value>, Vec<String>) {
     p.stop();
     let until = Instant::now() + limit;
     loop {
@@ -267,14 +321,21 @@ fn finish(mut p: Pingpong, limit: Duration) -> Option<serde_json::Value> {
             _ if Instant::now() > until => {
                 let _ = p.0.child.kill();
                 let _ = p.0.child.wait();
-                return None;
+                p.0.log.push("(killed: no exit in time)".into());
+                return (None, std::mem::take(&mut p.0.log));
             }
             _ => std::thread::sleep(Duration::from_millis(20)),
         }
     }
-    let out = p.0.child.wait_with_output().ok()?;
+    let log = std::mem::take(&mut p.0.log);
+    let Ok(out) = p.0.child.wait_with_output() else {
+        return (None, log);
+    };
     let text = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(text.lines().last().unwrap_or("")).ok()
+    (
+        serde_json::from_str(text.lines().last().unwrap_or("")).ok(),
+        log,
+    )
 }
 
 /// The stall at `at_ms` (one side's report): the gap in arrivals that spans it.
@@ -394,6 +455,8 @@ fn bench_failover() {
         .ok()
         .and_then(|r| r.parse().ok())
         .unwrap_or(10);
+    let (interval, multiplier) = probe_setting();
+    println!("FAILOVER-BENCH-SETTING probe_interval_ms={interval} probe_multiplier={multiplier}");
     let mut port = 18700;
     for variant in [
         Variant::Apm,
