@@ -587,20 +587,14 @@ async fn dispatch(mut events: mpsc::UnboundedReceiver<FromAgent>) {
                     }
                 }
             }
-            FromAgent::Path {
-                local,
-                remote,
-                up,
-                kind,
-            } => {
-                let ends = apm_core::probe::PathEnds { local, remote };
-                let kind = kind.unwrap_or(apm_core::probe::FailureKind::Fabric);
-                info!(%local, %remote, up, kind = kind.name(), "the agent's probes: path");
+            FromAgent::Path { ends, verdict } => {
+                info!(local = %ends.local, remote = %ends.remote, verdict = verdict.name(),
+                    kind = verdict.failure().map(|k| k.name()), "the agent's probes: path");
                 for d in &devices {
-                    let _ = d.handle.path_health(ends, up, kind);
+                    let _ = d.handle.path_health(ends, verdict);
                 }
             }
-            FromAgent::Candidates { .. } => {}
+            FromAgent::Candidates { .. } | FromAgent::Watching { .. } => {}
         }
     }
     // The agent went away: no peer messages any more. Connections run on unprotected.

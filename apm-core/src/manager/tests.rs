@@ -1,6 +1,7 @@
 //! The driver against a mocked provider, in tokio's paused (virtual) time.
 
 use super::*;
+use crate::probe::FailureKind;
 use crate::provider::MockProvider;
 use std::sync::Mutex;
 
@@ -280,7 +281,11 @@ async fn probes_run_per_path_and_a_silent_primary_moves_the_connection() {
     let ev = loop {
         let ev = events.recv().await.expect("the probe verdict is published");
         match ev.kind {
-            FabricEventKind::PortInfo(_) | FabricEventKind::Path { up: true, .. } => continue,
+            FabricEventKind::PortInfo(_)
+            | FabricEventKind::Path {
+                verdict: PathVerdict::Up,
+                ..
+            } => continue,
             _ => break ev,
         }
     };
@@ -291,8 +296,9 @@ async fn probes_run_per_path_and_a_silent_primary_moves_the_connection() {
                 local: path(1).sgid,
                 remote: path(1).dgid
             },
-            up: false,
-            failure: Some(FailureKind::Fabric),
+            verdict: PathVerdict::Down {
+                kind: FailureKind::Fabric
+            },
         }
     );
     let n = notes.recv().await.expect("migrated");
