@@ -24,6 +24,35 @@ async fn next(rx: &mut mpsc::UnboundedReceiver<FromAgent>) -> Option<FromAgent> 
         .flatten()
 }
 
+/// An agent on `port` that probes (the default policy otherwise), serving in the
+/// background and exiting 2 s after its last process left.
+async fn probing_agent(port: u16) -> tokio::task::JoinHandle<Result<(), AgentError>> {
+    let agent = Agent::bind(AgentConfig {
+        peer_port: port,
+        idle_exit: Some(Duration::from_secs(2)),
+        probe: ProbePolicy {
+            enabled: true,
+            ..Default::default()
+        },
+    })
+    .await
+    .expect("agent");
+    tokio::spawn(agent.run())
+}
+
+/// One end of a connection whose only path is `(local, remote)`. One agent plays both
+/// hosts of such a path: each end's probes reach the other's session through the same
+/// prober.
+fn one_path(local: Gid, remote: Gid, local_qpn: u32, remote_qpn: u32) -> Route {
+    Route {
+        local_qpn,
+        remote_qpn,
+        peer_gids: vec![remote],
+        local_gids: vec![local],
+        paths: vec![(local, remote)],
+    }
+}
+
 fn ack(from_qpn: u32, to_qpn: u32) -> PeerMsg {
     PeerMsg::MigrateAck(MigrateAck {
         sender_comm_id: from_qpn,
@@ -139,33 +168,14 @@ async fn messages_reach_the_process_of_their_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_path_that_stops_answering_probes_is_reported_down_then_back() {
     let port = 20_000 + ((std::process::id() + 7919) % 20_000) as u16;
-    let agent = Agent::bind(AgentConfig {
-        peer_port: port,
-        idle_exit: Some(Duration::from_secs(2)),
-        probe: ProbePolicy {
-            enabled: true,
-            ..Default::default()
-        },
-    })
-    .await
-    .expect("agent");
-    let served = tokio::spawn(agent.run());
+    let served = probing_agent(port).await;
     let (a_tx, mut a_rx) = mpsc::unbounded_channel();
     let (b_tx, _b_rx) = mpsc::unbounded_channel();
     let a = AgentClient::connect(port, a_tx).await.expect("a");
     let b = AgentClient::connect(port, b_tx).await.expect("b");
-    // One agent plays both hosts: each end's probes of the path reach the other's
-    // session through the same prober.
     let (ga, gb) = (gid("127.0.0.4"), gid("127.0.0.5"));
-    let route = |local, remote, lq, rq| Route {
-        local_qpn: lq,
-        remote_qpn: rq,
-        peer_gids: vec![remote],
-        local_gids: vec![local],
-        paths: vec![(local, remote)],
-    };
-    a.register(route(ga, gb, 1, 2)).expect("register a");
-    b.register(route(gb, ga, 2, 1)).expect("register b");
+    a.register(one_path(ga, gb, 1, 2)).expect("register a");
+    b.register(one_path(gb, ga, 2, 1)).expect("register b");
     tokio::time::sleep(Duration::from_millis(300)).await;
     // The sessions' first Up reached every process: drop those.
     while let Ok(m) = a_rx.try_recv() {
@@ -200,7 +210,8 @@ async fn a_path_that_stops_answering_probes_is_reported_down_then_back() {
         "{:?}",
         t0.elapsed()
     );
-    b.register(route(gb, ga, 2, 1)).expect("register b again");
+    b.register(one_path(gb, ga, 2, 1))
+        .expect("register b again");
     // Every Up goes to every process: b's new session's first Up may come first.
     let back = FromAgent::Path {
         ends: PathEnds {
@@ -230,17 +241,7 @@ async fn a_watcher_sees_every_verdict_with_its_kind_and_keeps_no_agent_alive() {
         Err(AgentError::NotRunning(name)) => assert!(name.contains(&port.to_string())),
         other => panic!("expected NotRunning, got {other:?}"),
     }
-    let agent = Agent::bind(AgentConfig {
-        peer_port: port,
-        idle_exit: Some(Duration::from_secs(2)),
-        probe: ProbePolicy {
-            enabled: true,
-            ..Default::default()
-        },
-    })
-    .await
-    .expect("agent");
-    let served = tokio::spawn(agent.run());
+    let served = probing_agent(port).await;
     let mut watch = AgentWatch::attach(port).await.expect("attached");
     assert!(watch.probing);
     assert!(watch.sessions.is_empty(), "{:?}", watch.sessions);
@@ -249,15 +250,8 @@ async fn a_watcher_sees_every_verdict_with_its_kind_and_keeps_no_agent_alive() {
     let a = AgentClient::connect(port, a_tx).await.expect("a");
     let b = AgentClient::connect(port, b_tx).await.expect("b");
     let (ga, gb) = (gid("127.0.0.6"), gid("127.0.0.7"));
-    let route = |local, remote, lq, rq| Route {
-        local_qpn: lq,
-        remote_qpn: rq,
-        peer_gids: vec![remote],
-        local_gids: vec![local],
-        paths: vec![(local, remote)],
-    };
-    a.register(route(ga, gb, 1, 2)).expect("register a");
-    b.register(route(gb, ga, 2, 1)).expect("register b");
+    a.register(one_path(ga, gb, 1, 2)).expect("register a");
+    b.register(one_path(gb, ga, 2, 1)).expect("register b");
     let ab = PathEnds {
         local: ga,
         remote: gb,
