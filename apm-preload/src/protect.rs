@@ -18,8 +18,8 @@ use apm_agent::client::{AgentClient, AgentPeer};
 use apm_agent::local::ip_of;
 use apm_agent::wire::{FromAgent, Route};
 use apm_core::{
-    ConnId, ConnSpec, Gid, Manager, ManagerHandle, MigrationMode, NotificationKind, Path, PortKey,
-    Qpn, Role, Stack, StaticPaths,
+    Cause, ConnId, ConnSpec, Gid, Manager, ManagerHandle, MigrationMode, NotificationKind, Path,
+    PortKey, Qpn, Role, Stack, StaticPaths,
 };
 use provider_rxe::{AdoptedQp, RxeConfig, RxeQpControl};
 use provider_verbs::ffi::{Context, QpAttr, QpAttrMask, Verbs};
@@ -531,7 +531,7 @@ async fn watch(dev: Arc<Device>) {
                     c.protected_once = true;
                 }
             }
-            NotificationKind::Migrated { primary, .. } => {
+            NotificationKind::Migrated { primary, cause, .. } => {
                 if let Some(c) = lock(&dev.conns).get_mut(&n.conn) {
                     c.primary = primary;
                 }
@@ -540,9 +540,15 @@ async fn watch(dev: Arc<Device>) {
                     .adopted(n.conn)
                     .and_then(|a| a.last_move())
                     .map(|d| d.as_secs_f64() * 1000.0);
-                report::failover(conn.qpn, &dev.name, took, primary.to_string());
+                report::failover(
+                    conn.qpn,
+                    &dev.name,
+                    took,
+                    primary.to_string(),
+                    cause.map(Cause::name),
+                );
             }
-            NotificationKind::Unprotected { reason } => {
+            NotificationKind::Unprotected { reason, .. } => {
                 debug!(qpn = conn.qpn, ?reason, "unprotected");
                 report::unprotected(conn.qpn);
             }

@@ -122,7 +122,7 @@ pub fn unprotected(qpn: u32) {
 }
 
 /// A move onto the alternate.
-pub fn failover(qpn: u32, device: &str, move_ms: Option<f64>, to: String) {
+pub fn failover(qpn: u32, device: &str, move_ms: Option<f64>, to: String, cause: Option<&str>) {
     with(|s| {
         let at_ms = s.start.elapsed().as_secs_f64() * 1000.0;
         s.unprotected.entry(qpn).or_insert_with(Instant::now);
@@ -132,6 +132,7 @@ pub fn failover(qpn: u32, device: &str, move_ms: Option<f64>, to: String) {
             at_ms,
             move_ms,
             to,
+            cause: cause.map(str::to_owned),
         });
     });
 }
