@@ -1,5 +1,5 @@
 //! The process side: a connection to the host's agent, and [`AgentPeer`], the engine's
-//! peer facet over it.
+//! peer facet over it; and [`AgentWatch`], a watcher's connection (`apm watch --agent`).
 //!
 //! What arrives from the agent goes to one receiver the process owns (`events`): peer
 //! messages (to be handed to the engine of the connection's device through
@@ -150,6 +150,54 @@ impl AgentClient {
     }
 }
 
+/// How long a watcher waits for the agent to answer [`ToAgent::Watch`]: an agent of
+/// another apm version drops the line it cannot read and never answers.
+const WATCH_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A watcher attached to the host's agent (`apm watch --agent`): every verdict the
+/// agent makes (its probes', an operator's rail-down), as it makes them. Nothing is
+/// asked of the protected processes, and an agent with no watcher does no work for one.
+#[derive(Debug)]
+pub struct AgentWatch {
+    /// Kept for the connection: the agent forgets the watcher when it closes.
+    _client: AgentClient,
+    /// The agent's verdicts; closed when the agent goes away.
+    pub events: mpsc::UnboundedReceiver<FromAgent>,
+    /// Whether the agent probes (without, only rail-down verdicts come).
+    pub probing: bool,
+    /// The paths it probed when the watcher attached, with their sessions' states.
+    pub sessions: Vec<(apm_core::probe::PathEnds, apm_core::probe::SessionState)>,
+}
+
+impl AgentWatch {
+    /// Attach to the agent of `peer_port` as a watcher. Call inside a tokio runtime.
+    pub async fn attach(peer_port: u16) -> Result<AgentWatch, AgentError> {
+        let (tx, mut events) = mpsc::unbounded_channel();
+        let client = AgentClient::connect(peer_port, tx).await?;
+        client.put(ToAgent::Watch)?;
+        let answer = tokio::time::timeout(WATCH_TIMEOUT, async {
+            // Verdicts sent before the answer cannot come: the agent answers first.
+            loop {
+                match events.recv().await {
+                    Some(FromAgent::Watching { probing, sessions }) => {
+                        return Ok((probing, sessions))
+                    }
+                    Some(_) => continue,
+                    None => return Err(AgentError::Gone),
+                }
+            }
+        })
+        .await
+        .map_err(|_| AgentError::NoWatch(WATCH_TIMEOUT))??;
+        Ok(AgentWatch {
+            _client: client,
+            events,
+            probing: answer.0,
+            sessions: answer.1,
+        })
+    }
+}
+
 /// The engine's peer facet over the agent, for one device of the process.
 ///
 /// The engine names a message's destination by the peer's GID; the agent also needs the
@@ -221,7 +269,9 @@ impl PeerChannel for AgentPeer {
         self.client.send(from, to.gid, msg).map_err(|e| {
             let why = match &e {
                 AgentError::Io(io) => Reason::of_io(io),
-                AgentError::NotRunning(_) | AgentError::Gone => Reason::Closed,
+                AgentError::NotRunning(_) | AgentError::Gone | AgentError::NoWatch(_) => {
+                    Reason::Closed
+                }
             };
             ProviderError::io(Operation::SendPeer, why)
         })

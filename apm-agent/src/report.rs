@@ -29,6 +29,10 @@ pub struct Failover {
     pub move_ms: Option<f64>,
     /// The new primary path.
     pub to: String,
+    /// What this side saw kill the old primary (`local_port`, `peer_port`, `fabric`,
+    /// `stall`); absent when it saw nothing (the peer asked it to move).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
     /// Who moved it.
     #[serde(default)]
     pub by: MovedBy,
@@ -151,6 +155,7 @@ mod tests {
                 move_ms: Some(3.25),
                 to: "x".into(),
                 by: MovedBy::Software,
+                cause: Some("fabric".into()),
             }],
             unprotected_ms: 1500.0,
             ..ProcessReport::default()

@@ -57,7 +57,10 @@ pub struct Agent {
 #[derive(Default)]
 struct State {
     next_client: u64,
+    /// The protected processes (what keeps an idle agent alive).
     clients: BTreeMap<u64, mpsc::UnboundedSender<FromAgent>>,
+    /// The watchers (`apm watch --agent`): every verdict, nothing else.
+    watchers: BTreeMap<u64, mpsc::UnboundedSender<FromAgent>>,
     routes: Vec<(u64, Route)>,
     channels: BTreeMap<Gid, Arc<UdpPeerChannel>>,
     /// Messages for connections not registered yet, kept [`HOLD_UNROUTED`]: the two
@@ -163,6 +166,7 @@ async fn serve_client(id: u64, stream: UnixStream, state: Shared, hello: HelloSo
     debug!(client = id, "process left");
     let mut s = lock(&state);
     s.clients.remove(&id);
+    s.watchers.remove(&id);
     s.routes.retain(|(c, _)| *c != id);
     refollow(&mut s);
     drop(s);
@@ -241,9 +245,35 @@ async fn handle(
         }
         ToAgent::RailDown { gid } => {
             info!(%gid, "rail down: telling every process");
-            for c in lock(state).clients.values() {
-                let _ = c.send(FromAgent::RailDown { gid });
+            lock(state).tell_all(&FromAgent::RailDown { gid });
+        }
+        ToAgent::Watch => {
+            let mut s = lock(state);
+            // A watcher is no protected process: it leaves the idle count.
+            if let Some(tx) = s.clients.remove(&id) {
+                s.watchers.insert(id, tx);
             }
+            s.routes.retain(|(c, _)| *c != id);
+            refollow(&mut s);
+            let answer = FromAgent::Watching {
+                probing: s.probes.is_some(),
+                sessions: s
+                    .probes
+                    .as_ref()
+                    .map(AgentProbes::sessions)
+                    .unwrap_or_default(),
+            };
+            debug!(client = id, "a watcher attached");
+            let _ = me.send(answer);
+        }
+    }
+}
+
+impl State {
+    /// Send a verdict to every process and every watcher.
+    fn tell_all(&self, m: &FromAgent) {
+        for c in self.clients.values().chain(self.watchers.values()) {
+            let _ = c.send(m.clone());
         }
     }
 }
@@ -386,16 +416,10 @@ async fn probe_loop(state: Shared, port: u16) {
             let mut s = lock(&state);
             let Some(p) = s.probes.as_mut() else { return };
             let step = p.step();
-            for (ends, up, kind) in &step.verdicts {
-                info!(local = %ends.local, remote = %ends.remote, up, ?kind, "probes: path verdict");
-                for c in s.clients.values() {
-                    let _ = c.send(FromAgent::Path {
-                        local: ends.local,
-                        remote: ends.remote,
-                        up: *up,
-                        kind: *kind,
-                    });
-                }
+            for &(ends, verdict) in &step.verdicts {
+                info!(local = %ends.local, remote = %ends.remote, verdict = verdict.name(),
+                    kind = verdict.failure().map(|k| k.name()), "probes: path verdict");
+                s.tell_all(&FromAgent::Path { ends, verdict });
             }
             step
         };

@@ -3,7 +3,7 @@
 //! has to be stable within one apm version; the agent refuses a line it cannot parse
 //! (it logs and drops it) and never panics on one.
 
-use apm_core::probe::FailureKind;
+use apm_core::probe::{PathEnds, PathVerdict, SessionState};
 use apm_core::{Gid, PeerAddr, PeerMsg};
 use serde::{Deserialize, Serialize};
 
@@ -65,6 +65,10 @@ pub enum ToAgent {
         /// The address.
         gid: Gid,
     },
+    /// This connection is a watcher (`apm watch --agent`), not a protected process:
+    /// send it every verdict (the probes', an operator's rail-down) and nothing else.
+    /// It does not keep an idle agent alive.
+    Watch,
 }
 
 /// From the agent to a process.
@@ -91,17 +95,21 @@ pub enum FromAgent {
         /// The address.
         gid: Gid,
     },
-    /// The agent's probes found a path dead (`kind`: local port, peer port or the
-    /// fabric between) or, with `kind` absent, back.
+    /// The agent's probes' verdict on a path: down (local port, peer port or the fabric
+    /// between), up (the first time or again), or up but held for flapping.
     Path {
-        /// This host's GID on the path.
-        local: Gid,
-        /// The peer's GID on the path.
-        remote: Gid,
-        /// Up again, or down.
-        up: bool,
-        /// What kind of failure, for a path down.
-        kind: Option<FailureKind>,
+        /// The path (this host's GID, the peer's).
+        ends: PathEnds,
+        /// What the probes say of it.
+        verdict: PathVerdict,
+    },
+    /// The answer to [`ToAgent::Watch`]: what the agent watches now.
+    Watching {
+        /// Whether the agent probes at all (`apm agent --probes`); without, only
+        /// rail-down verdicts come.
+        probing: bool,
+        /// Every path probed, with its session's state.
+        sessions: Vec<(PathEnds, SessionState)>,
     },
 }
 
@@ -150,6 +158,23 @@ mod tests {
                 result: Err("no apm at the peer".into()),
             },
             FromAgent::RailDown { gid },
+            FromAgent::Path {
+                ends: PathEnds {
+                    local: gid,
+                    remote: gid,
+                },
+                verdict: PathVerdict::Held { hold_ms: 6_000 },
+            },
+            FromAgent::Watching {
+                probing: true,
+                sessions: vec![(
+                    PathEnds {
+                        local: gid,
+                        remote: gid,
+                    },
+                    SessionState::Up,
+                )],
+            },
         ];
         for m in msgs {
             let l = line(&m);

@@ -246,7 +246,7 @@ pub unsafe extern "C" fn ibv_open_device(device: *mut sys::ibv_device) -> *mut s
     }
     // SAFETY: a context libibverbs just returned; its device is live.
     let name = unsafe { device_name(ctx) };
-    if protect::wants_tee(&name) {
+    if crate::mode::wants_tee(&name) {
         // SAFETY: the context was just opened and is not the program's yet.
         if let Some(Err(why)) = guarded("the event tee", || unsafe { tee::attach(ctx) }) {
             crate::report::note(&format!(

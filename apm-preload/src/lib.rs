@@ -49,6 +49,7 @@
 
 mod ffi;
 mod ledger;
+pub mod mode;
 pub mod protect;
 pub mod report;
 mod tee;

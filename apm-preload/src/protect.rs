@@ -14,14 +14,15 @@
 //! and apm's moves serialise on the adopted QP's lock (`AdoptedQp::hold`).
 
 use crate::ledger::{Element, Event, Object};
+use crate::mode::{is_soft_roce, migration, Facet, Migration};
 use crate::report;
 use apm_agent::client::{AgentClient, AgentPeer};
 use apm_agent::local::ip_of;
 use apm_agent::report::MovedBy;
 use apm_agent::wire::{FromAgent, Route};
 use apm_core::{
-    ConnId, ConnSpec, Gid, Manager, ManagerHandle, MigrationMode, NotificationKind, Path, PortKey,
-    Qpn, Role, Stack, StaticPaths,
+    Cause, ConnId, ConnSpec, Gid, Manager, ManagerHandle, NotificationKind, Path, PortKey, Qpn,
+    Role, Stack, StaticPaths,
 };
 use provider_rxe::{AdoptedQp, RxeConfig, RxeQpControl};
 use provider_verbs::ffi::{AsyncEventKind, Context, QpAttr, QpAttrMask, Verbs};
@@ -83,47 +84,6 @@ enum Moved {
     Hardware,
 }
 
-/// How apm moves the program's QPs (`APM_RUN_MIGRATION`, which `apm run --migration`
-/// sets).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Migration {
-    /// Hardware APM where the kernel accepts alternate paths on the device (the
-    /// APM-capable soft-RoCE), software migration elsewhere.
-    Auto,
-    /// Always software migration (no async event tee either).
-    Software,
-    /// Hardware APM only: a device that cannot is not protected.
-    Hardware,
-}
-
-/// This process's [`Migration`] (read once; an unknown value is `Auto`, said once).
-pub fn migration() -> Migration {
-    static MODE: OnceLock<Migration> = OnceLock::new();
-    *MODE.get_or_init(|| match std::env::var("APM_RUN_MIGRATION").as_deref() {
-        Err(_) | Ok("auto") | Ok("") => Migration::Auto,
-        Ok("software") => Migration::Software,
-        Ok("hardware") => Migration::Hardware,
-        Ok(other) => {
-            report::note(&format!(
-                "APM_RUN_MIGRATION={other:?} is not auto, software or hardware: auto"
-            ));
-            Migration::Auto
-        }
-    })
-}
-
-/// Whether `device` is soft-RoCE: rxe devices name their netdev in sysfs' `parent`.
-fn is_soft_roce(device: &str) -> bool {
-    std::path::Path::new(&format!("/sys/class/infiniband/{device}/parent")).exists()
-}
-
-/// Whether a context the program opens on `device` gets the async event tee: only where
-/// apm may use hardware APM (soft-RoCE, unless software migration is asked for), the one
-/// case in which apm needs the program's QP events.
-pub fn wants_tee(device: &str) -> bool {
-    migration() != Migration::Software && is_soft_roce(device)
-}
-
 /// QPs whose program loads alternate paths or sets their migration state itself: apm
 /// leaves them to it.
 fn own_apm() -> &'static Mutex<std::collections::BTreeSet<usize>> {
@@ -146,31 +106,6 @@ struct Slot {
     /// The program destroyed it or took it out of RTS: stop.
     released: bool,
     adopted: Option<Adopted>,
-}
-
-/// The QP facet of a device: how its engine's commands reach the program's QPs.
-enum Facet {
-    /// provider-rxe: software migration through the SQ drain.
-    Software(Arc<RxeQpControl>),
-    /// provider-verbs: hardware APM (the kernel accepts alternate paths here); the QPs'
-    /// events come from the program's contexts through the tee.
-    Hardware(Arc<VerbsQpControl>),
-}
-
-impl Facet {
-    fn mode(&self) -> MigrationMode {
-        match self {
-            Facet::Software(_) => MigrationMode::Software,
-            Facet::Hardware(_) => MigrationMode::Hardware,
-        }
-    }
-
-    fn unregister(&self, id: ConnId) {
-        match self {
-            Facet::Software(f) => f.unregister(id),
-            Facet::Hardware(f) => f.unregister(id),
-        }
-    }
 }
 
 /// What apm runs per device.
@@ -715,7 +650,7 @@ async fn watch(dev: Arc<Device>) {
                     c.protected_once = true;
                 }
             }
-            NotificationKind::Migrated { primary, .. } => {
+            NotificationKind::Migrated { primary, cause, .. } => {
                 if let Some(c) = lock(&dev.conns).get_mut(&n.conn) {
                     c.primary = primary;
                 }
@@ -729,9 +664,16 @@ async fn watch(dev: Arc<Device>) {
                     // The device moved it: no move of apm's to time.
                     Facet::Hardware(_) => (None, MovedBy::Hardware),
                 };
-                report::failover(conn.qpn, &dev.name, took, primary.to_string(), by);
+                report::failover(
+                    conn.qpn,
+                    &dev.name,
+                    took,
+                    primary.to_string(),
+                    by,
+                    cause.map(Cause::name),
+                );
             }
-            NotificationKind::Unprotected { reason } => {
+            NotificationKind::Unprotected { reason, .. } => {
                 debug!(qpn = conn.qpn, ?reason, "unprotected");
                 report::unprotected(conn.qpn);
             }
@@ -776,20 +718,14 @@ async fn dispatch(mut events: mpsc::UnboundedReceiver<FromAgent>) {
                     }
                 }
             }
-            FromAgent::Path {
-                local,
-                remote,
-                up,
-                kind,
-            } => {
-                let ends = apm_core::probe::PathEnds { local, remote };
-                let kind = kind.unwrap_or(apm_core::probe::FailureKind::Fabric);
-                info!(%local, %remote, up, kind = kind.name(), "the agent's probes: path");
+            FromAgent::Path { ends, verdict } => {
+                info!(local = %ends.local, remote = %ends.remote, verdict = verdict.name(),
+                    kind = verdict.failure().map(|k| k.name()), "the agent's probes: path");
                 for d in &devices {
-                    let _ = d.handle.path_health(ends, up, kind);
+                    let _ = d.handle.path_health(ends, verdict);
                 }
             }
-            FromAgent::Candidates { .. } => {}
+            FromAgent::Candidates { .. } | FromAgent::Watching { .. } => {}
         }
     }
     // The agent went away: no peer messages any more. Connections run on unprotected.

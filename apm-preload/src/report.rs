@@ -121,8 +121,16 @@ pub fn unprotected(qpn: u32) {
     });
 }
 
-/// A move onto the alternate.
-pub fn failover(qpn: u32, device: &str, move_ms: Option<f64>, to: String, by: MovedBy) {
+/// A move onto the alternate: how long apm's part took, where to, who moved it, and
+/// what this side saw kill the old primary.
+pub fn failover(
+    qpn: u32,
+    device: &str,
+    move_ms: Option<f64>,
+    to: String,
+    by: MovedBy,
+    cause: Option<&str>,
+) {
     with(|s| {
         let at_ms = s.start.elapsed().as_secs_f64() * 1000.0;
         s.unprotected.entry(qpn).or_insert_with(Instant::now);
@@ -133,6 +141,7 @@ pub fn failover(qpn: u32, device: &str, move_ms: Option<f64>, to: String, by: Mo
             move_ms,
             to,
             by,
+            cause: cause.map(str::to_owned),
         });
     });
 }

@@ -400,12 +400,14 @@ impl Apm {
             return Err(SimUnavailable::HostNotExternal(host).into());
         }
         let provider = Arc::new(fabric.shared.for_host(host).stack());
-        let mut policy = config.engine_policy();
-        // The simulated fabric's other hosts run engines without probers: nothing would
-        // ever answer, and every probe would queue among the hosts' real MADs.
-        policy.probe.enabled = false;
-        let (manager, handle) = Manager::new(provider, policy)?;
-        Apm::run(manager, handle).await
+        // Probes as the configuration says (off by default): the fabric's other hosts
+        // run the simulator's policy, which answers them, and a probe rides a datagram
+        // of its own on the rail (`[policy.probe] infiniband = true` on the simulated
+        // InfiniBand rails).
+        let (manager, handle) = Manager::new(provider, config.engine_policy())?;
+        // A simulation plays the same for the same seed, its probes' jitter too.
+        let seed = provider_sim::controller::probe_seed(config.sim.seed.unwrap_or(1), host);
+        Apm::run(manager.with_probe_seed(seed), handle).await
     }
 
     /// Run `manager` and wait until it has taken the ports' state.

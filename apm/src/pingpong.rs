@@ -160,6 +160,10 @@ struct Event {
     /// `peer` (software migration the peer asked for).
     #[serde(skip_serializing_if = "Option::is_none")]
     how: Option<&'static str>,
+    /// For a failover or a loss of protection with a dead primary: what this side saw
+    /// kill the primary (`local_port`, `peer_port`, `fabric`, `stall`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cause: Option<&'static str>,
 }
 
 /// A time with no message arriving.

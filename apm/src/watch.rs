@@ -14,7 +14,10 @@
 //!   ([`sa_only`]); this is how `apm watch` runs on the ibsim bed (`--ibsim-bed`);
 //! - or, with `--sim`, the simulated fabric of provider-sim: one `apm_core::Manager` per
 //!   watched host, its unaffiliated event stream, in virtual time (a whole scenario
-//!   plays in moments).
+//!   plays in moments), liveness probe verdicts included;
+//! - or, with `--agent`, the verdicts of this host's apm agent (`apm run`'s): its
+//!   liveness probes' (path down, of which kind, up, held) and operators' rail-downs,
+//!   as a watcher attached to its local socket ([`agent`]).
 //!
 //! Each event is printed once. soft-RoCE (rxe) raises `PORT_ACTIVE` twice for one link
 //! up, about 1 ms apart (80 ms seen on a loaded machine): an event identical to the
@@ -32,6 +35,7 @@
 
 use crate::out::errln;
 use anyhow::Context as _;
+use apm_core::probe::{PathEnds, PathVerdict};
 use apm_core::Gid;
 use provider_verbs::ffi::{Context, PortState};
 use serde::Serialize;
@@ -39,6 +43,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod agent;
 mod devices;
 mod exec;
 mod kind;
@@ -73,7 +78,9 @@ pub struct Args {
     json: bool,
     /// Run this shell command (`sh -c`) for every event, one at a time in event order,
     /// with the event in APM_EVENT, APM_DEVICE, APM_PORT, APM_TIME, APM_STATE, APM_LID,
-    /// APM_SM_LID, APM_LMC, APM_GID, APM_SOURCE (unknown values are empty).
+    /// APM_SM_LID, APM_LMC, APM_GID, APM_SOURCE, and for path events APM_LOCAL_GID,
+    /// APM_PEER_GID, APM_PATH_KIND (path_down: local_port, peer_port or fabric) and
+    /// APM_HOLD_MS (path_held) (unknown values are empty).
     #[arg(long, value_name = "CMD")]
     exec: Option<String>,
     /// Kill an `--exec` command (its whole process group) that runs longer than this
@@ -91,7 +98,7 @@ pub struct Args {
     ports: Vec<u8>,
     /// Only events of this kind (repeatable, or comma-separated): port_active, port_down,
     /// lid_change, sm_change, client_reregister, pkey_change, gid_change, device_fatal,
-    /// gid_in_service, gid_out_of_service.
+    /// gid_in_service, gid_out_of_service, path_down, path_up, path_held, rail_down.
     #[arg(long = "event", value_name = "KIND", value_delimiter = ',', value_parser = EventKind::parse)]
     events: Vec<EventKind>,
     /// Watch the simulated fabric instead of this machine's devices (works anywhere).
@@ -107,6 +114,14 @@ pub struct Args {
     /// Where events come from (not with `--sim`).
     #[arg(long, value_enum, default_value_t = Source::Auto, conflicts_with = "sim")]
     source: Source,
+    /// Watch this host's apm agent (`apm run`'s, or `apm agent`): every verdict it
+    /// makes, its liveness probes' (path_down with the kind, path_up, path_held) and
+    /// operators' rail_down. Nothing changes for the protected programs.
+    #[arg(long, conflicts_with_all = ["sim", "source", "no_sa", "ibsim_bed"])]
+    agent: bool,
+    /// With `--agent`: the agent's peer port (`apm agent --port`, or `[lap] udp_listen`'s).
+    #[arg(long, value_name = "PORT", default_value_t = apm_agent::DEFAULT_PEER_PORT, requires = "agent")]
+    agent_port: u16,
     /// Do not subscribe for SA notices (traps 64/65).
     #[arg(long)]
     no_sa: bool,
@@ -134,8 +149,10 @@ struct Raw {
     device: String,
     port: Option<u8>,
     kind: EventKind,
-    /// The remote GID of an SA notice.
+    /// The remote GID of an SA notice (the address of a rail-down).
     gid: Option<Gid>,
+    /// The path and the verdict of a path event.
+    path: Option<(PathEnds, PathVerdict)>,
     source: &'static str,
 }
 
@@ -165,7 +182,19 @@ struct Line {
     lmc: Option<u8>,
     /// The remote GID of an SA notice, else the port's GID 0.
     gid: Option<String>,
-    /// verbs, sa or sim.
+    /// Path events: this host's GID on the path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    local_gid: Option<String>,
+    /// Path events: the peer's GID on the path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    peer_gid: Option<String>,
+    /// path_down: local_port, peer_port or fabric.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    path_kind: Option<&'static str>,
+    /// path_held: how long the path is held, in ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hold_ms: Option<u64>,
+    /// verbs, sa, sim or agent.
     source: &'static str,
 }
 
@@ -180,7 +209,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .context("starting the tokio runtime")?;
         rt.block_on(async {
             let stop = Stop::install().context("handling SIGINT and SIGTERM")?;
-            watch_devices(&args, stop).await
+            if args.agent {
+                agent::watch(&args, stop).await
+            } else {
+                watch_devices(&args, stop).await
+            }
         })
     }
 }
@@ -230,10 +263,14 @@ impl<'a> Sink<'a> {
     /// read back) within the window.
     fn duplicate(&mut self, raw: &Raw, now: &PortNow, elapsed: Duration) -> bool {
         // SA notices de-duplicate on the GID they are about (two ports of a device on
-        // one subnet both receive the Report).
-        let key = match raw.gid {
-            Some(g) => (format!("{} gid {g}", raw.device), None),
-            None => (raw.device.clone(), raw.port),
+        // one subnet both receive the Report), path events on their path.
+        let key = match (raw.path, raw.gid) {
+            (Some((e, _)), _) => (
+                format!("{} path {} {}", raw.device, e.local, e.remote),
+                None,
+            ),
+            (None, Some(g)) => (format!("{} gid {g}", raw.device), None),
+            (None, None) => (raw.device.clone(), raw.port),
         };
         let window = Duration::from_millis(self.args.dedup_ms);
         let dup = self.last.get(&key).is_some_and(|(k, n, t)| {
@@ -257,6 +294,7 @@ impl<'a> Sink<'a> {
         if !self.passes(&raw) {
             return true;
         }
+        let verdict = raw.path.map(|(_, v)| v);
         let line = Line {
             time,
             elapsed_ms: elapsed.as_secs_f64() * 1000.0,
@@ -268,6 +306,13 @@ impl<'a> Sink<'a> {
             sm_lid: now.sm_lid,
             lmc: now.lmc,
             gid: raw.gid.or(now.gid).map(|g| g.to_string()),
+            local_gid: raw.path.map(|(e, _)| e.local.to_string()),
+            peer_gid: raw.path.map(|(e, _)| e.remote.to_string()),
+            path_kind: verdict.and_then(PathVerdict::failure).map(|k| k.name()),
+            hold_ms: match verdict {
+                Some(PathVerdict::Held { hold_ms }) => Some(hold_ms),
+                _ => None,
+            },
             source: raw.source,
         };
         let text = if self.args.json {
@@ -313,8 +358,17 @@ fn human(l: &Line) -> String {
             l.lmc.map_or("-".to_owned(), |v| v.to_string())
         );
     }
-    if let Some(g) = &l.gid {
-        s += &format!(" gid={g}");
+    match (&l.local_gid, &l.peer_gid, &l.gid) {
+        // A path's local GID is its port's: said once.
+        (Some(local), Some(peer), _) => s += &format!(" local={local} peer={peer}"),
+        (_, _, Some(g)) => s += &format!(" gid={g}"),
+        _ => {}
+    }
+    if let Some(k) = l.path_kind {
+        s += &format!(" kind={k}");
+    }
+    if let Some(ms) = l.hold_ms {
+        s += &format!(" hold_ms={ms}");
     }
     s += &format!(" ({})", l.source);
     s
@@ -334,6 +388,10 @@ fn exec_env(l: &Line) -> Vec<(&'static str, String)> {
         ("APM_LMC", opt(l.lmc.map(|v| v.to_string()))),
         ("APM_GID", opt(l.gid.clone())),
         ("APM_SOURCE", l.source.to_owned()),
+        ("APM_LOCAL_GID", opt(l.local_gid.clone())),
+        ("APM_PEER_GID", opt(l.peer_gid.clone())),
+        ("APM_PATH_KIND", opt(l.path_kind.map(str::to_owned))),
+        ("APM_HOLD_MS", opt(l.hold_ms.map(|v| v.to_string()))),
     ]
 }
 
@@ -433,6 +491,7 @@ mod tests {
             port: Some(1),
             kind,
             gid: None,
+            path: None,
             source: "verbs",
         };
         let at = |lid: u16| PortNow {

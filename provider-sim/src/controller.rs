@@ -311,6 +311,13 @@ impl Controller for Baseline {
     }
 }
 
+/// The seed of host `host`'s prober in a run seeded `seed`: each host jitters on its
+/// own stream, as hosts started together do. Managers driving simulated hosts (through
+/// `SimProvider`) take the same, so a seed plays the same whoever runs the host.
+pub fn probe_seed(seed: u64, host: usize) -> u64 {
+    seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ host as u64
+}
+
 /// A controller of `kind`; `policy` and `seed` (its prober's jitter) are used by `apm`
 /// only.
 pub fn make(

@@ -685,6 +685,10 @@ impl Engine {
         let first = !c.told.ever_protected();
         let c_alt = c.alt.path();
         let c_primary = c.primary;
+        let cause = match reason {
+            UnprotectedReason::PrimaryDownUnarmed => c.primary_down,
+            _ => None,
+        };
         if let Some(c) = self.conns.get_mut(&id) {
             c.told = now;
         }
@@ -697,7 +701,7 @@ impl Engine {
                 alternate,
                 survives: AlternateKind::of(&c_primary, &alternate),
             },
-            (_, _) => NotificationKind::Unprotected { reason },
+            (_, _) => NotificationKind::Unprotected { reason, cause },
         };
         self.notify(id, kind);
     }

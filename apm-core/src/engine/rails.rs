@@ -11,6 +11,7 @@
 //! InfiniBand paths are left alone: they all leave from the port GID.
 
 use super::Engine;
+use crate::io::Cause;
 use crate::types::{Gid, LinkLayer, Path, PortInfo};
 use tracing::info;
 
@@ -41,7 +42,7 @@ impl Engine {
         for gid in gone {
             if self.gone_gids.insert((key, gid)) {
                 info!(port = %key, %gid, "local GID gone: its rail is down");
-                self.path_failed(|p| p.port == key && p.sgid == gid);
+                self.path_failed(|p| p.port == key && p.sgid == gid, Cause::LocalPort);
             }
         }
         for gid in back {

@@ -32,9 +32,11 @@
 mod damping;
 mod driver;
 mod session;
+mod verdict;
 
 pub use driver::{ProbeAction, ProbeDriver};
 pub use session::{Diag, SessionState};
+pub use verdict::PathVerdict;
 
 use crate::engine::timers::Timers;
 use crate::policy::PolicyError;

@@ -9,7 +9,7 @@
 use super::setup::{say, send_line, Ctl, Session};
 use super::{Args, Event, Report, Stall, DEPTH, MSG, SLOT};
 use anyhow::Result;
-use apm_core::{Notification, NotificationKind, Path};
+use apm_core::{Cause, Notification, NotificationKind, Path};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -121,8 +121,13 @@ impl Notes {
         let at = s.ms(Instant::now());
         let secs = at / 1e3;
         let mut how = None;
+        let mut cause = None;
         let (kind, path) = match &n.kind {
-            NotificationKind::Migrated { primary, forced } => {
+            NotificationKind::Migrated {
+                primary,
+                forced,
+                cause: why,
+            } => {
                 self.failovers += 1;
                 let from = std::mem::replace(&mut self.current, *primary);
                 let (key, text) = match (*forced, s.hardware) {
@@ -132,9 +137,12 @@ impl Notes {
                     (false, false) => ("peer", "peer asked"),
                 };
                 how = Some(key);
+                cause = why.map(Cause::name);
                 let line = format!(
-                    "{role}: FAILOVER at {secs:.1} s: {} -> {} ({text})",
-                    from.sgid, primary.sgid
+                    "{role}: FAILOVER at {secs:.1} s: {} -> {} ({text}{})",
+                    from.sgid,
+                    primary.sgid,
+                    cause_text(*why)
                 );
                 say(args, line);
                 ("failover".to_owned(), Some(primary.to_string()))
@@ -163,10 +171,14 @@ impl Notes {
                 say(args, line);
                 ("rearmed".to_owned(), Some(alternate.to_string()))
             }
-            NotificationKind::Unprotected { reason } => {
+            NotificationKind::Unprotected { reason, cause: why } => {
+                cause = why.map(Cause::name);
                 say(
                     args,
-                    format!("{role}: unprotected at {secs:.1} s: {reason:?}"),
+                    format!(
+                        "{role}: unprotected at {secs:.1} s: {reason:?}{}",
+                        cause_text(*why)
+                    ),
                 );
                 (format!("unprotected: {reason:?}"), None)
             }
@@ -184,8 +196,25 @@ impl Notes {
             kind,
             path,
             how,
+            cause,
         });
     }
+}
+
+/// What killed the primary, as a progress line says it (nothing when this side saw
+/// nothing: the peer asked, or the device moved by itself).
+fn cause_text(cause: Option<Cause>) -> String {
+    let Some(c) = cause else {
+        return String::new();
+    };
+    let what = match c {
+        Cause::LocalPort => "this side's port went down",
+        Cause::PeerPort => "the peer's port went down",
+        Cause::Fabric => "probes lost with both ports up",
+        Cause::Stall => "the sends stalled",
+        _ => "",
+    };
+    format!("; {}: {what}", c.name())
 }
 
 /// A flag set once standard input is closed (`--until-stdin-eof`).

@@ -62,8 +62,7 @@ impl Sim {
         }
         sim.build_sms();
         for h in 0..sim.fab.num_hosts() {
-            // Each host's prober jitters on its own stream, as hosts started together do.
-            let probe_seed = sim.cfg.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ h as u64;
+            let probe_seed = controller::probe_seed(sim.cfg.seed, h);
             let ctl = controller::make(sim.cfg.policy, &sim.cfg.engine_policy, probe_seed)?;
             sim.hosts.push(Host {
                 ctl,

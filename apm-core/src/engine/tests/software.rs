@@ -47,7 +47,8 @@ fn a_failed_software_migration_is_lost_if_the_qp_failed_and_rearmed_if_not() {
         .a
         .notifications()
         .contains(&NotificationKind::Unprotected {
-            reason: UnprotectedReason::ModifyFailed
+            reason: UnprotectedReason::ModifyFailed,
+            cause: None
         }));
     p.a.fail_ops.clear();
     p.run_for(60_000);
