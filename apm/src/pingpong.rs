@@ -186,6 +186,8 @@ struct Report {
     duplicated: u64,
     out_of_order: u64,
     longest_stall_ms: f64,
+    /// When the last message arrived (a connection that died stops there).
+    last_arrival_ms: Option<f64>,
     stalls: Vec<Stall>,
     failovers: u64,
     events: Vec<Event>,

@@ -379,6 +379,9 @@ async fn report(
         duplicated: rx.dup,
         out_of_order: rx.ooo,
         longest_stall_ms: rx.longest.as_secs_f64() * 1e3,
+        last_arrival_ms: rx
+            .last
+            .map(|t| t.saturating_duration_since(t0).as_secs_f64() * 1e3),
         stalls: rx.stalls,
         failovers: notes.failovers,
         events: notes.events,

@@ -387,17 +387,26 @@ fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
     );
     heal(v, &ends);
     let reports = [rc, rs];
+    // Kept: every message arrived once on both sides, and traffic still flowed after the
+    // rail came back (a connection that died stops arriving at the fault). Each report's
+    // times count from its own start: the client's ~0.3 s after t0.
+    let offset = |k: usize| if k == 0 { 300.0 } else { 0.0 };
     let outcome = if reports.iter().any(Option::is_none) {
         "hung"
-    } else if reports.iter().flatten().all(|r| {
+    } else if reports.iter().flatten().enumerate().all(|(k, r)| {
         r["lost"].as_u64() == Some(0)
             && r["duplicated"].as_u64() == Some(0)
-            && r["peer_sent"].as_u64().is_some()
+            && r["last_arrival_ms"]
+                .as_f64()
+                .is_some_and(|t| t + offset(k) > heal_ms)
     }) {
         "kept"
     } else {
         "lost"
     };
+    for r in reports.iter().flatten() {
+        println!("FAILOVER-BENCH-DETAIL {r}");
+    }
     let sum = |k: &str| {
         reports
             .iter()
@@ -405,15 +414,11 @@ fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
             .filter_map(|r| r[k].as_u64())
             .sum::<u64>()
     };
-    // Each report's times count from its own start: the client's is ~0.3 s after t0.
     let worst = |at: f64| {
         reports
             .iter()
             .enumerate()
-            .filter_map(|(k, r)| {
-                let offset = if k == 0 { 300.0 } else { 0.0 };
-                stall_spanning(r.as_ref()?, at - offset)
-            })
+            .filter_map(|(k, r)| stall_spanning(r.as_ref()?, at - offset(k)))
             .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
     };
     let stall = if outcome == "kept" {
