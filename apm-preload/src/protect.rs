@@ -414,20 +414,8 @@ async fn protect(
     slot: Arc<Mutex<Slot>>,
 ) -> Result<(), String> {
     let dev = p.device(&seen.device).await?;
-    // The QP is touched under the slot's lock: a destroy waits for this.
-    let (qp, attr) = {
-        let s = lock(&slot);
-        if s.released {
-            return Ok(());
-        }
-        let qp = crate::ffi::adopt(&dev.ctx, seen.key).map_err(|e| e.to_string())?;
-        let mask = QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::TIMEOUT;
-        let attr = qp.query(mask).map_err(|e| e.to_string())?;
-        (qp, attr)
+    let Some((qp, attr)) = read_qp(&dev, &seen, &slot)? else {
+        return Ok(());
     };
     let QpPaths {
         sgid,
@@ -439,42 +427,13 @@ async fn protect(
     let qpn = seen.qpn;
     let remote_qpn = attr.dest_qp_num;
     let id = ConnId(u64::from(qpn));
-    let adopted = {
-        let mut s = lock(&slot);
-        if s.released {
-            return Ok(());
-        }
-        dev.facet
-            .adopt(id, Arc::new(qp))
-            .map_err(|e| e.to_string())?;
-        let a = dev
-            .facet
-            .adopted(id)
-            .ok_or("the QP facet lost the adopted QP")?;
-        s.adopted = Some(Adopted {
-            device: dev.clone(),
-            id,
-            qp: a.clone(),
-            remote_qpn,
-        });
-        a
-    };
-    let _ = adopted;
+    if hand_over(&dev, &slot, id, qp, remote_qpn)? == Handover::Released {
+        return Ok(());
+    }
     let all: Vec<Path> = std::iter::once(primary)
         .chain(candidates.iter().copied())
         .collect();
-    dev.peer.learn(all.iter().map(|p| (p.sgid, p.dgid)));
-    dev.paths.add(all.iter().copied());
-    dev.facet.keep_warm(all.iter().copied());
-    p.client
-        .register(Route {
-            local_qpn: qpn,
-            remote_qpn,
-            peer_gids: all.iter().map(|p| p.dgid).collect(),
-            local_gids: all.iter().map(|p| p.sgid).collect(),
-            paths: all.iter().map(|p| (p.sgid, p.dgid)).collect(),
-        })
-        .map_err(|e| e.to_string())?;
+    route(p, &dev, qpn, remote_qpn, &all)?;
     lock(&dev.conns).insert(
         id,
         Conn {
@@ -507,6 +466,87 @@ async fn protect(
         return Err(format!("apm's engine refused it: {e}"));
     }
     Ok(())
+}
+
+/// The program's QP, adopted, and its attributes, read under the slot's lock (a
+/// destroy waits for this); `None` once the program has released it.
+fn read_qp(
+    dev: &Device,
+    seen: &QpSeen,
+    slot: &Mutex<Slot>,
+) -> Result<Option<(provider_verbs::ffi::Qp, QpAttr)>, String> {
+    let s = lock(slot);
+    if s.released {
+        return Ok(None);
+    }
+    let qp = crate::ffi::adopt(&dev.ctx, seen.key).map_err(|e| e.to_string())?;
+    let mask = QpAttrMask::STATE
+        | QpAttrMask::AV
+        | QpAttrMask::DEST_QPN
+        | QpAttrMask::PATH_MTU
+        | QpAttrMask::TIMEOUT;
+    let attr = qp.query(mask).map_err(|e| e.to_string())?;
+    Ok(Some((qp, attr)))
+}
+
+/// Whether the QP reached the device's facet.
+#[derive(PartialEq, Eq)]
+enum Handover {
+    Done,
+    /// The program released it meanwhile: nothing to protect.
+    Released,
+}
+
+/// Hand the QP to the device's facet and note it in its slot, under the slot's lock.
+fn hand_over(
+    dev: &Arc<Device>,
+    slot: &Mutex<Slot>,
+    id: ConnId,
+    qp: provider_verbs::ffi::Qp,
+    remote_qpn: u32,
+) -> Result<Handover, String> {
+    let mut s = lock(slot);
+    if s.released {
+        return Ok(Handover::Released);
+    }
+    dev.facet
+        .adopt(id, Arc::new(qp))
+        .map_err(|e| e.to_string())?;
+    let a = dev
+        .facet
+        .adopted(id)
+        .ok_or("the QP facet lost the adopted QP")?;
+    s.adopted = Some(Adopted {
+        device: dev.clone(),
+        id,
+        qp: a,
+        remote_qpn,
+    });
+    Ok(Handover::Done)
+}
+
+/// Make the connection's paths known: to the peer facet (which local address reaches
+/// which peer address), the static path service, the neighbour tables, and the agent
+/// (which routes the peer's messages here and probes the paths).
+fn route(
+    p: &Protector,
+    dev: &Device,
+    qpn: u32,
+    remote_qpn: u32,
+    all: &[Path],
+) -> Result<(), String> {
+    dev.peer.learn(all.iter().map(|p| (p.sgid, p.dgid)));
+    dev.paths.add(all.iter().copied());
+    dev.facet.keep_warm(all.iter().copied());
+    p.client
+        .register(Route {
+            local_qpn: qpn,
+            remote_qpn,
+            peer_gids: all.iter().map(|p| p.dgid).collect(),
+            local_gids: all.iter().map(|p| p.sgid).collect(),
+            paths: all.iter().map(|p| (p.sgid, p.dgid)).collect(),
+        })
+        .map_err(|e| e.to_string())
 }
 
 /// Follow one device's notifications into the report and the connections' primaries.

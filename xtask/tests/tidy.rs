@@ -8,6 +8,7 @@
 //! - no clock, sleep or timer in apm-core's engine (time is an input);
 //! - every crate root has crate documentation (`//!`);
 //! - no Rust file over [`MAX_LINES`] lines, except generated code and integration tests;
+//! - no function over [`MAX_FN_LINES`] lines outside tests and generated code;
 //! - nothing cites a file outside the repository (the background notes the project was
 //!   started from are not part of it: the facts live in `docs/`).
 //!
@@ -18,6 +19,9 @@ use std::path::{Path, PathBuf};
 
 /// The line limit of a Rust source file.
 const MAX_LINES: usize = 800;
+
+/// The line limit of a function (its signature to its closing brace), tests aside.
+const MAX_FN_LINES: usize = 100;
 
 /// Generated files, exempt from the line limit (regenerated, never edited by hand).
 const GENERATED: &[&str] = &[
@@ -242,5 +246,225 @@ fn nothing_cites_a_file_outside_the_repository() {
         wrong.is_empty(),
         "the repository speaks for itself (write the fact into docs/):\n{}",
         wrong.join("\n")
+    );
+}
+
+/// `text` with its comments, string literals and character literals blanked out
+/// (newlines kept), so that braces and `fn` are read as code only.
+fn code_only(text: &str) -> String {
+    let b = text.as_bytes();
+    let mut out = String::with_capacity(text.len());
+    let blank = |out: &mut String, s: &[u8]| {
+        for &c in s {
+            out.push(if c == b'\n' { '\n' } else { ' ' });
+        }
+    };
+    let ident = |i: usize| i > 0 && (b[i - 1].is_ascii_alphanumeric() || b[i - 1] == b'_');
+    let mut i = 0;
+    while i < b.len() {
+        let rest = &b[i..];
+        let end = if rest.starts_with(b"//") {
+            i + rest.iter().position(|&c| c == b'\n').unwrap_or(rest.len())
+        } else if rest.starts_with(b"/*") {
+            // Nested block comments, as Rust has them.
+            let (mut depth, mut j) = (0usize, i);
+            while j < b.len() {
+                if b[j..].starts_with(b"/*") {
+                    depth += 1;
+                    j += 2;
+                } else if b[j..].starts_with(b"*/") {
+                    depth -= 1;
+                    j += 2;
+                    if depth == 0 {
+                        break;
+                    }
+                } else {
+                    j += 1;
+                }
+            }
+            j
+        } else if (rest.starts_with(b"r\"") || rest.starts_with(b"r#") || rest.starts_with(b"br"))
+            && !ident(i)
+        {
+            // A raw string: r"..", r#".."#, br"..".
+            let start = i + usize::from(b[i] == b'b') + 1;
+            let hashes = b[start..].iter().take_while(|&&c| c == b'#').count();
+            if b.get(start + hashes) != Some(&b'"') {
+                out.push(b[i] as char);
+                i += 1;
+                continue;
+            }
+            let close: Vec<u8> = std::iter::once(b'"')
+                .chain(std::iter::repeat_n(b'#', hashes))
+                .collect();
+            let body = start + hashes + 1;
+            b[body..]
+                .windows(close.len())
+                .position(|w| w == close.as_slice())
+                .map_or(b.len(), |p| body + p + close.len())
+        } else if rest[0] == b'"' {
+            let mut j = i + 1;
+            while j < b.len() && b[j] != b'"' {
+                j += if b[j] == b'\\' { 2 } else { 1 };
+            }
+            (j + 1).min(b.len())
+        } else if rest[0] == b'\'' {
+            // A character literal ('x', '\n', '\u{..}'), not a lifetime ('a).
+            let lit = if rest.get(1) == Some(&b'\\') {
+                rest.iter().skip(2).position(|&c| c == b'\'').map(|p| p + 3)
+            } else {
+                let ch = text[i + 1..].chars().next().map_or(1, char::len_utf8);
+                (rest.get(1 + ch) == Some(&b'\'')).then_some(ch + 2)
+            };
+            match lit {
+                Some(n) => i + n,
+                None => {
+                    out.push('\'');
+                    i += 1;
+                    continue;
+                }
+            }
+        } else {
+            let ch = text[i..].chars().next().expect("in bounds");
+            out.push(ch);
+            i += ch.len_utf8();
+            continue;
+        };
+        blank(&mut out, &b[i..end]);
+        i = end;
+    }
+    out
+}
+
+/// Every function of `code` (see [`code_only`]) that is not test code, as (name, first
+/// line, lines). Items under `#[cfg(test)]` are test code.
+fn functions(code: &str) -> Vec<(String, usize, usize)> {
+    struct Open {
+        name: String,
+        line: usize,
+        depth: usize,
+    }
+    let mut out = Vec::new();
+    let mut open: Vec<Open> = Vec::new();
+    // A `fn` seen whose body has not begun, and the bracket depth it was seen at.
+    let mut pending: Option<(String, usize, i32)> = None;
+    let mut test_item = false;
+    let mut skip_from: Option<usize> = None;
+    let (mut depth, mut brackets) = (0usize, 0i32);
+    for (n, line) in code.lines().enumerate() {
+        if line.contains("#[cfg(test)]") {
+            test_item = true;
+        }
+        let words: Vec<&str> = line
+            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+            .filter(|w| !w.is_empty())
+            .collect();
+        if skip_from.is_none() {
+            if let Some(k) = words.iter().position(|w| *w == "fn") {
+                if let Some(name) = words.get(k + 1) {
+                    pending = Some((name.to_string(), n + 1, brackets));
+                }
+            }
+        }
+        for c in line.chars() {
+            match c {
+                '(' | '[' => brackets += 1,
+                ')' | ']' => brackets -= 1,
+                '{' => {
+                    depth += 1;
+                    if test_item && skip_from.is_none() {
+                        skip_from = Some(depth);
+                        pending = None;
+                    }
+                    test_item = false;
+                    if let Some((name, line, _)) = pending.take() {
+                        open.push(Open { name, line, depth });
+                    }
+                }
+                '}' => {
+                    if open.last().is_some_and(|o| o.depth == depth) {
+                        let o = open.pop().expect("checked");
+                        out.push((o.name, o.line, n + 1 - o.line + 1));
+                    }
+                    if skip_from == Some(depth) {
+                        skip_from = None;
+                    }
+                    depth = depth.saturating_sub(1);
+                }
+                ';' => {
+                    // A declaration without a body (a trait's), or a test item that
+                    // is one line (`#[cfg(test)] mod tests;`).
+                    if pending.as_ref().is_some_and(|p| p.2 == brackets) {
+                        pending = None;
+                    }
+                    if skip_from.is_none() {
+                        test_item = false;
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn no_function_is_over_the_line_limit() {
+    let mut srcs = Vec::new();
+    files(&root(), &[".rs"], &mut srcs);
+    let mut wrong = Vec::new();
+    for f in srcs {
+        let r = rel(&f);
+        if GENERATED.contains(&r.as_str())
+            || r.contains("/tests/")
+            || r.ends_with("/tests.rs")
+            || is_test_or_bench(&r)
+            || r.starts_with("fuzz/")
+        {
+            continue;
+        }
+        let code = code_only(&fs::read_to_string(&f).expect("source"));
+        for (name, line, lines) in functions(&code) {
+            if lines > MAX_FN_LINES {
+                wrong.push(format!("{r}:{line}: fn {name}, {lines} lines"));
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "functions over {MAX_FN_LINES} lines (split them at their seams):\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_function_reader_sees_through_comments_strings_and_tests() {
+    let src = r##"
+fn short() -> [u8; 2] {
+    let s = "} fn fake() {";
+    let c = '}';
+    // } fn commented() {
+    [0; 2]
+}
+trait T {
+    fn declared(&self);
+    fn with_body(&self) {
+        let _ = r#"{"#;
+    }
+}
+#[cfg(test)]
+mod tests {
+    fn helper() {}
+}
+fn last<'a>(x: &'a str) -> &'a str {
+    x
+}
+"##;
+    let got: Vec<(String, usize, usize)> = functions(&code_only(src));
+    let want = [("short", 2, 6), ("with_body", 10, 3), ("last", 18, 3)];
+    assert_eq!(
+        got,
+        want.map(|(n, l, c)| (n.to_string(), l, c)).to_vec(),
+        "{got:?}"
     );
 }
