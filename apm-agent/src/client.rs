@@ -23,20 +23,28 @@ use tokio::sync::{mpsc, oneshot};
 
 type Pending = Arc<Mutex<BTreeMap<u64, oneshot::Sender<Result<Vec<(Gid, Gid)>, String>>>>>;
 
+/// Who waits for which [`FromAgent::Synced`].
+type Syncs = Arc<Mutex<BTreeMap<u64, oneshot::Sender<()>>>>;
+
 /// How long a candidates request may take (the agent asks the peer's agent, with retries).
 const CANDIDATES_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How long the agent may take to answer [`AgentClient::synced`] (it answers from its
+/// own loop, with nothing to ask anybody).
+const SYNC_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A process's connection to its host's agent.
 #[derive(Debug)]
 pub struct AgentClient {
     tx: mpsc::UnboundedSender<ToAgent>,
     pending: Pending,
+    syncs: Syncs,
     next: AtomicU64,
 }
 
 impl AgentClient {
-    /// Connect to the agent of `peer_port`. Everything the agent sends but candidate
-    /// answers goes to `events`, which closes when the agent goes away. Call inside a
+    /// Connect to the agent of `peer_port`. Everything the agent sends but the answers
+    /// to [`AgentClient::candidates`] and [`AgentClient::synced`] goes to `events`, which closes when the agent goes away. Call inside a
     /// tokio runtime.
     pub async fn connect(
         peer_port: u16,
@@ -64,6 +72,8 @@ impl AgentClient {
         });
         let pending: Pending = Arc::default();
         let answers = pending.clone();
+        let syncs: Syncs = Arc::default();
+        let synced = syncs.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(read).lines();
             while let Ok(Some(l)) = lines.next_line().await {
@@ -77,19 +87,34 @@ impl AgentClient {
                             let _ = w.send(result);
                         }
                     }
+                    Ok(FromAgent::Synced { req }) => {
+                        let w = synced
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .remove(&req);
+                        if let Some(w) = w {
+                            let _ = w.send(());
+                        }
+                    }
                     Ok(other) => {
                         if events.send(other).is_err() {
-                            return;
+                            break;
                         }
                     }
                     Err(e) => tracing::warn!(error = %e, "unreadable line from the agent"),
                 }
             }
-            // Dropping `events` here tells the process the agent is gone.
+            // Dropping `events` here tells the process the agent is gone; dropping the
+            // waiters tells each `synced` caller.
+            synced
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .clear();
         });
         Ok(AgentClient {
             tx,
             pending,
+            syncs,
             next: AtomicU64::new(1),
         })
     }
@@ -123,6 +148,24 @@ impl AgentClient {
             Ok(Ok(r)) => r,
             Ok(Err(_)) => Err(AgentError::Gone.to_string()),
             Err(_) => Err("the apm agent did not answer in time".into()),
+        }
+    }
+
+    /// Once the agent has handled everything sent before (it handles one process's
+    /// lines in order): registrations listen on their addresses, messages are sent,
+    /// rail-downs are told. `Err` when the agent is gone or does not answer in time.
+    pub async fn synced(&self) -> Result<(), AgentError> {
+        let req = self.next.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        self.syncs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(req, tx);
+        self.put(ToAgent::Sync { req })?;
+        match tokio::time::timeout(SYNC_TIMEOUT, rx).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(AgentError::Gone),
+            Err(_) => Err(AgentError::NoAnswer(SYNC_TIMEOUT)),
         }
     }
 
@@ -222,6 +265,7 @@ impl PeerChannel for AgentPeer {
             let why = match &e {
                 AgentError::Io(io) => Reason::of_io(io),
                 AgentError::NotRunning(_) | AgentError::Gone => Reason::Closed,
+                AgentError::NoAnswer(_) => Reason::TimedOut("the apm agent"),
             };
             ProviderError::io(Operation::SendPeer, why)
         })

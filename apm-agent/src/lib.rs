@@ -66,6 +66,9 @@ pub enum AgentError {
     /// The agent went away.
     #[error("the apm agent closed the connection")]
     Gone,
+    /// The agent did not answer in time.
+    #[error("the apm agent did not answer within {0:?}")]
+    NoAnswer(std::time::Duration),
     /// Local IO.
     #[error("apm agent: {0}")]
     Io(#[from] std::io::Error),

@@ -245,6 +245,9 @@ async fn handle(
                 let _ = c.send(FromAgent::RailDown { gid });
             }
         }
+        ToAgent::Sync { req } => {
+            let _ = me.send(FromAgent::Synced { req });
+        }
     }
 }
 

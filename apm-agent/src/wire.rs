@@ -65,6 +65,12 @@ pub enum ToAgent {
         /// The address.
         gid: Gid,
     },
+    /// Answer [`FromAgent::Synced`] once everything this process sent before has been
+    /// handled (the agent handles one process's lines in order).
+    Sync {
+        /// Echoed in the answer.
+        req: u64,
+    },
 }
 
 /// From the agent to a process.
@@ -90,6 +96,12 @@ pub enum FromAgent {
     RailDown {
         /// The address.
         gid: Gid,
+    },
+    /// The answer to [`ToAgent::Sync`]: what the process sent before it has been
+    /// handled (registrations listen, sends are sent, rail-downs are told).
+    Synced {
+        /// The request's id.
+        req: u64,
     },
     /// The agent's probes found a path dead (`kind`: local port, peer port or the
     /// fabric between) or, with `kind` absent, back.
@@ -150,6 +162,7 @@ mod tests {
                 result: Err("no apm at the peer".into()),
             },
             FromAgent::RailDown { gid },
+            FromAgent::Synced { req: 4 },
         ];
         for m in msgs {
             let l = line(&m);
@@ -164,5 +177,8 @@ mod tests {
             ok: true,
         });
         assert_eq!(comm_ids(&ack), (18, 17));
+        let sync = ToAgent::Sync { req: 4 };
+        let back: ToAgent = serde_json::from_slice(&line(&sync)).expect("parse");
+        assert_eq!(back, sync);
     }
 }

@@ -640,7 +640,8 @@ async fn dispatch(mut events: mpsc::UnboundedReceiver<FromAgent>) {
                     let _ = d.handle.path_health(ends, up, kind);
                 }
             }
-            FromAgent::Candidates { .. } => {}
+            // The client keeps the answers to its own requests.
+            FromAgent::Candidates { .. } | FromAgent::Synced { .. } => {}
         }
     }
     // The agent went away: no peer messages any more. Connections run on unprotected.
