@@ -30,10 +30,15 @@ mod results;
 mod select;
 pub(crate) mod timers;
 
-use crate::io::*;
+use crate::io::{
+    AlternateKind, Command, CommandId, CommandOp, Input, Notification, NotificationKind, Output,
+    PeerMsg, ProviderError, QpEvent, UnprotectedReason,
+};
 use crate::policy::{Policy, PolicyError};
 use crate::probe::PathEnds;
-use crate::types::*;
+use crate::types::{
+    ConnId, ConnSpec, Gid, GidService, MigState, Path, PeerAddr, PortInfo, PortKey, Time,
+};
 use cache::PathCache;
 use conn::{Conn, InFlight, Phase, Told};
 use health::Health;
