@@ -21,10 +21,37 @@ use std::time::Duration;
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot};
 
-type Pending = Arc<Mutex<BTreeMap<u64, oneshot::Sender<Result<Vec<(Gid, Gid)>, String>>>>>;
+/// Requests waiting for the agent's answer, by request id.
+#[derive(Debug)]
+struct Waiters<T>(Mutex<BTreeMap<u64, oneshot::Sender<T>>>);
 
-/// Who waits for which [`FromAgent::Synced`].
-type Syncs = Arc<Mutex<BTreeMap<u64, oneshot::Sender<()>>>>;
+impl<T> Default for Waiters<T> {
+    fn default() -> Self {
+        Waiters(Mutex::new(BTreeMap::new()))
+    }
+}
+
+impl<T> Waiters<T> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, oneshot::Sender<T>>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Where the answer to request `req` will arrive.
+    fn wait(&self, req: u64) -> oneshot::Receiver<T> {
+        let (tx, rx) = oneshot::channel();
+        self.lock().insert(req, tx);
+        rx
+    }
+
+    /// The answer to request `req` (dropped when nobody waits for it).
+    fn answer(&self, req: u64, value: T) {
+        if let Some(w) = self.lock().remove(&req) {
+            let _ = w.send(value);
+        }
+    }
+}
+
+type Candidates = Waiters<Result<Vec<(Gid, Gid)>, String>>;
 
 /// How long a candidates request may take (the agent asks the peer's agent, with retries).
 const CANDIDATES_TIMEOUT: Duration = Duration::from_secs(15);
@@ -37,8 +64,8 @@ const SYNC_TIMEOUT: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 pub struct AgentClient {
     tx: mpsc::UnboundedSender<ToAgent>,
-    pending: Pending,
-    syncs: Syncs,
+    candidates: Arc<Candidates>,
+    syncs: Arc<Waiters<()>>,
     next: AtomicU64,
 }
 
@@ -70,32 +97,16 @@ impl AgentClient {
                 }
             }
         });
-        let pending: Pending = Arc::default();
-        let answers = pending.clone();
-        let syncs: Syncs = Arc::default();
+        let candidates: Arc<Candidates> = Arc::default();
+        let answers = candidates.clone();
+        let syncs: Arc<Waiters<()>> = Arc::default();
         let synced = syncs.clone();
         tokio::spawn(async move {
             let mut lines = BufReader::new(read).lines();
             while let Ok(Some(l)) = lines.next_line().await {
                 match serde_json::from_str::<FromAgent>(&l) {
-                    Ok(FromAgent::Candidates { req, result }) => {
-                        let w = answers
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .remove(&req);
-                        if let Some(w) = w {
-                            let _ = w.send(result);
-                        }
-                    }
-                    Ok(FromAgent::Synced { req }) => {
-                        let w = synced
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .remove(&req);
-                        if let Some(w) = w {
-                            let _ = w.send(());
-                        }
-                    }
+                    Ok(FromAgent::Candidates { req, result }) => answers.answer(req, result),
+                    Ok(FromAgent::Synced { req }) => synced.answer(req, ()),
                     Ok(other) => {
                         if events.send(other).is_err() {
                             break;
@@ -106,14 +117,11 @@ impl AgentClient {
             }
             // Dropping `events` here tells the process the agent is gone; dropping the
             // waiters tells each `synced` caller.
-            synced
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .clear();
+            synced.lock().clear();
         });
         Ok(AgentClient {
             tx,
-            pending,
+            candidates,
             syncs,
             next: AtomicU64::new(1),
         })
@@ -132,11 +140,7 @@ impl AgentClient {
         local_gids: Vec<Gid>,
     ) -> Result<Vec<(Gid, Gid)>, String> {
         let req = self.next.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        self.pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(req, tx);
+        let rx = self.candidates.wait(req);
         self.put(ToAgent::Candidates {
             req,
             sgid,
@@ -156,11 +160,7 @@ impl AgentClient {
     /// rail-downs are told. `Err` when the agent is gone or does not answer in time.
     pub async fn synced(&self) -> Result<(), AgentError> {
         let req = self.next.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        self.syncs
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(req, tx);
+        let rx = self.syncs.wait(req);
         self.put(ToAgent::Sync { req })?;
         match tokio::time::timeout(SYNC_TIMEOUT, rx).await {
             Ok(Ok(())) => Ok(()),
