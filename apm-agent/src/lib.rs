@@ -72,6 +72,9 @@ pub enum AgentError {
     /// The agent did not answer a watcher (an agent of another apm version).
     #[error("the apm agent did not answer the watch request within {0:?} (an agent of another apm version? restart it)")]
     NoWatch(std::time::Duration),
+    /// The agent did not answer in time.
+    #[error("the apm agent did not answer within {0:?}")]
+    NoAnswer(std::time::Duration),
     /// Local IO.
     #[error("apm agent: {0}")]
     Io(#[from] std::io::Error),

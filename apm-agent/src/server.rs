@@ -69,6 +69,10 @@ struct State {
     unrouted: Vec<(tokio::time::Instant, PeerAddr, apm_core::PeerMsg)>,
     /// The host's probes (absent when the policy turns them off).
     probes: Option<AgentProbes>,
+    /// Wakes the probe loop when a probe arrived: a session that changed state tells
+    /// its peer at once (the prober queues that send for now), which must not wait for
+    /// the loop's next wake-up (up to 50 ms, near a 3 x 20 ms detection time).
+    probe_arrived: Arc<tokio::sync::Notify>,
 }
 
 /// How long a message for a connection nobody registered yet is kept.
@@ -266,6 +270,9 @@ async fn handle(
             debug!(client = id, "a watcher attached");
             let _ = me.send(answer);
         }
+        ToAgent::Sync { req } => {
+            let _ = me.send(FromAgent::Synced { req });
+        }
     }
 }
 
@@ -357,6 +364,7 @@ fn route(state: &Shared, from: PeerAddr, msg: apm_core::PeerMsg) {
         // Probes are the agent's own: a process never sees one.
         if let Some(probes) = s.probes.as_mut() {
             probes.receive(p);
+            s.probe_arrived.notify_one();
         }
         return;
     }
@@ -404,6 +412,7 @@ fn refollow(s: &mut State) {
 async fn probe_loop(state: Shared, port: u16) {
     // New paths are probed within this long even when nothing else is due.
     let idle = Duration::from_millis(50);
+    let arrived = lock(&state).probe_arrived.clone();
     loop {
         let wake = {
             let s = lock(&state);
@@ -411,7 +420,10 @@ async fn probe_loop(state: Shared, port: u16) {
             let latest = tokio::time::Instant::now() + idle;
             p.next_wake().map_or(latest, |w| w.min(latest))
         };
-        tokio::time::sleep_until(wake).await;
+        tokio::select! {
+            () = tokio::time::sleep_until(wake) => {}
+            () = arrived.notified() => {}
+        }
         let step = {
             let mut s = lock(&state);
             let Some(p) = s.probes.as_mut() else { return };

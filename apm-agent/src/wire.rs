@@ -69,6 +69,12 @@ pub enum ToAgent {
     /// send it every verdict (the probes', an operator's rail-down) and nothing else.
     /// It does not keep an idle agent alive.
     Watch,
+    /// Answer [`FromAgent::Synced`] once everything this process sent before has been
+    /// handled (the agent handles one process's lines in order).
+    Sync {
+        /// Echoed in the answer.
+        req: u64,
+    },
 }
 
 /// From the agent to a process.
@@ -94,6 +100,12 @@ pub enum FromAgent {
     RailDown {
         /// The address.
         gid: Gid,
+    },
+    /// The answer to [`ToAgent::Sync`]: what the process sent before it has been
+    /// handled (registrations listen, sends are sent, rail-downs are told).
+    Synced {
+        /// The request's id.
+        req: u64,
     },
     /// The agent's probes' verdict on a path: down (local port, peer port or the fabric
     /// between), up (the first time or again), or up but held for flapping.
@@ -175,6 +187,7 @@ mod tests {
                     SessionState::Up,
                 )],
             },
+            FromAgent::Synced { req: 4 },
         ];
         for m in msgs {
             let l = line(&m);
@@ -189,5 +202,8 @@ mod tests {
             ok: true,
         });
         assert_eq!(comm_ids(&ack), (18, 17));
+        let sync = ToAgent::Sync { req: 4 };
+        let back: ToAgent = serde_json::from_slice(&line(&sync)).expect("parse");
+        assert_eq!(back, sync);
     }
 }

@@ -114,7 +114,13 @@ async fn messages_reach_the_process_of_their_connection() {
         paths: vec![],
     })
     .expect("register c");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    // Each registration listens on its addresses once the agent has handled it.
+    for client in [&a, &b, &c] {
+        client
+            .synced()
+            .await
+            .expect("the agent handled the registrations");
+    }
 
     a.send(ga, gb, ack(17, 18)).expect("send");
     match next(&mut b_rx).await {
@@ -137,9 +143,15 @@ async fn messages_reach_the_process_of_their_connection() {
         other => panic!("b expected its message, got {other:?}"),
     }
     // A message that arrives before its connection is registered is handed over at
-    // registration (the two ends register at different moments).
+    // registration (the two ends register at different moments). The agent routes
+    // what arrives on one address in order: once b has the message sent after it, the
+    // early one has been held.
     a.send(ga, gb, ack(17, 19)).expect("send early");
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    a.send(ga, gb, ack(17, 18)).expect("send after it");
+    match next(&mut b_rx).await {
+        Some(FromAgent::Peer { msg, .. }) => assert_eq!(msg, ack(17, 18)),
+        other => panic!("b expected the message sent after the early one, got {other:?}"),
+    }
     b.register(Route {
         local_qpn: 19,
         remote_qpn: 17,
@@ -176,20 +188,20 @@ async fn a_path_that_stops_answering_probes_is_reported_down_then_back() {
     let (ga, gb) = (gid("127.0.0.4"), gid("127.0.0.5"));
     a.register(one_path(ga, gb, 1, 2)).expect("register a");
     b.register(one_path(gb, ga, 2, 1)).expect("register b");
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    // The sessions' first Up reached every process: drop those.
-    while let Ok(m) = a_rx.try_recv() {
-        assert!(
-            matches!(
-                m,
-                FromAgent::Path {
-                    verdict: PathVerdict::Up,
-                    ..
-                }
-            ),
-            "{m:?}"
-        );
+    // Each end's session comes up, and every process hears both: wait for the two.
+    let mut up = std::collections::BTreeSet::new();
+    while up.len() < 2 {
+        match next(&mut a_rx).await {
+            Some(FromAgent::Path {
+                ends,
+                verdict: PathVerdict::Up,
+            }) => {
+                up.insert((ends.local, ends.remote));
+            }
+            other => panic!("a expected the sessions' first Up, got {other:?}"),
+        }
     }
+    assert_eq!(up, [(ga, gb), (gb, ga)].into_iter().collect());
     // b's end stops probing (its connection is gone): a's session times out in about
     // 3 x 20 ms, a fabric failure (both addresses are up).
     b.unregister(2, 1).expect("unregister b");

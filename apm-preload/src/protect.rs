@@ -491,20 +491,8 @@ async fn protect(
     slot: Arc<Mutex<Slot>>,
 ) -> Result<(), String> {
     let dev = p.device(&seen.device).await?;
-    // The QP is touched under the slot's lock: a destroy waits for this.
-    let (qp, attr) = {
-        let s = lock(&slot);
-        if s.released {
-            return Ok(());
-        }
-        let qp = crate::ffi::adopt(&dev.ctx, seen.key).map_err(|e| e.to_string())?;
-        let mask = QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::TIMEOUT;
-        let attr = qp.query(mask).map_err(|e| e.to_string())?;
-        (qp, attr)
+    let Some((qp, attr)) = read_qp(&dev, &seen, &slot)? else {
+        return Ok(());
     };
     let QpPaths {
         sgid,
@@ -516,37 +504,13 @@ async fn protect(
     let qpn = seen.qpn;
     let remote_qpn = attr.dest_qp_num;
     let id = ConnId(u64::from(qpn));
-    {
-        let mut s = lock(&slot);
-        if s.released {
-            return Ok(());
-        }
-        let how = hand_over(&dev, &seen, id, qp)?;
-        s.adopted = Some(Adopted {
-            device: dev.clone(),
-            id,
-            qpn,
-            how,
-            remote_qpn,
-        });
+    if hand_over(&dev, &seen, &slot, id, qp, remote_qpn)? == Handover::Released {
+        return Ok(());
     }
     let all: Vec<Path> = std::iter::once(primary)
         .chain(candidates.iter().copied())
         .collect();
-    dev.peer.learn(all.iter().map(|p| (p.sgid, p.dgid)));
-    dev.paths.add(all.iter().copied());
-    if let Facet::Software(f) = &dev.facet {
-        f.keep_warm(all.iter().copied());
-    }
-    p.client
-        .register(Route {
-            local_qpn: qpn,
-            remote_qpn,
-            peer_gids: all.iter().map(|p| p.dgid).collect(),
-            local_gids: all.iter().map(|p| p.sgid).collect(),
-            paths: all.iter().map(|p| (p.sgid, p.dgid)).collect(),
-        })
-        .map_err(|e| e.to_string())?;
+    route(p, &dev, qpn, remote_qpn, &all)?;
     lock(&dev.conns).insert(
         id,
         Conn {
@@ -581,18 +545,53 @@ async fn protect(
     Ok(())
 }
 
-/// Put the adopted `qp` under the device's facet as connection `id`.
-fn hand_over(
+/// The program's QP, adopted, and its attributes, read under the slot's lock (a
+/// destroy waits for this); `None` once the program has released it.
+fn read_qp(
     dev: &Device,
     seen: &QpSeen,
+    slot: &Mutex<Slot>,
+) -> Result<Option<(provider_verbs::ffi::Qp, QpAttr)>, String> {
+    let s = lock(slot);
+    if s.released {
+        return Ok(None);
+    }
+    let qp = crate::ffi::adopt(&dev.ctx, seen.key).map_err(|e| e.to_string())?;
+    let mask = QpAttrMask::STATE
+        | QpAttrMask::AV
+        | QpAttrMask::DEST_QPN
+        | QpAttrMask::PATH_MTU
+        | QpAttrMask::TIMEOUT;
+    let attr = qp.query(mask).map_err(|e| e.to_string())?;
+    Ok(Some((qp, attr)))
+}
+
+/// Whether the QP reached the device's facet.
+#[derive(PartialEq, Eq)]
+enum Handover {
+    Done,
+    /// The program released it meanwhile: nothing to protect.
+    Released,
+}
+
+/// Hand the QP to the device's facet and note it in its slot, under the slot's lock.
+fn hand_over(
+    dev: &Arc<Device>,
+    seen: &QpSeen,
+    slot: &Mutex<Slot>,
     id: ConnId,
     qp: provider_verbs::ffi::Qp,
-) -> Result<Moved, String> {
-    match &dev.facet {
+    remote_qpn: u32,
+) -> Result<Handover, String> {
+    let mut s = lock(slot);
+    if s.released {
+        return Ok(Handover::Released);
+    }
+    let how = match &dev.facet {
         Facet::Software(f) => {
             f.adopt(id, Arc::new(qp)).map_err(|e| e.to_string())?;
             let a = f.adopted(id).ok_or("the QP facet lost the adopted QP")?;
-            Ok(Moved::Software(a))
+            Moved::Software(a)
         }
         Facet::Hardware(f) => {
             if !crate::tee::attached(seen.context) {
@@ -603,9 +602,17 @@ fn hand_over(
                 );
             }
             f.register(id, Arc::new(qp)).map_err(|e| e.to_string())?;
-            Ok(Moved::Hardware)
+            Moved::Hardware
         }
-    }
+    };
+    s.adopted = Some(Adopted {
+        device: dev.clone(),
+        id,
+        qpn: seen.qpn,
+        how,
+        remote_qpn,
+    });
+    Ok(Handover::Done)
 }
 
 /// An async event the tee passed on (see [`crate::tee`]): a protected QP's event goes
@@ -626,6 +633,32 @@ fn tee_event(ev: Event) {
         debug!(qpn = a.qpn, ?kind, "the program's QP event");
         f.deliver_qp_event(a.id, kind);
     }
+}
+
+/// Make the connection's paths known: to the peer facet (which local address reaches
+/// which peer address), the static path service, the neighbour tables, and the agent
+/// (which routes the peer's messages here and probes the paths).
+fn route(
+    p: &Protector,
+    dev: &Device,
+    qpn: u32,
+    remote_qpn: u32,
+    all: &[Path],
+) -> Result<(), String> {
+    dev.peer.learn(all.iter().map(|p| (p.sgid, p.dgid)));
+    dev.paths.add(all.iter().copied());
+    if let Facet::Software(f) = &dev.facet {
+        f.keep_warm(all.iter().copied());
+    }
+    p.client
+        .register(Route {
+            local_qpn: qpn,
+            remote_qpn,
+            peer_gids: all.iter().map(|p| p.dgid).collect(),
+            local_gids: all.iter().map(|p| p.sgid).collect(),
+            paths: all.iter().map(|p| (p.sgid, p.dgid)).collect(),
+        })
+        .map_err(|e| e.to_string())
 }
 
 /// Follow one device's notifications into the report and the connections' primaries.
@@ -725,7 +758,10 @@ async fn dispatch(mut events: mpsc::UnboundedReceiver<FromAgent>) {
                     let _ = d.handle.path_health(ends, verdict);
                 }
             }
-            FromAgent::Candidates { .. } | FromAgent::Watching { .. } => {}
+            // The client keeps the answers to its own requests.
+            FromAgent::Candidates { .. }
+            | FromAgent::Synced { .. }
+            | FromAgent::Watching { .. } => {}
         }
     }
     // The agent went away: no peer messages any more. Connections run on unprotected.

@@ -356,8 +356,9 @@ pub fn agent(args: AgentArgs) -> Result<()> {
             let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
             let client = apm_agent::client::AgentClient::connect(args.port, tx).await?;
             client.rail_down(apm_agent::local::gid_of(ip))?;
-            // The line goes out on the client's writer task: give it a moment.
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            // The line goes out on the client's writer task: done once the agent has
+            // handled it (told every process).
+            client.synced().await?;
             println!("apm agent: {ip} reported unreachable to every protected process");
             return Ok(());
         }

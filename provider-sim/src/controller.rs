@@ -8,8 +8,8 @@
 
 use apm_core::probe::{ProbeAction, ProbeDriver, ProbePolicy};
 use apm_core::{
-    Command, CommandId, CommandOp, ConnId, ConnSpec, Engine, Input, MigState, Output, Path, Policy,
-    QpEvent, Time,
+    Command, CommandId, CommandOp, ConnId, ConnSpec, Engine, Input, Output, Path, Policy, QpEvent,
+    Time,
 };
 use serde::Serialize;
 use std::collections::{BTreeMap, VecDeque};
@@ -185,22 +185,42 @@ struct BaseConn {
     pending: Option<CommandId>,
 }
 
+/// What a baseline does after a migration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterMigration {
+    /// Nothing: the connection runs unprotected from then on (`hw-only`).
+    Nothing,
+    /// Load the agreed next alternate and arm it (`reload-local`, see
+    /// `Baseline::migrated`).
+    ReloadLocal,
+}
+
+/// What follows a baseline's command once it succeeds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Then {
+    /// Nothing (it was the last of its chain).
+    Done,
+    /// Set REARM (the command loaded an alternate).
+    SetRearm,
+}
+
 /// The two baselines: `hw-only` and `reload-local`.
 #[derive(Debug)]
 pub struct Baseline {
-    reload: bool,
+    after: AfterMigration,
     conns: BTreeMap<ConnId, BaseConn>,
     out: VecDeque<Output>,
     next_cmd: u64,
-    /// Command id -> (connection, set REARM next).
-    pending: BTreeMap<CommandId, (ConnId, bool)>,
+    /// Command id -> (connection, what follows it).
+    pending: BTreeMap<CommandId, (ConnId, Then)>,
 }
 
 impl Baseline {
-    /// `hw-only` (`reload = false`) or `reload-local` (`reload = true`).
-    pub fn new(reload: bool) -> Baseline {
+    /// `hw-only` ([`AfterMigration::Nothing`]) or `reload-local`
+    /// ([`AfterMigration::ReloadLocal`]).
+    pub fn new(after: AfterMigration) -> Baseline {
         Baseline {
-            reload,
+            after,
             conns: BTreeMap::new(),
             out: VecDeque::new(),
             next_cmd: 1,
@@ -208,10 +228,10 @@ impl Baseline {
         }
     }
 
-    fn issue(&mut self, op: CommandOp, conn: ConnId, rearm_next: bool) {
+    fn issue(&mut self, op: CommandOp, conn: ConnId, then: Then) {
         let id = CommandId(self.next_cmd);
         self.next_cmd += 1;
-        self.pending.insert(id, (conn, rearm_next));
+        self.pending.insert(id, (conn, then));
         if let Some(c) = self.conns.get_mut(&conn) {
             c.pending = Some(id);
         }
@@ -219,7 +239,11 @@ impl Baseline {
     }
 
     fn load(&mut self, conn: ConnId, path: Path) {
-        self.issue(CommandOp::LoadAlternate { conn, path }, conn, true);
+        self.issue(
+            CommandOp::LoadAlternate { conn, path },
+            conn,
+            Then::SetRearm,
+        );
     }
 
     fn protect(&mut self, spec: ConnSpec) {
@@ -249,7 +273,7 @@ impl Baseline {
             return;
         };
         let old = std::mem::replace(&mut c.primary, new_primary);
-        if !self.reload || c.pending.is_some() {
+        if self.after == AfterMigration::Nothing || c.pending.is_some() {
             return;
         }
         let next = if old.port != new_primary.port {
@@ -287,16 +311,15 @@ impl Controller for Baseline {
                 }
             }
             Input::CommandDone { id, result } => {
-                let Some((conn, rearm_next)) = self.pending.remove(&id) else {
+                let Some((conn, then)) = self.pending.remove(&id) else {
                     return;
                 };
                 if let Some(c) = self.conns.get_mut(&conn) {
                     c.pending = None;
                 }
-                if rearm_next && result.is_ok() {
-                    self.issue(CommandOp::SetRearm { conn }, conn, false);
+                if then == Then::SetRearm && result.is_ok() {
+                    self.issue(CommandOp::SetRearm { conn }, conn, Then::Done);
                 }
-                let _ = MigState::Armed;
             }
             // Port events, notices and peer messages: the baselines do not listen.
             _ => {}
@@ -327,7 +350,7 @@ pub fn make(
 ) -> Result<Box<dyn Controller>, apm_core::PolicyError> {
     Ok(match kind {
         PolicyKind::Apm => Box::new(ApmController::new(policy.clone(), seed)?),
-        PolicyKind::HwOnly => Box::new(Baseline::new(false)),
-        PolicyKind::ReloadLocal => Box::new(Baseline::new(true)),
+        PolicyKind::HwOnly => Box::new(Baseline::new(AfterMigration::Nothing)),
+        PolicyKind::ReloadLocal => Box::new(Baseline::new(AfterMigration::ReloadLocal)),
     })
 }

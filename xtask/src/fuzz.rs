@@ -43,18 +43,8 @@ pub fn main(args: &[String]) -> Result<()> {
         }
     }
     ensure_cargo_fuzz()?;
-    let env = [("RUSTC_BOOTSTRAP", "1")];
     if targets.is_empty() {
-        let out = Command::new("cargo")
-            .args(["fuzz", "list", "--fuzz-dir", "fuzz"])
-            .output()
-            .context("cargo fuzz list")?;
-        targets = String::from_utf8_lossy(&out.stdout)
-            .lines()
-            .map(str::trim)
-            .filter(|l| !l.is_empty())
-            .map(String::from)
-            .collect();
+        targets = all_targets()?;
     }
     if targets.is_empty() {
         bail!("no fuzz targets found in fuzz/");
@@ -62,59 +52,8 @@ pub fn main(args: &[String]) -> Result<()> {
     let mut summary = Vec::new();
     for t in &targets {
         let corpus = format!("fuzz/corpus/{t}");
-        let empty = std::fs::read_dir(&corpus)
-            .map(|mut d| d.next().is_none())
-            .unwrap_or(true);
-        if empty && seed_with_files(t, &corpus)? {
-            // Seeded with the project's own files of that kind.
-        } else if empty {
-            crate::util::run(
-                "cargo",
-                &[
-                    "run",
-                    "-q",
-                    "-p",
-                    "ib-mad",
-                    "--example",
-                    "fuzz_seeds",
-                    "--",
-                    &corpus,
-                ],
-            )?;
-        }
-        let max_time = format!("-max_total_time={seconds}");
-        let args = [
-            "fuzz",
-            "run",
-            "--fuzz-dir",
-            "fuzz",
-            "-O",
-            t.as_str(),
-            corpus.as_str(),
-            "--",
-            max_time.as_str(),
-            "-print_final_stats=1",
-        ];
-        eprintln!("$ RUSTC_BOOTSTRAP=1 cargo {}", args.join(" "));
-        let out = Command::new("cargo")
-            .args(args)
-            .envs(env)
-            .output()
-            .context("could not start cargo fuzz")?;
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let execs = stderr
-            .lines()
-            .find_map(|l| l.strip_prefix("stat::number_of_executed_units:"))
-            .map(|v| v.trim().to_string())
-            .unwrap_or_else(|| "?".into());
-        if !out.status.success() {
-            // Show the end of libFuzzer's report: the crash and where its input went.
-            let tail: Vec<&str> = stderr.lines().rev().take(60).collect();
-            for l in tail.into_iter().rev() {
-                eprintln!("{l}");
-            }
-            bail!("fuzz target {t} failed after {execs} executions (see fuzz/artifacts/{t})");
-        }
+        seed_corpus(t, &corpus)?;
+        let execs = run_target(t, &corpus, seconds)?;
         eprintln!("fuzz target {t}: {execs} executions in {seconds} s, no failure");
         summary.push(format!("{t}: {execs} executions"));
     }
@@ -123,6 +62,83 @@ pub fn main(args: &[String]) -> Result<()> {
         println!("  {s}");
     }
     Ok(())
+}
+
+/// Every target `cargo fuzz list` knows.
+fn all_targets() -> Result<Vec<String>> {
+    let out = Command::new("cargo")
+        .args(["fuzz", "list", "--fuzz-dir", "fuzz"])
+        .output()
+        .context("cargo fuzz list")?;
+    Ok(String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .map(String::from)
+        .collect())
+}
+
+/// An empty corpus is seeded: with the project's own files of the target's kind, or
+/// with one valid MAD of every kind.
+fn seed_corpus(target: &str, corpus: &str) -> Result<()> {
+    let empty = std::fs::read_dir(corpus)
+        .map(|mut d| d.next().is_none())
+        .unwrap_or(true);
+    if !empty || seed_with_files(target, corpus)? {
+        return Ok(());
+    }
+    crate::util::run(
+        "cargo",
+        &[
+            "run",
+            "-q",
+            "-p",
+            "ib-mad",
+            "--example",
+            "fuzz_seeds",
+            "--",
+            corpus,
+        ],
+    )
+}
+
+/// Run one target for `seconds`: the number of executions libFuzzer reports, or the
+/// end of its crash report as the error.
+fn run_target(target: &str, corpus: &str, seconds: u64) -> Result<String> {
+    let max_time = format!("-max_total_time={seconds}");
+    let args = [
+        "fuzz",
+        "run",
+        "--fuzz-dir",
+        "fuzz",
+        "-O",
+        target,
+        corpus,
+        "--",
+        max_time.as_str(),
+        "-print_final_stats=1",
+    ];
+    eprintln!("$ RUSTC_BOOTSTRAP=1 cargo {}", args.join(" "));
+    let out = Command::new("cargo")
+        .args(args)
+        .env("RUSTC_BOOTSTRAP", "1")
+        .output()
+        .context("could not start cargo fuzz")?;
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let execs = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("stat::number_of_executed_units:"))
+        .map(|v| v.trim().to_string())
+        .unwrap_or_else(|| "?".into());
+    if !out.status.success() {
+        // Show the end of libFuzzer's report: the crash and where its input went.
+        let tail: Vec<&str> = stderr.lines().rev().take(60).collect();
+        for l in tail.into_iter().rev() {
+            eprintln!("{l}");
+        }
+        bail!("fuzz target {target} failed after {execs} executions (see fuzz/artifacts/{target})");
+    }
+    Ok(execs)
 }
 
 /// Seed the corpus of a TOML target with the project's example files of its kind;

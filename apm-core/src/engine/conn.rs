@@ -2,7 +2,9 @@
 //! phase of whatever the engine is doing for the connection.
 
 use crate::io::{Cause, Command, CommandId, CommandOp, Lap, PeerMsg, UnprotectedReason};
-use crate::types::*;
+use crate::types::{
+    ConnId, ConnSpec, Gid, MigState, MigrationMode, Path, PeerAddr, PortKey, Qpn, Role, Time,
+};
 
 /// The connection's alternate path as the engine believes the QP holds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

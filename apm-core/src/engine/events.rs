@@ -126,7 +126,8 @@ impl Engine {
     /// reached us, and the SM stops resending a Report after a few tries: a trap 64 may
     /// have been missed, leaving a remote GID believed dead forever. Treat the remote
     /// GIDs of the port's subnet that we hold out of service as back in service;
-    /// traffic, LAPs and the next notices tell otherwise.
+    /// traffic, LAPs and the next notices tell otherwise. (provider-sim's record of
+    /// what a host was told, `Sim::feed`, follows the same rule.)
     pub(super) fn forget_stale_remote_verdicts(&mut self, port: PortKey) {
         let Some(p) = self.ports.get(&port) else {
             return;

@@ -31,10 +31,15 @@ mod results;
 mod select;
 pub(crate) mod timers;
 
-use crate::io::*;
+use crate::io::{
+    AlternateKind, Command, CommandId, CommandOp, Input, Notification, NotificationKind, Output,
+    PeerMsg, ProviderError, QpEvent, UnprotectedReason,
+};
 use crate::policy::{Policy, PolicyError};
 use crate::probe::PathEnds;
-use crate::types::*;
+use crate::types::{
+    ConnId, ConnSpec, Gid, GidService, MigState, Path, PeerAddr, PortInfo, PortKey, Time,
+};
 use cache::PathCache;
 use conn::{Conn, InFlight, Phase, Told};
 use health::Health;
@@ -302,7 +307,8 @@ impl Engine {
     /// True when `path` is up, held down for flapping or not: what a connection whose
     /// primary is dead may still move to (after asking the peer over it), since a
     /// flapping path beats a dead one. No command ever moves a connection onto a path
-    /// for which this is false.
+    /// for which this is false (the property test checks it against this engine's
+    /// view, provider-sim's `Sim::check_move_target` against what the host was told).
     pub fn path_up(&self, path: &Path) -> bool {
         self.ports.get(&path.port).is_some_and(|p| p.health.up)
             && self.remotes.up(&path.dgid)

@@ -29,6 +29,15 @@ use crate::types::{ConnId, LinkLayer, MigState, MigrationMode, Path, PeerAddr, P
 use std::ops::ControlFlow;
 use tracing::{debug, info, warn};
 
+/// What a `MigrateAck` tells the peer that asked us to move.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum MoveAnswer {
+    /// We run on the path it named.
+    Moved,
+    /// We did not move there.
+    Refused,
+}
+
 /// A LAP from a verified peer, and where its answer goes.
 struct IncomingLap {
     from: PeerAddr,
@@ -572,22 +581,22 @@ impl Engine {
 
     /// Answer the peer's `Migrate`: we run on the path it named.
     pub(super) fn answer_moved(&mut self, id: ConnId, r: Responder) {
-        self.send_migrate_ack(id, r, true);
+        self.send_migrate_ack(id, r, MoveAnswer::Moved);
     }
 
     /// Answer the peer's `Migrate`: we did not move there.
     pub(super) fn refuse_move(&mut self, id: ConnId, r: Responder) {
-        self.send_migrate_ack(id, r, false);
+        self.send_migrate_ack(id, r, MoveAnswer::Refused);
     }
 
-    fn send_migrate_ack(&mut self, id: ConnId, r: Responder, ok: bool) {
+    fn send_migrate_ack(&mut self, id: ConnId, r: Responder, answer: MoveAnswer) {
         let Some(c) = self.conns.get(&id) else {
             return;
         };
         let ack = MigrateAck {
             sender_comm_id: c.local_comm_id,
             receiver_comm_id: c.remote_comm_id,
-            ok,
+            ok: answer == MoveAnswer::Moved,
         };
         self.send(r.port, r.to, PeerMsg::MigrateAck(ack));
     }

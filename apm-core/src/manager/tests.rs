@@ -257,7 +257,24 @@ async fn probes_run_per_path_and_a_silent_primary_moves_the_connection() {
         matches!(n.kind, NotificationKind::Protected { .. }),
         "{n:?}"
     );
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // Both paths' sessions come up: each was probed and answered.
+    let mut up = std::collections::BTreeSet::new();
+    while up.len() < 2 {
+        let ev = events
+            .recv()
+            .await
+            .expect("the sessions' verdicts are published");
+        match ev.kind {
+            FabricEventKind::Path {
+                ends,
+                verdict: crate::probe::PathVerdict::Up,
+            } => {
+                up.insert(ends.remote);
+            }
+            FabricEventKind::PortInfo(_) => {}
+            other => panic!("a session's first Up expected, got {other:?}"),
+        }
+    }
     let probed: std::collections::BTreeSet<Gid> = ops
         .lock()
         .expect("ok")
@@ -277,7 +294,7 @@ async fn probes_run_per_path_and_a_silent_primary_moves_the_connection() {
     // (plus one interval), a fabric failure, and the connection moves.
     SILENT_PORT_1.store(true, std::sync::atomic::Ordering::SeqCst);
     let cut = tokio::time::Instant::now();
-    // The events so far: the ports, and each session's first Up.
+    // The events so far: the ports (each session's first Up was read above).
     let ev = loop {
         let ev = events.recv().await.expect("the probe verdict is published");
         match ev.kind {

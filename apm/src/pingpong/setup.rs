@@ -152,6 +152,19 @@ async fn protect_when_ready(handle: &apm_core::ManagerHandle, spec: ConnSpec) ->
         .context("protecting the connection")
 }
 
+/// Protect the connection unless `--mode none` asks for the bare QP; whether it did.
+async fn protect_unless_none(
+    args: &Args,
+    handle: &apm_core::ManagerHandle,
+    spec: ConnSpec,
+) -> Result<bool> {
+    if args.mode == ModeArg::None {
+        return Ok(false);
+    }
+    protect_when_ready(handle, spec).await?;
+    Ok(true)
+}
+
 async fn control_channel(args: &Args, port: PortKey) -> Result<cm_lap::udp::UdpPeerChannel> {
     let udp = cm_lap::udp::UdpPeerChannel::bind(args.control, port)
         .await
@@ -464,10 +477,7 @@ pub(super) async fn start(args: &Args) -> Result<Session> {
     }
     let (handle, manager_task) = start_manager(args, &ctx, &rc, conn, hardware, udp, paths)?;
     let notes = handle.notifications();
-    let protected = args.mode != ModeArg::None;
-    if protected {
-        protect_when_ready(&handle, spec).await?;
-    }
+    let protected = protect_unless_none(args, &handle, spec).await?;
     say(
         args,
         format!(

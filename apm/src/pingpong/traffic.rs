@@ -230,6 +230,61 @@ fn watch_stdin() -> Arc<AtomicBool> {
     closed
 }
 
+/// Keeps the peer's MAC resolved on every rail (RoCE), so a migration does not wait
+/// for ARP.
+struct Neighbours {
+    pairs: Vec<(IpAddr, IpAddr)>,
+    warmed_at: Option<Instant>,
+}
+
+impl Neighbours {
+    fn of(args: &Args, s: &Session) -> Neighbours {
+        let pairs = if s.infiniband {
+            Vec::new()
+        } else {
+            args.rails
+                .iter()
+                .copied()
+                .zip(s.peer.rails.iter().copied())
+                .collect()
+        };
+        Neighbours {
+            pairs,
+            warmed_at: None,
+        }
+    }
+
+    /// Resolve them again when the last time is 5 s ago.
+    fn keep_warm(&mut self, now: Instant) {
+        if self
+            .warmed_at
+            .is_none_or(|t| now.saturating_duration_since(t) > Duration::from_secs(5))
+        {
+            for (l, r) in &self.pairs {
+                provider_rxe::route::warm_neighbour(*l, *r);
+            }
+            self.warmed_at = Some(now);
+        }
+    }
+}
+
+/// Take the completions: a send frees its place in the window, a receive is counted
+/// and its buffer posted again.
+fn take_completions(s: &Session, tx: &mut Sender, rx: &mut Arrivals) -> Result<()> {
+    for c in s.rc.poll(64)? {
+        if !c.recv {
+            tx.in_flight = tx.in_flight.saturating_sub(1);
+            continue;
+        }
+        let slot = c.wr_id as usize * SLOT;
+        let mut b = [0u8; MSG];
+        b.copy_from_slice(&s.rc.read(slot, MSG)?);
+        s.rc.post_recv(c.wr_id, slot, SLOT)?;
+        rx.arrived(u64::from_be_bytes(b), Instant::now(), |t| s.ms(t));
+    }
+    Ok(())
+}
+
 /// Send and count until both sides are done (or the peer leaves, or the drain time runs
 /// out), then report.
 pub(super) async fn run(args: &Args, mut s: Session) -> Result<Report> {
@@ -255,42 +310,17 @@ pub(super) async fn run(args: &Args, mut s: Session) -> Result<Report> {
     let mut peer_sent: Option<u64> = None;
     let mut drain_deadline: Option<Instant> = None;
     let mut peer_left = false;
-    // Keep the peer's MAC resolved on every rail, so a migration does not wait for ARP.
-    let rail_pairs: Vec<(IpAddr, IpAddr)> = if s.infiniband {
-        Vec::new()
-    } else {
-        args.rails
-            .iter()
-            .copied()
-            .zip(s.peer.rails.iter().copied())
-            .collect()
-    };
-    let mut warmed_at: Option<Instant> = None;
+    let mut neighbours = Neighbours::of(args, &s);
     loop {
         let now = Instant::now();
-        if warmed_at.is_none_or(|t| now.saturating_duration_since(t) > Duration::from_secs(5)) {
-            for (l, r) in &rail_pairs {
-                provider_rxe::route::warm_neighbour(*l, *r);
-            }
-            warmed_at = Some(now);
-        }
+        neighbours.keep_warm(now);
         if tx.sending {
             let eof = stdin_closed
                 .as_ref()
                 .is_some_and(|f| f.load(Ordering::SeqCst));
             tx.post_due(args, &s, now, eof)?;
         }
-        for c in s.rc.poll(64)? {
-            if !c.recv {
-                tx.in_flight = tx.in_flight.saturating_sub(1);
-                continue;
-            }
-            let slot = c.wr_id as usize * SLOT;
-            let mut b = [0u8; MSG];
-            b.copy_from_slice(&s.rc.read(slot, MSG)?);
-            s.rc.post_recv(c.wr_id, slot, SLOT)?;
-            rx.arrived(u64::from_be_bytes(b), Instant::now(), |t| s.ms(t));
-        }
+        take_completions(&s, &mut tx, &mut rx)?;
         // Done once every send completed, or, on a connection that no longer completes
         // any (it died: no protection, or both rails dead), once the drain time is up.
         if !tx.sending && stopped_at.is_none() {

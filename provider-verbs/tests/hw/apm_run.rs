@@ -337,7 +337,7 @@ fn case(name: &str, pairs: &[Pair], apm: Option<&str>, cut: Cut, cut_after: Dura
     for (i, (server, _)) in pairs.iter().enumerate() {
         let t = format!("{tag}-server{i}");
         ends.push(spawn(&t, server, apm, &format!("/tmp/{t}.json")));
-        wait_listening(tcp_port(server), Duration::from_secs(10));
+        wait_listening(tcp_port(server), Duration::from_secs(30));
     }
     for (i, (_, client)) in pairs.iter().enumerate() {
         let t = format!("{tag}-client{i}");
