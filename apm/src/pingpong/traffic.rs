@@ -30,6 +30,9 @@ struct Arrivals {
     last: Option<Instant>,
     stalls: Vec<Stall>,
     longest: Duration,
+    /// A gap longer than this is a stall in the report: ten message intervals, at
+    /// least 20 ms (scheduling noise is not a stall).
+    stall_over: Duration,
 }
 
 impl Arrivals {
@@ -38,7 +41,7 @@ impl Arrivals {
         if let Some(prev) = self.last {
             let gap = t.saturating_duration_since(prev);
             self.longest = self.longest.max(gap);
-            if gap > Duration::from_millis(100) {
+            if gap > self.stall_over {
                 self.stalls.push(Stall {
                     at_ms: ms(prev),
                     ms: gap.as_secs_f64() * 1e3,
@@ -299,7 +302,10 @@ pub(super) async fn run(args: &Args, mut s: Session) -> Result<Report> {
         interval: Duration::from_secs_f64(args.interval_ms.max(0.01) / 1e3),
         window: args.window.clamp(1, DEPTH),
     };
-    let mut rx = Arrivals::default();
+    let mut rx = Arrivals {
+        stall_over: (tx.interval * 10).max(Duration::from_millis(20)),
+        ..Arrivals::default()
+    };
     let mut notes = Notes {
         events: Vec::new(),
         current: s.primary,

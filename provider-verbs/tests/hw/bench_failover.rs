@@ -338,13 +338,16 @@ fn finish_logged(mut p: Pingpong, limit: Duration) -> (Option<serde_json::Value>
     )
 }
 
-/// The stall at `at_ms` (one side's report): the gap in arrivals that spans it.
-fn stall_spanning(report: &serde_json::Value, at_ms: f64) -> Option<f64> {
+/// The longest stall of one side's report (times in its own clock) that ends after
+/// `from_ms` and begins before `to_ms`: the fault's (from the fault to the rail's return),
+/// or the return's (from the return on). A pingpong records a stall as the time of the
+/// last arrival before it and its length (only those over 100 ms).
+fn longest_stall_in(report: &serde_json::Value, from_ms: f64, to_ms: f64) -> Option<f64> {
     report["stalls"]
         .as_array()?
         .iter()
         .filter_map(|s| Some((s["at_ms"].as_f64()?, s["ms"].as_f64()?)))
-        .filter(|(at, ms)| *at <= at_ms + 20.0 && at + ms >= at_ms)
+        .filter(|(at, ms)| at + ms > from_ms && *at < to_ms)
         .map(|(_, ms)| ms)
         .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
 }
@@ -391,17 +394,35 @@ fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
     // rail came back (a connection that died stops arriving at the fault). Each report's
     // times count from its own start: the client's ~0.3 s after t0.
     let offset = |k: usize| if k == 0 { 300.0 } else { 0.0 };
+    // Why a side does not count as kept (empty: it does).
+    let why_not = |k: usize, r: &serde_json::Value| -> String {
+        let mut why = Vec::new();
+        if r["lost"].as_u64() != Some(0) {
+            why.push(format!("lost {}", r["lost"]));
+        }
+        if r["duplicated"].as_u64() != Some(0) {
+            why.push(format!("duplicated {}", r["duplicated"]));
+        }
+        let last = r["last_arrival_ms"].as_f64().map(|t| t + offset(k));
+        if last.is_none_or(|t| t <= heal_ms) {
+            why.push(format!(
+                "last arrival {last:?} ms, rail back at {heal_ms:.0} ms"
+            ));
+        }
+        why.join(", ")
+    };
+    let whys: Vec<String> = reports
+        .iter()
+        .enumerate()
+        .filter_map(|(k, r)| Some(why_not(k, r.as_ref()?)))
+        .filter(|w| !w.is_empty())
+        .collect();
     let outcome = if reports.iter().any(Option::is_none) {
         "hung"
-    } else if reports.iter().flatten().enumerate().all(|(k, r)| {
-        r["lost"].as_u64() == Some(0)
-            && r["duplicated"].as_u64() == Some(0)
-            && r["last_arrival_ms"]
-                .as_f64()
-                .is_some_and(|t| t + offset(k) > heal_ms)
-    }) {
+    } else if whys.is_empty() {
         "kept"
     } else {
+        println!("  not kept: {}", whys.join("; "));
         "lost"
     };
     for r in reports.iter().flatten() {
@@ -414,20 +435,24 @@ fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
             .filter_map(|r| r[k].as_u64())
             .sum::<u64>()
     };
-    let worst = |at: f64| {
+    // The longer side's stall in a window of the test's clock.
+    let worst = |from: f64, to: f64| {
         reports
             .iter()
             .enumerate()
-            .filter_map(|(k, r)| stall_spanning(r.as_ref()?, at - offset(k)))
+            .filter_map(|(k, r)| longest_stall_in(r.as_ref()?, from - offset(k), to - offset(k)))
             .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
     };
-    let stall = if outcome == "kept" {
-        worst(fault_ms)
+    let kept = outcome == "kept";
+    // The fault's stall began at most a message interval before it; anything that began
+    // after the rail came back is the return's.
+    let stall = if kept {
+        worst(fault_ms - 10.0, heal_ms)
     } else {
         None
     };
-    let after_heal = if outcome == "kept" {
-        worst(heal_ms).unwrap_or(0.0)
+    let after_heal = if kept {
+        worst(heal_ms, f64::MAX).unwrap_or(0.0)
     } else {
         0.0
     };
