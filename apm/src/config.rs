@@ -27,11 +27,11 @@
 //! ```
 
 use apm_core::{Gid, Policy};
-use read::Errors;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use toml::Spanned;
+use toml_located::Collector;
 
 mod read;
 
@@ -171,89 +171,13 @@ pub struct UdpPeer {
     pub addr: Spanned<SocketAddr>,
 }
 
-/// A configuration problem, located in the file.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ConfigError {
-    /// 1-based line (0 when the problem has no place, e.g. an empty file).
-    pub line: usize,
-    /// 1-based column (characters).
-    pub column: usize,
-    /// The key it is about, dotted (`lap.vendor_class`, `device[2].name`); empty for the
-    /// file as a whole or a syntax error.
-    pub key: String,
-    /// What is wrong, and what to do about it.
-    pub message: String,
-}
-
-impl std::fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.line != 0 {
-            write!(f, "line {}, column {}: ", self.line, self.column)?;
-        }
-        if !self.key.is_empty() {
-            write!(f, "{}: ", self.key)?;
-        }
-        write!(f, "{}", self.message)
-    }
-}
-
-impl std::error::Error for ConfigError {}
+/// A configuration problem, located in the file: its line and column (0 when it has
+/// no place), the dotted key it is about, and what is wrong.
+pub type ConfigError = toml_located::Problem;
 
 /// Every problem [`Config::parse`] found, in file order. Prints one per line; indexes
 /// and iterates as a slice of [`ConfigError`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(transparent)]
-pub struct ConfigErrors(Vec<ConfigError>);
-
-impl ConfigErrors {
-    /// The problems, in file order.
-    pub fn into_vec(self) -> Vec<ConfigError> {
-        self.0
-    }
-}
-
-impl From<Vec<ConfigError>> for ConfigErrors {
-    fn from(errors: Vec<ConfigError>) -> ConfigErrors {
-        ConfigErrors(errors)
-    }
-}
-
-impl std::ops::Deref for ConfigErrors {
-    type Target = [ConfigError];
-    fn deref(&self) -> &[ConfigError] {
-        &self.0
-    }
-}
-
-impl IntoIterator for ConfigErrors {
-    type Item = ConfigError;
-    type IntoIter = std::vec::IntoIter<ConfigError>;
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.into_iter()
-    }
-}
-
-impl<'a> IntoIterator for &'a ConfigErrors {
-    type Item = &'a ConfigError;
-    type IntoIter = std::slice::Iter<'a, ConfigError>;
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.iter()
-    }
-}
-
-impl std::fmt::Display for ConfigErrors {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (i, e) in self.0.iter().enumerate() {
-            if i > 0 {
-                writeln!(f)?;
-            }
-            write!(f, "{e}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for ConfigErrors {}
+pub type ConfigErrors = toml_located::Problems;
 
 /// The longest device name libibverbs has (`IBV_SYSFS_NAME_MAX`).
 const DEVICE_NAME_MAX: usize = 64;
@@ -299,25 +223,22 @@ impl Config {
     /// Parse and check a configuration. Every problem is reported, not only the first;
     /// a syntax error stops at itself (what follows it cannot be read).
     pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
-        let mut errors = Errors::new(text);
+        let mut errors = Collector::new(text);
         let config = read::read(text, &mut errors).map(|(c, declared)| {
             c.check(declared, &mut errors);
             c
         });
-        let mut list = errors.list;
-        // In file order, whichever check found them.
-        list.sort_by_key(|e| (e.line, e.column));
         match config {
-            Some(c) if list.is_empty() => Ok(c),
-            _ => Err(ConfigErrors(list)),
+            Some(c) if errors.is_empty() => Ok(c),
+            _ => Err(errors.into_problems()),
         }
     }
 
     /// Check what the configuration names outside itself: the `[sim]` scenario file
     /// exists and is a file, the `[lap] key_file` holds a usable key that no one else can
     /// read. `text` is the configuration the spans refer to.
-    pub fn check_files(&self, text: &str) -> Vec<ConfigError> {
-        let mut errors = Errors::new(text);
+    pub fn check_files(&self, text: &str) -> ConfigErrors {
+        let mut errors = Collector::new(text);
         if let Some(s) = &self.sim.scenario {
             let path = std::path::Path::new(s.get_ref());
             match std::fs::metadata(path) {
@@ -335,7 +256,7 @@ impl Config {
                 errors.push(Some(k.span()), "lap.key_file", &e.to_string());
             }
         }
-        errors.list
+        errors.into_problems()
     }
 
     /// The LAP transport in force (explicit or the default for the devices).
@@ -374,7 +295,7 @@ impl Config {
 
     /// The semantic checks: values that parse but cannot work, alone or together.
     /// `declared`: the file has `[[device]]` tables (some may not have been read).
-    fn check(&self, declared: bool, errors: &mut Errors<'_>) {
+    fn check(&self, declared: bool, errors: &mut Collector<'_>) {
         let mut at = |span: Option<std::ops::Range<usize>>, key: &str, message: String| {
             errors.push(span, key, &message);
         };
