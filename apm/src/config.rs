@@ -165,10 +165,24 @@ pub struct LapConfig {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UdpPeer {
-    /// The peer port's GID (RoCE GIDs derive from its IP address).
+    /// The peer port's GID (RoCE GIDs derive from its IP address); checked as it is
+    /// read, so that a peer with a bad address too has both reported.
+    #[serde(deserialize_with = "gid_text")]
     pub gid: Spanned<String>,
     /// Where its apm listens.
     pub addr: Spanned<SocketAddr>,
+}
+
+/// A GID in IPv6 notation, refused as it is read.
+fn gid_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Spanned<String>, D::Error> {
+    let text = Spanned::<String>::deserialize(d)?;
+    if text.get_ref().parse::<Gid>().is_err() {
+        return Err(serde::de::Error::custom(format!(
+            "{:?} is not a GID (IPv6 notation)",
+            crate::input::truncate_echo(text.get_ref(), 80)
+        )));
+    }
+    Ok(text)
 }
 
 /// A configuration problem, located in the file: its line and column (0 when it has
@@ -415,7 +429,6 @@ impl Config {
             );
         }
         check_lap_auth(lap, transport, at);
-        check_lap_peers(lap, at);
     }
 }
 
@@ -477,25 +490,6 @@ fn check_lap_auth(
                 Some(r.span()),
                 "lap.require_auth",
                 "require_auth needs key_file = \"PATH\" (the shared secret)".into(),
-            );
-        }
-    }
-}
-
-/// Every `[[lap.peer]]` GID parses.
-fn check_lap_peers(
-    lap: &LapConfig,
-    at: &mut impl FnMut(Option<std::ops::Range<usize>>, &str, String),
-) {
-    for (i, peer) in lap.peers.iter().enumerate() {
-        if peer.gid.get_ref().parse::<Gid>().is_err() {
-            at(
-                Some(peer.gid.span()),
-                &format!("lap.peer[{}].gid", i + 1),
-                format!(
-                    "{:?} is not a GID (IPv6 notation)",
-                    crate::input::truncate_echo(peer.gid.get_ref(), 80)
-                ),
             );
         }
     }
@@ -683,6 +677,23 @@ mod tests {
             es[19_999].starts_with("line 60004, column 7: lap.peer[20000].gid:"),
             "{}",
             es[19_999]
+        );
+    }
+
+    #[test]
+    fn a_peer_with_a_bad_gid_and_a_bad_address_has_both_reported() {
+        let text =
+            "[[device]]\nname = \"rxe0\"\nprovider = \"rxe\"\n[lap]\nudp_listen = \"0.0.0.0:1\"\n\
+                    [[lap.peer]]\ngid = \"nope\"\naddr = \"10.0.0.1:99999\"\n";
+        let es = errors(text);
+        assert_eq!(es.len(), 2, "{es:?}");
+        assert!(
+            es[0].starts_with("line 7, column 7: lap.peer[1].gid:") && es[0].contains("not a GID"),
+            "{es:?}"
+        );
+        assert!(
+            es[1].starts_with("line 8, column 8: lap.peer[1].addr:"),
+            "{es:?}"
         );
     }
 
