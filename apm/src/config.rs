@@ -249,14 +249,24 @@ impl Config {
     }
 
     /// Check what the configuration names outside itself: the `[sim]` scenario file
-    /// exists and is a file, the `[lap] key_file` holds a usable key that no one else can
+    /// is a file and a valid scenario (its problems at this file's `scenario` line, each
+    /// with the scenario's own line), the `[lap] key_file` holds a usable key that no one else can
     /// read. `text` is the configuration the spans refer to.
     pub fn check_files(&self, text: &str) -> ConfigErrors {
         let mut errors = Collector::new(text);
         if let Some(s) = &self.sim.scenario {
             let path = std::path::Path::new(s.get_ref());
             match std::fs::metadata(path) {
-                Ok(m) if m.is_file() => {}
+                // A regular file only: opening a FIFO nobody writes would wait for ever.
+                Ok(m) if m.is_file() => match crate::scenario_file::read(path) {
+                    Ok(_) => {}
+                    Err(crate::scenario_file::ScenarioFileError::Invalid { path, problems }) => {
+                        for p in &problems {
+                            errors.push(Some(s.span()), "sim.scenario", &format!("{path}:{p}"));
+                        }
+                    }
+                    Err(e) => errors.push(Some(s.span()), "sim.scenario", &e.to_string()),
+                },
                 Ok(_) => errors.push(Some(s.span()), "sim.scenario", "is not a regular file"),
                 Err(e) => errors.push(
                     Some(s.span()),

@@ -14,7 +14,6 @@ mod sim_sweep;
 
 use crate::out::{out, outln};
 use anyhow::{bail, Context};
-use apm::input::SCENARIO_LIMIT;
 use provider_sim::{
     compare, Family, Percentiles, PolicyKind, RunConfig, RunReport, Scenario, Sim, Size,
 };
@@ -143,10 +142,7 @@ struct JsonDominance {
 /// Load the scenario and apply the command-line overrides.
 fn scenario(args: &Args) -> anyhow::Result<Scenario> {
     let mut s = match (&args.scenario, &args.family) {
-        (Some(path), _) => {
-            let text = apm::input::read_file(path, SCENARIO_LIMIT, "a scenario file")?;
-            Scenario::from_toml(&text).with_context(|| format!("in {}", path.display()))?
-        }
+        (Some(path), _) => apm::scenario_file::read(path)?,
         (None, Some(name)) => family(name)?.scenario(args.seed, size(args)),
         (None, None) => Scenario::default(),
     };

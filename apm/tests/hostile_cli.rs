@@ -264,3 +264,62 @@ fn a_hung_exec_is_reported_and_killed() {
         "{err}"
     );
 }
+
+/// A file in a fresh temporary directory.
+fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("apm-hostile-files-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write");
+    path
+}
+
+#[test]
+fn every_scenario_problem_is_named_with_its_file_line_and_key() {
+    let text = "# 1\nname = \"lines\"\nduration_ms = 4000\n[topology]\nhosts = 4\n\
+                [fabric]  # 6\nack_timeout = 40  # 7\n\
+                [[topology.switches]]  # 8\nname = \"S\"\nsubnet = 0\n\
+                [[topology.switches]]  # 11\nname = \"S\"  # 12\nsubnet = 0\n\
+                [[faults]]  # 14\nkind = \"switch_down\"\nswitch = \"A\"\nat_ms = \"soon\"  # 17\n";
+    let path = temp_file("lines.toml", text);
+    let p = path.display().to_string();
+    for args in [
+        vec!["simulate", "--scenario", &p],
+        vec!["watch", "--sim", "--scenario", &p],
+    ] {
+        let (status, err) = run_with_stdin(&args, Stdio::null());
+        assert_eq!(status.code(), Some(1), "{args:?}: {err}");
+        for want in [
+            format!("{p}:line 7, column 15: fabric.ack_timeout: 40: use 1..=31"),
+            format!(
+                "{p}:line 12, column 8: topology.switches[2].name: switch \"S\" is declared twice"
+            ),
+            format!("{p}:line 17, column 9: faults[1].at_ms: invalid type"),
+        ] {
+            assert!(err.contains(&want), "{args:?}: want {want:?} in {err}");
+        }
+    }
+}
+
+#[test]
+fn config_check_reports_the_problems_of_its_sim_scenario() {
+    let scenario = temp_file("inner.toml", "[fabric]\nretry_cnt = 99\n");
+    let config = temp_file(
+        "outer.toml",
+        &format!(
+            "[[device]]\nname = \"h0\"\nprovider = \"sim\"\n[sim]\nscenario = \"{}\"\n",
+            scenario.display()
+        ),
+    );
+    let (status, err) = run_with_stdin(
+        &["config", "check", &config.display().to_string()],
+        Stdio::null(),
+    );
+    assert_eq!(status.code(), Some(1), "{err}");
+    let want = format!(
+        "{}:line 5, column 12: sim.scenario: {}:line 2, column 13: fabric.retry_cnt: 99: use 0..=7",
+        config.display(),
+        scenario.display()
+    );
+    assert!(err.contains(&want), "want {want:?} in {err}");
+}

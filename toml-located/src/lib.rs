@@ -194,6 +194,11 @@ impl<'a> Collector<'a> {
         self.list.is_empty()
     }
 
+    /// How many problems were found so far.
+    pub fn len(&self) -> usize {
+        self.list.len()
+    }
+
     /// The problems, in file order (whichever check found them).
     pub fn into_problems(self) -> Problems {
         let mut list = self.list;
