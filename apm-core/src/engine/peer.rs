@@ -52,7 +52,7 @@ impl Engine {
         // GID into a datagram's source: one that is not a connection's peer (by comm
         // ids and source GID) proves nothing, or a stranger could bring a dead path
         // back and have connections moved onto it.
-        if !self.remotes.up(&from.gid) && self.from_a_peer(&from, &msg) {
+        if !self.remotes.up(&from.gid) && self.sent_by_a_peer(&from, &msg) {
             debug!(gid = %from.gid, "message from a GID held out of service: it is back");
             self.remote_in_service(from.gid);
         }
@@ -67,7 +67,7 @@ impl Engine {
     }
 
     /// The message names a connection (by its comm ids) whose peer `from` is.
-    fn from_a_peer(&self, from: &PeerAddr, msg: &PeerMsg) -> bool {
+    fn sent_by_a_peer(&self, from: &PeerAddr, msg: &PeerMsg) -> bool {
         let (sender, receiver) = match msg {
             PeerMsg::Lap(m) => (m.sender_comm_id, m.receiver_comm_id),
             PeerMsg::Apr(m) => (m.sender_comm_id, m.receiver_comm_id),
