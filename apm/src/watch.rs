@@ -24,7 +24,9 @@
 //! repeated kind that changed something (a second LID change to another LID).
 //!
 //! SIGINT and SIGTERM end the watch cleanly: a running `--exec` command is killed with
-//! its process group, SA subscriptions are dropped, and apm then ends by that signal.
+//! its process group and everything it started, SA subscriptions are dropped, and apm
+//! then ends by that signal. What a command leaves running in its process group when it
+//! exits is ended then.
 //! Each `--exec` command runs at most `--exec-timeout` seconds (default 10) before it
 //! is reported and killed ([`exec`]).
 //!
@@ -44,6 +46,7 @@ mod exec;
 mod kind;
 mod sa_only;
 mod sim;
+mod tree;
 
 pub use kind::EventKind;
 #[cfg(test)]
@@ -73,7 +76,9 @@ pub struct Args {
     json: bool,
     /// Run this shell command (`sh -c`) for every event, one at a time in event order,
     /// with the event in APM_EVENT, APM_DEVICE, APM_PORT, APM_TIME, APM_STATE, APM_LID,
-    /// APM_SM_LID, APM_LMC, APM_GID, APM_SOURCE (unknown values are empty).
+    /// APM_SM_LID, APM_LMC, APM_GID, APM_SOURCE (unknown values are empty). What it
+    /// leaves running in its process group (`cmd &`) is ended when it exits; start a
+    /// daemon with setsid.
     #[arg(long, value_name = "CMD")]
     exec: Option<String>,
     /// Kill an `--exec` command (its whole process group) that runs longer than this

@@ -209,8 +209,12 @@ fn sigterm_and_sigint_end_watch_and_its_exec_children() {
         std::fs::create_dir_all(&dir).expect("temp dir");
         let pidfile = dir.join("hook.pid");
         let _ = std::fs::remove_file(&pidfile);
-        // The hook starts a grandchild (`sleep`) and waits for it: both must go.
-        let hook = format!("sleep 100 & echo $! > {}; wait", pidfile.display());
+        // The hook starts a grandchild (`sleep`) and waits for it: both must go, and so
+        // must a grandchild that left the hook's process group for a session of its own.
+        let hook = format!(
+            "setsid sleep 100 & echo $! > {p}.setsid; sleep 100 & echo $! > {p}; wait",
+            p = pidfile.display()
+        );
         let mut child = Command::new(APM)
             .args(["watch", "--sim", "--exec", &hook, "--exec-timeout", "60"])
             .stdout(Stdio::null())
@@ -218,6 +222,7 @@ fn sigterm_and_sigint_end_watch_and_its_exec_children() {
             .spawn()
             .expect("apm starts");
         let sleeper = wait_for_file(&pidfile);
+        let escaped = wait_for_file(&pidfile.with_extension("pid.setsid"));
         assert!(!gone(&sleeper), "the hook's child runs");
         let killed = Command::new("kill")
             .args([format!("-{sig}"), child.id().to_string()])
@@ -235,6 +240,16 @@ fn sigterm_and_sigint_end_watch_and_its_exec_children() {
         assert!(
             gone(&sleeper),
             "SIG{sig}: the hook's child {sleeper} outlived apm"
+        );
+        for _ in 0..40 {
+            if gone(&escaped) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        assert!(
+            gone(&escaped),
+            "SIG{sig}: the hook's child {escaped} in its own session outlived apm"
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -322,4 +337,30 @@ fn config_check_reports_the_problems_of_its_sim_scenario() {
         scenario.display()
     );
     assert!(err.contains(&want), "want {want:?} in {err}");
+}
+
+#[test]
+fn what_a_hook_leaves_running_in_its_group_ends_when_it_exits() {
+    let dir = std::env::temp_dir().join(format!("apm-hostile-bg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let pids = dir.join("pids");
+    let hook = format!("sleep 100 & echo $! >> {}", pids.display());
+    let out = Command::new(APM)
+        .args(["watch", "--sim", "--count", "3", "--exec", &hook])
+        .stdout(Stdio::null())
+        .output()
+        .expect("apm runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}: {err}", out.status);
+    assert_eq!(
+        err.matches("left processes running").count(),
+        1,
+        "said once: {err}"
+    );
+    let started = std::fs::read_to_string(&pids).expect("pids");
+    assert_eq!(started.lines().count(), 3, "{started}");
+    for pid in started.lines() {
+        assert!(gone(pid.trim()), "{pid} outlived its hook");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }
