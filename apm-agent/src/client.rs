@@ -18,7 +18,7 @@ use std::os::linux::net::SocketAddrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot};
 
 type Pending = Arc<Mutex<BTreeMap<u64, oneshot::Sender<Result<Vec<(Gid, Gid)>, String>>>>>;
@@ -65,9 +65,9 @@ impl AgentClient {
         let pending: Pending = Arc::default();
         let answers = pending.clone();
         tokio::spawn(async move {
-            let mut lines = BufReader::new(read).lines();
+            let mut lines = wire::Lines::new(BufReader::new(read));
             while let Ok(Some(l)) = lines.next_line().await {
-                match serde_json::from_str::<FromAgent>(&l) {
+                match serde_json::from_slice::<FromAgent>(l) {
                     Ok(FromAgent::Candidates { req, result }) => {
                         let w = answers
                             .lock()

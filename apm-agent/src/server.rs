@@ -18,7 +18,7 @@ use std::net::SocketAddr;
 use std::os::linux::net::SocketAddrExt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
@@ -153,9 +153,17 @@ async fn serve_client(id: u64, stream: UnixStream, state: Shared, hello: HelloSo
             }
         }
     });
-    let mut lines = BufReader::new(read).lines();
-    while let Ok(Some(l)) = lines.next_line().await {
-        match serde_json::from_str::<ToAgent>(&l) {
+    let mut lines = wire::Lines::new(BufReader::new(read));
+    loop {
+        let l = match lines.next_line().await {
+            Ok(Some(l)) => l,
+            Ok(None) => break,
+            Err(e) => {
+                warn!(client = id, error = %e, "a process's stream is unreadable: closed");
+                break;
+            }
+        };
+        match serde_json::from_slice::<ToAgent>(l) {
             Ok(m) => handle(id, m, &state, &hello, &tx, port).await,
             Err(e) => warn!(client = id, error = %e, "unreadable line from a process: dropped"),
         }
