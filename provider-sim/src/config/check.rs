@@ -392,6 +392,42 @@ impl Scenario {
         }
     }
 
+    /// A connection's primary joins its hosts' ports of one number (its rail): the
+    /// workload places connections between any two hosts, so every rail's cabled ports
+    /// must reach each other, or the connections placed across the split never connect.
+    fn check_rails(&self, fabric: &Fabric, found: &mut Found) {
+        if self.workload.connections == 0 {
+            return;
+        }
+        let parts = fabric.parts();
+        for num in 1..=fabric.ports_per_host() {
+            // Each part of the fabric the rail's cabled ports are in: its first host.
+            let mut seen: Vec<(usize, usize)> = Vec::new();
+            for h in 0..fabric.num_hosts() {
+                let Some(p) = fabric
+                    .port_of(h, num)
+                    .filter(|&p| fabric.ports[p].link.is_some())
+                else {
+                    continue;
+                };
+                if !seen.iter().any(|(part, _)| *part == parts[p]) {
+                    seen.push((parts[p], h));
+                }
+            }
+            if let [(_, a), (_, b), ..] = seen[..] {
+                found.at(
+                    KeyPath::new("topology").key("links"),
+                    format!(
+                        "rail {num} is split: h{a}:{num} and h{b}:{num} reach no common \
+                         switch ({} unconnected parts), so the workload's connections \
+                         between them on rail {num} can never connect",
+                        seen.len()
+                    ),
+                );
+            }
+        }
+    }
+
     /// The key of the topology a problem of the fabric's build is about.
     fn part_key(&self, part: Part, error: &FabricError) -> KeyPath {
         let topo = KeyPath::new("topology");
@@ -448,6 +484,7 @@ impl Scenario {
                 ),
             );
         }
+        self.check_rails(fabric, found);
         for (i, sm) in self.topology.sm.iter().enumerate() {
             let at = topo.key("sm").index(i);
             if sm.subnet >= fabric.subnets() {

@@ -326,6 +326,32 @@ mod tests {
     }
 
     #[test]
+    fn a_rail_split_in_two_is_refused_its_connections_could_never_connect() {
+        let split = "[topology]\nhosts = 2\nports = 1\n\
+                     [[topology.switches]]\nname = \"S\"\nsubnet = 0\n\
+                     [[topology.switches]]\nname = \"T\"\nsubnet = 1\n\
+                     [[topology.links]]\na = \"S\"\nb = \"h0:1\"\n\
+                     [[topology.links]]\na = \"T\"\nb = \"h1:1\"\n";
+        one(
+            split,
+            "line 10, column 1: topology.links:",
+            "rail 1 is split: h0:1 and h1:1 reach no common switch (2 unconnected parts)",
+        );
+        // The same subnet, two switches with no cable between them: split too.
+        one(
+            &split.replace("subnet = 1", "subnet = 0"),
+            "line 10, column 1: topology.links:",
+            "rail 1 is split",
+        );
+        // Cabled together: one rail.
+        let joined = format!(
+            "{}[[topology.links]]\na = \"S\"\nb = \"T\"\n",
+            split.replace("subnet = 1", "subnet = 0")
+        );
+        assert_eq!(problems(&joined), Vec::<String>::new());
+    }
+
+    #[test]
     fn bad_toml_names_the_line() {
         one(
             "name = \"x\"\nduration_ms = \"long\"\n",

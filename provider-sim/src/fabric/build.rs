@@ -208,6 +208,32 @@ impl Fabric {
     }
 }
 
+impl Fabric {
+    /// Per host port, the connected part of the cabling it is in (an index; ports of
+    /// one part reach each other through intact links and switches, whatever is up).
+    pub fn parts(&self) -> Vec<usize> {
+        let n = self.ports.len();
+        // Union-find over the ports, then the switches after them.
+        let mut up: Vec<usize> = (0..n + self.switches.len()).collect();
+        fn root(up: &mut [usize], mut x: usize) -> usize {
+            while up[x] != x {
+                up[x] = up[up[x]];
+                x = up[x];
+            }
+            x
+        }
+        let node = |e: End| match e {
+            End::Port(p) => p,
+            End::Switch(s) => n + s,
+        };
+        for l in &self.links {
+            let (a, b) = (root(&mut up, node(l.a)), root(&mut up, node(l.b)));
+            up[a] = b;
+        }
+        (0..n).map(|p| root(&mut up, p)).collect()
+    }
+}
+
 /// Every host's ports, uncabled.
 fn host_ports(t: &Topology) -> Vec<HostPort> {
     let mut ports = Vec::with_capacity(t.hosts * usize::from(t.ports));
