@@ -147,6 +147,17 @@ fn durations_that_would_overflow_are_refused_by_name() {
     assert_eq!(status.code(), Some(2), "{status} {err}");
     let (status, err) = run_with_stdin(&["watch", "--sim", "--timeout", "inf"], Stdio::null());
     assert_eq!(status.code(), Some(2), "{status} {err}");
+    // Values a QP or a timer cannot hold are refused by name before any device is opened.
+    for (flag, v) in [
+        ("--stall-ms", "18446744073709551615"),
+        ("--stall-ms", "0"),
+        ("--ack-timeout", "32"),
+        ("--window", "0"),
+    ] {
+        let (status, err) = run_with_stdin(&["pingpong", "-d", "rxe0", flag, v], Stdio::null());
+        assert_eq!(status.code(), Some(2), "{flag} {v}: {status} {err}");
+        assert!(err.contains(flag), "{flag} {v}: {err}");
+    }
 }
 
 #[test]
