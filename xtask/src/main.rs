@@ -34,7 +34,7 @@ Commands:
   bench     the benchmarks (criterion): cargo bench per crate, extra args passed on;
             `bench apm-run`: apm run's overhead (perftest) in the VM
   chaos     the simulator's long chaos run: [--seeds N (10000)] [--start S]
-  fuzz      the ib-mad fuzz targets: [--seconds N] [TARGET...] (cargo-fuzz)
+  fuzz      the fuzz targets, every reader of outside input: [--seconds N] [TARGET...] (cargo-fuzz)
   help      this text
 ";
 
