@@ -16,6 +16,7 @@
 //! (every process moves the connections whose primary uses it): the hook through which
 //! a path-down verdict from outside the programs (a probe, an operator) reaches them.
 
+use crate::out::{errln, outln};
 use anyhow::{bail, Context, Result};
 use apm::Config;
 use apm_agent::report::{ProcessReport, RunReport};
@@ -209,7 +210,7 @@ pub fn run(args: Args) -> Result<()> {
         );
     };
     if let Err(e) = ensure_agent(settings.port, &settings.policy.probe) {
-        eprintln!("apm run: {e:#}: the program runs unprotected");
+        errln!("apm run: {e:#}: the program runs unprotected");
     }
     let dir = std::env::temp_dir().join(format!("apm-run-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -233,7 +234,7 @@ pub fn run(args: Args) -> Result<()> {
         Ok(s) => s,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&dir);
-            eprintln!("apm run: {e:#}");
+            errln!("apm run: {e:#}");
             std::process::exit(127);
         }
     };
@@ -243,7 +244,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     let _ = std::fs::remove_dir_all(&dir);
     if !report.processes.is_empty() {
-        eprintln!("{}", report.summary());
+        errln!("{}", report.summary());
     }
     if let Some(path) = &args.report {
         let json = serde_json::to_vec_pretty(&report)?;
@@ -330,7 +331,7 @@ pub fn agent(args: AgentArgs) -> Result<()> {
             client.rail_down(apm_agent::local::gid_of(ip))?;
             // The line goes out on the client's writer task: give it a moment.
             tokio::time::sleep(Duration::from_millis(200)).await;
-            println!("apm agent: {ip} reported unreachable to every protected process");
+            outln!("apm agent: {ip} reported unreachable to every protected process")?;
             return Ok(());
         }
         let agent = match Agent::bind(AgentConfig {

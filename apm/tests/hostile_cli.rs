@@ -375,3 +375,30 @@ fn what_a_hook_leaves_running_in_its_group_ends_when_it_exits() {
     }
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+#[test]
+fn agent_rail_down_into_a_closed_pipe_ends_by_sigpipe() {
+    // An agent of its own on a port of this test's, for the client to reach.
+    let port = (40_000 + std::process::id() % 20_000).to_string();
+    let mut agent = Command::new(APM)
+        .args(["agent", "--port", &port, "--idle-exit-secs", "5"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("agent starts");
+    let mut status = None;
+    for _ in 0..50 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let (st, err) = with_closed_stdout(&["agent", "--port", &port, "--rail-down", "10.0.0.1"]);
+        // Status 1 until the agent listens (nothing to connect to).
+        if st.code() != Some(1) {
+            status = Some((st, err));
+            break;
+        }
+    }
+    let _ = agent.kill();
+    let _ = agent.wait();
+    let (st, err) = status.expect("the agent answered");
+    assert_eq!(st.signal(), Some(13), "{st}: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
