@@ -32,7 +32,6 @@
 //!
 //! This module only observes: it never modifies a port or a QP.
 
-use crate::out::errln;
 use anyhow::Context as _;
 use apm_core::Gid;
 use provider_verbs::ffi::{Context, PortState};
@@ -197,8 +196,19 @@ struct Sink<'a> {
     last: BTreeMap<(String, Option<u8>), (EventKind, PortNow, Duration)>,
     shown: u64,
     stop: Stop,
-    /// Standard output was closed: the watch ends as a filter does.
-    stdout_closed: bool,
+    /// Whether standard output still takes the events.
+    output: Output,
+}
+
+/// Standard output, as the watch last found it.
+#[derive(Debug)]
+enum Output {
+    /// Writable.
+    Open,
+    /// Closed by its reader: the watch ends as a filter does.
+    Closed,
+    /// Failed otherwise (a full disk): the watch ends with that error.
+    Failed(anyhow::Error),
 }
 
 impl<'a> Sink<'a> {
@@ -208,7 +218,7 @@ impl<'a> Sink<'a> {
             last: BTreeMap::new(),
             shown: 0,
             stop,
-            stdout_closed: false,
+            output: Output::Open,
         }
     }
 
@@ -218,10 +228,11 @@ impl<'a> Sink<'a> {
         if let Some(sig) = self.stop.signal() {
             exec::die_of(sig);
         }
-        if self.stdout_closed {
-            return Err(crate::out::StdoutClosed.into());
+        match self.output {
+            Output::Open => Ok(()),
+            Output::Closed => Err(crate::out::StdoutClosed.into()),
+            Output::Failed(e) => Err(e),
         }
-        Ok(())
     }
 
     fn passes(&self, raw: &Raw) -> bool {
@@ -282,11 +293,13 @@ impl<'a> Sink<'a> {
             human(&line)
         };
         if let Err(e) = crate::out::outln!("{text}") {
-            // A closed stdout (`apm watch | head`) ends the watch.
-            self.stdout_closed = crate::out::is_stdout_closed(&e);
-            if !self.stdout_closed {
-                errln!("apm watch: {e:#}");
-            }
+            // A closed stdout (`apm watch | head`) ends the watch as it ends a filter;
+            // any other failure ends it with the error.
+            self.output = if crate::out::is_stdout_closed(&e) {
+                Output::Closed
+            } else {
+                Output::Failed(e)
+            };
             return false;
         }
         if let Some(cmd) = &self.args.exec {

@@ -402,3 +402,31 @@ fn agent_rail_down_into_a_closed_pipe_ends_by_sigpipe() {
     assert_eq!(st.signal(), Some(13), "{st}: {err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+#[test]
+fn a_full_standard_output_is_an_error_not_a_panic() {
+    for args in [
+        &["simulate", "--connections", "10"][..],
+        &["mad", "encode", "lap"][..],
+        &["watch", "--sim"][..],
+    ] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("/dev/full");
+        let out = Command::new(APM)
+            .args(args)
+            .stdout(Stdio::from(full))
+            .output()
+            .expect("apm runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{args:?}: {}: {err}",
+            out.status
+        );
+        assert!(err.contains("No space left on device"), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
+}
