@@ -7,8 +7,8 @@ use crate::rng::Rng;
 use serde::{Deserialize, Serialize};
 
 /// A fault at a fixed time. Ports are `"h3:2"`, switches by name, links by their two
-/// ends `"h3:2-B"` (or by one host port: its only link). Read through [`FaultFields`],
-/// so that a problem names its key.
+/// ends `"h3:2-B"` (or by one host port: its only link). Read through a flat table of
+/// every kind's keys, so that a problem names its key.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
 #[serde(tag = "kind", rename_all = "snake_case", try_from = "FaultFields")]
 pub enum Fault {
