@@ -11,6 +11,9 @@
 //! time, time unprotected). apm never makes a program fail: when the agent cannot be
 //! started the program still runs, unprotected, and says so once.
 //!
+//! With `[lap] key_file` the agent it starts authenticates the peer datagrams (cm-lap's
+//! `auth`); the key is checked before the program starts.
+//!
 //! `apm agent` is that agent in the foreground (`--idle-exit-secs` to let it exit), and
 //! `apm agent --rail-down ADDR` tells the running agent that an address is unreachable
 //! (every process moves the connections whose primary uses it): the hook through which
@@ -29,9 +32,10 @@ use std::time::Duration;
 /// `apm run` arguments.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Deployment configuration: `[policy]` knobs for the engine, and `[lap]
-    /// udp_listen` whose port is the agent's (default 47910). `[[device]]` tables are
-    /// not needed: apm protects QPs on the devices the program uses.
+    /// Deployment configuration: `[policy]` knobs for the engine, `[lap] udp_listen`
+    /// whose port is the agent's (default 47910), and `[lap] key_file`/`require_auth`
+    /// for the agent it starts. `[[device]]` tables are not needed: apm protects QPs
+    /// on the devices the program uses.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Write the JSON report here when the program has exited.
@@ -67,6 +71,15 @@ pub struct AgentArgs {
     /// Probe the processes' paths (off by default: see `[policy.probe] enabled`).
     #[arg(long)]
     pub probes: bool,
+    /// Authenticate peer datagrams with the shared secret in this file (`[lap]
+    /// key_file`; readable by its owner only): every datagram sent carries a MAC and a
+    /// sequence number, and unauthenticated, forged or replayed ones are dropped.
+    #[arg(long, value_name = "FILE")]
+    pub peer_key: Option<PathBuf>,
+    /// With `--peer-key`: accept unauthenticated datagrams too (`[lap] require_auth =
+    /// false`, while a deployment moves to keys host by host).
+    #[arg(long, requires = "peer_key")]
+    pub accept_unauthenticated: bool,
 }
 
 impl AgentArgs {
@@ -84,12 +97,29 @@ impl AgentArgs {
         p.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         Ok(p)
     }
+
+    /// The peer channels' authentication these arguments say, the key read and its
+    /// file checked.
+    fn peer_auth(&self) -> Result<cm_lap::auth::Mode> {
+        use cm_lap::auth::{Key, Mode};
+        let Some(file) = &self.peer_key else {
+            return Ok(Mode::Off);
+        };
+        let key = Key::from_file(file).with_context(|| format!("--peer-key {}", file.display()))?;
+        Ok(if self.accept_unauthenticated {
+            Mode::AcceptUnauthenticated(key)
+        } else {
+            Mode::Require(key)
+        })
+    }
 }
 
 /// What the configuration decides for a run.
 struct Settings {
     port: u16,
     policy: apm_core::Policy,
+    /// The agent's peer authentication, as arguments of `apm agent`.
+    peer_key: Vec<OsString>,
 }
 
 fn settings(path: Option<&Path>) -> Result<Settings> {
@@ -97,6 +127,7 @@ fn settings(path: Option<&Path>) -> Result<Settings> {
         return Ok(Settings {
             port: apm_agent::DEFAULT_PEER_PORT,
             policy: apm_core::Policy::default(),
+            peer_key: Vec::new(),
         });
     };
     let text = apm::input::read_file(path, apm::input::CONFIG_LIMIT, "a configuration file")?;
@@ -115,6 +146,23 @@ fn settings(path: Option<&Path>) -> Result<Settings> {
             toml::from_str::<Config>(&text).context("the configuration")?
         }
     };
+    // The key is checked here, before the program starts: the agent would only log it.
+    config
+        .peer_auth()
+        .with_context(|| format!("{}: [lap] key_file", path.display()))?;
+    let mut peer_key = Vec::new();
+    if let Some(file) = &config.lap.key_file {
+        peer_key.push(OsString::from("--peer-key"));
+        peer_key.push(OsString::from(file.get_ref()));
+        if config
+            .lap
+            .require_auth
+            .as_ref()
+            .is_some_and(|r| !*r.get_ref())
+        {
+            peer_key.push(OsString::from("--accept-unauthenticated"));
+        }
+    }
     Ok(Settings {
         port: config
             .lap
@@ -122,6 +170,7 @@ fn settings(path: Option<&Path>) -> Result<Settings> {
             .as_ref()
             .map_or(apm_agent::DEFAULT_PEER_PORT, |a| a.get_ref().port()),
         policy: config.engine_policy(),
+        peer_key,
     })
 }
 
@@ -151,9 +200,10 @@ fn preload_library(given: Option<PathBuf>) -> Result<PathBuf> {
     )
 }
 
-/// Make sure this host's agent for `port` runs, probing as `probe` says (an agent
-/// already running keeps its own); `Err` says why it cannot.
-fn ensure_agent(port: u16, probe: &ProbePolicy) -> Result<()> {
+/// Make sure this host's agent for `port` runs, probing as `probe` says and
+/// authenticating peer datagrams as `peer_key` says (an agent already running keeps its
+/// own); `Err` says why it cannot.
+fn ensure_agent(port: u16, probe: &ProbePolicy, peer_key: &[OsString]) -> Result<()> {
     if agent_listens(port) {
         return Ok(());
     }
@@ -175,6 +225,7 @@ fn ensure_agent(port: u16, probe: &ProbePolicy) -> Result<()> {
             &probe.multiplier.to_string(),
         ])
         .args(probe.enabled.then_some("--probes"))
+        .args(peer_key)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(log)
@@ -209,7 +260,7 @@ pub fn run(args: Args) -> Result<()> {
             "apm run needs a program: apm run [--config FILE] [--report FILE] -- PROGRAM [ARGS...]"
         );
     };
-    if let Err(e) = ensure_agent(settings.port, &settings.policy.probe) {
+    if let Err(e) = ensure_agent(settings.port, &settings.policy.probe, &settings.peer_key) {
         errln!("apm run: {e:#}: the program runs unprotected");
     }
     let dir = std::env::temp_dir().join(format!("apm-run-{}", std::process::id()));
@@ -338,6 +389,7 @@ pub fn agent(args: AgentArgs) -> Result<()> {
             peer_port: args.port,
             idle_exit: args.idle_exit_secs.map(Duration::from_secs),
             probe: args.probe_policy()?,
+            peer_auth: args.peer_auth()?,
         })
         .await
         {
