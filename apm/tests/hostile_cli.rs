@@ -1,6 +1,8 @@
-//! `apm` as a hostile user runs it: closed pipes, endless input, values that would
-//! overflow. Nothing may panic (status 101); a closed standard output ends the process
-//! as SIGPIPE ends any filter; every reader stops at its stated limit.
+//! `apm` as a hostile user runs it: closed pipes and a full disk, endless input, values
+//! that would overflow, files with problems on many lines, hooks that hang or leave
+//! processes behind, signals. Nothing may panic (status 101); a closed standard output
+//! ends the process as SIGPIPE ends any filter; every reader stops at its stated limit;
+//! every problem of a file is named with its line and key; no hook outlives apm.
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, ExitStatus, Stdio};
