@@ -163,14 +163,7 @@ pub enum FromAgent {
 
 /// The comm ids of a peer message: (the receiver's, the sender's).
 pub fn comm_ids(msg: &PeerMsg) -> (u32, u32) {
-    match msg {
-        PeerMsg::Lap(m) => (m.receiver_comm_id, m.sender_comm_id),
-        PeerMsg::Apr(m) => (m.receiver_comm_id, m.sender_comm_id),
-        PeerMsg::Mra(m) => (m.receiver_comm_id, m.sender_comm_id),
-        PeerMsg::Migrate(m) => (m.receiver_comm_id, m.sender_comm_id),
-        PeerMsg::MigrateAck(m) => (m.receiver_comm_id, m.sender_comm_id),
-        _ => (0, 0),
-    }
+    msg.comm_ids().unwrap_or((0, 0))
 }
 
 /// One line of JSON for `msg` (with its newline).

@@ -68,15 +68,8 @@ impl Engine {
 
     /// The message names a connection (by its comm ids) whose peer `from` is.
     fn sent_by_a_peer(&self, from: &PeerAddr, msg: &PeerMsg) -> bool {
-        let (sender, receiver) = match msg {
-            PeerMsg::Lap(m) => (m.sender_comm_id, m.receiver_comm_id),
-            PeerMsg::Apr(m) => (m.sender_comm_id, m.receiver_comm_id),
-            PeerMsg::Mra(m) => (m.sender_comm_id, m.receiver_comm_id),
-            PeerMsg::Migrate(m) => (m.sender_comm_id, m.receiver_comm_id),
-            PeerMsg::MigrateAck(m) => (m.sender_comm_id, m.receiver_comm_id),
-            PeerMsg::Probe(_) => return false,
-        };
-        self.peer_conn(receiver, sender, from).is_some()
+        msg.comm_ids()
+            .is_some_and(|(receiver, sender)| self.peer_conn(receiver, sender, from).is_some())
     }
 
     /// The connection a peer message is addressed to, if it really comes from its peer.

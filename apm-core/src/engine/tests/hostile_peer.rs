@@ -10,16 +10,6 @@ use crate::io::*;
 use crate::types::*;
 use proptest::prelude::*;
 
-/// Both sides protect connection 1, armed (primary port 1, alternate port 2).
-fn armed() -> Pair {
-    let mut p = Pair::new();
-    p.protect(1);
-    p.run_for(1000);
-    p.a.clear_log();
-    p.b.clear_log();
-    p
-}
-
 fn from(gid: Gid) -> PeerAddr {
     PeerAddr {
         gid,
@@ -61,7 +51,7 @@ fn migrate(sender: u32, receiver: u32, path: Path) -> PeerMsg {
 
 #[test]
 fn a_forged_migrate_moves_nothing() {
-    let mut p = armed();
+    let mut p = armed_pair();
     let before = p.b.status(1);
     let alt = path('a', 2, 2);
     for (what, sender, msg) in [
@@ -94,7 +84,7 @@ fn a_forged_migrate_moves_nothing() {
 
 #[test]
 fn a_migrate_onto_a_path_that_is_not_this_nodes_is_refused() {
-    let mut p = armed();
+    let mut p = armed_pair();
     let before = p.b.status(1);
     let mut foreign = path('a', 2, 2);
     foreign.dgid = Gid::from_guid(0xc0ffee); // not one of B's ports
@@ -116,7 +106,7 @@ fn a_migrate_onto_a_path_that_is_not_this_nodes_is_refused() {
 
 #[test]
 fn a_replayed_migrate_moves_once() {
-    let mut p = armed();
+    let mut p = armed_pair();
     // A's own request, as A would send it after its port 1 failed.
     let msg = migrate(A_COMM, B_COMM, path('a', 2, 2));
     deliver_to_b(&mut p, from(gid('a', 2)), msg);
@@ -140,7 +130,7 @@ fn a_replayed_migrate_moves_once() {
 
 #[test]
 fn out_of_turn_answers_change_nothing() {
-    let mut p = armed();
+    let mut p = armed_pair();
     let before = p.b.status(1);
     for msg in [
         PeerMsg::MigrateAck(MigrateAck {
@@ -169,7 +159,7 @@ fn out_of_turn_answers_change_nothing() {
 
 #[test]
 fn a_strangers_message_does_not_bring_a_dead_gid_back() {
-    let mut p = armed();
+    let mut p = armed_pair();
     // A's port 2 dies, then its port 1: B hears both through trap 65 and, its primary
     // and alternate dead, cannot move. Nothing of A's reaches B any more, and the SA
     // finds no path to either port.
@@ -273,7 +263,7 @@ proptest! {
     fn strangers_never_touch_the_qp(
         msgs in proptest::collection::vec((any::<u64>(), any_msg()), 1..20),
     ) {
-        let mut p = armed();
+        let mut p = armed_pair();
         let before = p.b.status(1);
         for (guid, msg) in msgs {
             let stranger = Gid::from_guid(0x1_0000 | (guid & 0xffff));
