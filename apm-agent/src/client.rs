@@ -18,7 +18,7 @@ use std::os::linux::net::SocketAddrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot};
 
 /// Requests waiting for the agent's answer, by request id.
@@ -102,9 +102,9 @@ impl AgentClient {
         let syncs: Arc<Waiters<()>> = Arc::default();
         let synced = syncs.clone();
         tokio::spawn(async move {
-            let mut lines = BufReader::new(read).lines();
+            let mut lines = wire::Lines::new(BufReader::new(read));
             while let Ok(Some(l)) = lines.next_line().await {
-                match serde_json::from_str::<FromAgent>(&l) {
+                match serde_json::from_slice::<FromAgent>(l) {
                     Ok(FromAgent::Candidates { req, result }) => answers.answer(req, result),
                     Ok(FromAgent::Synced { req }) => synced.answer(req, ()),
                     Ok(other) => {

@@ -12,13 +12,14 @@ use crate::wire::{self, FromAgent, Route, ToAgent};
 use crate::{AgentError, HELLO_OFFSET};
 use apm_core::probe::{PathEnds, ProbePolicy};
 use apm_core::{Gid, Input, Lid, PeerAddr, PeerChannel, PortKey};
+use cm_lap::auth::Mode;
 use cm_lap::udp::UdpPeerChannel;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::os::linux::net::SocketAddrExt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
@@ -32,6 +33,10 @@ pub struct AgentConfig {
     pub idle_exit: Option<Duration>,
     /// Liveness probes of the processes' paths (`enabled = false`: none).
     pub probe: ProbePolicy,
+    /// How the peer channels authenticate datagrams (cm-lap's `auth`): with a key,
+    /// every datagram sent is sealed and those received are opened before they are
+    /// routed; `Require` drops the unauthenticated. Hellos stay plain (public facts).
+    pub peer_auth: Mode,
 }
 
 /// Why the agent did not start.
@@ -54,8 +59,9 @@ pub struct Agent {
     hello: HelloSocket,
 }
 
-#[derive(Default)]
 struct State {
+    /// The peer channels' authentication (the configuration's).
+    peer_auth: Mode,
     next_client: u64,
     /// The protected processes (what keeps an idle agent alive).
     clients: BTreeMap<u64, mpsc::UnboundedSender<FromAgent>>,
@@ -73,6 +79,22 @@ struct State {
     /// its peer at once (the prober queues that send for now), which must not wait for
     /// the loop's next wake-up (up to 50 ms, near a 3 x 20 ms detection time).
     probe_arrived: Arc<tokio::sync::Notify>,
+}
+
+impl State {
+    fn new(peer_auth: Mode) -> State {
+        State {
+            peer_auth,
+            next_client: 0,
+            clients: BTreeMap::new(),
+            watchers: BTreeMap::new(),
+            routes: Vec::new(),
+            channels: BTreeMap::new(),
+            unrouted: Vec::new(),
+            probes: None,
+            probe_arrived: Arc::default(),
+        }
+    }
 }
 
 /// How long a message for a connection nobody registered yet is kept.
@@ -109,7 +131,7 @@ impl Agent {
 
     /// Serve until idle for `idle_exit` (or forever).
     pub async fn run(self) -> Result<(), AgentError> {
-        let state: Shared = Arc::default();
+        let state: Shared = Arc::new(Mutex::new(State::new(self.config.peer_auth.clone())));
         if self.config.probe.enabled {
             lock(&state).probes = Some(AgentProbes::new(self.config.probe.clone()));
             tokio::spawn(probe_loop(state.clone(), self.config.peer_port));
@@ -160,9 +182,17 @@ async fn serve_client(id: u64, stream: UnixStream, state: Shared, hello: HelloSo
             }
         }
     });
-    let mut lines = BufReader::new(read).lines();
-    while let Ok(Some(l)) = lines.next_line().await {
-        match serde_json::from_str::<ToAgent>(&l) {
+    let mut lines = wire::Lines::new(BufReader::new(read));
+    loop {
+        let l = match lines.next_line().await {
+            Ok(Some(l)) => l,
+            Ok(None) => break,
+            Err(e) => {
+                warn!(client = id, error = %e, "a process's stream is unreadable: closed");
+                break;
+            }
+        };
+        match serde_json::from_slice::<ToAgent>(l) {
             Ok(m) => handle(id, m, &state, &hello, &tx, port).await,
             Err(e) => warn!(client = id, error = %e, "unreadable line from a process: dropped"),
         }
@@ -330,9 +360,11 @@ async fn channel(state: &Shared, gid: Gid, port: u16) -> Result<Arc<UdpPeerChann
         return Ok(ch.clone());
     }
     let ip = ip_of(&gid).ok_or_else(|| format!("{gid} is not an IP address"))?;
+    let auth = lock(state).peer_auth.clone();
     let ch = UdpPeerChannel::bind(SocketAddr::new(ip, port), PortKey::new(0, 1))
         .await
-        .map_err(|e| format!("binding {ip}:{port}: {e}"))?;
+        .map_err(|e| format!("binding {ip}:{port}: {e}"))?
+        .with_auth(auth, cm_lap::auth::DEFAULT_MAX_SKEW);
     ch.derive_port(port);
     let (tx, mut rx) = mpsc::unbounded_channel::<Input>();
     ch.start(tx).await.map_err(|e| e.to_string())?;

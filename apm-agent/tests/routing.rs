@@ -1,8 +1,9 @@
 //! The agent on loopback: two "processes" exchange peer messages through it by their
 //! QP numbers and addresses, a second connection with the same QP numbers on other
 //! addresses stays apart, a rail-down verdict reaches every process, the agent's
-//! probes tell every process when a path stops answering and when it is back, and a
-//! watcher sees every verdict with its kind without keeping the agent alive.
+//! probes tell every process when a path stops answering and when it is back, a
+//! watcher sees every verdict with its kind without keeping the agent alive, and with a
+//! key the agent's channels seal what they send and drop what a stranger forges.
 
 use apm_agent::client::{AgentClient, AgentWatch};
 use apm_agent::server::{Agent, AgentConfig, StartError};
@@ -10,6 +11,7 @@ use apm_agent::wire::{FromAgent, Route};
 use apm_agent::AgentError;
 use apm_core::probe::{FailureKind, PathEnds, PathVerdict, ProbePolicy, SessionState};
 use apm_core::{Gid, MigrateAck, PeerMsg};
+use cm_lap::auth::Mode;
 use std::time::Duration;
 use tokio::sync::mpsc;
 
@@ -34,6 +36,7 @@ async fn probing_agent(port: u16) -> tokio::task::JoinHandle<Result<(), AgentErr
             enabled: true,
             ..Default::default()
         },
+        peer_auth: Mode::Off,
     })
     .await
     .expect("agent");
@@ -68,6 +71,7 @@ async fn messages_reach_the_process_of_their_connection() {
         peer_port: port,
         idle_exit: Some(Duration::from_secs(2)),
         probe: Default::default(),
+        peer_auth: Mode::Off,
     })
     .await
     .expect("agent");
@@ -76,6 +80,7 @@ async fn messages_reach_the_process_of_their_connection() {
             peer_port: port,
             idle_exit: None,
             probe: Default::default(),
+            peer_auth: Mode::Off,
         })
         .await,
         Err(StartError::AlreadyRunning(_))
@@ -311,4 +316,78 @@ async fn a_watcher_sees_every_verdict_with_its_kind_and_keeps_no_agent_alive() {
         .expect("join")
         .expect("clean exit");
     drop((watch, late));
+}
+
+/// A datagram as anyone on the rail can send it: a bare MAD, no MAC.
+fn forged(msg: &PeerMsg) -> [u8; 256] {
+    cm_lap::apm_msg::encode(
+        cm_lap::umad_transport::DEFAULT_VENDOR_CLASS,
+        cm_lap::udp::UDP_DEFAULT_OUI,
+        99,
+        msg,
+    )
+    .expect("encode")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_key_only_sealed_datagrams_reach_a_process() {
+    for (i, (mode, forged_arrives)) in [
+        (Mode::Off, true),
+        (
+            Mode::Require(cm_lap::auth::Key::new(&[7; 32]).expect("key")),
+            false,
+        ),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        // Ports of their own: an agent's hello socket outlives it in this process.
+        let port = 20_000 + ((std::process::id() + 4409 + 2 * i as u32) % 20_000) as u16;
+        let agent = Agent::bind(AgentConfig {
+            peer_port: port,
+            idle_exit: Some(Duration::from_secs(1)),
+            probe: Default::default(),
+            peer_auth: mode,
+        })
+        .await
+        .expect("agent");
+        let served = tokio::spawn(agent.run());
+        let (a_tx, _a_rx) = mpsc::unbounded_channel();
+        let (b_tx, mut b_rx) = mpsc::unbounded_channel();
+        let a = AgentClient::connect(port, a_tx).await.expect("a");
+        let b = AgentClient::connect(port, b_tx).await.expect("b");
+        let (ga, gb) = (gid("127.0.0.6"), gid("127.0.0.7"));
+        let route = |local, remote, lq, rq| Route {
+            local_qpn: lq,
+            remote_qpn: rq,
+            peer_gids: vec![remote],
+            local_gids: vec![local],
+            paths: vec![],
+        };
+        a.register(route(ga, gb, 17, 18)).expect("register a");
+        b.register(route(gb, ga, 18, 17)).expect("register b");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        // Through the agent: sealed (with a key) and opened at b's channel.
+        a.send(ga, gb, ack(17, 18)).expect("send");
+        assert!(
+            matches!(next(&mut b_rx).await, Some(FromAgent::Peer { .. })),
+            "the agent's own datagram"
+        );
+        // A stranger's on a's address: the right comm ids, no MAC.
+        let evil = tokio::net::UdpSocket::bind("127.0.0.6:0")
+            .await
+            .expect("bind");
+        let to = format!("127.0.0.7:{port}");
+        evil.send_to(&forged(&ack(17, 18)), &to)
+            .await
+            .expect("send");
+        let got = tokio::time::timeout(Duration::from_millis(500), b_rx.recv()).await;
+        assert_eq!(
+            matches!(got, Ok(Some(FromAgent::Peer { .. }))),
+            forged_arrives,
+            "{got:?}"
+        );
+        drop((a, b));
+        let _ = tokio::time::timeout(Duration::from_secs(10), served).await;
+    }
 }

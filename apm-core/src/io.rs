@@ -273,6 +273,21 @@ pub enum PeerMsg {
     Probe(crate::probe::Probe),
 }
 
+impl PeerMsg {
+    /// The connection a message names: (the receiver's comm id, the sender's); none
+    /// for a probe, which names a path, not a connection.
+    pub fn comm_ids(&self) -> Option<(u32, u32)> {
+        Some(match self {
+            PeerMsg::Lap(m) => (m.receiver_comm_id, m.sender_comm_id),
+            PeerMsg::Apr(m) => (m.receiver_comm_id, m.sender_comm_id),
+            PeerMsg::Mra(m) => (m.receiver_comm_id, m.sender_comm_id),
+            PeerMsg::Migrate(m) => (m.receiver_comm_id, m.sender_comm_id),
+            PeerMsg::MigrateAck(m) => (m.receiver_comm_id, m.sender_comm_id),
+            PeerMsg::Probe(_) => return None,
+        })
+    }
+}
+
 /// LAP contents. `alt` is written from the sender's point of view (its `slid`/`sgid` are
 /// the sender's port, `dlid`/`dgid` the receiver's); its `port` and `sgid_index` are
 /// meaningless to the receiver.

@@ -102,19 +102,8 @@ impl SimFabric {
     /// the hosts run by [`Apm`]s.
     pub fn from_config(config: &Config) -> Result<SimFabric, StartError> {
         let scenario = match &config.sim.scenario {
-            Some(path) => {
-                let path = path.get_ref();
-                let text = crate::input::read_file(
-                    std::path::Path::new(path),
-                    crate::input::SCENARIO_LIMIT,
-                    "a scenario file",
-                )
-                .map_err(SimUnavailable::Read)?;
-                Scenario::from_toml(&text).map_err(|source| SimUnavailable::Scenario {
-                    path: path.clone(),
-                    source,
-                })?
-            }
+            Some(path) => crate::scenario_file::read(std::path::Path::new(path.get_ref()))
+                .map_err(SimUnavailable::Scenario)?,
             None => Scenario::default(),
         };
         let hosts = sim_hosts(config)?;

@@ -97,14 +97,14 @@ pub struct Args {
     #[arg(long, default_value_t = 1.0, value_parser = values::milliseconds)]
     interval_ms: f64,
     /// Sends in flight at most.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     window: u32,
     /// Progress monitor: outstanding sends with no completion for this long mean the
     /// path is dead (RoCE).
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     stall_ms: u64,
     /// QP local ACK timeout exponent (4.096 us * 2^t; 14 is ~67 ms).
-    #[arg(long, default_value_t = 14)]
+    #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31))]
     ack_timeout: u8,
     /// QP transport retry count (hardware APM migrates when the retries run out).
     #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u8).range(0..=7))]

@@ -14,7 +14,6 @@ mod sim_sweep;
 
 use crate::out::{out, outln};
 use anyhow::{bail, Context};
-use apm::input::SCENARIO_LIMIT;
 use provider_sim::{
     compare, Family, Percentiles, PolicyKind, RunConfig, RunReport, Scenario, Sim, Size,
 };
@@ -143,10 +142,7 @@ struct JsonDominance {
 /// Load the scenario and apply the command-line overrides.
 fn scenario(args: &Args) -> anyhow::Result<Scenario> {
     let mut s = match (&args.scenario, &args.family) {
-        (Some(path), _) => {
-            let text = apm::input::read_file(path, SCENARIO_LIMIT, "a scenario file")?;
-            Scenario::from_toml(&text).with_context(|| format!("in {}", path.display()))?
-        }
+        (Some(path), _) => apm::scenario_file::read(path)?,
         (None, Some(name)) => family(name)?.scenario(args.seed, size(args)),
         (None, None) => Scenario::default(),
     };
@@ -169,14 +165,28 @@ pub fn run_all(
     progress: Option<&indicatif::ProgressBar>,
     engine_logs: bool,
 ) -> anyhow::Result<Vec<RunReport>> {
-    // Build first so that errors surface before any thread starts.
+    // Build first so that errors surface before any thread starts. Building a large
+    // workload takes a while of its own: the bar says so rather than sit at 0%.
     let mut sims = Vec::new();
-    for &p in policies {
+    let shown = progress.map(|b| b.message());
+    for (i, &p) in policies.iter().enumerate() {
+        if let Some(b) = progress {
+            b.set_message(format!(
+                "(building {} connections for {}, {}/{})",
+                scenario.workload.connections,
+                p.name(),
+                i + 1,
+                policies.len()
+            ));
+        }
         let mut cfg = RunConfig::new(p, seed);
         // The checks are cheap; a violation in a user's scenario is worth showing.
         cfg.check = true;
         let sim = Sim::new(scenario, cfg)?;
         sims.push(sim);
+    }
+    if let (Some(b), Some(m)) = (progress, shown) {
+        b.set_message(m);
     }
     let reports = std::thread::scope(|scope| {
         let handles: Vec<_> = sims
@@ -264,6 +274,7 @@ fn sweep(args: &Args, seeds: u64) -> anyhow::Result<()> {
             )
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
+        b.enable_steady_tick(std::time::Duration::from_millis(250));
         b
     });
     let results = sim_sweep::run(&sweep, bar.as_ref())?;
@@ -309,6 +320,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             policies.len(),
             if policies.len() == 1 { "y" } else { "ies" }
         ));
+        // The elapsed time moves even while nothing else does (a large build).
+        b.enable_steady_tick(std::time::Duration::from_millis(250));
         b
     });
     let reports = run_all(

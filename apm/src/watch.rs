@@ -27,13 +27,14 @@
 //! repeated kind that changed something (a second LID change to another LID).
 //!
 //! SIGINT and SIGTERM end the watch cleanly: a running `--exec` command is killed with
-//! its process group, SA subscriptions are dropped, and apm then ends by that signal.
+//! its process group and everything it started, SA subscriptions are dropped, and apm
+//! then ends by that signal. What a command leaves running in its process group when it
+//! exits is ended then.
 //! Each `--exec` command runs at most `--exec-timeout` seconds (default 10) before it
 //! is reported and killed ([`exec`]).
 //!
 //! This module only observes: it never modifies a port or a QP.
 
-use crate::out::errln;
 use anyhow::Context as _;
 use apm_core::probe::{PathEnds, PathVerdict};
 use apm_core::Gid;
@@ -49,6 +50,7 @@ mod exec;
 mod kind;
 mod sa_only;
 mod sim;
+mod tree;
 
 pub use kind::EventKind;
 #[cfg(test)]
@@ -80,7 +82,8 @@ pub struct Args {
     /// with the event in APM_EVENT, APM_DEVICE, APM_PORT, APM_TIME, APM_STATE, APM_LID,
     /// APM_SM_LID, APM_LMC, APM_GID, APM_SOURCE, and for path events APM_LOCAL_GID,
     /// APM_PEER_GID, APM_PATH_KIND (path_down: local_port, peer_port or fabric) and
-    /// APM_HOLD_MS (path_held) (unknown values are empty).
+    /// APM_HOLD_MS (path_held) (unknown values are empty). What it leaves running in its
+    /// process group (`cmd &`) is ended when it exits; start a daemon with setsid.
     #[arg(long, value_name = "CMD")]
     exec: Option<String>,
     /// Kill an `--exec` command (its whole process group) that runs longer than this
@@ -225,8 +228,19 @@ struct Sink<'a> {
     last: BTreeMap<(String, Option<u8>), (EventKind, PortNow, Duration)>,
     shown: u64,
     stop: Stop,
-    /// Standard output was closed: the watch ends as a filter does.
-    stdout_closed: bool,
+    /// Whether standard output still takes the events.
+    output: Output,
+}
+
+/// Standard output, as the watch last found it.
+#[derive(Debug)]
+enum Output {
+    /// Writable.
+    Open,
+    /// Closed by its reader: the watch ends as a filter does.
+    Closed,
+    /// Failed otherwise (a full disk): the watch ends with that error.
+    Failed(anyhow::Error),
 }
 
 impl<'a> Sink<'a> {
@@ -236,7 +250,7 @@ impl<'a> Sink<'a> {
             last: BTreeMap::new(),
             shown: 0,
             stop,
-            stdout_closed: false,
+            output: Output::Open,
         }
     }
 
@@ -246,10 +260,11 @@ impl<'a> Sink<'a> {
         if let Some(sig) = self.stop.signal() {
             exec::die_of(sig);
         }
-        if self.stdout_closed {
-            return Err(crate::out::StdoutClosed.into());
+        match self.output {
+            Output::Open => Ok(()),
+            Output::Closed => Err(crate::out::StdoutClosed.into()),
+            Output::Failed(e) => Err(e),
         }
-        Ok(())
     }
 
     fn passes(&self, raw: &Raw) -> bool {
@@ -322,11 +337,13 @@ impl<'a> Sink<'a> {
             human(&line)
         };
         if let Err(e) = crate::out::outln!("{text}") {
-            // A closed stdout (`apm watch | head`) ends the watch.
-            self.stdout_closed = crate::out::is_stdout_closed(&e);
-            if !self.stdout_closed {
-                errln!("apm watch: {e:#}");
-            }
+            // A closed stdout (`apm watch | head`) ends the watch as it ends a filter;
+            // any other failure ends it with the error.
+            self.output = if crate::out::is_stdout_closed(&e) {
+                Output::Closed
+            } else {
+                Output::Failed(e)
+            };
             return false;
         }
         if let Some(cmd) = &self.args.exec {

@@ -287,6 +287,7 @@ async fn an_agent_watch_prints_the_probes_verdicts_with_their_kind() {
             enabled: true,
             ..ProbePolicy::default()
         },
+        peer_auth: cm_lap::auth::Mode::Off,
     })
     .await
     .expect("agent");

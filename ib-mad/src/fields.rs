@@ -431,9 +431,9 @@ fn cm(b: &mut Builder, m: &CmMad) {
             b.uint("additional_info_length", 8, 0, 8, info.len() as u8);
             let st: ApStatus = a.ap_status;
             b.named("ap_status", 9, 0, 8, st.code(), Some(st.description()));
-            let mut full = [0u8; crate::cm::APR_ADDITIONAL_INFO_SIZE];
-            full[..info.len()].copy_from_slice(info);
-            b.bytes("additional_info", 12, &full);
+            // AdditionalInfoLength bytes of it: the rest of the room holds no field (a
+            // tool shows what a sender left there as reserved bits).
+            b.bytes("additional_info", 12, info);
             b.bytes("private_data", 84, &a.private_data);
         }
         CmBody::Mra(m) => {

@@ -1,11 +1,13 @@
 //! `cargo xtask fuzz [--seconds N] [TARGET...]`: run the cargo-fuzz targets: every
 //! ib-mad decoder and every other reader of outside input (the deployment
-//! configuration, simulator scenarios, the UDP peer channel's datagrams).
+//! configuration, simulator scenarios, the peer channel's datagrams, what `apm agent`
+//! reads).
 //!
 //! Each target in `fuzz/` runs for N seconds (default 60) with a corpus in
 //! `fuzz/corpus/TARGET` (git-ignored), seeded when empty: the TOML targets with the
-//! project's example files, the others with one valid MAD of every kind
-//! (`ib-mad/examples/fuzz_seeds.rs`). Crashes land in `fuzz/artifacts/`.
+//! project's example files, `agent_wire` with one line of each message, the others
+//! with one valid MAD of every kind (`ib-mad/examples/fuzz_seeds.rs`). Crashes land in
+//! `fuzz/artifacts/`.
 //! Prints the executions per target at the end. Installs cargo-fuzz when missing.
 //!
 //! cargo-fuzz passes `-Z` flags (sanitizers, coverage); this project has only a stable
@@ -19,8 +21,9 @@ const HELP: &str = "\
 cargo xtask fuzz [--seconds N] [TARGET...]
 
 Runs every fuzz target (or the ones named) for N seconds each (default 60): the ib-mad
-decoders, config (apm config TOML), scenario (simulator TOML), peer_datagram (the UDP
-peer channel's authentication and decoding).
+decoders, config (apm config TOML), scenario (simulator TOML, then the simulation it
+builds), peer_datagram (the peer channel's authentication and decoding, UDP and vendor
+MADs), agent_wire (apm agent's hellos and Unix socket lines).
 ";
 
 /// Entry point of `cargo xtask fuzz`.
@@ -141,9 +144,27 @@ fn run_target(target: &str, corpus: &str, seconds: u64) -> Result<String> {
     Ok(execs)
 }
 
+/// One line of each kind `apm agent` reads, for `agent_wire`'s corpus.
+const AGENT_SEEDS: [&str; 6] = [
+    r#"{"apm_hello":"ask","gid":"::ffff:10.0.10.2"}"#,
+    r#"{"apm_hello":"answer","gid":"::ffff:10.0.10.2","addrs":[]}"#,
+    r#"{"op":"register","route":{"local_qpn":1,"remote_qpn":2,"peer_gids":["::ffff:10.0.10.2"],"local_gids":["::ffff:10.0.10.1"],"paths":[]}}"#,
+    r#"{"op":"unregister","local_qpn":1,"remote_qpn":2}"#,
+    r#"{"op":"rail_down","gid":"::ffff:10.0.20.1"}"#,
+    r#"{"op":"candidates","req":3,"result":{"Err":"no apm at the peer"}}"#,
+];
+
 /// Seed the corpus of a TOML target with the project's example files of its kind;
 /// false for targets that take MADs.
 fn seed_with_files(target: &str, corpus: &str) -> Result<bool> {
+    if target == "agent_wire" {
+        std::fs::create_dir_all(corpus).with_context(|| format!("creating {corpus}"))?;
+        for (i, line) in AGENT_SEEDS.iter().enumerate() {
+            let path = std::path::Path::new(corpus).join(format!("seed{i}"));
+            std::fs::write(&path, line).with_context(|| format!("writing {}", path.display()))?;
+        }
+        return Ok(true);
+    }
     let dir = match target {
         "config" => "examples/config",
         "scenario" => "provider-sim/scenarios",

@@ -36,7 +36,7 @@ Commands:
             `bench apm-run`: apm run's overhead (perftest) in the VM;
             `bench failover [--reps N] [--json]`: apm vs bonding in the VM
   chaos     the simulator's long chaos run: [--seeds N (10000)] [--start S]
-  fuzz      the ib-mad fuzz targets: [--seconds N] [TARGET...] (cargo-fuzz)
+  fuzz      the fuzz targets, every reader of outside input: [--seconds N] [TARGET...] (cargo-fuzz)
   help      this text
 ";
 

@@ -7,6 +7,8 @@
 //!   `allow` it; among tests, benches, examples and fuzz targets (crates of their own),
 //!   only those in [`UNSAFE_TESTS`] use it;
 //! - no clock, sleep or timer in apm-core's engine (time is an input);
+//! - the command line prints only through `apm/src/out.rs` (`println!` and `eprintln!`
+//!   panic on a closed or full stream);
 //! - every crate root has crate documentation (`//!`);
 //! - no Rust file over [`MAX_LINES`] lines, except generated code and integration tests;
 //! - no function over [`MAX_FN_LINES`] lines outside tests and generated code;
@@ -222,6 +224,34 @@ fn the_engine_reads_no_clock() {
     assert!(
         wrong.is_empty(),
         "the engine takes time as an input:\n{}",
+        wrong.join("\n")
+    );
+}
+
+#[test]
+fn the_command_line_prints_only_through_out() {
+    let mut srcs = Vec::new();
+    files(&root().join("apm/src"), &[".rs"], &mut srcs);
+    assert!(!srcs.is_empty(), "apm/src has moved: update tidy");
+    let mut wrong = Vec::new();
+    for f in srcs {
+        let text = fs::read_to_string(&f).expect("source");
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            for m in ["println!(", "print!(", "eprintln!(", "eprint!("] {
+                let at = code.match_indices(m).any(|(i, _)| {
+                    // `eprintln!(` also holds `println!(`: count a macro once, by its start.
+                    !code[..i].ends_with('e')
+                });
+                if at {
+                    wrong.push(format!("{}:{}: {m}", rel(&f), n + 1));
+                }
+            }
+        }
+    }
+    assert!(
+        wrong.is_empty(),
+        "print through apm/src/out.rs (outln!, errln!): a closed pipe must not panic:\n{}",
         wrong.join("\n")
     );
 }

@@ -154,10 +154,7 @@ async fn start_managers(
 /// they play no part in what is watched, and a few keep the simulation light.
 fn scenario(args: &Args) -> anyhow::Result<Scenario> {
     let mut scenario = match &args.scenario {
-        Some(path) => {
-            let text = apm::input::read_file(path, apm::input::SCENARIO_LIMIT, "a scenario file")?;
-            Scenario::from_toml(&text).with_context(|| format!("in {}", path.display()))?
-        }
+        Some(path) => apm::scenario_file::read(path)?,
         None => Scenario::default(),
     };
     scenario.workload.connections = scenario.workload.connections.min(64);
