@@ -67,6 +67,18 @@ pub enum Input {
         /// When it is usable again unless it fails first.
         until: Time,
     },
+    /// The link of the interface behind a local RoCE GID (a rail) went down or came
+    /// back. On RoCE one port carries several rails (VLANs, one per address), so a rail's
+    /// link going down raises no `PORT_ERR`, and the kernel keeps its IPv4 GID in the
+    /// table: the provider watches the interfaces' link state itself.
+    RailLink {
+        /// The port whose GID it is.
+        port: PortKey,
+        /// The rail's GID.
+        gid: Gid,
+        /// The interface's link now.
+        link: Link,
+    },
     /// A LAP/APR/MRA (or software-migration message) from a peer.
     PeerMessage {
         /// Where the transport says it came from.
@@ -103,6 +115,16 @@ pub enum PortEvent {
     PkeyChange,
     /// `IBV_EVENT_GID_CHANGE`.
     GidChange,
+}
+
+/// The link state of an interface ([`Input::RailLink`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Link {
+    /// Carrier up: the rail can carry traffic.
+    Up,
+    /// No carrier (the link or the interface is down).
+    Down,
 }
 
 /// QP-affiliated async events (`ibv_event_type`), plus the software path monitor's verdict.

@@ -329,6 +329,15 @@ impl QpControl for VerbsQpControl {
             for port in 1..=dev.phys_port_cnt {
                 let info = port_info(ctx, PortKey::new(device, port))
                     .map_err(|e| to_provider(Operation::QueryPort, e))?;
+                // RoCE: the rails' links, which no port event reports.
+                if info.link_layer == LinkLayer::Ethernet {
+                    let task =
+                        tokio::spawn(crate::rails::watch(ctx.clone(), info.key, sink.clone()));
+                    self.tasks
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push(task);
+                }
                 let _ = sink.send(Input::PortInfo(info));
             }
             let events = ctx

@@ -8,11 +8,14 @@
 //!   the kernel itself (an APM-capable RoCE driver, such as the patched soft-RoCE of
 //!   `kernel/rxe-apm`, has them accepted).
 //! - [`facet`]: [`VerbsQpControl`], apm-core's QP-control and local-event facet.
+//! - [`rails`]: the link state of the interfaces behind a RoCE port's GIDs, which no
+//!   port event reports.
 #![deny(unsafe_code)] // only `ffi` opts out, with a SAFETY comment per block
 
 pub mod facet;
 pub mod ffi;
 pub mod hw_apm;
+pub mod rails;
 pub mod roce_apm;
 
 pub use facet::VerbsQpControl;

@@ -190,6 +190,8 @@ pub struct Engine {
     held_paths: BTreeMap<PathEnds, Time>,
     /// RoCE source GIDs their port reported and no longer has (module `rails`).
     gone_gids: BTreeSet<(PortKey, Gid)>,
+    /// RoCE source GIDs whose interface's link is down (module `rails`).
+    rails_down: BTreeSet<(PortKey, Gid)>,
     cache: PathCache,
     pending: PendingTable<Pending>,
     /// When each command handed to the provider must have been answered.
@@ -214,6 +216,7 @@ impl Engine {
             dead_paths: BTreeSet::new(),
             held_paths: BTreeMap::new(),
             gone_gids: BTreeSet::new(),
+            rails_down: BTreeSet::new(),
             cache: PathCache::default(),
             pending: PendingTable::new(1),
             deadlines: Deadlines::default(),
@@ -444,6 +447,7 @@ impl Engine {
             Input::PathDown { ends, kind } => e.probe_path_down(ends, kind),
             Input::PathUp { ends } => e.probe_path_up(ends),
             Input::PathHeld { ends, until } => e.probe_path_held(ends, until),
+            Input::RailLink { port, gid, link } => e.rail_link(port, gid, link),
             Input::PeerMessage { from, port, msg } => e.peer_message(from, port, msg),
             Input::CommandDone { id, result } => e.command_done(id, result),
         });

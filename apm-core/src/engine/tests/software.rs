@@ -131,3 +131,49 @@ fn a_roce_gid_that_leaves_its_port_is_a_dead_rail_and_its_return_a_rail_back() {
     assert_eq!(p.a.status(1).protection, Protection::Armed);
     assert_eq!(p.a.status(1).alternate.map(|a| a.sgid), Some(gid('a', 1)));
 }
+
+#[test]
+fn a_rails_link_down_moves_its_connections_and_a_gid_table_report_does_not_undo_it() {
+    let mut p = Pair::new();
+    p.protect_mode(1, MigrationMode::Software);
+    p.run_for(1000);
+    assert_armed(&p, 1, path('a', 2, 2));
+    let port = PortKey::new(DEV, 1);
+    let roce = |gids: Vec<Gid>| PortInfo {
+        link_layer: LinkLayer::Ethernet,
+        gids,
+        ..port_info('a', 1)
+    };
+    p.input('a', Input::PortInfo(roce(vec![gid('a', 1)])));
+    p.run_for(10);
+    p.a.clear_log();
+    p.b.clear_log();
+    // The rail's interface loses its link; its (IPv4) GID stays in the table.
+    let link = |link| Input::RailLink {
+        port,
+        gid: gid('a', 1),
+        link,
+    };
+    p.input('a', link(Link::Down));
+    p.input('a', link(Link::Down));
+    p.run_for(1000);
+    let moves = |n: &Node| {
+        n.op_names()
+            .iter()
+            .filter(|o| **o == "software_migrate")
+            .count()
+    };
+    assert_eq!(moves(&p.a), 1, "{:?}", p.a.op_names());
+    assert_eq!(moves(&p.b), 1, "the peer followed");
+    assert_eq!(p.a.status(1).primary, path('a', 2, 2));
+    // A GID table report while the link is down (another GID changed) brings nothing
+    // back: the rail is still without a link.
+    p.input('a', Input::PortInfo(roce(vec![gid('a', 1), gid('a', 3)])));
+    p.run_for(1000);
+    assert_eq!(p.a.status(1).protection, Protection::Unprotected);
+    // The link is back: the connection is armed through the rail again.
+    p.input('a', link(Link::Up));
+    p.run_for(5000);
+    assert_eq!(p.a.status(1).protection, Protection::Armed);
+    assert_eq!(p.a.status(1).alternate.map(|a| a.sgid), Some(gid('a', 1)));
+}
