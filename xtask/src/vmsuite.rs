@@ -41,6 +41,9 @@ done
 for v in 10 20; do
   /usr/bin/ip route replace 10.0.$v.2 dev vA.$v src 10.0.$v.1 table 1$v
   /usr/bin/ip route replace 10.0.$v.1 dev vB.$v src 10.0.$v.2 table 2$v
+  # When the rail's link is down its route goes: unreachable then, not the local table.
+  /usr/bin/ip route replace unreachable 10.0.$v.2 table 1$v metric 4000
+  /usr/bin/ip route replace unreachable 10.0.$v.1 table 2$v metric 4000
   /usr/bin/ip rule show | grep -q "from 10.0.$v.1 iif lo lookup 1$v" ||
     /usr/bin/ip rule add pref 100 from 10.0.$v.1 iif lo lookup 1$v
   /usr/bin/ip rule show | grep -q "from 10.0.$v.2 iif lo lookup 2$v" ||

@@ -8,7 +8,7 @@ use super::*;
 /// addresses become RoCE v2 GIDs of the device on its parent. Two local addresses talk
 /// over the wire only with `rp_filter` 0, `accept_local` 1, the `local` table rule moved
 /// below per-source rules for locally generated packets (`iif lo`), and each source
-/// address routed through its VLAN. Idempotent: earlier tests toggle `vA`, which also
+/// address routed through its VLAN (and unreachable when that VLAN's link is down). Idempotent: earlier tests toggle `vA`, which also
 /// removes the per-source routes.
 pub(crate) const RAILS: [(u16, &str, &str); 2] = [
     (10, "10.0.10.1", "10.0.10.2"),
@@ -36,6 +36,19 @@ pub(crate) fn rail_routes(vlan: u16, a: &str, b: &str) {
         let table = table.to_string();
         ip(&[
             "route", "replace", dst, "dev", &dev, "src", src, "table", &table,
+        ]);
+        // When the rail's link is down the kernel drops the route above: the address is
+        // then unreachable from this source, as across a real cable, instead of found in
+        // the local table (both ends live in one namespace) and reached over loopback.
+        ip(&[
+            "route",
+            "replace",
+            "unreachable",
+            dst,
+            "table",
+            &table,
+            "metric",
+            "4000",
         ]);
         if !rule_present(src, &table) {
             ip(&[
