@@ -296,6 +296,7 @@ enum Cut {
     LinkDown,
 }
 
+/// Take every cut off rail 10 and put back its routes (a link going down drops them).
 fn uncut() {
     for dev in ["vA.10", "vB.10"] {
         let _ = Command::new("/usr/sbin/tc")
@@ -304,6 +305,12 @@ fn uncut() {
         let _ = Command::new("/usr/bin/ip")
             .args(["link", "set", dev, "up"])
             .output();
+    }
+    // Only if the rails exist (the Rails guard deletes them at the end).
+    if super::rails::ip_quiet(&["link", "show", "vA.10"]) {
+        for (vlan, a, b) in super::rails::RAILS {
+            super::rails::rail_routes(vlan, a, b);
+        }
     }
 }
 
