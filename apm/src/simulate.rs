@@ -152,6 +152,7 @@ fn scenario(args: &Args) -> anyhow::Result<Scenario> {
     };
     if let Some(n) = args.connections {
         s.workload.connections = n;
+        s.workload.connections_per_host = None;
     }
     if let Some(n) = args.hosts {
         s.topology.hosts = n;

@@ -10,10 +10,12 @@
 
 mod faults;
 mod params;
+mod workload;
 
 pub use crate::topology::{LinkSpec, SmSpec, SwitchSpec, Topology};
 pub use faults::{Fault, RandomFaults, Target};
 pub use params::FabricParams;
+pub use workload::{Mode, Pattern, Workload};
 
 use crate::fabric::Fabric;
 use serde::{Deserialize, Serialize};
@@ -134,42 +136,16 @@ impl Default for Scenario {
     }
 }
 
-/// How paths change on the simulated QPs.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum Mode {
-    /// InfiniBand hardware APM.
-    Hardware,
-    /// RoCE-style: no alternate in the QP, the engine moves the primary itself.
-    Software,
-}
-
-/// The connections.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct Workload {
-    /// Number of RC connections between random pairs of hosts.
-    pub connections: usize,
-    /// Each side of each connection sends one numbered message this often (ms).
-    pub message_interval_ms: u64,
-    /// Hardware APM or software migration.
-    pub mode: Mode,
-}
-
-impl Default for Workload {
-    fn default() -> Workload {
-        Workload {
-            connections: 2000,
-            message_interval_ms: 10,
-            mode: Mode::Hardware,
-        }
-    }
-}
-
 impl Scenario {
     /// Parse a scenario from TOML text. Errors name the line.
     pub fn from_toml(text: &str) -> Result<Scenario, ScenarioError> {
         let s: Scenario = toml::from_str(text).map_err(|e| ScenarioError::Parse(e.to_string()))?;
+        if s.workload.connections_per_host.is_some() && gives_workload_connections(text) {
+            return Err(ScenarioError::Invalid {
+                line: key_line(text, "workload", "connections_per_host"),
+                what: "workload: give connections or connections_per_host, not both".into(),
+            });
+        }
         if let Err(ScenarioError::Invalid { line: None, what }) = s.validate() {
             // Point at the line that holds the offending value when it can be found.
             let line = find_line(text, &what);
@@ -295,12 +271,19 @@ impl Scenario {
                 "workload.message_interval_ms = 0: must be at least 1",
             ));
         }
-        if self.workload.connections > MAX_CONNECTIONS {
-            return Err(invalid(format!(
-                "workload.connections = {}: at most {MAX_CONNECTIONS}",
-                self.workload.connections
-            )));
+        let w = &self.workload;
+        w.pattern.check(t.hosts).map_err(invalid)?;
+        let n = w.count(t.hosts);
+        if n > MAX_CONNECTIONS {
+            return Err(invalid(match w.connections_per_host {
+                Some(per_host) => format!(
+                    "workload.connections_per_host = {per_host}: {n} connections, at most \
+                     {MAX_CONNECTIONS}"
+                ),
+                None => format!("workload.connections = {n}: at most {MAX_CONNECTIONS}"),
+            }));
         }
+        self.validate_fat_tree()?;
         if self.duration_ms == 0 {
             return Err(invalid("duration_ms = 0: nothing to simulate"));
         }
@@ -322,6 +305,35 @@ impl Scenario {
             return Err(invalid(format!(
                 "faults: {transitions} port, link or switch changes once every flap and \
                  random fault is expanded, at most {MAX_FAULT_TRANSITIONS}"
+            )));
+        }
+        Ok(())
+    }
+
+    /// A generated fat tree's shape, and its size against the limits, before it is
+    /// built.
+    fn validate_fat_tree(&self) -> Result<(), ScenarioError> {
+        let t = &self.topology;
+        let Some(ft) = &t.fat_tree else {
+            return Ok(());
+        };
+        if !t.switches.is_empty() || !t.links.is_empty() {
+            return Err(invalid(
+                "topology.fat_tree is given with topology.switches or topology.links: use \
+                 one or the other",
+            ));
+        }
+        ft.check(t.hosts).map_err(invalid)?;
+        let shape = ft.shape(t.hosts);
+        let rails = usize::from(t.ports);
+        let switches = shape.tiers.len() * rails;
+        let links = (t.hosts + shape.uplinks.len()) * rails;
+        if switches > MAX_SWITCHES || links > MAX_LINKS {
+            return Err(invalid(format!(
+                "topology.fat_tree.radix = {}: {switches} switches and {links} links for \
+                 {} hosts on {rails} rail(s), at most {MAX_SWITCHES} switches and \
+                 {MAX_LINKS} links",
+                ft.radix, t.hosts
             )));
         }
         Ok(())
@@ -453,9 +465,67 @@ impl Scenario {
     }
 }
 
+/// True when the `[workload]` table of `text` sets `connections` (a valid document).
+fn gives_workload_connections(text: &str) -> bool {
+    toml::from_str::<toml::Table>(text)
+        .ok()
+        .and_then(|t| t.get("workload")?.get("connections").cloned())
+        .is_some()
+}
+
+/// The 1-based line that sets `key` in table `table` (`"topology.fat_tree"`), written
+/// as its own `[table]` section, or inline in its parent's (`fat_tree = { key = .. }`,
+/// or `fat_tree.key = ..`).
+fn key_line(text: &str, table: &str, key: &str) -> Option<usize> {
+    let header = |l: &str| {
+        let l = l.trim();
+        l.starts_with('[')
+            .then(|| l.trim_matches(['[', ']']).trim().to_owned())
+    };
+    let sets = |l: &str, key: &str| {
+        let l = l.trim_start();
+        l.strip_prefix(key)
+            .is_some_and(|r| r.trim_start().starts_with(['=', '.']))
+    };
+    let mut section = String::new();
+    let (parent, leaf) = table.rsplit_once('.').unwrap_or(("", table));
+    let mut inline = None;
+    for (i, l) in text.lines().enumerate() {
+        if let Some(h) = header(l) {
+            section = h;
+            continue;
+        }
+        if l.trim_start().starts_with('#') {
+            continue;
+        }
+        if section == table && sets(l, key) {
+            return Some(i + 1);
+        }
+        if section == parent && sets(l, leaf) && inline.is_none() {
+            inline = Some(i + 1);
+        }
+    }
+    inline
+}
+
+/// The line of a `table.key = value: why` message's key, when the message has that
+/// form and the key is in `text`.
+fn dotted_key_line(text: &str, what: &str) -> Option<usize> {
+    let (path, _) = what.split_once(" = ")?;
+    if path.contains(' ') {
+        return None;
+    }
+    let (table, key) = path.rsplit_once('.')?;
+    key_line(text, table, key)
+}
+
 /// The 1-based line of the first line of `text` that contains a quoted name or number
-/// mentioned in `what` (best effort: validation works on parsed values).
+/// mentioned in `what` (best effort: validation works on parsed values); a
+/// `table.key = value` message points at the line setting that key.
 fn find_line(text: &str, what: &str) -> Option<usize> {
+    if let Some(line) = dotted_key_line(text, what) {
+        return Some(line);
+    }
     let needles: Vec<&str> = what
         .split(['"', ' ', ':', ','])
         .filter(|w| w.len() >= 2 && !w.chars().all(|c| c.is_ascii_lowercase()))
@@ -560,6 +630,57 @@ mod tests {
             assert!(e.contains(want), "{e}");
             if line > 0 {
                 assert!(e.starts_with(&format!("line {line}:")), "{e}");
+            }
+        }
+    }
+
+    #[test]
+    fn fat_trees_and_patterns_are_checked_at_their_line() {
+        let ft = "[topology]\nhosts = 64\n[topology.fat_tree]\nlevels = 3\nradix = 8\n";
+        Scenario::from_toml(ft).expect("a 64-host tree of radix 8");
+        for (text, want, line) in [
+            (ft.replace("radix = 8", "radix = 7"), "even number", 5),
+            (ft.replace("levels = 3", "levels = 4"), "use 2 or 3", 4),
+            (
+                ft.replace("levels = 3", "levels = 2"),
+                "holds at most 32",
+                5,
+            ),
+            (
+                "[topology]\nhosts = 8\nfat_tree = { levels = 2, radix = 3 }\n".into(),
+                "even number",
+                3,
+            ),
+            (
+                format!("{ft}[workload]\npattern = {{ kind = \"all_to_all\", group = 1 }}\n"),
+                "a group has 2 to 64 hosts",
+                7,
+            ),
+            (
+                format!("{ft}[workload.pattern]\nkind = \"neighbours\"\nwidth = 3\n"),
+                "an even number of neighbours",
+                8,
+            ),
+            (
+                format!("{ft}[workload]\nconnections_per_host = 20000\n"),
+                "1280000 connections, at most 1000000",
+                7,
+            ),
+            (
+                format!("{ft}[workload]\nconnections = 5\nconnections_per_host = 2\n"),
+                "not both",
+                8,
+            ),
+            (
+                format!("{ft}[[topology.switches]]\nname = \"X\"\nsubnet = 0\n"),
+                "one or the other",
+                0,
+            ),
+        ] {
+            let e = Scenario::from_toml(&text).expect_err(&text).to_string();
+            assert!(e.contains(want), "{e}");
+            if line > 0 {
+                assert!(e.starts_with(&format!("line {line}:")), "{text}\n{e}");
             }
         }
     }

@@ -166,7 +166,8 @@ impl Sim {
     }
 
     pub(super) fn build_conns(&mut self, rng: &mut Rng) {
-        let n = self.scenario.workload.connections;
+        let n = self.scenario.workload.count(self.fab.num_hosts());
+        let pattern = self.scenario.workload.pattern;
         let hosts = self.fab.num_hosts() as u64;
         let nports = self.fab.ports_per_host();
         let at = self.p.ack_timeout;
@@ -181,11 +182,17 @@ impl Sim {
             }
         }
         for i in 0..n {
-            let a = rng.below(hosts) as usize;
-            let mut b = rng.below(hosts - 1) as usize;
-            if b >= a {
-                b += 1;
-            }
+            let (a, b) = match pattern.place(i, hosts as usize) {
+                Some(pair) => pair,
+                None => {
+                    let a = rng.below(hosts) as usize;
+                    let mut b = rng.below(hosts - 1) as usize;
+                    if b >= a {
+                        b += 1;
+                    }
+                    (a, b)
+                }
+            };
             let rail = (i % usize::from(nports)) as u8 + 1;
             let other = if nports == 2 { 3 - rail } else { rail };
             let (Some(pa), Some(pb)) = (self.fab.port_of(a, rail), self.fab.port_of(b, rail))
