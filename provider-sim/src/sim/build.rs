@@ -52,11 +52,15 @@ impl Sim {
             violations: Vec::new(),
             digest: 0xcbf2_9ce4_8422_2325,
             last_fault: Time::ZERO,
+            load: Default::default(),
+            windows: Default::default(),
             external: BTreeMap::new(),
             external_specs: BTreeMap::new(),
             fab,
             cfg,
         };
+        sim.windows
+            .open(Time::ZERO, "start".into(), Default::default());
         for &h in &sim.cfg.external_hosts {
             sim.external.insert(h, External::default());
         }

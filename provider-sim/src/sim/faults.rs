@@ -7,6 +7,8 @@ use super::*;
 impl Sim {
     pub(super) fn action(&mut self, idx: usize) {
         let (_, act, text) = self.actions[idx].clone();
+        let load = self.load_now();
+        self.windows.open(self.now, text.clone(), load);
         self.note(text);
         match act {
             Action::PortAdmin(p, up) => {

@@ -32,9 +32,12 @@
 //!   resent until answered. A standby takes over when its polls of the master fail for
 //!   OpenSM's polling timeout and retries, with no subscriptions, setting
 //!   ClientReregister in its first sweep; an SM whose host died is dead.
-//! - **The SA** (`sa.rs`) serves requests one at a time at `sa_rate_per_s`, drops those
-//!   that wait longer than `sa_fifo_timeout_ms`, and answers nothing until a new
-//!   master's first sweep is done; clients time out and retry.
+//! - **The SA** (`sa.rs`) serves its MADs one at a time at `sa_rate_per_s`: requests,
+//!   Reports' first transmissions and ReportResps in one queue (OpenSM sends Reports
+//!   holding the lock the SA needs); it drops requests that would wait longer than
+//!   `sa_fifo_timeout_ms`, and answers nothing until a new master's first sweep is done;
+//!   clients time out and retry. What each failure event costs the SMs and SAs is
+//!   counted by window (`load.rs`).
 //! - **Silent failures**: a black-holing switch keeps its ports up and answers the SM's
 //!   directed-route SMPs but forwards nothing (no port event, no trap 128, no sweep);
 //!   a cut between switches raises no port event at a host (the switches' trap 128
@@ -69,6 +72,7 @@ mod build;
 pub use build::SimError;
 mod faults;
 mod hosts;
+mod load;
 mod qp;
 mod sa;
 mod sm;
@@ -335,6 +339,12 @@ enum Ev {
         epoch: u32,
         tid: u64,
     },
+    /// A Report's first transmission reaches the head of the SA's queue.
+    ReportSend {
+        subnet: usize,
+        epoch: u32,
+        tid: u64,
+    },
     /// An SA request reaches the SA.
     SaArrive {
         subnet: usize,
@@ -374,6 +384,7 @@ impl Ev {
             Ev::PollTimeout { subnet, .. } => 13 + small(*subnet),
             Ev::ReportTimeout { tid, .. } => 14 + (tid << 8),
             Ev::ReportResp { tid, .. } => 15 + (tid << 8),
+            Ev::ReportSend { tid, .. } => 20 + (tid << 8),
             Ev::SaArrive { txn, .. } => 16 + (txn << 8),
             Ev::SaServed { txn, .. } => 17 + (txn << 8),
             Ev::SaTimeout { txn, .. } => 18 + (txn << 8),
@@ -459,6 +470,9 @@ pub struct Sim {
     digest: u64,
     /// Last time a fault happened (for the "re-armed within a bound" check).
     last_fault: Time,
+    /// What the SMs and SAs handled, and its windows by failure event.
+    load: load::SmLoad,
+    windows: load::Windows,
     /// Hosts whose inputs go to an external driver instead of a controller: the sink
     /// once attached, and what arrived before that.
     external: BTreeMap<usize, External>,
@@ -609,9 +623,10 @@ impl Sim {
             Ev::LightSweep { subnet } => self.light_sweep(subnet),
             Ev::PollTimeout { subnet, since } => self.poll_timeout(subnet, since),
             Ev::ReportTimeout { subnet, epoch, tid } => self.report_timeout(subnet, epoch, tid),
-            Ev::ReportResp { subnet, epoch, tid } => {
+            Ev::ReportResp { subnet, epoch, tid } => self.report_resp(subnet, epoch, tid),
+            Ev::ReportSend { subnet, epoch, tid } => {
                 if self.sms[subnet].epoch == epoch {
-                    self.sms[subnet].reports.remove(&tid);
+                    self.transmit_report(subnet, tid);
                 }
             }
             Ev::SaArrive { subnet, epoch, txn } => self.sa_arrive(subnet, epoch, txn),

@@ -513,16 +513,32 @@ impl Sim {
             },
         );
         self.c.reports_sent += 1;
-        self.transmit_report(s, tid);
+        // OpenSM's drop manager and state manager send a trap's Reports holding the
+        // subnet lock exclusively (`osm_drop_mgr_process`, `osm_report_notice`), and
+        // the SA takes it to answer anything: a Report waits for the SA's queue, and
+        // the requests behind it wait for the Report. Its resends are the kernel MAD
+        // layer's (`umad_send` with `transaction_timeout` and `transaction_retries`,
+        // `osm_vendor_send`) and queue for nothing.
+        let done = self.sa_enqueue(s);
+        let epoch = self.sms[s].epoch;
+        self.push(
+            done,
+            Ev::ReportSend {
+                subnet: s,
+                epoch,
+                tid,
+            },
+        );
     }
 
-    fn transmit_report(&mut self, s: usize, tid: u64) {
+    pub(super) fn transmit_report(&mut self, s: usize, tid: u64) {
         let Some(m) = self.sms[s].master_port() else {
             return;
         };
         let Some(r) = self.sms[s].reports.get(&tid).cloned() else {
             return;
         };
+        self.load.reports_out += 1;
         let epoch = self.sms[s].epoch;
         let (mlid, slid) = (self.fab.ports[m].lid, self.fab.ports[r.sub].lid);
         match self.mad(mlid, slid) {
@@ -586,6 +602,19 @@ impl Sim {
             let name = self.fab.port_name(r.sub);
             self.violation(format!("Report {tid} to {name} never answered"));
         }
+    }
+
+    /// A ReportResp reaches the SM: the kernel MAD layer matches it to its Report and
+    /// stops the resends at once; OpenSM's receiver then retires the transaction (a
+    /// lookup in its table of outstanding MADs, `get_madw` in `osm_vendor_ibumad.c`),
+    /// one MAD of the SA's queue like any other it receives.
+    pub(super) fn report_resp(&mut self, s: usize, epoch: u32, tid: u64) {
+        if self.sms[s].epoch != epoch {
+            return;
+        }
+        self.sms[s].reports.remove(&tid);
+        self.load.report_resps_in += 1;
+        self.sa_enqueue(s);
     }
 
     /// A Report the subscriber's agent has processed: answer it, hand the notice on.

@@ -85,6 +85,10 @@ impl Sim {
         if new == old {
             return;
         }
+        if new == ConnState::Armed {
+            self.windows.armed(now);
+        }
+        let c = &mut self.conns[i];
         c.state = new;
         if old.working() && new == ConnState::Migrating {
             c.in_rearm_window = c.moved_unarmed.is_some_and(|t| now.0 - t.0 <= window.0);
@@ -352,6 +356,7 @@ impl Sim {
             .map(|i| i as u64)
             .collect();
         let ms_of = |b: Bucket| self.c.bucket_ns[b.idx()] as f64 / 1e6;
+        let load = self.load_now();
         RunReport {
             policy: self.cfg.policy.name().to_string(),
             connections: self.conns.len() as u64,
@@ -400,6 +405,7 @@ impl Sim {
                 self.counts[Bucket::Lost.idx()] as u64,
             ],
             end_armed_disjoint: self.counts[Bucket::ArmedDisjoint.idx()] as u64,
+            failure_events: std::mem::take(&mut self.windows).report(load, self.hosts.len()),
         }
     }
 
