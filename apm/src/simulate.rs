@@ -7,6 +7,8 @@
 //! the same scenario and seed; they run on separate threads and print in a fixed order,
 //! so the output is the same whatever the machine.
 
+#[path = "sim_events.rs"]
+mod sim_events;
 #[path = "sim_svg.rs"]
 mod sim_svg;
 #[path = "sim_sweep.rs"]
@@ -101,6 +103,8 @@ struct JsonPolicy {
     armed_disjoint_at_end: u64,
     sa_queries: u64,
     mads_sent: u64,
+    /// What each failure event cost the SMs and SAs (the first entry: before any).
+    failure_events: Vec<sim_events::JsonEvent>,
 }
 
 /// Percentiles; all `null` when there was nothing to measure.
@@ -364,6 +368,11 @@ fn json_doc(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> JsonDoc {
                         armed_disjoint_at_end: r.end_armed_disjoint,
                         sa_queries: r.sa_queries,
                         mads_sent: r.mads_sent,
+                        failure_events: r
+                            .failure_events
+                            .iter()
+                            .map(sim_events::JsonEvent::of)
+                            .collect(),
                     },
                 )
             })
@@ -464,6 +473,7 @@ pub fn table(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
         }
         o.push('\n');
     }
+    o.push_str(&sim_events::section(reports));
     let viol: usize = reports.iter().map(|r| r.violations.len()).sum();
     if viol > 0 {
         let _ = writeln!(o, "\n{viol} invariant violation(s):");
