@@ -73,6 +73,19 @@ pub struct Policy {
     pub remote_recheck_ms: u64,
     /// The longest interval between those checks. Default 60 000 ms.
     pub remote_recheck_max_ms: u64,
+    /// At most this many SA requests (PathRecord queries, rechecks, subscriptions)
+    /// outstanding at once; the others wait in order. The window halves when a
+    /// request times out and grows back by one with each answer, up to this: pacing
+    /// under the SA's back-pressure (a loaded OpenSM answers late, and a client that
+    /// resends puts a second copy in the queue it waits in). 0: no limit, every
+    /// request goes out at once. Default 0; a fabric of thousands of hosts wants a
+    /// few (the simulator's 4,096-host scenario runs 8).
+    pub sa_max_outstanding: usize,
+    /// With `sa_max_outstanding`: the first SA request after a quiet spell waits up to
+    /// this long, a pseudo-random delay drawn from the host's port GUID, so that hosts
+    /// told of one failure at the same instant do not all ask in the same
+    /// millisecond. Default 0.
+    pub sa_jitter_ms: u64,
     /// What a LAP from a source that is not the connection's peer gets. Default reject.
     pub unexpected_lap: UnexpectedLap,
     /// Hardware APM: an alternate is loaded with a local ACK timeout this many steps
@@ -121,6 +134,8 @@ impl Default for Policy {
             forced_event_grace_ms: 100,
             remote_recheck_ms: 5000,
             remote_recheck_max_ms: 60_000,
+            sa_max_outstanding: 0,
+            sa_jitter_ms: 0,
             unexpected_lap: UnexpectedLap::Reject,
             alternate_timeout_boost: 2,
             probe: ProbePolicy::default(),
@@ -184,6 +199,20 @@ impl Policy {
                 field: "remote_recheck_max_ms",
                 value: self.remote_recheck_max_ms,
                 why: "must be at least remote_recheck_ms",
+            });
+        }
+        if self.sa_jitter_ms > 60_000 {
+            return Err(PolicyError::OutOfRange {
+                field: "sa_jitter_ms",
+                value: self.sa_jitter_ms,
+                why: "at most 60000: a minute's delay before asking the SA helps nobody",
+            });
+        }
+        if self.sa_max_outstanding > 65_536 {
+            return Err(PolicyError::OutOfRange {
+                field: "sa_max_outstanding",
+                value: self.sa_max_outstanding as u64,
+                why: "at most 65536 (0 for no limit)",
             });
         }
         self.probe.validate()?;

@@ -77,3 +77,90 @@ fn an_sa_that_cannot_keep_up_drops_what_waits_too_long_and_its_clients_retry() {
     let fast = run(&leaf_failure(""), PolicyKind::Apm);
     assert!(fast.failure_events.iter().all(|e| e.sa_dropped == 0));
 }
+
+/// The leaf failure with apm's policy for a large fabric: no trap subscriptions, SA
+/// requests paced.
+fn leaf_failure_at_scale() -> Scenario {
+    let mut s = leaf_failure("");
+    s.policy = Some(apm_core::Policy {
+        subscribe: false,
+        sa_max_outstanding: 8,
+        sa_jitter_ms: 20,
+        ..apm_core::Policy::default()
+    });
+    s
+}
+
+#[test]
+fn apm_at_scale_costs_the_sa_a_tenth_of_the_naive_schemes_and_protects_as_well() {
+    let s = leaf_failure_at_scale();
+    let runs: Vec<_> = [
+        PolicyKind::Apm,
+        PolicyKind::ApmWildcard,
+        PolicyKind::PerConnSa,
+    ]
+    .into_iter()
+    .map(|k| {
+        let mut cfg = RunConfig::for_scenario(&s, k, 1);
+        cfg.check = true;
+        Sim::new(&s, cfg).expect("sim").run()
+    })
+    .collect();
+    let (apm, wildcard, naive) = (&runs[0], &runs[1], &runs[2]);
+    for r in &runs {
+        assert!(r.violations.is_empty(), "{}: {:?}", r.policy, r.violations);
+        assert_eq!(r.lost, 0, "{}", r.policy);
+        assert_eq!(
+            r.end_state[0], r.connections,
+            "{}: all armed at the end",
+            r.policy
+        );
+    }
+    let mads = |r: &provider_sim::RunReport| -> u64 {
+        r.failure_events[1..]
+            .iter()
+            .map(|e| e.sa_mads_in + e.sa_mads_out)
+            .sum()
+    };
+    assert!(
+        10 * mads(apm) <= mads(naive) && 10 * mads(apm) <= mads(wildcard),
+        "apm {} wildcard {} per-conn {}",
+        mads(apm),
+        mads(wildcard),
+        mads(naive)
+    );
+    // Without the traps apm protects exactly as with them: the peers tell it what a
+    // trap would.
+    assert_eq!(apm.restore_ms, wildcard.restore_ms);
+    assert_eq!(
+        apm.armed_disjoint_ms_total,
+        wildcard.armed_disjoint_ms_total
+    );
+    // The naive scheme asks per connection: more requests than connections touched.
+    let leaf = &naive.failure_events[1];
+    assert!(leaf.sa_requests > 16 * 8, "{leaf:?}");
+}
+
+#[test]
+fn named_policies_and_the_engine_policy_come_from_the_scenario() {
+    let text = "policies = [\"apm\", \"per-conn-sa\"]\n[policy]\nsubscribe = false\n";
+    let s = Scenario::from_toml(text).expect("scenario");
+    assert_eq!(
+        s.run_policies().unwrap(),
+        [PolicyKind::Apm, PolicyKind::PerConnSa]
+    );
+    assert!(!s.engine_policy().subscribe);
+    assert!(
+        !s.engine_policy().probe.enabled,
+        "apm's own defaults: no probes"
+    );
+    let e = Scenario::from_toml("policies = [\"apm\", \"magic\"]\n").unwrap_err();
+    assert!(
+        e.to_string().starts_with("line 1:") && e.to_string().contains("magic"),
+        "{e}"
+    );
+    let e = Scenario::from_toml("name = \"n\"\n[policy]\nsa_jitter_ms = 99999\n").unwrap_err();
+    assert!(e.to_string().contains("sa_jitter_ms"), "{e}");
+    let e = Scenario::from_toml("[policy]\nsubscrib = false\n").unwrap_err();
+    assert!(e.to_string().contains("line 2"), "{e}");
+}

@@ -86,6 +86,13 @@ pub struct Scenario {
     pub faults: Vec<Fault>,
     /// Faults generated from the seed, added to `faults`.
     pub random_faults: Option<RandomFaults>,
+    /// The engine policy apm runs with, as apm's configuration writes it (apm's
+    /// defaults for what it leaves out: probes off, as on a real InfiniBand fabric).
+    /// Without it, the simulator's policy ([`crate::controller::sim_policy`]).
+    pub policy: Option<apm_core::Policy>,
+    /// The policies `apm simulate` runs by default, by name (`apm`, `hw-only`,
+    /// `reload-local`, `apm-wildcard`, `per-conn-sa`). Default: the first three.
+    pub policies: Vec<String>,
 }
 
 fn default_name() -> String {
@@ -110,6 +117,8 @@ impl Default for Scenario {
                 ..FabricParams::default()
             },
             workload: Workload::default(),
+            policy: None,
+            policies: Vec::new(),
             faults: vec![
                 Fault::SwitchDown {
                     at_ms: 500,
@@ -158,6 +167,7 @@ impl Scenario {
     /// Check that names resolve and numbers are in range.
     pub fn validate(&self) -> Result<(), ScenarioError> {
         self.validate_shape()?;
+        self.validate_policies()?;
         self.validate_times()?;
         self.validate_fabric_params()?;
         // Names are resolved against the built fabric.
@@ -308,6 +318,43 @@ impl Scenario {
             )));
         }
         Ok(())
+    }
+
+    /// The engine policy's ranges and the policies' names.
+    fn validate_policies(&self) -> Result<(), ScenarioError> {
+        if let Some(p) = &self.policy {
+            p.validate()
+                .map_err(|e| invalid(e.to_string().replace("policy setting `", "policy.")))?;
+        }
+        self.run_policies().map(|_| ())
+    }
+
+    /// The policies `policies` names, or apm and the two baselines.
+    pub fn run_policies(&self) -> Result<Vec<crate::PolicyKind>, ScenarioError> {
+        if self.policies.is_empty() {
+            return Ok(crate::PolicyKind::ALL.to_vec());
+        }
+        let mut out = Vec::new();
+        for name in &self.policies {
+            let kind = crate::PolicyKind::from_name(name).ok_or_else(|| {
+                let all: Vec<&str> = crate::PolicyKind::EVERY.iter().map(|k| k.name()).collect();
+                invalid(format!(
+                    "policies = \"{name}\": not a policy (use {})",
+                    all.join(", ")
+                ))
+            })?;
+            if !out.contains(&kind) {
+                out.push(kind);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The engine policy apm runs with in this scenario.
+    pub fn engine_policy(&self) -> apm_core::Policy {
+        self.policy
+            .clone()
+            .unwrap_or_else(crate::controller::sim_policy)
     }
 
     /// A generated fat tree's shape, and its size against the limits, before it is
@@ -515,7 +562,7 @@ fn dotted_key_line(text: &str, what: &str) -> Option<usize> {
     if path.contains(' ') {
         return None;
     }
-    let (table, key) = path.rsplit_once('.')?;
+    let (table, key) = path.rsplit_once('.').unwrap_or(("", path));
     key_line(text, table, key)
 }
 

@@ -149,7 +149,7 @@ impl Sim {
             | CommandOp::ForceMigrate { .. }
             | CommandOp::SoftwareMigrate { .. }
             | CommandOp::QueryQp { .. } => {
-                if self.cfg.policy == PolicyKind::Apm {
+                if self.cfg.policy.is_apm_engine() {
                     self.check_move_target(host, &op);
                 }
                 let h = &mut self.hosts[host];

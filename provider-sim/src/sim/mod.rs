@@ -103,6 +103,15 @@ pub struct RunConfig {
 }
 
 impl RunConfig {
+    /// A run of `scenario` under `policy` with `seed`, with the scenario's engine
+    /// policy ([`Scenario::engine_policy`]), samples every 10 ms.
+    pub fn for_scenario(scenario: &Scenario, policy: PolicyKind, seed: u64) -> RunConfig {
+        RunConfig {
+            engine_policy: scenario.engine_policy(),
+            ..RunConfig::new(policy, seed)
+        }
+    }
+
     /// A run of `policy` with `seed`, the simulator's engine policy
     /// ([`crate::controller::sim_policy`]: the defaults with probes on), samples every
     /// 10 ms.

@@ -119,7 +119,7 @@ impl Sim {
             let guard = c.guard.take();
             let excused = c.excused;
             c.interrupted_at = None;
-            if guard.is_some() && !excused && self.cfg.policy == PolicyKind::Apm {
+            if guard.is_some() && !excused && self.cfg.policy.is_apm_engine() {
                 self.violation(format!(
                     "conn{i} lost at {now} although armed with a healthy alternate when its primary failed"
                 ));

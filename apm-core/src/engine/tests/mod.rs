@@ -8,6 +8,7 @@ mod probed;
 mod properties;
 mod rearm;
 mod recovery;
+mod sa_pacing;
 mod software;
 mod table;
 mod validation;
