@@ -24,6 +24,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Arguments of `apm simulate`.
 #[derive(Debug, clap::Args)]
@@ -172,37 +173,35 @@ pub fn run_all(
     progress: Option<&indicatif::ProgressBar>,
     engine_logs: bool,
 ) -> anyhow::Result<Vec<RunReport>> {
-    // Build first so that errors surface before any thread starts.
-    let mut sims = Vec::new();
-    for &p in policies {
-        let mut cfg = RunConfig::for_scenario(scenario, p, seed);
-        // The checks are cheap; a violation in a user's scenario is worth showing.
-        cfg.check = true;
-        let sim = Sim::new(scenario, cfg)?;
-        sims.push(sim);
-    }
-    let reports = std::thread::scope(|scope| {
-        let handles: Vec<_> = sims
-            .into_iter()
-            .map(|sim| {
-                let bar = progress.cloned();
-                scope.spawn(move || {
-                    let mut last = 0u64;
-                    let run = move || {
-                        sim.run_with_progress(50, |t| {
-                            let ms = t.as_nanos() / 1_000_000;
-                            if let Some(b) = &bar {
-                                b.inc(ms.saturating_sub(last));
-                            }
-                            last = ms;
-                        })
-                    };
-                    if engine_logs {
-                        run()
-                    } else {
-                        let quiet = tracing::subscriber::NoSubscriber::default();
-                        tracing::subscriber::with_default(quiet, run)
+    // What can be refused is refused before any thread starts.
+    scenario.validate()?;
+    scenario.engine_policy().validate()?;
+    // No more simulations at once than cores: a run of a million connections holds a
+    // gigabyte or two, and more threads than cores only share the same cores.
+    let workers = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(1, policies.len().max(1));
+    let next = AtomicUsize::new(0);
+    let mut done: Vec<(usize, anyhow::Result<RunReport>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut out = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&p) = policies.get(i) else {
+                            break;
+                        };
+                        let run = || run_one(scenario, seed, p, progress);
+                        let report = if engine_logs {
+                            run()
+                        } else {
+                            let quiet = tracing::subscriber::NoSubscriber::default();
+                            tracing::subscriber::with_default(quiet, run)
+                        };
+                        out.push((i, report));
                     }
+                    out
                 })
             })
             .collect();
@@ -212,9 +211,36 @@ pub fn run_all(
                 h.join()
                     .map_err(|_| anyhow::anyhow!("a simulation thread panicked"))
             })
-            .collect::<anyhow::Result<Vec<RunReport>>>()
+            .collect::<anyhow::Result<Vec<_>>>()
+            .map(|v| v.into_iter().flatten().collect())
     })?;
+    done.sort_by_key(|(i, _)| *i);
+    let reports = done
+        .into_iter()
+        .map(|(_, r)| r)
+        .collect::<anyhow::Result<Vec<RunReport>>>()?;
     Ok(reports)
+}
+
+/// One policy's run of `scenario`, telling `progress` as simulated time passes.
+fn run_one(
+    scenario: &Scenario,
+    seed: u64,
+    policy: PolicyKind,
+    progress: Option<&indicatif::ProgressBar>,
+) -> anyhow::Result<RunReport> {
+    let mut cfg = RunConfig::for_scenario(scenario, policy, seed);
+    // The checks are cheap; a violation in a user's scenario is worth showing.
+    cfg.check = true;
+    let sim = Sim::new(scenario, cfg)?;
+    let mut last = 0u64;
+    Ok(sim.run_with_progress(50, |t| {
+        let ms = t.as_nanos() / 1_000_000;
+        if let Some(b) = progress {
+            b.inc(ms.saturating_sub(last));
+        }
+        last = ms;
+    }))
 }
 
 fn family(name: &str) -> anyhow::Result<Family> {
@@ -450,7 +476,8 @@ pub fn table(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
     for (name, f) in rows {
         let _ = write!(o, "{name:<30}");
         for r in reports {
-            let _ = write!(o, "{:>18}", f(r));
+            // A space before each, so that values wider than the column stay apart.
+            let _ = write!(o, " {:>17}", f(r));
         }
         o.push('\n');
     }

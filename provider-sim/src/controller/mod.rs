@@ -15,9 +15,11 @@ use apm_core::{
     QpEvent, Time,
 };
 use serde::Serialize;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
 
+mod by_id;
 mod per_conn_sa;
+use by_id::{ById, Outstanding};
 pub use per_conn_sa::PerConnSa;
 
 /// Which controller a run uses.
@@ -224,7 +226,9 @@ impl Controller for ApmController {
 struct BaseConn {
     primary: Path,
     alternate: Option<Path>,
-    candidates: Vec<Path>,
+    /// The paths it may move to (kept by `reload-local` only, which looks for an LMC
+    /// variant among them; `hw-only` never looks).
+    candidates: Box<[Path]>,
     /// Outstanding command chain: LoadAlternate then SetRearm.
     pending: Option<CommandId>,
 }
@@ -233,11 +237,10 @@ struct BaseConn {
 #[derive(Debug)]
 pub struct Baseline {
     reload: bool,
-    conns: BTreeMap<ConnId, BaseConn>,
+    conns: ById<BaseConn>,
     out: VecDeque<Output>,
-    next_cmd: u64,
     /// Command id -> (connection, set REARM next).
-    pending: BTreeMap<CommandId, (ConnId, bool)>,
+    pending: Outstanding<(ConnId, bool)>,
 }
 
 impl Baseline {
@@ -245,17 +248,14 @@ impl Baseline {
     pub fn new(reload: bool) -> Baseline {
         Baseline {
             reload,
-            conns: BTreeMap::new(),
+            conns: ById::default(),
             out: VecDeque::new(),
-            next_cmd: 1,
-            pending: BTreeMap::new(),
+            pending: Outstanding::default(),
         }
     }
 
     fn issue(&mut self, op: CommandOp, conn: ConnId, rearm_next: bool) {
-        let id = CommandId(self.next_cmd);
-        self.next_cmd += 1;
-        self.pending.insert(id, (conn, rearm_next));
+        let id = self.pending.issue((conn, rearm_next));
         if let Some(c) = self.conns.get_mut(&conn) {
             c.pending = Some(id);
         }
@@ -273,7 +273,11 @@ impl Baseline {
             BaseConn {
                 primary: spec.primary,
                 alternate: alt,
-                candidates: spec.candidates.clone(),
+                candidates: if self.reload {
+                    spec.candidates.into_boxed_slice()
+                } else {
+                    Box::new([])
+                },
                 pending: None,
             },
         );
@@ -331,7 +335,7 @@ impl Controller for Baseline {
                 }
             }
             Input::CommandDone { id, result } => {
-                let Some((conn, rearm_next)) = self.pending.remove(&id) else {
+                let Some((conn, rearm_next)) = self.pending.complete(id) else {
                     return;
                 };
                 if let Some(c) = self.conns.get_mut(&conn) {

@@ -11,6 +11,7 @@
 //! 64/65 (the only subscription OpenSM offers for them: every trap to every
 //! subscriber). No peer protocol: both sides apply the rule on their own.
 
+use super::{ById, Outstanding};
 use apm_core::{
     Command, CommandId, CommandOp, CommandOutcome, ConnId, ConnSpec, Gid, GidService, Input,
     LinkLayer, Output, Path, PortEvent, PortKey, QpEvent, Time,
@@ -44,17 +45,14 @@ enum Job {
 pub struct PerConnSa {
     /// Local InfiniBand ports and whether each is up.
     ports: BTreeMap<PortKey, bool>,
-    conns: BTreeMap<ConnId, Conn>,
+    conns: ById<Conn>,
     out: VecDeque<Output>,
-    next_cmd: u64,
-    pending: BTreeMap<CommandId, Job>,
+    pending: Outstanding<Job>,
 }
 
 impl PerConnSa {
     fn issue(&mut self, op: CommandOp, job: Job) {
-        self.next_cmd += 1;
-        let id = CommandId(self.next_cmd);
-        self.pending.insert(id, job);
+        let id = self.pending.issue(job);
         self.out.push_back(Output::Command(Command { id, op }));
     }
 
@@ -125,7 +123,7 @@ impl PerConnSa {
         id: CommandId,
         result: Result<CommandOutcome, apm_core::ProviderError>,
     ) {
-        let Some(job) = self.pending.remove(&id) else {
+        let Some(job) = self.pending.complete(id) else {
             return;
         };
         match job {

@@ -37,7 +37,7 @@ impl Sim {
             queue: BinaryHeap::new(),
             seq: 0,
             hosts: Vec::new(),
-            conns: Vec::new(),
+            conns: Vec::with_capacity(scenario.workload.count(scenario.topology.hosts)),
             sms: Vec::new(),
             actions: Vec::new(),
             loss_burst: None,
@@ -53,6 +53,11 @@ impl Sim {
             digest: 0xcbf2_9ce4_8422_2325,
             last_fault: Time::ZERO,
             load: Default::default(),
+            traffic: quiet::Traffic::new(scenario.workload.message_interval_ms as usize),
+            fab_gen: 1,
+            inputs: Default::default(),
+            mads: Default::default(),
+            traced: String::new(),
             windows: Default::default(),
             external: BTreeMap::new(),
             external_specs: BTreeMap::new(),
@@ -73,6 +78,7 @@ impl Sim {
                 ctl,
                 timer_at: None,
                 device_busy: Time::ZERO,
+                device: Default::default(),
                 mad_busy: Time::ZERO,
                 dead: false,
                 seen_reports: BTreeSet::new(),
@@ -165,6 +171,7 @@ impl Sim {
         for pid in 0..self.fab.num_ports() {
             if self.fab.port_phys_up(pid) {
                 self.fab.ports[pid].state = PortState::Init;
+                self.fab_gen += 1;
             }
         }
     }
@@ -257,6 +264,7 @@ impl Sim {
             self.counts[Bucket::Unprotected.idx()] += 1;
             let id = self.conns.len() - 1;
             debug_assert_eq!(id, i);
+            self.settle(id);
             self.protect(a, spec_a);
             self.protect(b, spec_b);
         }
@@ -420,7 +428,6 @@ fn fresh_conn((a, primary_a): (usize, Path), (b, primary_b): (usize, Path), mode
         state: ConnState::Unprotected,
         bucket: Bucket::Unprotected,
         guard_disjoint: false,
-        traced: String::new(),
         since: Time::ZERO,
         interrupted_at: None,
         moved_unarmed: None,
@@ -429,5 +436,8 @@ fn fresh_conn((a, primary_a): (usize, Path), (b, primary_b): (usize, Path), mode
         lost_in_outage: false,
         guard: None,
         excused: false,
+        quiet: None,
+        synced: 0,
+        route_memo: Default::default(),
     }
 }

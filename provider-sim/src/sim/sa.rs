@@ -179,6 +179,7 @@ impl Sim {
         let (a, b) = (self.fab.ports[m].lid, self.fab.ports[pid].lid);
         if let Some(d) = self.mad(a, b) {
             let mad = Mad::SaAnswer { txn, result };
+            let mad = self.mads.put(mad);
             self.push(after(self.now, d), Ev::MadArrive { host, mad });
         }
     }

@@ -304,7 +304,7 @@ impl Sim {
             Ev::SweepEnd {
                 subnet: s,
                 epoch,
-                dropped: cost.dropped,
+                dropped: cost.dropped.into_boxed_slice(),
             },
         );
     }
@@ -440,6 +440,7 @@ impl Sim {
             let (h, key) = (self.fab.ports[pid].host, self.fab.ports[pid].key());
             if self.fab.ports[pid].state != PortState::Active {
                 self.fab.ports[pid].state = PortState::Active;
+                self.fab_gen += 1;
                 activated += 1;
                 if self.now > Time::ZERO {
                     self.raise(h, lat, port_event(key, PortEvent::Active));
@@ -451,6 +452,7 @@ impl Sim {
             }
         }
         self.fab.program_lfts(&ports, &switches);
+        self.fab_gen += 1;
         let mut traps: Vec<(Gid, GidService, PortId)> = Vec::new();
         // Indexing: three parallel tables (fabric ports, discovery, the SM's view).
         #[allow(clippy::needless_range_loop)]
@@ -550,6 +552,7 @@ impl Sim {
                     epoch,
                     tid,
                 };
+                let mad = self.mads.put(mad);
                 self.push(after(self.now, d), Ev::MadArrive { host, mad });
             }
             None => {
@@ -624,6 +627,8 @@ impl Sim {
         // included (it cannot know), and hands each notice on once.
         self.hosts[host].reports_received += 1;
         self.hosts[host].report_resps_sent += 1;
+        self.c.reports_received += 1;
+        self.c.report_resps_sent += 1;
         let Some(r) = self.sms[s]
             .reports
             .get(&tid)
