@@ -1,5 +1,5 @@
 //! The process side: a connection to the host's agent, and [`AgentPeer`], the engine's
-//! peer facet over it.
+//! peer facet over it; and [`AgentWatch`], a watcher's connection (`apm watch --agent`).
 //!
 //! What arrives from the agent goes to one receiver the process owns (`events`): peer
 //! messages (to be handed to the engine of the connection's device through
@@ -18,25 +18,60 @@ use std::os::linux::net::SocketAddrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::sync::{mpsc, oneshot};
 
-type Pending = Arc<Mutex<BTreeMap<u64, oneshot::Sender<Result<Vec<(Gid, Gid)>, String>>>>>;
+/// Requests waiting for the agent's answer, by request id.
+#[derive(Debug)]
+struct Waiters<T>(Mutex<BTreeMap<u64, oneshot::Sender<T>>>);
+
+impl<T> Default for Waiters<T> {
+    fn default() -> Self {
+        Waiters(Mutex::new(BTreeMap::new()))
+    }
+}
+
+impl<T> Waiters<T> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, oneshot::Sender<T>>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Where the answer to request `req` will arrive.
+    fn wait(&self, req: u64) -> oneshot::Receiver<T> {
+        let (tx, rx) = oneshot::channel();
+        self.lock().insert(req, tx);
+        rx
+    }
+
+    /// The answer to request `req` (dropped when nobody waits for it).
+    fn answer(&self, req: u64, value: T) {
+        if let Some(w) = self.lock().remove(&req) {
+            let _ = w.send(value);
+        }
+    }
+}
+
+type Candidates = Waiters<Result<Vec<(Gid, Gid)>, String>>;
 
 /// How long a candidates request may take (the agent asks the peer's agent, with retries).
 const CANDIDATES_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How long the agent may take to answer [`AgentClient::synced`] (it answers from its
+/// own loop, with nothing to ask anybody).
+const SYNC_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// A process's connection to its host's agent.
 #[derive(Debug)]
 pub struct AgentClient {
     tx: mpsc::UnboundedSender<ToAgent>,
-    pending: Pending,
+    candidates: Arc<Candidates>,
+    syncs: Arc<Waiters<()>>,
     next: AtomicU64,
 }
 
 impl AgentClient {
-    /// Connect to the agent of `peer_port`. Everything the agent sends but candidate
-    /// answers goes to `events`, which closes when the agent goes away. Call inside a
+    /// Connect to the agent of `peer_port`. Everything the agent sends but the answers
+    /// to [`AgentClient::candidates`] and [`AgentClient::synced`] goes to `events`, which closes when the agent goes away. Call inside a
     /// tokio runtime.
     pub async fn connect(
         peer_port: u16,
@@ -62,34 +97,32 @@ impl AgentClient {
                 }
             }
         });
-        let pending: Pending = Arc::default();
-        let answers = pending.clone();
+        let candidates: Arc<Candidates> = Arc::default();
+        let answers = candidates.clone();
+        let syncs: Arc<Waiters<()>> = Arc::default();
+        let synced = syncs.clone();
         tokio::spawn(async move {
-            let mut lines = BufReader::new(read).lines();
+            let mut lines = wire::Lines::new(BufReader::new(read));
             while let Ok(Some(l)) = lines.next_line().await {
-                match serde_json::from_str::<FromAgent>(&l) {
-                    Ok(FromAgent::Candidates { req, result }) => {
-                        let w = answers
-                            .lock()
-                            .unwrap_or_else(PoisonError::into_inner)
-                            .remove(&req);
-                        if let Some(w) = w {
-                            let _ = w.send(result);
-                        }
-                    }
+                match serde_json::from_slice::<FromAgent>(l) {
+                    Ok(FromAgent::Candidates { req, result }) => answers.answer(req, result),
+                    Ok(FromAgent::Synced { req }) => synced.answer(req, ()),
                     Ok(other) => {
                         if events.send(other).is_err() {
-                            return;
+                            break;
                         }
                     }
                     Err(e) => tracing::warn!(error = %e, "unreadable line from the agent"),
                 }
             }
-            // Dropping `events` here tells the process the agent is gone.
+            // Dropping `events` here tells the process the agent is gone; dropping the
+            // waiters tells each `synced` caller.
+            synced.lock().clear();
         });
         Ok(AgentClient {
             tx,
-            pending,
+            candidates,
+            syncs,
             next: AtomicU64::new(1),
         })
     }
@@ -107,11 +140,7 @@ impl AgentClient {
         local_gids: Vec<Gid>,
     ) -> Result<Vec<(Gid, Gid)>, String> {
         let req = self.next.fetch_add(1, Ordering::Relaxed);
-        let (tx, rx) = oneshot::channel();
-        self.pending
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .insert(req, tx);
+        let rx = self.candidates.wait(req);
         self.put(ToAgent::Candidates {
             req,
             sgid,
@@ -123,6 +152,20 @@ impl AgentClient {
             Ok(Ok(r)) => r,
             Ok(Err(_)) => Err(AgentError::Gone.to_string()),
             Err(_) => Err("the apm agent did not answer in time".into()),
+        }
+    }
+
+    /// Once the agent has handled everything sent before (it handles one process's
+    /// lines in order): registrations listen on their addresses, messages are sent,
+    /// rail-downs are told. `Err` when the agent is gone or does not answer in time.
+    pub async fn synced(&self) -> Result<(), AgentError> {
+        let req = self.next.fetch_add(1, Ordering::Relaxed);
+        let rx = self.syncs.wait(req);
+        self.put(ToAgent::Sync { req })?;
+        match tokio::time::timeout(SYNC_TIMEOUT, rx).await {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(AgentError::Gone),
+            Err(_) => Err(AgentError::NoAnswer(SYNC_TIMEOUT)),
         }
     }
 
@@ -147,6 +190,54 @@ impl AgentClient {
     /// Send a peer message from local address `from` to peer address `to`.
     pub fn send(&self, from: Gid, to: Gid, msg: PeerMsg) -> Result<(), AgentError> {
         self.put(ToAgent::Send { from, to, msg })
+    }
+}
+
+/// How long a watcher waits for the agent to answer [`ToAgent::Watch`]: an agent of
+/// another apm version drops the line it cannot read and never answers.
+const WATCH_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// A watcher attached to the host's agent (`apm watch --agent`): every verdict the
+/// agent makes (its probes', an operator's rail-down), as it makes them. Nothing is
+/// asked of the protected processes, and an agent with no watcher does no work for one.
+#[derive(Debug)]
+pub struct AgentWatch {
+    /// Kept for the connection: the agent forgets the watcher when it closes.
+    _client: AgentClient,
+    /// The agent's verdicts; closed when the agent goes away.
+    pub events: mpsc::UnboundedReceiver<FromAgent>,
+    /// Whether the agent probes (without, only rail-down verdicts come).
+    pub probing: bool,
+    /// The paths it probed when the watcher attached, with their sessions' states.
+    pub sessions: Vec<(apm_core::probe::PathEnds, apm_core::probe::SessionState)>,
+}
+
+impl AgentWatch {
+    /// Attach to the agent of `peer_port` as a watcher. Call inside a tokio runtime.
+    pub async fn attach(peer_port: u16) -> Result<AgentWatch, AgentError> {
+        let (tx, mut events) = mpsc::unbounded_channel();
+        let client = AgentClient::connect(peer_port, tx).await?;
+        client.put(ToAgent::Watch)?;
+        let answer = tokio::time::timeout(WATCH_TIMEOUT, async {
+            // Verdicts sent before the answer cannot come: the agent answers first.
+            loop {
+                match events.recv().await {
+                    Some(FromAgent::Watching { probing, sessions }) => {
+                        return Ok((probing, sessions))
+                    }
+                    Some(_) => continue,
+                    None => return Err(AgentError::Gone),
+                }
+            }
+        })
+        .await
+        .map_err(|_| AgentError::NoWatch(WATCH_TIMEOUT))??;
+        Ok(AgentWatch {
+            _client: client,
+            events,
+            probing: answer.0,
+            sessions: answer.1,
+        })
     }
 }
 
@@ -221,7 +312,10 @@ impl PeerChannel for AgentPeer {
         self.client.send(from, to.gid, msg).map_err(|e| {
             let why = match &e {
                 AgentError::Io(io) => Reason::of_io(io),
-                AgentError::NotRunning(_) | AgentError::Gone => Reason::Closed,
+                AgentError::NotRunning(_) | AgentError::Gone | AgentError::NoWatch(_) => {
+                    Reason::Closed
+                }
+                AgentError::NoAnswer(_) => Reason::TimedOut("the apm agent"),
             };
             ProviderError::io(Operation::SendPeer, why)
         })

@@ -27,6 +27,9 @@
 //! - **Rail down**: an operator's verdict that an address is unreachable (`apm agent
 //!   --rail-down`) is broadcast to every process, which moves the connections whose
 //!   primary uses it.
+//! - **Watchers**: `apm watch --agent` attaches as a watcher ([`client::AgentWatch`]) and
+//!   gets every verdict (the probes', with their kind, and rail-down) as the processes
+//!   do, and nothing else; a watcher does not keep an idle agent alive.
 //!
 //! The agent holds no connection state a process could not re-register, and it never
 //! touches a QP. When it dies, every process says so once and runs on unprotected.
@@ -66,6 +69,12 @@ pub enum AgentError {
     /// The agent went away.
     #[error("the apm agent closed the connection")]
     Gone,
+    /// The agent did not answer a watcher (an agent of another apm version).
+    #[error("the apm agent did not answer the watch request within {0:?} (an agent of another apm version? restart it)")]
+    NoWatch(std::time::Duration),
+    /// The agent did not answer in time.
+    #[error("the apm agent did not answer within {0:?}")]
+    NoAnswer(std::time::Duration),
     /// Local IO.
     #[error("apm agent: {0}")]
     Io(#[from] std::io::Error),

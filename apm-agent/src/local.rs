@@ -87,23 +87,42 @@ pub fn device_addresses(gid: &Gid) -> Option<Vec<Addr>> {
 
 /// [`device_addresses`] over a sysfs tree at `root` and given subnets (for tests).
 pub fn device_addresses_in(root: &Path, gid: &Gid, subnets: &Subnets) -> Option<Vec<Addr>> {
+    let (_, entries) = find_port(root, gid)?;
+    let mut out: Vec<Addr> = entries
+        .iter()
+        .filter_map(|(g, ndev)| {
+            let ip = ip_of(g)?;
+            let prefix = subnets.prefix_of(ip, ndev)?;
+            Some(Addr { gid: *g, prefix })
+        })
+        .collect();
+    out.sort();
+    out.dedup();
+    Some(out)
+}
+
+/// The device and port number that hold `gid` here (`rxe0`, 1), if any: how `apm watch
+/// --agent` names the port of a path the agent's probes judged.
+pub fn port_of(gid: &Gid) -> Option<(String, u8)> {
+    port_of_in(Path::new("/sys/class/infiniband"), gid)
+}
+
+/// [`port_of`] over a sysfs tree at `root` (for tests).
+pub fn port_of_in(root: &Path, gid: &Gid) -> Option<(String, u8)> {
+    let (port, _) = find_port(root, gid)?;
+    let num = port.file_name()?.to_str()?.parse().ok()?;
+    let dev = port.parent()?.parent()?.file_name()?.to_str()?.to_owned();
+    Some((dev, num))
+}
+
+/// The sysfs directory of the device port holding `gid`, with that port's RoCE v2 GIDs.
+fn find_port(root: &Path, gid: &Gid) -> Option<(std::path::PathBuf, Vec<(Gid, String)>)> {
     for dev in read_dir_sorted(root) {
         for port in read_dir_sorted(&dev.join("ports")) {
             let entries = port_gids(&port);
-            if !entries.iter().any(|(g, _)| g == gid) {
-                continue;
+            if entries.iter().any(|(g, _)| g == gid) {
+                return Some((port, entries));
             }
-            let mut out: Vec<Addr> = entries
-                .iter()
-                .filter_map(|(g, ndev)| {
-                    let ip = ip_of(g)?;
-                    let prefix = subnets.prefix_of(ip, ndev)?;
-                    Some(Addr { gid: *g, prefix })
-                })
-                .collect();
-            out.sort();
-            out.dedup();
-            return Some(out);
         }
     }
     None
@@ -361,6 +380,11 @@ mod tests {
             device_addresses_in(&root, &g("::ffff:10.9.9.9"), &subnets),
             None
         );
+        assert_eq!(
+            port_of_in(&root, &g("::ffff:10.0.20.1")),
+            Some(("rxe0".to_owned(), 1))
+        );
+        assert_eq!(port_of_in(&root, &g("::ffff:10.9.9.9")), None);
         let _ = std::fs::remove_dir_all(&root);
     }
 }

@@ -10,8 +10,13 @@
 //!
 //! The agent sees no port events (the processes do): a local port's death shows here as
 //! the fabric's, and the processes' own PORT_ERR is what moves their connections first.
+//!
+//! Watchers (`apm watch --agent`) get the same verdicts; with none attached, telling
+//! them costs a look at an empty map.
 
-use apm_core::probe::{PathEnds, Probe, ProbeOutput, ProbePolicy, Prober};
+use apm_core::probe::{
+    PathEnds, PathVerdict, Probe, ProbeOutput, ProbePolicy, Prober, SessionState,
+};
 use apm_core::{Gid, Time};
 use std::collections::BTreeSet;
 use tokio::time::Instant;
@@ -21,8 +26,8 @@ use tokio::time::Instant;
 pub(crate) struct Step {
     /// Probes to send: (from this GID, the probe).
     pub(crate) sends: Vec<(Gid, Probe)>,
-    /// Verdicts for every process: (path, up, kind).
-    pub(crate) verdicts: Vec<(PathEnds, bool, Option<apm_core::probe::FailureKind>)>,
+    /// Verdicts for every process and watcher.
+    pub(crate) verdicts: Vec<(PathEnds, PathVerdict)>,
 }
 
 /// The prober and the agent's clock.
@@ -71,14 +76,19 @@ impl AgentProbes {
         self.prober.poll_timers(now);
         let mut step = Step::default();
         while let Some(o) = self.prober.poll_output() {
+            // Every Up, the first too (see apm-core's `ProbeDriver::poll`): a process
+            // may hold a path dead that the agent stopped watching. A hold goes as its
+            // length: the processes' engines count time from their own starts.
             match o {
                 ProbeOutput::Send { ends, probe } => step.sends.push((ends.local, probe)),
-                ProbeOutput::Down { ends, kind } => step.verdicts.push((ends, false, Some(kind))),
-                // Every Up, the first too (see apm-core's `ProbeDriver::poll`): a
-                // process may hold a path dead that the agent stopped watching.
-                ProbeOutput::Up { ends, .. } => step.verdicts.push((ends, true, None)),
+                verdict => step.verdicts.extend(PathVerdict::of_output(&verdict, now)),
             }
         }
         step
+    }
+
+    /// Every path probed, with its session's state (for a watcher that attaches).
+    pub(crate) fn sessions(&self) -> Vec<(PathEnds, SessionState)> {
+        self.prober.sessions().collect()
     }
 }

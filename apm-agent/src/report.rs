@@ -29,6 +29,25 @@ pub struct Failover {
     pub move_ms: Option<f64>,
     /// The new primary path.
     pub to: String,
+    /// What this side saw kill the old primary (`local_port`, `peer_port`, `fabric`,
+    /// `stall`); absent when it saw nothing (the peer asked it to move).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cause: Option<String>,
+    /// Who moved it.
+    #[serde(default)]
+    pub by: MovedBy,
+}
+
+/// Who moved a QP onto its alternate.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum MovedBy {
+    /// apm, through the SQ drain (software migration).
+    #[default]
+    Software,
+    /// The device (hardware APM): by itself when its retries on the dead path ran out or
+    /// the peer's packets said so, or forced by apm.
+    Hardware,
 }
 
 /// One process's report.
@@ -87,6 +106,13 @@ impl RunReport {
             "apm run: {seen} QPs seen, {protected} protected, {} failovers",
             failovers.len()
         );
+        let by_device = failovers
+            .iter()
+            .filter(|f| f.by == MovedBy::Hardware)
+            .count();
+        if by_device > 0 {
+            s.push_str(&format!(" ({by_device} by hardware APM)"));
+        }
         if let Some(w) = worst {
             s.push_str(&format!(" (longest move {w:.1} ms)"));
         }
@@ -128,6 +154,8 @@ mod tests {
                 at_ms: 10.0,
                 move_ms: Some(3.25),
                 to: "x".into(),
+                by: MovedBy::Software,
+                cause: Some("fabric".into()),
             }],
             unprotected_ms: 1500.0,
             ..ProcessReport::default()

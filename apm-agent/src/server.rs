@@ -12,13 +12,14 @@ use crate::wire::{self, FromAgent, Route, ToAgent};
 use crate::{AgentError, HELLO_OFFSET};
 use apm_core::probe::{PathEnds, ProbePolicy};
 use apm_core::{Gid, Input, Lid, PeerAddr, PeerChannel, PortKey};
+use cm_lap::auth::Mode;
 use cm_lap::udp::UdpPeerChannel;
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::os::linux::net::SocketAddrExt;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncWriteExt, BufReader};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::sync::mpsc;
 use tracing::{debug, info, warn};
@@ -32,6 +33,10 @@ pub struct AgentConfig {
     pub idle_exit: Option<Duration>,
     /// Liveness probes of the processes' paths (`enabled = false`: none).
     pub probe: ProbePolicy,
+    /// How the peer channels authenticate datagrams (cm-lap's `auth`): with a key,
+    /// every datagram sent is sealed and those received are opened before they are
+    /// routed; `Require` drops the unauthenticated. Hellos stay plain (public facts).
+    pub peer_auth: Mode,
 }
 
 /// Why the agent did not start.
@@ -54,10 +59,14 @@ pub struct Agent {
     hello: HelloSocket,
 }
 
-#[derive(Default)]
 struct State {
+    /// The peer channels' authentication (the configuration's).
+    peer_auth: Mode,
     next_client: u64,
+    /// The protected processes (what keeps an idle agent alive).
     clients: BTreeMap<u64, mpsc::UnboundedSender<FromAgent>>,
+    /// The watchers (`apm watch --agent`): every verdict, nothing else.
+    watchers: BTreeMap<u64, mpsc::UnboundedSender<FromAgent>>,
     routes: Vec<(u64, Route)>,
     channels: BTreeMap<Gid, Arc<UdpPeerChannel>>,
     /// Messages for connections not registered yet, kept [`HOLD_UNROUTED`]: the two
@@ -66,6 +75,26 @@ struct State {
     unrouted: Vec<(tokio::time::Instant, PeerAddr, apm_core::PeerMsg)>,
     /// The host's probes (absent when the policy turns them off).
     probes: Option<AgentProbes>,
+    /// Wakes the probe loop when a probe arrived: a session that changed state tells
+    /// its peer at once (the prober queues that send for now), which must not wait for
+    /// the loop's next wake-up (up to 50 ms, near a 3 x 20 ms detection time).
+    probe_arrived: Arc<tokio::sync::Notify>,
+}
+
+impl State {
+    fn new(peer_auth: Mode) -> State {
+        State {
+            peer_auth,
+            next_client: 0,
+            clients: BTreeMap::new(),
+            watchers: BTreeMap::new(),
+            routes: Vec::new(),
+            channels: BTreeMap::new(),
+            unrouted: Vec::new(),
+            probes: None,
+            probe_arrived: Arc::default(),
+        }
+    }
 }
 
 /// How long a message for a connection nobody registered yet is kept.
@@ -102,7 +131,7 @@ impl Agent {
 
     /// Serve until idle for `idle_exit` (or forever).
     pub async fn run(self) -> Result<(), AgentError> {
-        let state: Shared = Arc::default();
+        let state: Shared = Arc::new(Mutex::new(State::new(self.config.peer_auth.clone())));
         if self.config.probe.enabled {
             lock(&state).probes = Some(AgentProbes::new(self.config.probe.clone()));
             tokio::spawn(probe_loop(state.clone(), self.config.peer_port));
@@ -153,9 +182,17 @@ async fn serve_client(id: u64, stream: UnixStream, state: Shared, hello: HelloSo
             }
         }
     });
-    let mut lines = BufReader::new(read).lines();
-    while let Ok(Some(l)) = lines.next_line().await {
-        match serde_json::from_str::<ToAgent>(&l) {
+    let mut lines = wire::Lines::new(BufReader::new(read));
+    loop {
+        let l = match lines.next_line().await {
+            Ok(Some(l)) => l,
+            Ok(None) => break,
+            Err(e) => {
+                warn!(client = id, error = %e, "a process's stream is unreadable: closed");
+                break;
+            }
+        };
+        match serde_json::from_slice::<ToAgent>(l) {
             Ok(m) => handle(id, m, &state, &hello, &tx, port).await,
             Err(e) => warn!(client = id, error = %e, "unreadable line from a process: dropped"),
         }
@@ -163,6 +200,7 @@ async fn serve_client(id: u64, stream: UnixStream, state: Shared, hello: HelloSo
     debug!(client = id, "process left");
     let mut s = lock(&state);
     s.clients.remove(&id);
+    s.watchers.remove(&id);
     s.routes.retain(|(c, _)| *c != id);
     refollow(&mut s);
     drop(s);
@@ -241,9 +279,38 @@ async fn handle(
         }
         ToAgent::RailDown { gid } => {
             info!(%gid, "rail down: telling every process");
-            for c in lock(state).clients.values() {
-                let _ = c.send(FromAgent::RailDown { gid });
+            lock(state).tell_all(&FromAgent::RailDown { gid });
+        }
+        ToAgent::Watch => {
+            let mut s = lock(state);
+            // A watcher is no protected process: it leaves the idle count.
+            if let Some(tx) = s.clients.remove(&id) {
+                s.watchers.insert(id, tx);
             }
+            s.routes.retain(|(c, _)| *c != id);
+            refollow(&mut s);
+            let answer = FromAgent::Watching {
+                probing: s.probes.is_some(),
+                sessions: s
+                    .probes
+                    .as_ref()
+                    .map(AgentProbes::sessions)
+                    .unwrap_or_default(),
+            };
+            debug!(client = id, "a watcher attached");
+            let _ = me.send(answer);
+        }
+        ToAgent::Sync { req } => {
+            let _ = me.send(FromAgent::Synced { req });
+        }
+    }
+}
+
+impl State {
+    /// Send a verdict to every process and every watcher.
+    fn tell_all(&self, m: &FromAgent) {
+        for c in self.clients.values().chain(self.watchers.values()) {
+            let _ = c.send(m.clone());
         }
     }
 }
@@ -293,9 +360,11 @@ async fn channel(state: &Shared, gid: Gid, port: u16) -> Result<Arc<UdpPeerChann
         return Ok(ch.clone());
     }
     let ip = ip_of(&gid).ok_or_else(|| format!("{gid} is not an IP address"))?;
+    let auth = lock(state).peer_auth.clone();
     let ch = UdpPeerChannel::bind(SocketAddr::new(ip, port), PortKey::new(0, 1))
         .await
-        .map_err(|e| format!("binding {ip}:{port}: {e}"))?;
+        .map_err(|e| format!("binding {ip}:{port}: {e}"))?
+        .with_auth(auth, cm_lap::auth::DEFAULT_MAX_SKEW);
     ch.derive_port(port);
     let (tx, mut rx) = mpsc::unbounded_channel::<Input>();
     ch.start(tx).await.map_err(|e| e.to_string())?;
@@ -327,6 +396,7 @@ fn route(state: &Shared, from: PeerAddr, msg: apm_core::PeerMsg) {
         // Probes are the agent's own: a process never sees one.
         if let Some(probes) = s.probes.as_mut() {
             probes.receive(p);
+            s.probe_arrived.notify_one();
         }
         return;
     }
@@ -374,6 +444,7 @@ fn refollow(s: &mut State) {
 async fn probe_loop(state: Shared, port: u16) {
     // New paths are probed within this long even when nothing else is due.
     let idle = Duration::from_millis(50);
+    let arrived = lock(&state).probe_arrived.clone();
     loop {
         let wake = {
             let s = lock(&state);
@@ -381,21 +452,18 @@ async fn probe_loop(state: Shared, port: u16) {
             let latest = tokio::time::Instant::now() + idle;
             p.next_wake().map_or(latest, |w| w.min(latest))
         };
-        tokio::time::sleep_until(wake).await;
+        tokio::select! {
+            () = tokio::time::sleep_until(wake) => {}
+            () = arrived.notified() => {}
+        }
         let step = {
             let mut s = lock(&state);
             let Some(p) = s.probes.as_mut() else { return };
             let step = p.step();
-            for (ends, up, kind) in &step.verdicts {
-                info!(local = %ends.local, remote = %ends.remote, up, ?kind, "probes: path verdict");
-                for c in s.clients.values() {
-                    let _ = c.send(FromAgent::Path {
-                        local: ends.local,
-                        remote: ends.remote,
-                        up: *up,
-                        kind: *kind,
-                    });
-                }
+            for &(ends, verdict) in &step.verdicts {
+                info!(local = %ends.local, remote = %ends.remote, verdict = verdict.name(),
+                    kind = verdict.failure().map(|k| k.name()), "probes: path verdict");
+                s.tell_all(&FromAgent::Path { ends, verdict });
             }
             step
         };

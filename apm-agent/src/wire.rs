@@ -1,11 +1,67 @@
 //! Messages between a protected process and its host's agent: one JSON object per line
 //! on the agent's Unix socket. Both ends are built from this crate, so the format only
 //! has to be stable within one apm version; the agent refuses a line it cannot parse
-//! (it logs and drops it) and never panics on one.
+//! (it logs and drops it) and never panics on one. Lines are read with a length limit
+//! ([`LINE_LIMIT`], [`Lines`]): a peer on the socket that never sends a newline costs
+//! that much memory, then its stream is closed.
 
-use apm_core::probe::FailureKind;
+use apm_core::probe::{PathEnds, PathVerdict, SessionState};
 use apm_core::{Gid, PeerAddr, PeerMsg};
 use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt, AsyncReadExt};
+
+/// The longest line either end reads: far above any message (a `Register` of a
+/// connection with a hundred paths is ~20 KiB).
+pub const LINE_LIMIT: usize = 1 << 20;
+
+/// Why a stream of lines ended early.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum LineError {
+    /// A line longer than [`LINE_LIMIT`]: what follows cannot be told from it.
+    #[error("a line longer than {LINE_LIMIT} bytes")]
+    TooLong,
+    /// The stream failed.
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+/// The lines of a stream, each at most [`LINE_LIMIT`] bytes.
+#[derive(Debug)]
+pub struct Lines<R> {
+    reader: R,
+    buf: Vec<u8>,
+}
+
+impl<R: AsyncBufRead + Unpin> Lines<R> {
+    /// Read `reader` line by line.
+    pub fn new(reader: R) -> Lines<R> {
+        Lines {
+            reader,
+            buf: Vec::new(),
+        }
+    }
+
+    /// The next line, without its newline; `None` at the end of the stream (a last
+    /// line without a newline is a line).
+    pub async fn next_line(&mut self) -> Result<Option<&[u8]>, LineError> {
+        self.buf.clear();
+        let limit = LINE_LIMIT as u64 + 1;
+        let n = (&mut self.reader)
+            .take(limit)
+            .read_until(b'\n', &mut self.buf)
+            .await?;
+        if n == 0 {
+            return Ok(None);
+        }
+        if self.buf.last() == Some(&b'\n') {
+            self.buf.pop();
+        } else if self.buf.len() > LINE_LIMIT {
+            return Err(LineError::TooLong);
+        }
+        Ok(Some(&self.buf))
+    }
+}
 
 /// One protected connection as the agent routes it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,6 +121,16 @@ pub enum ToAgent {
         /// The address.
         gid: Gid,
     },
+    /// This connection is a watcher (`apm watch --agent`), not a protected process:
+    /// send it every verdict (the probes', an operator's rail-down) and nothing else.
+    /// It does not keep an idle agent alive.
+    Watch,
+    /// Answer [`FromAgent::Synced`] once everything this process sent before has been
+    /// handled (the agent handles one process's lines in order).
+    Sync {
+        /// Echoed in the answer.
+        req: u64,
+    },
 }
 
 /// From the agent to a process.
@@ -91,30 +157,33 @@ pub enum FromAgent {
         /// The address.
         gid: Gid,
     },
-    /// The agent's probes found a path dead (`kind`: local port, peer port or the
-    /// fabric between) or, with `kind` absent, back.
+    /// The answer to [`ToAgent::Sync`]: what the process sent before it has been
+    /// handled (registrations listen, sends are sent, rail-downs are told).
+    Synced {
+        /// The request's id.
+        req: u64,
+    },
+    /// The agent's probes' verdict on a path: down (local port, peer port or the fabric
+    /// between), up (the first time or again), or up but held for flapping.
     Path {
-        /// This host's GID on the path.
-        local: Gid,
-        /// The peer's GID on the path.
-        remote: Gid,
-        /// Up again, or down.
-        up: bool,
-        /// What kind of failure, for a path down.
-        kind: Option<FailureKind>,
+        /// The path (this host's GID, the peer's).
+        ends: PathEnds,
+        /// What the probes say of it.
+        verdict: PathVerdict,
+    },
+    /// The answer to [`ToAgent::Watch`]: what the agent watches now.
+    Watching {
+        /// Whether the agent probes at all (`apm agent --probes`); without, only
+        /// rail-down verdicts come.
+        probing: bool,
+        /// Every path probed, with its session's state.
+        sessions: Vec<(PathEnds, SessionState)>,
     },
 }
 
 /// The comm ids of a peer message: (the receiver's, the sender's).
 pub fn comm_ids(msg: &PeerMsg) -> (u32, u32) {
-    match msg {
-        PeerMsg::Lap(m) => (m.receiver_comm_id, m.sender_comm_id),
-        PeerMsg::Apr(m) => (m.receiver_comm_id, m.sender_comm_id),
-        PeerMsg::Mra(m) => (m.receiver_comm_id, m.sender_comm_id),
-        PeerMsg::Migrate(m) => (m.receiver_comm_id, m.sender_comm_id),
-        PeerMsg::MigrateAck(m) => (m.receiver_comm_id, m.sender_comm_id),
-        _ => (0, 0),
-    }
+    msg.comm_ids().unwrap_or((0, 0))
 }
 
 /// One line of JSON for `msg` (with its newline).
@@ -128,6 +197,23 @@ pub fn line<T: Serialize>(msg: &T) -> Vec<u8> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_endless_line_stops_at_the_limit() {
+        let endless = tokio::io::BufReader::new(tokio::io::repeat(b'x'));
+        let mut lines = Lines::new(endless);
+        assert!(matches!(lines.next_line().await, Err(LineError::TooLong)));
+        let mut lines = Lines::new(&b"{}\nlast"[..]);
+        assert_eq!(lines.next_line().await.expect("ok"), Some(&b"{}"[..]));
+        assert_eq!(lines.next_line().await.expect("ok"), Some(&b"last"[..]));
+        assert_eq!(lines.next_line().await.expect("ok"), None);
+        let exact = format!("{}\n", "y".repeat(LINE_LIMIT));
+        let mut lines = Lines::new(exact.as_bytes());
+        assert_eq!(
+            lines.next_line().await.expect("fits").map(<[u8]>::len),
+            Some(LINE_LIMIT)
+        );
+    }
     use apm_core::{Lid, MigrateAck};
 
     #[test]
@@ -150,6 +236,24 @@ mod tests {
                 result: Err("no apm at the peer".into()),
             },
             FromAgent::RailDown { gid },
+            FromAgent::Path {
+                ends: PathEnds {
+                    local: gid,
+                    remote: gid,
+                },
+                verdict: PathVerdict::Held { hold_ms: 6_000 },
+            },
+            FromAgent::Watching {
+                probing: true,
+                sessions: vec![(
+                    PathEnds {
+                        local: gid,
+                        remote: gid,
+                    },
+                    SessionState::Up,
+                )],
+            },
+            FromAgent::Synced { req: 4 },
         ];
         for m in msgs {
             let l = line(&m);
@@ -164,5 +268,8 @@ mod tests {
             ok: true,
         });
         assert_eq!(comm_ids(&ack), (18, 17));
+        let sync = ToAgent::Sync { req: 4 };
+        let back: ToAgent = serde_json::from_slice(&line(&sync)).expect("parse");
+        assert_eq!(back, sync);
     }
 }

@@ -105,6 +105,13 @@ typedef struct ApmNotification {
   // ("port_disjoint", "one_port_shared" or "same_ports"); "forced" for a `Migrated`
   // apm forced, empty otherwise.
   char reason[32];
+  // For `Migrated` and an `Unprotected` "primary_down_unarmed": what this side saw
+  // kill the primary, NUL-terminated: "local_port" (its port), "peer_port" (the
+  // peer's port: an SA notice, or the peer's probes), "fabric" (both ports up,
+  // liveness probes lost between them) or "stall" (sends stopped completing);
+  // empty when this side saw nothing (the peer asked it to move, or the device
+  // migrated by itself) and for the other kinds.
+  char cause[16];
   // The alternate (`Protected`, `Rearmed`) or the new primary (`Migrated`).
   struct ApmPath path;
 } ApmNotification;

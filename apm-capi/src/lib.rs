@@ -41,8 +41,8 @@ pub use protect::*;
 pub use sim::*;
 
 use apm::apm_core::{
-    ConnId, ConnSpec, Gid, Lid, LostReason, MigrationMode, Notification, NotificationKind, Path,
-    PortKey, Qpn, Role, UnprotectedReason,
+    Cause, ConnId, ConnSpec, Gid, Lid, LostReason, MigrationMode, Notification, NotificationKind,
+    Path, PortKey, Qpn, Role, UnprotectedReason,
 };
 use apm::{Apm, Config, ProtectError, Qp, StartError};
 use std::cell::RefCell;
@@ -182,6 +182,13 @@ pub struct ApmNotification {
     /// ("port_disjoint", "one_port_shared" or "same_ports"); "forced" for a `Migrated`
     /// apm forced, empty otherwise.
     pub reason: [c_char; 32],
+    /// For `Migrated` and an `Unprotected` "primary_down_unarmed": what this side saw
+    /// kill the primary, NUL-terminated: "local_port" (its port), "peer_port" (the
+    /// peer's port: an SA notice, or the peer's probes), "fabric" (both ports up,
+    /// liveness probes lost between them) or "stall" (sends stopped completing);
+    /// empty when this side saw nothing (the peer asked it to move, or the device
+    /// migrated by itself) and for the other kinds.
+    pub cause: [c_char; 16],
     /// The alternate (`Protected`, `Rearmed`) or the new primary (`Migrated`).
     pub path: ApmPath,
 }

@@ -84,9 +84,10 @@ pub(crate) fn tracing_lag(k: u64) {
     ));
 }
 
-pub(crate) fn reason_text(s: &str) -> [c_char; 32] {
-    let mut out = [0 as c_char; 32];
-    for (o, b) in out.iter_mut().zip(s.bytes().take(31)) {
+/// `s` as a NUL-terminated C string of at most `N - 1` bytes.
+pub(crate) fn reason_text<const N: usize>(s: &str) -> [c_char; N] {
+    let mut out = [0 as c_char; N];
+    for (o, b) in out.iter_mut().zip(s.bytes().take(N.saturating_sub(1))) {
         *o = b as c_char;
     }
     out
@@ -106,6 +107,12 @@ pub(crate) fn unprotected_reason(r: UnprotectedReason) -> &'static str {
 }
 
 pub(crate) fn c_note(n: &Notification) -> ApmNotification {
+    let cause = match &n.kind {
+        NotificationKind::Migrated { cause, .. } | NotificationKind::Unprotected { cause, .. } => {
+            cause.map_or("", Cause::name)
+        }
+        _ => "",
+    };
     let (kind, reason, path) = match &n.kind {
         NotificationKind::Protected {
             alternate,
@@ -123,12 +130,14 @@ pub(crate) fn c_note(n: &Notification) -> ApmNotification {
             survives.name(),
             c_path(alternate),
         ),
-        NotificationKind::Migrated { primary, forced } => (
+        NotificationKind::Migrated {
+            primary, forced, ..
+        } => (
             ApmNotificationKind::Migrated,
             if *forced { "forced" } else { "" },
             c_path(primary),
         ),
-        NotificationKind::Unprotected { reason } => (
+        NotificationKind::Unprotected { reason, .. } => (
             ApmNotificationKind::Unprotected,
             unprotected_reason(*reason),
             ApmPath::default(),
@@ -153,6 +162,7 @@ pub(crate) fn c_note(n: &Notification) -> ApmNotification {
         time_ns: n.time.as_nanos(),
         kind,
         reason: reason_text(reason),
+        cause: reason_text(cause),
         path,
     }
 }

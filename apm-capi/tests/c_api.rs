@@ -102,6 +102,69 @@ fn rust_calls_through_the_abi() {
     }
 }
 
+/// A C string field as Rust text.
+fn text(field: &[std::ffi::c_char]) -> String {
+    let bytes: Vec<u8> = field
+        .iter()
+        .take_while(|c| **c != 0)
+        .map(|c| *c as u8)
+        .collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+#[test]
+fn a_move_for_a_silent_failure_says_fabric_in_its_cause() {
+    // Rail A's switch black-holes at 1 s with both ports up: only probes see it.
+    let scenario = crate_dir().join("../provider-sim/scenarios/nccl-silent.toml");
+    let cfg = CString::new(format!(
+        "[[device]]\nname = \"h2\"\nprovider = \"sim\"\n[sim]\nscenario = \"{}\"\nseed = 3\n\
+         [policy.probe]\nenabled = true\ninfiniband = true\n",
+        scenario.display()
+    ))
+    .unwrap();
+    let mut m: *mut ApmManager = std::ptr::null_mut();
+    let mut causes: Vec<(ApmNotificationKind, String, String)> = Vec::new();
+    // SAFETY: valid C strings and out pointers; the manager is used on this thread only
+    // and destroyed once at the end.
+    unsafe {
+        let st = apm_manager_new_from_str(cfg.as_ptr(), &mut m);
+        assert_eq!(st, ApmStatus::Ok, "{}", last_error());
+        let mut n = 0usize;
+        assert_eq!(apm_sim_connection_count(m, &mut n), ApmStatus::Ok);
+        for i in 0..n {
+            let mut info = std::mem::MaybeUninit::<ApmConnInfo>::uninit();
+            assert_eq!(apm_sim_connection(m, i, info.as_mut_ptr()), ApmStatus::Ok);
+            let info = info.assume_init();
+            assert_eq!(apm_protect(m, std::ptr::null_mut(), &info), ApmStatus::Ok);
+        }
+        assert_eq!(apm_sim_run_for(m, 1_500), ApmStatus::Ok);
+        let mut note = std::mem::MaybeUninit::<ApmNotification>::uninit();
+        while apm_next_notification(m, note.as_mut_ptr()) == ApmStatus::Ok {
+            let n = note.assume_init_ref();
+            causes.push((n.kind, text(&n.reason), text(&n.cause)));
+        }
+        apm_manager_destroy(m);
+    }
+    let moved: Vec<&str> = causes
+        .iter()
+        .filter(|(k, _, _)| *k == ApmNotificationKind::Migrated)
+        .map(|(_, _, c)| c.as_str())
+        .collect();
+    assert!(moved.contains(&"fabric"), "{causes:?}");
+    // The others moved because their peer asked: this side saw nothing.
+    assert!(
+        moved.iter().all(|c| *c == "fabric" || c.is_empty()),
+        "{moved:?}"
+    );
+    assert!(
+        causes
+            .iter()
+            .filter(|(k, _, _)| *k == ApmNotificationKind::Protected)
+            .all(|(_, _, c)| c.is_empty()),
+        "only moves and losses of a primary have a cause"
+    );
+}
+
 #[test]
 fn the_header_keeps_the_retired_kick_wr_id_of_the_library() {
     assert_eq!(APM_KICK_WR_ID, apm::KICK_WR_ID);

@@ -273,6 +273,21 @@ pub enum PeerMsg {
     Probe(crate::probe::Probe),
 }
 
+impl PeerMsg {
+    /// The connection a message names: (the receiver's comm id, the sender's); none
+    /// for a probe, which names a path, not a connection.
+    pub fn comm_ids(&self) -> Option<(u32, u32)> {
+        Some(match self {
+            PeerMsg::Lap(m) => (m.receiver_comm_id, m.sender_comm_id),
+            PeerMsg::Apr(m) => (m.receiver_comm_id, m.sender_comm_id),
+            PeerMsg::Mra(m) => (m.receiver_comm_id, m.sender_comm_id),
+            PeerMsg::Migrate(m) => (m.receiver_comm_id, m.sender_comm_id),
+            PeerMsg::MigrateAck(m) => (m.receiver_comm_id, m.sender_comm_id),
+            PeerMsg::Probe(_) => return None,
+        })
+    }
+}
+
 /// LAP contents. `alt` is written from the sender's point of view (its `slid`/`sgid` are
 /// the sender's port, `dlid`/`dgid` the receiver's); its `port` and `sgid_index` are
 /// meaningless to the receiver.
@@ -427,17 +442,64 @@ pub enum NotificationKind {
         primary: Path,
         /// True when the engine forced it (hardware migrations report false).
         forced: bool,
+        /// What this side saw kill the old primary; `None` when it saw nothing (the
+        /// peer asked it to move, or the device migrated by itself).
+        cause: Option<Cause>,
     },
     /// No armed healthy alternate any more.
     Unprotected {
         /// Why.
         reason: UnprotectedReason,
+        /// For [`UnprotectedReason::PrimaryDownUnarmed`]: what killed the primary, as
+        /// far as this side knows; `None` otherwise.
+        cause: Option<Cause>,
     },
     /// The QP is in ERR: the connection is gone.
     Lost {
         /// Why.
         reason: LostReason,
     },
+}
+
+/// What this side saw kill a connection's primary path: the failure kind of a port
+/// event, an SA notice or a liveness probe verdict (the prober's names), or a stall.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Cause {
+    /// This host's port on the path: its `PORT_ERR`, or the prober's verdict.
+    LocalPort,
+    /// The peer's port on the path: the SA's trap 65, or the peer's probes naming it
+    /// down (on RoCE, where no SA exists).
+    PeerPort,
+    /// Both ports up, and probes between them lost: a cable, switch or route between.
+    Fabric,
+    /// The connection's sends stopped completing: the provider's progress monitor, the
+    /// application's `report_stall`, or an operator's rail-down verdict.
+    Stall,
+}
+
+impl Cause {
+    /// The name used in JSON and the C API: `local_port`, `peer_port`, `fabric`,
+    /// `stall`.
+    pub fn name(self) -> &'static str {
+        match self {
+            Cause::LocalPort => "local_port",
+            Cause::PeerPort => "peer_port",
+            Cause::Fabric => "fabric",
+            Cause::Stall => "stall",
+        }
+    }
+}
+
+impl From<crate::probe::FailureKind> for Cause {
+    fn from(kind: crate::probe::FailureKind) -> Cause {
+        match kind {
+            crate::probe::FailureKind::LocalPort => Cause::LocalPort,
+            crate::probe::FailureKind::PeerPort => Cause::PeerPort,
+            crate::probe::FailureKind::Fabric => Cause::Fabric,
+        }
+    }
 }
 
 /// Why a connection is unprotected.

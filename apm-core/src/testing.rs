@@ -299,7 +299,9 @@ pub fn notification_line(kind: &NotificationKind) -> String {
             "Rearmed alt port={} dlid={}",
             alternate.port.port, alternate.dlid
         ),
-        NotificationKind::Migrated { primary, forced } => format!(
+        NotificationKind::Migrated {
+            primary, forced, ..
+        } => format!(
             "Migrated forced={forced} primary port={} dlid={}",
             primary.port.port, primary.dlid
         ),
@@ -460,6 +462,7 @@ mod tests {
         let n = NotificationKind::Migrated {
             primary: path(1, 5),
             forced: true,
+            cause: None,
         };
         assert_eq!(
             notification_line(&n),

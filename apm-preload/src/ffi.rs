@@ -9,6 +9,7 @@
 #![allow(unsafe_code)]
 
 use crate::protect::{self, QpSeen};
+use crate::tee;
 use provider_verbs::ffi::sys;
 use std::ffi::{c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -22,10 +23,22 @@ type QueryFn = unsafe extern "C" fn(
     *mut sys::ibv_qp_init_attr,
 ) -> c_int;
 type DestroyFn = unsafe extern "C" fn(*mut sys::ibv_qp) -> c_int;
+type DestroyCqFn = unsafe extern "C" fn(*mut sys::ibv_cq) -> c_int;
+type DestroySrqFn = unsafe extern "C" fn(*mut sys::ibv_srq) -> c_int;
+type OpenFn = unsafe extern "C" fn(*mut sys::ibv_device) -> *mut sys::ibv_context;
+type CloseFn = unsafe extern "C" fn(*mut sys::ibv_context) -> c_int;
+type GetEventFn = unsafe extern "C" fn(*mut sys::ibv_context, *mut sys::ibv_async_event) -> c_int;
+type AckFn = unsafe extern "C" fn(*mut sys::ibv_async_event);
 
 static MODIFY: OnceLock<Option<ModifyFn>> = OnceLock::new();
 static QUERY: OnceLock<Option<QueryFn>> = OnceLock::new();
 static DESTROY: OnceLock<Option<DestroyFn>> = OnceLock::new();
+static DESTROY_CQ: OnceLock<Option<DestroyCqFn>> = OnceLock::new();
+static DESTROY_SRQ: OnceLock<Option<DestroySrqFn>> = OnceLock::new();
+static OPEN: OnceLock<Option<OpenFn>> = OnceLock::new();
+static CLOSE: OnceLock<Option<CloseFn>> = OnceLock::new();
+static GET_EVENT: OnceLock<Option<GetEventFn>> = OnceLock::new();
+static ACK: OnceLock<Option<AckFn>> = OnceLock::new();
 
 /// The real `name` of libibverbs (symbol version `IBVERBS_1.1`, the one programs link).
 fn real(name: &CStr) -> Option<*mut c_void> {
@@ -54,6 +67,7 @@ fn real(name: &CStr) -> Option<*mut c_void> {
     (!p.is_null()).then_some(p)
 }
 
+/// The real function behind `$cell` (looked up once): libibverbs' `$name`.
 macro_rules! resolve {
     ($cell:ident, $name:literal, $ty:ty) => {
         *$cell.get_or_init(|| {
@@ -77,6 +91,11 @@ fn guarded<R>(what: &str, f: impl FnOnce() -> R) -> Option<R> {
 
 const NO_SYMBOL: c_int = libc::EOPNOTSUPP;
 
+/// libibverbs' own `ibv_ack_async_event` (the tee acks on the program's behalf with it).
+pub(crate) fn real_ack() -> Option<AckFn> {
+    resolve!(ACK, c"ibv_ack_async_event", AckFn)
+}
+
 /// `ibv_modify_qp`: the real one; then, when it moved an RC QP to RTS, apm starts
 /// protecting it, and when it took a protected QP out of RTS, apm lets go of it.
 ///
@@ -99,7 +118,14 @@ pub unsafe extern "C" fn ibv_modify_qp(
         Some(rc) => rc,
         None => call(),
     };
-    if rc != 0 || attr.is_null() || mask & sys::IBV_QP_STATE as c_int == 0 {
+    if rc != 0 || attr.is_null() {
+        return rc;
+    }
+    let own_apm = (sys::IBV_QP_ALT_PATH | sys::IBV_QP_PATH_MIG_STATE) as c_int;
+    if mask & own_apm != 0 {
+        guarded("note the program's own APM", || protect::manages_apm(key));
+    }
+    if mask & sys::IBV_QP_STATE as c_int == 0 {
         return rc;
     }
     // SAFETY: a valid attribute struct per the contract.
@@ -153,11 +179,135 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut sys::ibv_qp) -> c_int {
     let Some(real) = resolve!(DESTROY, c"ibv_destroy_qp", DestroyFn) else {
         return NO_SYMBOL;
     };
-    guarded("release on destroy", || {
-        protect::release(qp as usize, "destroyed")
-    });
+    guarded("release on destroy", || protect::destroyed(qp as usize));
     // SAFETY: the caller's own argument.
-    unsafe { real(qp) }
+    let call = || unsafe { real(qp) };
+    destroy_through_tee(qp as usize, call)
+}
+
+/// A destroy, with the tee's accounting of the object's events ([`tee::destroy`]); if
+/// apm's part fails before the real destroy ran, the plain destroy (never twice).
+fn destroy_through_tee(addr: usize, call: impl Fn() -> c_int) -> c_int {
+    let done = std::cell::Cell::new(None);
+    let once = || {
+        let rc = call();
+        done.set(Some(rc));
+        rc
+    };
+    let _ = guarded("destroy through the event tee", || tee::destroy(addr, once));
+    done.get().unwrap_or_else(call)
+}
+
+/// `ibv_destroy_cq`: the real one, with the tee's accounting of the CQ's async events.
+///
+/// # Safety
+/// The caller's contract of `ibv_destroy_cq`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_cq(cq: *mut sys::ibv_cq) -> c_int {
+    let Some(real) = resolve!(DESTROY_CQ, c"ibv_destroy_cq", DestroyCqFn) else {
+        return NO_SYMBOL;
+    };
+    // SAFETY: the caller's own argument.
+    let call = || unsafe { real(cq) };
+    destroy_through_tee(cq as usize, call)
+}
+
+/// `ibv_destroy_srq`: the real one, with the tee's accounting of the SRQ's async events.
+///
+/// # Safety
+/// The caller's contract of `ibv_destroy_srq`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_destroy_srq(srq: *mut sys::ibv_srq) -> c_int {
+    let Some(real) = resolve!(DESTROY_SRQ, c"ibv_destroy_srq", DestroySrqFn) else {
+        return NO_SYMBOL;
+    };
+    // SAFETY: the caller's own argument.
+    let call = || unsafe { real(srq) };
+    destroy_through_tee(srq as usize, call)
+}
+
+/// `ibv_open_device`: the real one; then, on a soft-RoCE device where apm may use
+/// hardware APM, the async event tee ([`tee`]) so that apm sees the events of the
+/// program's QPs. A tee that cannot start leaves the context as it was (said once).
+///
+/// # Safety
+/// The caller's contract of `ibv_open_device`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_open_device(device: *mut sys::ibv_device) -> *mut sys::ibv_context {
+    let Some(real) = resolve!(OPEN, c"ibv_open_device", OpenFn) else {
+        // SAFETY: setting errno, as libibverbs does on failure.
+        unsafe { *libc::__errno_location() = libc::ENOSYS };
+        return std::ptr::null_mut();
+    };
+    // SAFETY: the caller's own argument.
+    let ctx = unsafe { real(device) };
+    if ctx.is_null() {
+        return ctx;
+    }
+    // SAFETY: a context libibverbs just returned; its device is live.
+    let name = unsafe { device_name(ctx) };
+    if crate::mode::wants_tee(&name) {
+        // SAFETY: the context was just opened and is not the program's yet.
+        if let Some(Err(why)) = guarded("the event tee", || unsafe { tee::attach(ctx) }) {
+            crate::report::note(&format!(
+                "apm cannot share {name}'s async events ({why}): its QPs are protected \
+                 in software, if at all"
+            ));
+        }
+    }
+    ctx
+}
+
+/// `ibv_close_device`: the tee comes off first, then the real close.
+///
+/// # Safety
+/// The caller's contract of `ibv_close_device`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_close_device(ctx: *mut sys::ibv_context) -> c_int {
+    let Some(real) = resolve!(CLOSE, c"ibv_close_device", CloseFn) else {
+        return NO_SYMBOL;
+    };
+    guarded("take the event tee off", || tee::detach(ctx as usize));
+    // SAFETY: the caller's own argument.
+    unsafe { real(ctx) }
+}
+
+/// `ibv_get_async_event`: the real one; on a context with a tee, the events apm kept
+/// for the program come first, and apm gets a copy of each ([`tee`]).
+///
+/// # Safety
+/// The caller's contract of `ibv_get_async_event`.
+#[no_mangle]
+pub unsafe extern "C" fn ibv_get_async_event(
+    ctx: *mut sys::ibv_context,
+    event: *mut sys::ibv_async_event,
+) -> c_int {
+    let Some(real) = resolve!(GET_EVENT, c"ibv_get_async_event", GetEventFn) else {
+        return -1;
+    };
+    if tee::attached(ctx as usize) {
+        // SAFETY: the caller's arguments; `real` is libibverbs' function.
+        unsafe { tee::get_event(ctx, event, real) }
+    } else {
+        // SAFETY: the caller's arguments.
+        unsafe { real(ctx, event) }
+    }
+}
+
+/// The name of the device of a live context.
+///
+/// # Safety
+/// `ctx` is a live context.
+unsafe fn device_name(ctx: *mut sys::ibv_context) -> String {
+    // SAFETY: a live context and its live device (libibverbs' public structs).
+    unsafe {
+        if ctx.is_null() || (*ctx).device.is_null() {
+            return String::new();
+        }
+        CStr::from_ptr((*(*ctx).device).name.as_ptr())
+            .to_string_lossy()
+            .into_owned()
+    }
 }
 
 /// What apm needs to know of a QP that just reached RTS, read from the struct.
@@ -171,15 +321,10 @@ unsafe fn seen(qp: *mut sys::ibv_qp) -> Option<QpSeen> {
     // SAFETY: a live QP and its live context and device (libibverbs' public structs).
     unsafe {
         let ctx = (*qp).context;
-        let device = if ctx.is_null() || (*ctx).device.is_null() {
-            String::new()
-        } else {
-            CStr::from_ptr((*(*ctx).device).name.as_ptr())
-                .to_string_lossy()
-                .into_owned()
-        };
+        let device = device_name(ctx);
         Some(QpSeen {
             key: qp as usize,
+            context: ctx as usize,
             qpn: (*qp).qp_num,
             kind: match (*qp).qp_type {
                 sys::IBV_QPT_RC => protect::QpKind::Rc,

@@ -13,16 +13,20 @@
 //! program's `ibv_destroy_qp` takes too; afterwards the program's own control verbs
 //! and apm's moves serialise on the adopted QP's lock (`AdoptedQp::hold`).
 
+use crate::ledger::{Element, Event, Object};
+use crate::mode::{is_soft_roce, migration, Facet, Migration};
 use crate::report;
 use apm_agent::client::{AgentClient, AgentPeer};
 use apm_agent::local::ip_of;
+use apm_agent::report::MovedBy;
 use apm_agent::wire::{FromAgent, Route};
 use apm_core::{
-    ConnId, ConnSpec, Gid, Manager, ManagerHandle, MigrationMode, NotificationKind, Path, PortKey,
-    Qpn, Role, Stack, StaticPaths,
+    Cause, ConnId, ConnSpec, Gid, Manager, ManagerHandle, NotificationKind, Path, PortKey, Qpn,
+    Role, Stack, StaticPaths,
 };
 use provider_rxe::{AdoptedQp, RxeConfig, RxeQpControl};
-use provider_verbs::ffi::{Context, QpAttr, QpAttrMask, Verbs};
+use provider_verbs::ffi::{AsyncEventKind, Context, QpAttr, QpAttrMask, Verbs};
+use provider_verbs::VerbsQpControl;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
@@ -49,6 +53,8 @@ pub enum QpKind {
 pub struct QpSeen {
     /// The `struct ibv_qp *`, as a key.
     pub key: usize,
+    /// Its `struct ibv_context *` (the program's, where its async events arrive).
+    pub context: usize,
     /// Its number.
     pub qpn: u32,
     /// Its type.
@@ -63,9 +69,36 @@ pub struct QpSeen {
 struct Adopted {
     device: Arc<Device>,
     id: ConnId,
-    qp: Arc<AdoptedQp>,
+    qpn: u32,
+    how: Moved,
     remote_qpn: u32,
 }
+
+/// Who moves an adopted QP's path.
+enum Moved {
+    /// apm, through the SQ drain (provider-rxe): the program's own verbs on the QP wait
+    /// while it does ([`AdoptedQp::hold`]).
+    Software(Arc<AdoptedQp>),
+    /// The device (hardware APM: it migrates by itself; apm loads, arms and forces with
+    /// RTS -> RTS modifies, which the kernel serialises with the program's own).
+    Hardware,
+}
+
+/// QPs whose program loads alternate paths or sets their migration state itself: apm
+/// leaves them to it.
+fn own_apm() -> &'static Mutex<std::collections::BTreeSet<usize>> {
+    static OWN: OnceLock<Mutex<std::collections::BTreeSet<usize>>> = OnceLock::new();
+    OWN.get_or_init(Mutex::default)
+}
+
+/// The program itself set `IBV_QP_ALT_PATH` or `IBV_QP_PATH_MIG_STATE` on QP `key`.
+pub fn manages_apm(key: usize) {
+    lock(own_apm()).insert(key);
+}
+
+/// Why a QP whose program does its own APM is not protected.
+const OWN_APM: &str = "the program loads alternate paths itself (its own APM): apm leaves \
+                       the QP's path migration to it";
 
 /// One QP from RTS until released.
 #[derive(Default)]
@@ -79,7 +112,7 @@ struct Slot {
 struct Device {
     name: String,
     ctx: Context,
-    facet: Arc<RxeQpControl>,
+    facet: Facet,
     peer: AgentPeer,
     paths: StaticPaths,
     handle: ManagerHandle,
@@ -161,6 +194,7 @@ impl Protector {
             .map_err(|_| "the apm agent did not accept the connection in time".to_owned())?
             .map_err(|e| e.to_string())?;
         rt.spawn(dispatch(events));
+        crate::tee::set_hook(Box::new(|_, ev| tee_event(ev)));
         Ok(Protector {
             rt,
             client: Arc::new(client),
@@ -187,9 +221,9 @@ impl Protector {
     }
 
     async fn open(&self, name: &str) -> Result<Device, String> {
-        // Soft-RoCE devices name their netdev in `parent`; apm moves QPs in software
-        // only there (other RoCE drivers are untested with the SQ-drain move).
-        if !std::path::Path::new(&format!("/sys/class/infiniband/{name}/parent")).exists() {
+        // apm run protects soft-RoCE QPs only: other RoCE drivers are untested with the
+        // SQ-drain move, and InfiniBand under apm run is not built.
+        if !is_soft_roce(name) {
             return Err(format!(
                 "device {name} is not soft-RoCE (rxe): apm run protects rxe QPs only"
             ));
@@ -198,10 +232,49 @@ impl Protector {
         let ctx = verbs
             .open(name)
             .map_err(|e| format!("apm cannot open {name}: {e}"))?;
-        let facet = Arc::new(RxeQpControl::new(vec![ctx.clone()], RxeConfig::default()));
         let peer = AgentPeer::new(self.client.clone(), PortKey::new(0, 1));
         let paths = StaticPaths::default();
-        let stack = Stack::new(facet.clone(), peer.clone(), paths.clone());
+        // rxe has one port: whether the kernel takes alternate paths there decides.
+        let hardware = match migration() {
+            Migration::Software => false,
+            Migration::Auto => provider_verbs::hw_apm::available(&ctx, 1).is_ok(),
+            Migration::Hardware => {
+                provider_verbs::hw_apm::available(&ctx, 1).map_err(|e| {
+                    format!("hardware APM was asked for (APM_RUN_MIGRATION) and {name} cannot: {e}")
+                })?;
+                true
+            }
+        };
+        let (facet, handle) = if hardware {
+            let f = Arc::new(VerbsQpControl::new(vec![ctx.clone()]));
+            let h = self.engine(name, f.clone(), &peer, &paths).await?;
+            (Facet::Hardware(f), h)
+        } else {
+            let f = Arc::new(RxeQpControl::new(vec![ctx.clone()], RxeConfig::default()));
+            let h = self.engine(name, f.clone(), &peer, &paths).await?;
+            (Facet::Software(f), h)
+        };
+        info!(device = name, mode = ?facet.mode(), "apm's engine started");
+        Ok(Device {
+            name: name.to_owned(),
+            ctx,
+            facet,
+            peer,
+            paths,
+            handle,
+            conns: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// Start an engine on `facet`, the agent's peer channel and the connections' paths.
+    async fn engine<Q: apm_core::QpControl + 'static>(
+        &self,
+        name: &str,
+        facet: Arc<Q>,
+        peer: &AgentPeer,
+        paths: &StaticPaths,
+    ) -> Result<ManagerHandle, String> {
+        let stack = Stack::new(facet, peer.clone(), paths.clone());
         let (manager, handle) = Manager::new(Arc::new(stack), self.policy.clone())
             .map_err(|e| format!("apm's engine refused to start: {e}"))?;
         let task = tokio::spawn(manager.run());
@@ -212,15 +285,7 @@ impl Protector {
             };
             return Err(format!("apm's engine on {name} did not start: {why}"));
         }
-        Ok(Device {
-            name: name.to_owned(),
-            ctx,
-            facet,
-            peer,
-            paths,
-            handle,
-            conns: Mutex::new(BTreeMap::new()),
-        })
+        Ok(handle)
     }
 }
 
@@ -258,6 +323,7 @@ fn settle_rtr(key: usize) {
 pub fn on_rts(seen: QpSeen) {
     lock(rtr_only()).remove(&seen.key);
     let reason = match seen.kind {
+        QpKind::Rc if lock(own_apm()).contains(&seen.key) => Some(OWN_APM),
         QpKind::Rc if seen.srq => {
             Some("it receives through a shared receive queue (SRQ), not supported yet")
         }
@@ -308,9 +374,18 @@ pub fn on_rts(seen: QpSeen) {
 pub fn with_held<R>(key: usize, f: impl FnOnce() -> R) -> Option<R> {
     let p = PROTECTOR.get()?.as_ref().ok()?;
     let slot = lock(&p.slots).get(&key).cloned()?;
-    let qp = lock(&slot).adopted.as_ref().map(|a| a.qp.clone())?;
+    let qp = match lock(&slot).adopted.as_ref().map(|a| &a.how) {
+        Some(Moved::Software(qp)) => qp.clone(),
+        _ => return None,
+    };
     let _held = qp.hold();
     Some(f())
+}
+
+/// The program destroys QP `key`.
+pub fn destroyed(key: usize) {
+    lock(own_apm()).remove(&key);
+    release(key, "destroyed");
 }
 
 /// The program destroys QP `key` or took it out of RTS: stop looking after it (waits
@@ -325,9 +400,11 @@ pub fn release(key: usize, why: &str) {
     s.released = true;
     let Some(a) = s.adopted.take() else { return };
     drop(s);
-    a.qp.retire();
+    if let Moved::Software(qp) = &a.how {
+        qp.retire();
+    }
     a.device.facet.unregister(a.id);
-    let qpn = a.qp.qp().qp_num();
+    let qpn = a.qpn;
     lock(&a.device.conns).remove(&a.id);
     let _ = p.client.unregister(qpn, a.remote_qpn);
     report::released(qpn);
@@ -414,20 +491,8 @@ async fn protect(
     slot: Arc<Mutex<Slot>>,
 ) -> Result<(), String> {
     let dev = p.device(&seen.device).await?;
-    // The QP is touched under the slot's lock: a destroy waits for this.
-    let (qp, attr) = {
-        let s = lock(&slot);
-        if s.released {
-            return Ok(());
-        }
-        let qp = crate::ffi::adopt(&dev.ctx, seen.key).map_err(|e| e.to_string())?;
-        let mask = QpAttrMask::STATE
-            | QpAttrMask::AV
-            | QpAttrMask::DEST_QPN
-            | QpAttrMask::PATH_MTU
-            | QpAttrMask::TIMEOUT;
-        let attr = qp.query(mask).map_err(|e| e.to_string())?;
-        (qp, attr)
+    let Some((qp, attr)) = read_qp(&dev, &seen, &slot)? else {
+        return Ok(());
     };
     let QpPaths {
         sgid,
@@ -439,42 +504,13 @@ async fn protect(
     let qpn = seen.qpn;
     let remote_qpn = attr.dest_qp_num;
     let id = ConnId(u64::from(qpn));
-    let adopted = {
-        let mut s = lock(&slot);
-        if s.released {
-            return Ok(());
-        }
-        dev.facet
-            .adopt(id, Arc::new(qp))
-            .map_err(|e| e.to_string())?;
-        let a = dev
-            .facet
-            .adopted(id)
-            .ok_or("the QP facet lost the adopted QP")?;
-        s.adopted = Some(Adopted {
-            device: dev.clone(),
-            id,
-            qp: a.clone(),
-            remote_qpn,
-        });
-        a
-    };
-    let _ = adopted;
+    if hand_over(&dev, &seen, &slot, id, qp, remote_qpn)? == Handover::Released {
+        return Ok(());
+    }
     let all: Vec<Path> = std::iter::once(primary)
         .chain(candidates.iter().copied())
         .collect();
-    dev.peer.learn(all.iter().map(|p| (p.sgid, p.dgid)));
-    dev.paths.add(all.iter().copied());
-    dev.facet.keep_warm(all.iter().copied());
-    p.client
-        .register(Route {
-            local_qpn: qpn,
-            remote_qpn,
-            peer_gids: all.iter().map(|p| p.dgid).collect(),
-            local_gids: all.iter().map(|p| p.sgid).collect(),
-            paths: all.iter().map(|p| (p.sgid, p.dgid)).collect(),
-        })
-        .map_err(|e| e.to_string())?;
+    route(p, &dev, qpn, remote_qpn, &all)?;
     lock(&dev.conns).insert(
         id,
         Conn {
@@ -492,7 +528,7 @@ async fn protect(
     let spec = ConnSpec {
         id,
         role,
-        mode: MigrationMode::Software,
+        mode: dev.facet.mode(),
         local_qpn: Qpn::new(qpn).ok_or("its QP number is out of range")?,
         remote_qpn: Qpn::new(remote_qpn).ok_or("the peer's QP number is out of range")?,
         local_comm_id: qpn,
@@ -507,6 +543,122 @@ async fn protect(
         return Err(format!("apm's engine refused it: {e}"));
     }
     Ok(())
+}
+
+/// The program's QP, adopted, and its attributes, read under the slot's lock (a
+/// destroy waits for this); `None` once the program has released it.
+fn read_qp(
+    dev: &Device,
+    seen: &QpSeen,
+    slot: &Mutex<Slot>,
+) -> Result<Option<(provider_verbs::ffi::Qp, QpAttr)>, String> {
+    let s = lock(slot);
+    if s.released {
+        return Ok(None);
+    }
+    let qp = crate::ffi::adopt(&dev.ctx, seen.key).map_err(|e| e.to_string())?;
+    let mask = QpAttrMask::STATE
+        | QpAttrMask::AV
+        | QpAttrMask::DEST_QPN
+        | QpAttrMask::PATH_MTU
+        | QpAttrMask::TIMEOUT;
+    let attr = qp.query(mask).map_err(|e| e.to_string())?;
+    Ok(Some((qp, attr)))
+}
+
+/// Whether the QP reached the device's facet.
+#[derive(PartialEq, Eq)]
+enum Handover {
+    Done,
+    /// The program released it meanwhile: nothing to protect.
+    Released,
+}
+
+/// Hand the QP to the device's facet and note it in its slot, under the slot's lock.
+fn hand_over(
+    dev: &Arc<Device>,
+    seen: &QpSeen,
+    slot: &Mutex<Slot>,
+    id: ConnId,
+    qp: provider_verbs::ffi::Qp,
+    remote_qpn: u32,
+) -> Result<Handover, String> {
+    let mut s = lock(slot);
+    if s.released {
+        return Ok(Handover::Released);
+    }
+    let how = match &dev.facet {
+        Facet::Software(f) => {
+            f.adopt(id, Arc::new(qp)).map_err(|e| e.to_string())?;
+            let a = f.adopted(id).ok_or("the QP facet lost the adopted QP")?;
+            Moved::Software(a)
+        }
+        Facet::Hardware(f) => {
+            if !crate::tee::attached(seen.context) {
+                return Err(
+                    "its context's async events are not shared with apm (no event \
+                            tee on it), and hardware APM needs its PATH_MIG events"
+                        .into(),
+                );
+            }
+            f.register(id, Arc::new(qp)).map_err(|e| e.to_string())?;
+            Moved::Hardware
+        }
+    };
+    s.adopted = Some(Adopted {
+        device: dev.clone(),
+        id,
+        qpn: seen.qpn,
+        how,
+        remote_qpn,
+    });
+    Ok(Handover::Done)
+}
+
+/// An async event the tee passed on (see [`crate::tee`]): a protected QP's event goes
+/// to the engine of its device when the device migrates it (hardware APM); apm's own
+/// context reads the port events.
+fn tee_event(ev: Event) {
+    let Element::Object(Object::Qp, addr) = ev.about() else {
+        return;
+    };
+    let Some(Ok(p)) = PROTECTOR.get() else { return };
+    let Some(slot) = lock(&p.slots).get(&addr).cloned() else {
+        return;
+    };
+    let s = lock(&slot);
+    let Some(a) = &s.adopted else { return };
+    if let (Moved::Hardware, Facet::Hardware(f)) = (&a.how, &a.device.facet) {
+        let kind = AsyncEventKind::from_raw(ev.event_type);
+        debug!(qpn = a.qpn, ?kind, "the program's QP event");
+        f.deliver_qp_event(a.id, kind);
+    }
+}
+
+/// Make the connection's paths known: to the peer facet (which local address reaches
+/// which peer address), the static path service, the neighbour tables, and the agent
+/// (which routes the peer's messages here and probes the paths).
+fn route(
+    p: &Protector,
+    dev: &Device,
+    qpn: u32,
+    remote_qpn: u32,
+    all: &[Path],
+) -> Result<(), String> {
+    dev.peer.learn(all.iter().map(|p| (p.sgid, p.dgid)));
+    dev.paths.add(all.iter().copied());
+    if let Facet::Software(f) = &dev.facet {
+        f.keep_warm(all.iter().copied());
+    }
+    p.client
+        .register(Route {
+            local_qpn: qpn,
+            remote_qpn,
+            peer_gids: all.iter().map(|p| p.dgid).collect(),
+            local_gids: all.iter().map(|p| p.sgid).collect(),
+            paths: all.iter().map(|p| (p.sgid, p.dgid)).collect(),
+        })
+        .map_err(|e| e.to_string())
 }
 
 /// Follow one device's notifications into the report and the connections' primaries.
@@ -531,18 +683,30 @@ async fn watch(dev: Arc<Device>) {
                     c.protected_once = true;
                 }
             }
-            NotificationKind::Migrated { primary, .. } => {
+            NotificationKind::Migrated { primary, cause, .. } => {
                 if let Some(c) = lock(&dev.conns).get_mut(&n.conn) {
                     c.primary = primary;
                 }
-                let took = dev
-                    .facet
-                    .adopted(n.conn)
-                    .and_then(|a| a.last_move())
-                    .map(|d| d.as_secs_f64() * 1000.0);
-                report::failover(conn.qpn, &dev.name, took, primary.to_string());
+                let (took, by) = match &dev.facet {
+                    Facet::Software(f) => (
+                        f.adopted(n.conn)
+                            .and_then(|a| a.last_move())
+                            .map(|d| d.as_secs_f64() * 1000.0),
+                        MovedBy::Software,
+                    ),
+                    // The device moved it: no move of apm's to time.
+                    Facet::Hardware(_) => (None, MovedBy::Hardware),
+                };
+                report::failover(
+                    conn.qpn,
+                    &dev.name,
+                    took,
+                    primary.to_string(),
+                    by,
+                    cause.map(Cause::name),
+                );
             }
-            NotificationKind::Unprotected { reason } => {
+            NotificationKind::Unprotected { reason, .. } => {
                 debug!(qpn = conn.qpn, ?reason, "unprotected");
                 report::unprotected(conn.qpn);
             }
@@ -587,20 +751,17 @@ async fn dispatch(mut events: mpsc::UnboundedReceiver<FromAgent>) {
                     }
                 }
             }
-            FromAgent::Path {
-                local,
-                remote,
-                up,
-                kind,
-            } => {
-                let ends = apm_core::probe::PathEnds { local, remote };
-                let kind = kind.unwrap_or(apm_core::probe::FailureKind::Fabric);
-                info!(%local, %remote, up, kind = kind.name(), "the agent's probes: path");
+            FromAgent::Path { ends, verdict } => {
+                info!(local = %ends.local, remote = %ends.remote, verdict = verdict.name(),
+                    kind = verdict.failure().map(|k| k.name()), "the agent's probes: path");
                 for d in &devices {
-                    let _ = d.handle.path_health(ends, up, kind);
+                    let _ = d.handle.path_health(ends, verdict);
                 }
             }
-            FromAgent::Candidates { .. } => {}
+            // The client keeps the answers to its own requests.
+            FromAgent::Candidates { .. }
+            | FromAgent::Synced { .. }
+            | FromAgent::Watching { .. } => {}
         }
     }
     // The agent went away: no peer messages any more. Connections run on unprotected.

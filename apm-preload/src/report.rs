@@ -3,7 +3,7 @@
 //! (a program that ends with `_exit` or a signal still leaves its last state). Each
 //! distinct reason a QP is not protected is said once on stderr.
 
-use apm_agent::report::{Failover, ProcessReport, Refusal};
+use apm_agent::report::{Failover, MovedBy, ProcessReport, Refusal};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -121,8 +121,16 @@ pub fn unprotected(qpn: u32) {
     });
 }
 
-/// A move onto the alternate.
-pub fn failover(qpn: u32, device: &str, move_ms: Option<f64>, to: String) {
+/// A move onto the alternate: how long apm's part took, where to, who moved it, and
+/// what this side saw kill the old primary.
+pub fn failover(
+    qpn: u32,
+    device: &str,
+    move_ms: Option<f64>,
+    to: String,
+    by: MovedBy,
+    cause: Option<&str>,
+) {
     with(|s| {
         let at_ms = s.start.elapsed().as_secs_f64() * 1000.0;
         s.unprotected.entry(qpn).or_insert_with(Instant::now);
@@ -132,6 +140,8 @@ pub fn failover(qpn: u32, device: &str, move_ms: Option<f64>, to: String) {
             at_ms,
             move_ms,
             to,
+            by,
+            cause: cause.map(str::to_owned),
         });
     });
 }

@@ -27,11 +27,11 @@
 //! ```
 
 use apm_core::{Gid, Policy};
-use read::Errors;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use toml::Spanned;
+use toml_located::Collector;
 
 mod read;
 
@@ -165,95 +165,33 @@ pub struct LapConfig {
 #[derive(Clone, Debug, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct UdpPeer {
-    /// The peer port's GID (RoCE GIDs derive from its IP address).
+    /// The peer port's GID (RoCE GIDs derive from its IP address); checked as it is
+    /// read, so that a peer with a bad address too has both reported.
+    #[serde(deserialize_with = "gid_text")]
     pub gid: Spanned<String>,
     /// Where its apm listens.
     pub addr: Spanned<SocketAddr>,
 }
 
-/// A configuration problem, located in the file.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct ConfigError {
-    /// 1-based line (0 when the problem has no place, e.g. an empty file).
-    pub line: usize,
-    /// 1-based column (characters).
-    pub column: usize,
-    /// The key it is about, dotted (`lap.vendor_class`, `device[2].name`); empty for the
-    /// file as a whole or a syntax error.
-    pub key: String,
-    /// What is wrong, and what to do about it.
-    pub message: String,
-}
-
-impl std::fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if self.line != 0 {
-            write!(f, "line {}, column {}: ", self.line, self.column)?;
-        }
-        if !self.key.is_empty() {
-            write!(f, "{}: ", self.key)?;
-        }
-        write!(f, "{}", self.message)
+/// A GID in IPv6 notation, refused as it is read.
+fn gid_text<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Spanned<String>, D::Error> {
+    let text = Spanned::<String>::deserialize(d)?;
+    if text.get_ref().parse::<Gid>().is_err() {
+        return Err(serde::de::Error::custom(format!(
+            "{:?} is not a GID (IPv6 notation)",
+            crate::input::truncate_echo(text.get_ref(), 80)
+        )));
     }
+    Ok(text)
 }
 
-impl std::error::Error for ConfigError {}
+/// A configuration problem, located in the file: its line and column (0 when it has
+/// no place), the dotted key it is about, and what is wrong.
+pub type ConfigError = toml_located::Problem;
 
 /// Every problem [`Config::parse`] found, in file order. Prints one per line; indexes
 /// and iterates as a slice of [`ConfigError`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-#[serde(transparent)]
-pub struct ConfigErrors(Vec<ConfigError>);
-
-impl ConfigErrors {
-    /// The problems, in file order.
-    pub fn into_vec(self) -> Vec<ConfigError> {
-        self.0
-    }
-}
-
-impl From<Vec<ConfigError>> for ConfigErrors {
-    fn from(errors: Vec<ConfigError>) -> ConfigErrors {
-        ConfigErrors(errors)
-    }
-}
-
-impl std::ops::Deref for ConfigErrors {
-    type Target = [ConfigError];
-    fn deref(&self) -> &[ConfigError] {
-        &self.0
-    }
-}
-
-impl IntoIterator for ConfigErrors {
-    type Item = ConfigError;
-    type IntoIter = std::vec::IntoIter<ConfigError>;
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.into_iter()
-    }
-}
-
-impl<'a> IntoIterator for &'a ConfigErrors {
-    type Item = &'a ConfigError;
-    type IntoIter = std::slice::Iter<'a, ConfigError>;
-    fn into_iter(self) -> Self::IntoIter {
-        self.0.iter()
-    }
-}
-
-impl std::fmt::Display for ConfigErrors {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        for (i, e) in self.0.iter().enumerate() {
-            if i > 0 {
-                writeln!(f)?;
-            }
-            write!(f, "{e}")?;
-        }
-        Ok(())
-    }
-}
-
-impl std::error::Error for ConfigErrors {}
+pub type ConfigErrors = toml_located::Problems;
 
 /// The longest device name libibverbs has (`IBV_SYSFS_NAME_MAX`).
 const DEVICE_NAME_MAX: usize = 64;
@@ -299,29 +237,36 @@ impl Config {
     /// Parse and check a configuration. Every problem is reported, not only the first;
     /// a syntax error stops at itself (what follows it cannot be read).
     pub fn parse(text: &str) -> Result<Config, ConfigErrors> {
-        let mut errors = Errors::new(text);
+        let mut errors = Collector::new(text);
         let config = read::read(text, &mut errors).map(|(c, declared)| {
             c.check(declared, &mut errors);
             c
         });
-        let mut list = errors.list;
-        // In file order, whichever check found them.
-        list.sort_by_key(|e| (e.line, e.column));
         match config {
-            Some(c) if list.is_empty() => Ok(c),
-            _ => Err(ConfigErrors(list)),
+            Some(c) if errors.is_empty() => Ok(c),
+            _ => Err(errors.into_problems()),
         }
     }
 
     /// Check what the configuration names outside itself: the `[sim]` scenario file
-    /// exists and is a file, the `[lap] key_file` holds a usable key that no one else can
+    /// is a file and a valid scenario (its problems at this file's `scenario` line, each
+    /// with the scenario's own line), the `[lap] key_file` holds a usable key that no one else can
     /// read. `text` is the configuration the spans refer to.
-    pub fn check_files(&self, text: &str) -> Vec<ConfigError> {
-        let mut errors = Errors::new(text);
+    pub fn check_files(&self, text: &str) -> ConfigErrors {
+        let mut errors = Collector::new(text);
         if let Some(s) = &self.sim.scenario {
             let path = std::path::Path::new(s.get_ref());
             match std::fs::metadata(path) {
-                Ok(m) if m.is_file() => {}
+                // A regular file only: opening a FIFO nobody writes would wait for ever.
+                Ok(m) if m.is_file() => match crate::scenario_file::read(path) {
+                    Ok(_) => {}
+                    Err(crate::scenario_file::ScenarioFileError::Invalid { path, problems }) => {
+                        for p in &problems {
+                            errors.push(Some(s.span()), "sim.scenario", &format!("{path}:{p}"));
+                        }
+                    }
+                    Err(e) => errors.push(Some(s.span()), "sim.scenario", &e.to_string()),
+                },
                 Ok(_) => errors.push(Some(s.span()), "sim.scenario", "is not a regular file"),
                 Err(e) => errors.push(
                     Some(s.span()),
@@ -335,7 +280,7 @@ impl Config {
                 errors.push(Some(k.span()), "lap.key_file", &e.to_string());
             }
         }
-        errors.list
+        errors.into_problems()
     }
 
     /// The LAP transport in force (explicit or the default for the devices).
@@ -374,7 +319,7 @@ impl Config {
 
     /// The semantic checks: values that parse but cannot work, alone or together.
     /// `declared`: the file has `[[device]]` tables (some may not have been read).
-    fn check(&self, declared: bool, errors: &mut Errors<'_>) {
+    fn check(&self, declared: bool, errors: &mut Collector<'_>) {
         let mut at = |span: Option<std::ops::Range<usize>>, key: &str, message: String| {
             errors.push(span, key, &message);
         };
@@ -494,7 +439,6 @@ impl Config {
             );
         }
         check_lap_auth(lap, transport, at);
-        check_lap_peers(lap, at);
     }
 }
 
@@ -556,25 +500,6 @@ fn check_lap_auth(
                 Some(r.span()),
                 "lap.require_auth",
                 "require_auth needs key_file = \"PATH\" (the shared secret)".into(),
-            );
-        }
-    }
-}
-
-/// Every `[[lap.peer]]` GID parses.
-fn check_lap_peers(
-    lap: &LapConfig,
-    at: &mut impl FnMut(Option<std::ops::Range<usize>>, &str, String),
-) {
-    for (i, peer) in lap.peers.iter().enumerate() {
-        if peer.gid.get_ref().parse::<Gid>().is_err() {
-            at(
-                Some(peer.gid.span()),
-                &format!("lap.peer[{}].gid", i + 1),
-                format!(
-                    "{:?} is not a GID (IPv6 notation)",
-                    crate::input::truncate_echo(peer.gid.get_ref(), 80)
-                ),
             );
         }
     }
@@ -762,6 +687,23 @@ mod tests {
             es[19_999].starts_with("line 60004, column 7: lap.peer[20000].gid:"),
             "{}",
             es[19_999]
+        );
+    }
+
+    #[test]
+    fn a_peer_with_a_bad_gid_and_a_bad_address_has_both_reported() {
+        let text =
+            "[[device]]\nname = \"rxe0\"\nprovider = \"rxe\"\n[lap]\nudp_listen = \"0.0.0.0:1\"\n\
+                    [[lap.peer]]\ngid = \"nope\"\naddr = \"10.0.0.1:99999\"\n";
+        let es = errors(text);
+        assert_eq!(es.len(), 2, "{es:?}");
+        assert!(
+            es[0].starts_with("line 7, column 7: lap.peer[1].gid:") && es[0].contains("not a GID"),
+            "{es:?}"
+        );
+        assert!(
+            es[1].starts_with("line 8, column 8: lap.peer[1].addr:"),
+            "{es:?}"
         );
     }
 

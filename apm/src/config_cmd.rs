@@ -33,7 +33,7 @@ pub fn run(cmd: ConfigCommand) -> anyhow::Result<()> {
         if errors.is_empty() {
             Ok(config)
         } else {
-            Err(errors.into())
+            Err(errors)
         }
     });
     match parsed {

@@ -102,19 +102,8 @@ impl SimFabric {
     /// the hosts run by [`Apm`]s.
     pub fn from_config(config: &Config) -> Result<SimFabric, StartError> {
         let scenario = match &config.sim.scenario {
-            Some(path) => {
-                let path = path.get_ref();
-                let text = crate::input::read_file(
-                    std::path::Path::new(path),
-                    crate::input::SCENARIO_LIMIT,
-                    "a scenario file",
-                )
-                .map_err(SimUnavailable::Read)?;
-                Scenario::from_toml(&text).map_err(|source| SimUnavailable::Scenario {
-                    path: path.clone(),
-                    source,
-                })?
-            }
+            Some(path) => crate::scenario_file::read(std::path::Path::new(path.get_ref()))
+                .map_err(SimUnavailable::Scenario)?,
             None => Scenario::default(),
         };
         let hosts = sim_hosts(config)?;
@@ -400,12 +389,14 @@ impl Apm {
             return Err(SimUnavailable::HostNotExternal(host).into());
         }
         let provider = Arc::new(fabric.shared.for_host(host).stack());
-        let mut policy = config.engine_policy();
-        // The simulated fabric's other hosts run engines without probers: nothing would
-        // ever answer, and every probe would queue among the hosts' real MADs.
-        policy.probe.enabled = false;
-        let (manager, handle) = Manager::new(provider, policy)?;
-        Apm::run(manager, handle).await
+        // Probes as the configuration says (off by default): the fabric's other hosts
+        // run the simulator's policy, which answers them, and a probe rides a datagram
+        // of its own on the rail (`[policy.probe] infiniband = true` on the simulated
+        // InfiniBand rails).
+        let (manager, handle) = Manager::new(provider, config.engine_policy())?;
+        // A simulation plays the same for the same seed, its probes' jitter too.
+        let seed = provider_sim::controller::probe_seed(config.sim.seed.unwrap_or(1), host);
+        Apm::run(manager.with_probe_seed(seed), handle).await
     }
 
     /// Run `manager` and wait until it has taken the ports' state.

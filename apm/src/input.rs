@@ -110,12 +110,7 @@ pub fn read_stdin(limit: u64, kind: &'static str) -> Result<String, InputError> 
 
 /// `text` cut to at most `max` characters, with what was left out said at the end: an
 /// error that quotes its input (a 5 MB line of TOML) must not print all of it.
-pub fn truncate_echo(text: &str, max: usize) -> std::borrow::Cow<'_, str> {
-    match text.char_indices().nth(max) {
-        None => text.into(),
-        Some((cut, _)) => format!("{}... ({} more bytes)", &text[..cut], text.len() - cut).into(),
-    }
-}
+pub use toml_located::truncate_echo;
 
 #[cfg(test)]
 mod tests {
@@ -139,14 +134,5 @@ mod tests {
         assert_eq!(ok, "abc");
         let err = read_limited(&b"ab\xffc"[..], 10, "x", "t").expect_err("not text");
         assert!(err.to_string().contains("offset 2"), "{err}");
-    }
-
-    #[test]
-    fn long_echoes_are_cut() {
-        assert_eq!(truncate_echo("short", 10), "short");
-        let long = "é".repeat(100);
-        let cut = truncate_echo(&long, 10);
-        assert!(cut.starts_with(&"é".repeat(10)), "{cut}");
-        assert!(cut.ends_with("(180 more bytes)"), "{cut}");
     }
 }

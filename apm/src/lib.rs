@@ -5,7 +5,8 @@
 //!   down. [`SimFabric`] runs it on the simulated fabric anywhere.
 //! - [`config`]: the deployment TOML (`apm config check FILE` validates it).
 //! - [`start_error`]: why a deployment cannot start ([`StartError`]).
-//! - [`input`]: reading configuration, scenario and MAD input with a size limit.
+//! - [`input`]: reading configuration, scenario and MAD input with a size limit;
+//!   [`scenario_file`]: a simulator scenario file, every problem located.
 //! - [`ib`]: the umad half of an InfiniBand deployment (SA and LAP/APR MADs per port),
 //!   also for deployments on a QP facet of the caller's ([`Apm::start_with_qp`]).
 //! - [`apm_core`] re-exported (the engine, its types, the `Manager`), so an application
@@ -31,6 +32,7 @@ pub mod config;
 pub mod deployment;
 pub mod ib;
 pub mod input;
+pub mod scenario_file;
 pub mod start_error;
 
 pub use apm_core;

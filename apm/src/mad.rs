@@ -5,7 +5,11 @@
 //! view of the typed decode; `encode` writes field values at the positions that view
 //! gives and re-decodes after each write, so anything it prints decodes again and a
 //! malformed value is refused with the field and offset that ib-mad names. This module
-//! keeps no layout of its own.
+//! keeps no layout of its own. Bits no field covers that are not zero are shown and
+//! written back by byte (`reserved.rs`), so that decode and encode are each other's
+//! inverse on any MAD decode accepts.
+
+mod reserved;
 
 use crate::out::{out, outln};
 use anyhow::{bail, Context, Result};
@@ -106,9 +110,9 @@ fn decode(args: DecodeArgs) -> Result<()> {
     let bytes = parse_hex(&text)?;
     let mad = Mad::decode(&bytes).context("malformed MAD")?;
     if args.json {
-        outln!("{}", serde_json::to_string_pretty(&to_json(&mad))?)?;
+        outln!("{}", serde_json::to_string_pretty(&to_json(&mad, &bytes))?)?;
     } else {
-        out!("{}", layout(&mad))?;
+        out!("{}", layout(&mad, &bytes))?;
     }
     Ok(())
 }
@@ -192,14 +196,15 @@ fn show_value(f: &Field) -> String {
     }
 }
 
-fn layout(mad: &Mad) -> String {
+fn layout(mad: &Mad, wire: &[u8]) -> String {
     let mut out = format!("{}\n", summary(mad));
     out.push_str(&format!(
         "{:>6} {:>5}  {:<32} value\n",
         "byte", "bits", "field"
     ));
     let mut section = "";
-    for f in fields::describe(mad) {
+    let described = fields::describe(mad);
+    for f in described.iter().cloned() {
         if f.section != section {
             section = f.section;
             out.push_str(&format!("{section}\n"));
@@ -216,13 +221,35 @@ fn layout(mad: &Mad) -> String {
             show_value(&f)
         ));
     }
+    let reserved = reserved::find(wire, &described);
+    if !reserved.is_empty() {
+        out.push_str(&format!(
+            "{} (bits no field holds, not zero)\n",
+            reserved::SECTION
+        ));
+        for (at, bits, mask) in reserved {
+            let name = format!("byte {at} (mask {mask:#04x})");
+            out.push_str(&format!(
+                "{at:>6} {:>5}  {name:<32} {bits:#04x}\n",
+                mask.count_ones()
+            ));
+        }
+    }
     out
 }
 
-fn to_json(mad: &Mad) -> Value {
+fn to_json(mad: &Mad, wire: &[u8]) -> Value {
     let mut root = Map::new();
     root.insert("summary".into(), Value::String(summary(mad)));
-    for f in fields::describe(mad) {
+    let described = fields::describe(mad);
+    let reserved: Map<String, Value> = reserved::find(wire, &described)
+        .into_iter()
+        .map(|(at, bits, _)| (at.to_string(), Value::String(format!("{bits:#04x}"))))
+        .collect();
+    if !reserved.is_empty() {
+        root.insert(reserved::SECTION.into(), Value::Object(reserved));
+    }
+    for f in described {
         let section = root
             .entry(f.section)
             .or_insert_with(|| Value::Object(Map::new()));
@@ -453,7 +480,7 @@ fn priority(a: &Assign) -> u8 {
     match a.name.as_str() {
         "mgmt_class" | "class_version" | "base_version" => 0,
         "method" | "attribute_id" | "status" | "d" => 1,
-        "rmpp_type" | "rmpp_flags" | "trap_number" | "is_generic" => 2,
+        "rmpp_type" | "rmpp_flags" | "trap_number" | "is_generic" | "additional_info_length" => 2,
         _ => 3,
     }
 }
@@ -514,6 +541,22 @@ fn encode(args: EncodeArgs) -> Result<()> {
         fields::write_field(&mut wire, &field, &value)
             .with_context(|| format!("{} at byte {}", field.name, field.offset))?;
         Mad::decode(&wire).with_context(|| format!("after setting {}", field.name))?;
+    }
+    // The bits no field holds, last: against the layout every field made.
+    let (bits, rest): (Vec<Assign>, Vec<Assign>) = pending
+        .into_iter()
+        .partition(|a| a.section.as_deref() == Some(reserved::SECTION));
+    let pending = rest;
+    if !bits.is_empty() {
+        let layout = fields::describe(&Mad::decode(&wire)?);
+        for a in bits {
+            let value = match &a.value {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            reserved::write(&mut wire, &layout, &a.name, &value)?;
+        }
+        Mad::decode(&wire).context("after setting the reserved bits")?;
     }
     if !pending.is_empty() {
         let names: Vec<String> = pending

@@ -75,9 +75,44 @@ fn main() {
         }
         // An error may quote its input (a TOML line, a value): each line is cut so that
         // a megabyte of input does not come back as a megabyte of message.
-        for line in format!("apm: {err:#}").lines() {
+        for line in format!("apm: {}", message(&err)).lines() {
             out::errln!("{}", apm::input::truncate_echo(line, ERROR_LINE_MAX));
         }
         std::process::exit(1);
+    }
+}
+
+/// `err` and its causes, `: `-separated, leaving out a cause its error already says
+/// (most errors here print their source: "cannot read FILE: No such file", whose
+/// source is that "No such file" again).
+fn message(err: &anyhow::Error) -> String {
+    let mut text = String::new();
+    for cause in err.chain() {
+        let said = cause.to_string();
+        if text.contains(&said) {
+            continue;
+        }
+        if !text.is_empty() {
+            text.push_str(": ");
+        }
+        text.push_str(&said);
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_cause_already_said_is_not_said_again() {
+        let io = std::io::Error::new(std::io::ErrorKind::NotFound, "No such file");
+        let e = anyhow::Error::new(apm::input::InputError::Io {
+            what: "/nope".into(),
+            source: io,
+        })
+        .context("in the config");
+        assert_eq!(
+            super::message(&e),
+            "in the config: cannot read /nope: No such file"
+        );
     }
 }

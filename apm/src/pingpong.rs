@@ -97,14 +97,14 @@ pub struct Args {
     #[arg(long, default_value_t = 1.0, value_parser = values::milliseconds)]
     interval_ms: f64,
     /// Sends in flight at most.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     window: u32,
     /// Progress monitor: outstanding sends with no completion for this long mean the
     /// path is dead (RoCE).
-    #[arg(long, default_value_t = 300)]
+    #[arg(long, default_value_t = 300, value_parser = clap::value_parser!(u64).range(1..=3_600_000))]
     stall_ms: u64,
     /// QP local ACK timeout exponent (4.096 us * 2^t; 14 is ~67 ms).
-    #[arg(long, default_value_t = 14)]
+    #[arg(long, default_value_t = 14, value_parser = clap::value_parser!(u8).range(0..=31))]
     ack_timeout: u8,
     /// QP transport retry count (hardware APM migrates when the retries run out).
     #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u8).range(0..=7))]
@@ -112,9 +112,21 @@ pub struct Args {
     /// How the connection is protected on RoCE: `hardware` APM (the device migrates; the
     /// kernel must accept alternate paths on the port), `software` path migration, or
     /// `auto`: hardware where the kernel accepts alternate paths. InfiniBand is always
-    /// hardware.
+    /// hardware. `none` protects nothing: the same traffic on a plain RC QP, a baseline
+    /// (one `--rail` is enough).
     #[arg(long, value_enum, default_value_t = ModeArg::Auto)]
     mode: ModeArg,
+    /// Run apm's liveness probes on the paths (`[policy.probe] enabled`): a silent cut
+    /// is found in `--probe-multiplier` x `--probe-interval-ms`, not by the stall
+    /// monitor or the QP's retry budget. Both sides must.
+    #[arg(long)]
+    probes: bool,
+    /// With --probes: the interval between probes on each path.
+    #[arg(long, value_name = "MS", default_value_t = apm_core::probe::ProbePolicy::default().interval_ms)]
+    probe_interval_ms: u32,
+    /// With --probes: probes missed in a row before a path is down.
+    #[arg(long, value_name = "N", default_value_t = apm_core::probe::ProbePolicy::default().multiplier)]
+    probe_multiplier: u8,
     /// After sending, wait this long at most for the peer's last messages.
     #[arg(long, default_value_t = 20.0, value_parser = values::seconds)]
     drain_secs: f64,
@@ -134,6 +146,8 @@ enum ModeArg {
     Auto,
     Hardware,
     Software,
+    /// No protection (a baseline).
+    None,
 }
 
 /// One failover or protection change, as printed.
@@ -146,6 +160,10 @@ struct Event {
     /// `peer` (software migration the peer asked for).
     #[serde(skip_serializing_if = "Option::is_none")]
     how: Option<&'static str>,
+    /// For a failover or a loss of protection with a dead primary: what this side saw
+    /// kill the primary (`local_port`, `peer_port`, `fabric`, `stall`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cause: Option<&'static str>,
 }
 
 /// A time with no message arriving.
@@ -168,6 +186,8 @@ struct Report {
     duplicated: u64,
     out_of_order: u64,
     longest_stall_ms: f64,
+    /// When the last message arrived (a connection that died stops there).
+    last_arrival_ms: Option<f64>,
     stalls: Vec<Stall>,
     failovers: u64,
     events: Vec<Event>,
@@ -226,6 +246,22 @@ fn mode_name(hardware: bool) -> &'static str {
         "hardware APM"
     } else {
         "software migration"
+    }
+}
+
+impl Args {
+    /// The engine's policy: the defaults, with the probes `--probes` asks for.
+    fn policy(&self) -> Result<apm_core::Policy> {
+        let mut policy = apm_core::Policy::default();
+        policy.probe = apm_core::probe::ProbePolicy {
+            enabled: self.probes,
+            interval_ms: self.probe_interval_ms,
+            multiplier: self.probe_multiplier,
+            down_interval_ms: policy.probe.down_interval_ms.max(self.probe_interval_ms),
+            ..policy.probe
+        };
+        policy.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(policy)
     }
 }
 

@@ -11,11 +11,15 @@
 //! time, time unprotected). apm never makes a program fail: when the agent cannot be
 //! started the program still runs, unprotected, and says so once.
 //!
+//! With `[lap] key_file` the agent it starts authenticates the peer datagrams (cm-lap's
+//! `auth`); the key is checked before the program starts.
+//!
 //! `apm agent` is that agent in the foreground (`--idle-exit-secs` to let it exit), and
 //! `apm agent --rail-down ADDR` tells the running agent that an address is unreachable
 //! (every process moves the connections whose primary uses it): the hook through which
 //! a path-down verdict from outside the programs (a probe, an operator) reaches them.
 
+use crate::out::{errln, outln};
 use anyhow::{bail, Context, Result};
 use apm::Config;
 use apm_agent::report::{ProcessReport, RunReport};
@@ -28,9 +32,10 @@ use std::time::Duration;
 /// `apm run` arguments.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Deployment configuration: `[policy]` knobs for the engine, and `[lap]
-    /// udp_listen` whose port is the agent's (default 47910). `[[device]]` tables are
-    /// not needed: apm protects QPs on the devices the program uses.
+    /// Deployment configuration: `[policy]` knobs for the engine, `[lap] udp_listen`
+    /// whose port is the agent's (default 47910), and `[lap] key_file`/`require_auth`
+    /// for the agent it starts. `[[device]]` tables are not needed: apm protects QPs
+    /// on the devices the program uses.
     #[arg(long, value_name = "FILE")]
     pub config: Option<PathBuf>,
     /// Write the JSON report here when the program has exited.
@@ -39,9 +44,36 @@ pub struct Args {
     /// apm's interposition library (default: `libapm_preload.so` beside this binary).
     #[arg(long, env = "APM_PRELOAD", value_name = "FILE")]
     pub preload: Option<PathBuf>,
+    /// How the program's QPs move to another path: `auto` uses hardware APM where the
+    /// kernel accepts alternate paths on the device (the device migrates by itself; apm
+    /// arms and re-arms it) and software migration (apm moves the QP through the SQ
+    /// drain) elsewhere; `software` or `hardware` insist on one.
+    #[arg(long, value_enum, default_value_t = Migration::Auto)]
+    pub migration: Migration,
     /// The program and its arguments (after `--`).
     #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
     pub program: Vec<OsString>,
+}
+
+/// `apm run --migration`: passed to the interposition library as `APM_RUN_MIGRATION`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+pub enum Migration {
+    /// Hardware APM where the kernel accepts alternate paths, else software migration.
+    Auto,
+    /// Software migration only (the program's async events are not shared with apm).
+    Software,
+    /// Hardware APM only: QPs on devices that cannot are not protected.
+    Hardware,
+}
+
+impl Migration {
+    fn env_value(self) -> &'static str {
+        match self {
+            Migration::Auto => "auto",
+            Migration::Software => "software",
+            Migration::Hardware => "hardware",
+        }
+    }
 }
 
 /// `apm agent` arguments.
@@ -66,6 +98,15 @@ pub struct AgentArgs {
     /// Probe the processes' paths (off by default: see `[policy.probe] enabled`).
     #[arg(long)]
     pub probes: bool,
+    /// Authenticate peer datagrams with the shared secret in this file (`[lap]
+    /// key_file`; readable by its owner only): every datagram sent carries a MAC and a
+    /// sequence number, and unauthenticated, forged or replayed ones are dropped.
+    #[arg(long, value_name = "FILE")]
+    pub peer_key: Option<PathBuf>,
+    /// With `--peer-key`: accept unauthenticated datagrams too (`[lap] require_auth =
+    /// false`, while a deployment moves to keys host by host).
+    #[arg(long, requires = "peer_key")]
+    pub accept_unauthenticated: bool,
 }
 
 impl AgentArgs {
@@ -83,12 +124,29 @@ impl AgentArgs {
         p.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
         Ok(p)
     }
+
+    /// The peer channels' authentication these arguments say, the key read and its
+    /// file checked.
+    fn peer_auth(&self) -> Result<cm_lap::auth::Mode> {
+        use cm_lap::auth::{Key, Mode};
+        let Some(file) = &self.peer_key else {
+            return Ok(Mode::Off);
+        };
+        let key = Key::from_file(file).with_context(|| format!("--peer-key {}", file.display()))?;
+        Ok(if self.accept_unauthenticated {
+            Mode::AcceptUnauthenticated(key)
+        } else {
+            Mode::Require(key)
+        })
+    }
 }
 
 /// What the configuration decides for a run.
 struct Settings {
     port: u16,
     policy: apm_core::Policy,
+    /// The agent's peer authentication, as arguments of `apm agent`.
+    peer_key: Vec<OsString>,
 }
 
 fn settings(path: Option<&Path>) -> Result<Settings> {
@@ -96,6 +154,7 @@ fn settings(path: Option<&Path>) -> Result<Settings> {
         return Ok(Settings {
             port: apm_agent::DEFAULT_PEER_PORT,
             policy: apm_core::Policy::default(),
+            peer_key: Vec::new(),
         });
     };
     let text = apm::input::read_file(path, apm::input::CONFIG_LIMIT, "a configuration file")?;
@@ -114,6 +173,23 @@ fn settings(path: Option<&Path>) -> Result<Settings> {
             toml::from_str::<Config>(&text).context("the configuration")?
         }
     };
+    // The key is checked here, before the program starts: the agent would only log it.
+    config
+        .peer_auth()
+        .with_context(|| format!("{}: [lap] key_file", path.display()))?;
+    let mut peer_key = Vec::new();
+    if let Some(file) = &config.lap.key_file {
+        peer_key.push(OsString::from("--peer-key"));
+        peer_key.push(OsString::from(file.get_ref()));
+        if config
+            .lap
+            .require_auth
+            .as_ref()
+            .is_some_and(|r| !*r.get_ref())
+        {
+            peer_key.push(OsString::from("--accept-unauthenticated"));
+        }
+    }
     Ok(Settings {
         port: config
             .lap
@@ -121,6 +197,7 @@ fn settings(path: Option<&Path>) -> Result<Settings> {
             .as_ref()
             .map_or(apm_agent::DEFAULT_PEER_PORT, |a| a.get_ref().port()),
         policy: config.engine_policy(),
+        peer_key,
     })
 }
 
@@ -150,9 +227,10 @@ fn preload_library(given: Option<PathBuf>) -> Result<PathBuf> {
     )
 }
 
-/// Make sure this host's agent for `port` runs, probing as `probe` says (an agent
-/// already running keeps its own); `Err` says why it cannot.
-fn ensure_agent(port: u16, probe: &ProbePolicy) -> Result<()> {
+/// Make sure this host's agent for `port` runs, probing as `probe` says and
+/// authenticating peer datagrams as `peer_key` says (an agent already running keeps its
+/// own); `Err` says why it cannot.
+fn ensure_agent(port: u16, probe: &ProbePolicy, peer_key: &[OsString]) -> Result<()> {
     if agent_listens(port) {
         return Ok(());
     }
@@ -174,6 +252,7 @@ fn ensure_agent(port: u16, probe: &ProbePolicy) -> Result<()> {
             &probe.multiplier.to_string(),
         ])
         .args(probe.enabled.then_some("--probes"))
+        .args(peer_key)
         .stdin(std::process::Stdio::null())
         .stdout(std::process::Stdio::null())
         .stderr(log)
@@ -208,8 +287,8 @@ pub fn run(args: Args) -> Result<()> {
             "apm run needs a program: apm run [--config FILE] [--report FILE] -- PROGRAM [ARGS...]"
         );
     };
-    if let Err(e) = ensure_agent(settings.port, &settings.policy.probe) {
-        eprintln!("apm run: {e:#}: the program runs unprotected");
+    if let Err(e) = ensure_agent(settings.port, &settings.policy.probe, &settings.peer_key) {
+        errln!("apm run: {e:#}: the program runs unprotected");
     }
     let dir = std::env::temp_dir().join(format!("apm-run-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -224,7 +303,8 @@ pub fn run(args: Args) -> Result<()> {
         .env("LD_PRELOAD", preload)
         .env("APM_RUN_PORT", settings.port.to_string())
         .env("APM_RUN_POLICY", serde_json::to_string(&settings.policy)?)
-        .env("APM_RUN_REPORT_DIR", &dir);
+        .env("APM_RUN_REPORT_DIR", &dir)
+        .env("APM_RUN_MIGRATION", args.migration.env_value());
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
@@ -233,7 +313,7 @@ pub fn run(args: Args) -> Result<()> {
         Ok(s) => s,
         Err(e) => {
             let _ = std::fs::remove_dir_all(&dir);
-            eprintln!("apm run: {e:#}");
+            errln!("apm run: {e:#}");
             std::process::exit(127);
         }
     };
@@ -243,7 +323,7 @@ pub fn run(args: Args) -> Result<()> {
     };
     let _ = std::fs::remove_dir_all(&dir);
     if !report.processes.is_empty() {
-        eprintln!("{}", report.summary());
+        errln!("{}", report.summary());
     }
     if let Some(path) = &args.report {
         let json = serde_json::to_vec_pretty(&report)?;
@@ -328,15 +408,17 @@ pub fn agent(args: AgentArgs) -> Result<()> {
             let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
             let client = apm_agent::client::AgentClient::connect(args.port, tx).await?;
             client.rail_down(apm_agent::local::gid_of(ip))?;
-            // The line goes out on the client's writer task: give it a moment.
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            println!("apm agent: {ip} reported unreachable to every protected process");
+            // The line goes out on the client's writer task: done once the agent has
+            // handled it (told every process).
+            client.synced().await?;
+            outln!("apm agent: {ip} reported unreachable to every protected process")?;
             return Ok(());
         }
         let agent = match Agent::bind(AgentConfig {
             peer_port: args.port,
             idle_exit: args.idle_exit_secs.map(Duration::from_secs),
             probe: args.probe_policy()?,
+            peer_auth: args.peer_auth()?,
         })
         .await
         {

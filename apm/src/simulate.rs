@@ -16,7 +16,6 @@ mod sim_sweep;
 
 use crate::out::{out, outln};
 use anyhow::{bail, Context};
-use apm::input::SCENARIO_LIMIT;
 use provider_sim::{
     compare, Family, Percentiles, PolicyKind, RunConfig, RunReport, Scenario, Sim, Size,
 };
@@ -146,10 +145,7 @@ struct JsonDominance {
 /// Load the scenario and apply the command-line overrides.
 fn scenario(args: &Args) -> anyhow::Result<Scenario> {
     let mut s = match (&args.scenario, &args.family) {
-        (Some(path), _) => {
-            let text = apm::input::read_file(path, SCENARIO_LIMIT, "a scenario file")?;
-            Scenario::from_toml(&text).with_context(|| format!("in {}", path.display()))?
-        }
+        (Some(path), _) => apm::scenario_file::read(path)?,
         (None, Some(name)) => family(name)?.scenario(args.seed, size(args)),
         (None, None) => Scenario::default(),
     };
@@ -182,6 +178,9 @@ pub fn run_all(
         .map_or(2, |n| n.get())
         .clamp(1, policies.len().max(1));
     let next = AtomicUsize::new(0);
+    // The bar's own message, put back after a build says what it is building.
+    let shown = progress.map(|b| b.message());
+    let progress = progress.zip(shown.as_deref());
     let mut done: Vec<(usize, anyhow::Result<RunReport>)> = std::thread::scope(|scope| {
         let handles: Vec<_> = (0..workers)
             .map(|_| {
@@ -192,7 +191,7 @@ pub fn run_all(
                         let Some(&p) = policies.get(i) else {
                             break;
                         };
-                        let run = || run_one(scenario, seed, p, progress);
+                        let run = || run_one(scenario, seed, p, (i + 1, policies.len()), progress);
                         let report = if engine_logs {
                             run()
                         } else {
@@ -222,21 +221,42 @@ pub fn run_all(
     Ok(reports)
 }
 
-/// One policy's run of `scenario`, telling `progress` as simulated time passes.
+/// One policy's run of `scenario` (the `nth` of `of`), telling `progress` as simulated
+/// time passes; `progress` carries the bar's own message, put back after the build.
 fn run_one(
     scenario: &Scenario,
     seed: u64,
     policy: PolicyKind,
-    progress: Option<&indicatif::ProgressBar>,
+    (nth, of): (usize, usize),
+    progress: Option<(&indicatif::ProgressBar, &str)>,
 ) -> anyhow::Result<RunReport> {
     let mut cfg = RunConfig::for_scenario(scenario, policy, seed);
     // The checks are cheap; a violation in a user's scenario is worth showing.
     cfg.check = true;
-    let sim = Sim::new(scenario, cfg)?;
+    // Building a large workload takes a while of its own: the bar says so rather than
+    // sit at 0%. Another worker may be building too: the last to finish puts back the
+    // bar's own message.
+    let building = format!(
+        "(building {} connections for {}, {}/{})",
+        scenario.workload.connections,
+        policy.name(),
+        nth,
+        of
+    );
+    if let Some((b, _)) = progress {
+        b.set_message(building.clone());
+    }
+    let sim = Sim::new(scenario, cfg);
+    if let Some((b, shown)) = progress {
+        if b.message() == building {
+            b.set_message(shown.to_owned());
+        }
+    }
+    let sim = sim?;
     let mut last = 0u64;
     Ok(sim.run_with_progress(50, |t| {
         let ms = t.as_nanos() / 1_000_000;
-        if let Some(b) = progress {
+        if let Some((b, _)) = progress {
             b.inc(ms.saturating_sub(last));
         }
         last = ms;
@@ -293,6 +313,7 @@ fn sweep(args: &Args, seeds: u64) -> anyhow::Result<()> {
             )
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
+        b.enable_steady_tick(std::time::Duration::from_millis(250));
         b
     });
     let results = sim_sweep::run(&sweep, bar.as_ref())?;
@@ -344,6 +365,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             policies.len(),
             if policies.len() == 1 { "y" } else { "ies" }
         ));
+        // The elapsed time moves even while nothing else does (a large build).
+        b.enable_steady_tick(std::time::Duration::from_millis(250));
         b
     });
     let reports = run_all(

@@ -133,18 +133,10 @@ pub enum Unavailable {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum SimUnavailable {
-    /// The scenario file cannot be read (missing, unreadable, over the size limit, not
-    /// text); the message names the file.
+    /// The scenario file cannot be read or is invalid; the message names the file and
+    /// every problem's line.
     #[error(transparent)]
-    Read(#[from] crate::input::InputError),
-    /// The scenario file is invalid.
-    #[error("{path}: {source}")]
-    Scenario {
-        /// The file.
-        path: String,
-        /// Why.
-        source: provider_sim::ScenarioError,
-    },
+    Scenario(#[from] crate::scenario_file::ScenarioFileError),
     /// The simulation cannot be built from the scenario.
     #[error(transparent)]
     Build(#[from] provider_sim::SimError),

@@ -14,7 +14,10 @@
 //!   ([`sa_only`]); this is how `apm watch` runs on the ibsim bed (`--ibsim-bed`);
 //! - or, with `--sim`, the simulated fabric of provider-sim: one `apm_core::Manager` per
 //!   watched host, its unaffiliated event stream, in virtual time (a whole scenario
-//!   plays in moments).
+//!   plays in moments), liveness probe verdicts included;
+//! - or, with `--agent`, the verdicts of this host's apm agent (`apm run`'s): its
+//!   liveness probes' (path down, of which kind, up, held) and operators' rail-downs,
+//!   as a watcher attached to its local socket ([`agent`]).
 //!
 //! Each event is printed once. soft-RoCE (rxe) raises `PORT_ACTIVE` twice for one link
 //! up, about 1 ms apart (80 ms seen on a loaded machine): an event identical to the
@@ -24,14 +27,16 @@
 //! repeated kind that changed something (a second LID change to another LID).
 //!
 //! SIGINT and SIGTERM end the watch cleanly: a running `--exec` command is killed with
-//! its process group, SA subscriptions are dropped, and apm then ends by that signal.
+//! its process group and everything it started, SA subscriptions are dropped, and apm
+//! then ends by that signal. What a command leaves running in its process group when it
+//! exits is ended then.
 //! Each `--exec` command runs at most `--exec-timeout` seconds (default 10) before it
 //! is reported and killed ([`exec`]).
 //!
 //! This module only observes: it never modifies a port or a QP.
 
-use crate::out::errln;
 use anyhow::Context as _;
+use apm_core::probe::{PathEnds, PathVerdict};
 use apm_core::Gid;
 use provider_verbs::ffi::{Context, PortState};
 use serde::Serialize;
@@ -39,11 +44,13 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
+mod agent;
 mod devices;
 mod exec;
 mod kind;
 mod sa_only;
 mod sim;
+mod tree;
 
 pub use kind::EventKind;
 #[cfg(test)]
@@ -73,7 +80,10 @@ pub struct Args {
     json: bool,
     /// Run this shell command (`sh -c`) for every event, one at a time in event order,
     /// with the event in APM_EVENT, APM_DEVICE, APM_PORT, APM_TIME, APM_STATE, APM_LID,
-    /// APM_SM_LID, APM_LMC, APM_GID, APM_SOURCE (unknown values are empty).
+    /// APM_SM_LID, APM_LMC, APM_GID, APM_SOURCE, and for path events APM_LOCAL_GID,
+    /// APM_PEER_GID, APM_PATH_KIND (path_down: local_port, peer_port or fabric) and
+    /// APM_HOLD_MS (path_held) (unknown values are empty). What it leaves running in its
+    /// process group (`cmd &`) is ended when it exits; start a daemon with setsid.
     #[arg(long, value_name = "CMD")]
     exec: Option<String>,
     /// Kill an `--exec` command (its whole process group) that runs longer than this
@@ -91,7 +101,7 @@ pub struct Args {
     ports: Vec<u8>,
     /// Only events of this kind (repeatable, or comma-separated): port_active, port_down,
     /// lid_change, sm_change, client_reregister, pkey_change, gid_change, device_fatal,
-    /// gid_in_service, gid_out_of_service.
+    /// gid_in_service, gid_out_of_service, path_down, path_up, path_held, rail_down.
     #[arg(long = "event", value_name = "KIND", value_delimiter = ',', value_parser = EventKind::parse)]
     events: Vec<EventKind>,
     /// Watch the simulated fabric instead of this machine's devices (works anywhere).
@@ -107,6 +117,14 @@ pub struct Args {
     /// Where events come from (not with `--sim`).
     #[arg(long, value_enum, default_value_t = Source::Auto, conflicts_with = "sim")]
     source: Source,
+    /// Watch this host's apm agent (`apm run`'s, or `apm agent`): every verdict it
+    /// makes, its liveness probes' (path_down with the kind, path_up, path_held) and
+    /// operators' rail_down. Nothing changes for the protected programs.
+    #[arg(long, conflicts_with_all = ["sim", "source", "no_sa", "ibsim_bed"])]
+    agent: bool,
+    /// With `--agent`: the agent's peer port (`apm agent --port`, or `[lap] udp_listen`'s).
+    #[arg(long, value_name = "PORT", default_value_t = apm_agent::DEFAULT_PEER_PORT, requires = "agent")]
+    agent_port: u16,
     /// Do not subscribe for SA notices (traps 64/65).
     #[arg(long)]
     no_sa: bool,
@@ -134,8 +152,10 @@ struct Raw {
     device: String,
     port: Option<u8>,
     kind: EventKind,
-    /// The remote GID of an SA notice.
+    /// The remote GID of an SA notice (the address of a rail-down).
     gid: Option<Gid>,
+    /// The path and the verdict of a path event.
+    path: Option<(PathEnds, PathVerdict)>,
     source: &'static str,
 }
 
@@ -165,7 +185,19 @@ struct Line {
     lmc: Option<u8>,
     /// The remote GID of an SA notice, else the port's GID 0.
     gid: Option<String>,
-    /// verbs, sa or sim.
+    /// Path events: this host's GID on the path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    local_gid: Option<String>,
+    /// Path events: the peer's GID on the path.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    peer_gid: Option<String>,
+    /// path_down: local_port, peer_port or fabric.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    path_kind: Option<&'static str>,
+    /// path_held: how long the path is held, in ms.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    hold_ms: Option<u64>,
+    /// verbs, sa, sim or agent.
     source: &'static str,
 }
 
@@ -180,7 +212,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .context("starting the tokio runtime")?;
         rt.block_on(async {
             let stop = Stop::install().context("handling SIGINT and SIGTERM")?;
-            watch_devices(&args, stop).await
+            if args.agent {
+                agent::watch(&args, stop).await
+            } else {
+                watch_devices(&args, stop).await
+            }
         })
     }
 }
@@ -192,8 +228,19 @@ struct Sink<'a> {
     last: BTreeMap<(String, Option<u8>), (EventKind, PortNow, Duration)>,
     shown: u64,
     stop: Stop,
-    /// Standard output was closed: the watch ends as a filter does.
-    stdout_closed: bool,
+    /// Whether standard output still takes the events.
+    output: Output,
+}
+
+/// Standard output, as the watch last found it.
+#[derive(Debug)]
+enum Output {
+    /// Writable.
+    Open,
+    /// Closed by its reader: the watch ends as a filter does.
+    Closed,
+    /// Failed otherwise (a full disk): the watch ends with that error.
+    Failed(anyhow::Error),
 }
 
 impl<'a> Sink<'a> {
@@ -203,7 +250,7 @@ impl<'a> Sink<'a> {
             last: BTreeMap::new(),
             shown: 0,
             stop,
-            stdout_closed: false,
+            output: Output::Open,
         }
     }
 
@@ -213,10 +260,11 @@ impl<'a> Sink<'a> {
         if let Some(sig) = self.stop.signal() {
             exec::die_of(sig);
         }
-        if self.stdout_closed {
-            return Err(crate::out::StdoutClosed.into());
+        match self.output {
+            Output::Open => Ok(()),
+            Output::Closed => Err(crate::out::StdoutClosed.into()),
+            Output::Failed(e) => Err(e),
         }
-        Ok(())
     }
 
     fn passes(&self, raw: &Raw) -> bool {
@@ -230,10 +278,14 @@ impl<'a> Sink<'a> {
     /// read back) within the window.
     fn duplicate(&mut self, raw: &Raw, now: &PortNow, elapsed: Duration) -> bool {
         // SA notices de-duplicate on the GID they are about (two ports of a device on
-        // one subnet both receive the Report).
-        let key = match raw.gid {
-            Some(g) => (format!("{} gid {g}", raw.device), None),
-            None => (raw.device.clone(), raw.port),
+        // one subnet both receive the Report), path events on their path.
+        let key = match (raw.path, raw.gid) {
+            (Some((e, _)), _) => (
+                format!("{} path {} {}", raw.device, e.local, e.remote),
+                None,
+            ),
+            (None, Some(g)) => (format!("{} gid {g}", raw.device), None),
+            (None, None) => (raw.device.clone(), raw.port),
         };
         let window = Duration::from_millis(self.args.dedup_ms);
         let dup = self.last.get(&key).is_some_and(|(k, n, t)| {
@@ -257,6 +309,7 @@ impl<'a> Sink<'a> {
         if !self.passes(&raw) {
             return true;
         }
+        let verdict = raw.path.map(|(_, v)| v);
         let line = Line {
             time,
             elapsed_ms: elapsed.as_secs_f64() * 1000.0,
@@ -268,6 +321,13 @@ impl<'a> Sink<'a> {
             sm_lid: now.sm_lid,
             lmc: now.lmc,
             gid: raw.gid.or(now.gid).map(|g| g.to_string()),
+            local_gid: raw.path.map(|(e, _)| e.local.to_string()),
+            peer_gid: raw.path.map(|(e, _)| e.remote.to_string()),
+            path_kind: verdict.and_then(PathVerdict::failure).map(|k| k.name()),
+            hold_ms: match verdict {
+                Some(PathVerdict::Held { hold_ms }) => Some(hold_ms),
+                _ => None,
+            },
             source: raw.source,
         };
         let text = if self.args.json {
@@ -277,11 +337,13 @@ impl<'a> Sink<'a> {
             human(&line)
         };
         if let Err(e) = crate::out::outln!("{text}") {
-            // A closed stdout (`apm watch | head`) ends the watch.
-            self.stdout_closed = crate::out::is_stdout_closed(&e);
-            if !self.stdout_closed {
-                errln!("apm watch: {e:#}");
-            }
+            // A closed stdout (`apm watch | head`) ends the watch as it ends a filter;
+            // any other failure ends it with the error.
+            self.output = if crate::out::is_stdout_closed(&e) {
+                Output::Closed
+            } else {
+                Output::Failed(e)
+            };
             return false;
         }
         if let Some(cmd) = &self.args.exec {
@@ -313,8 +375,17 @@ fn human(l: &Line) -> String {
             l.lmc.map_or("-".to_owned(), |v| v.to_string())
         );
     }
-    if let Some(g) = &l.gid {
-        s += &format!(" gid={g}");
+    match (&l.local_gid, &l.peer_gid, &l.gid) {
+        // A path's local GID is its port's: said once.
+        (Some(local), Some(peer), _) => s += &format!(" local={local} peer={peer}"),
+        (_, _, Some(g)) => s += &format!(" gid={g}"),
+        _ => {}
+    }
+    if let Some(k) = l.path_kind {
+        s += &format!(" kind={k}");
+    }
+    if let Some(ms) = l.hold_ms {
+        s += &format!(" hold_ms={ms}");
     }
     s += &format!(" ({})", l.source);
     s
@@ -334,6 +405,10 @@ fn exec_env(l: &Line) -> Vec<(&'static str, String)> {
         ("APM_LMC", opt(l.lmc.map(|v| v.to_string()))),
         ("APM_GID", opt(l.gid.clone())),
         ("APM_SOURCE", l.source.to_owned()),
+        ("APM_LOCAL_GID", opt(l.local_gid.clone())),
+        ("APM_PEER_GID", opt(l.peer_gid.clone())),
+        ("APM_PATH_KIND", opt(l.path_kind.map(str::to_owned))),
+        ("APM_HOLD_MS", opt(l.hold_ms.map(|v| v.to_string()))),
     ]
 }
 
@@ -433,6 +508,7 @@ mod tests {
             port: Some(1),
             kind,
             gid: None,
+            path: None,
             source: "verbs",
         };
         let at = |lid: u16| PortNow {

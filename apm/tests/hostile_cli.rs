@@ -1,6 +1,8 @@
-//! `apm` as a hostile user runs it: closed pipes, endless input, values that would
-//! overflow. Nothing may panic (status 101); a closed standard output ends the process
-//! as SIGPIPE ends any filter; every reader stops at its stated limit.
+//! `apm` as a hostile user runs it: closed pipes and a full disk, endless input, values
+//! that would overflow, files with problems on many lines, hooks that hang or leave
+//! processes behind, signals. Nothing may panic (status 101); a closed standard output
+//! ends the process as SIGPIPE ends any filter; every reader stops at its stated limit;
+//! every problem of a file is named with its line and key; no hook outlives apm.
 
 use std::os::unix::process::ExitStatusExt;
 use std::process::{Command, ExitStatus, Stdio};
@@ -147,6 +149,17 @@ fn durations_that_would_overflow_are_refused_by_name() {
     assert_eq!(status.code(), Some(2), "{status} {err}");
     let (status, err) = run_with_stdin(&["watch", "--sim", "--timeout", "inf"], Stdio::null());
     assert_eq!(status.code(), Some(2), "{status} {err}");
+    // Values a QP or a timer cannot hold are refused by name before any device is opened.
+    for (flag, v) in [
+        ("--stall-ms", "18446744073709551615"),
+        ("--stall-ms", "0"),
+        ("--ack-timeout", "32"),
+        ("--window", "0"),
+    ] {
+        let (status, err) = run_with_stdin(&["pingpong", "-d", "rxe0", flag, v], Stdio::null());
+        assert_eq!(status.code(), Some(2), "{flag} {v}: {status} {err}");
+        assert!(err.contains(flag), "{flag} {v}: {err}");
+    }
 }
 
 #[test]
@@ -209,8 +222,12 @@ fn sigterm_and_sigint_end_watch_and_its_exec_children() {
         std::fs::create_dir_all(&dir).expect("temp dir");
         let pidfile = dir.join("hook.pid");
         let _ = std::fs::remove_file(&pidfile);
-        // The hook starts a grandchild (`sleep`) and waits for it: both must go.
-        let hook = format!("sleep 100 & echo $! > {}; wait", pidfile.display());
+        // The hook starts a grandchild (`sleep`) and waits for it: both must go, and so
+        // must a grandchild that left the hook's process group for a session of its own.
+        let hook = format!(
+            "setsid sleep 100 & echo $! > {p}.setsid; sleep 100 & echo $! > {p}; wait",
+            p = pidfile.display()
+        );
         let mut child = Command::new(APM)
             .args(["watch", "--sim", "--exec", &hook, "--exec-timeout", "60"])
             .stdout(Stdio::null())
@@ -218,6 +235,7 @@ fn sigterm_and_sigint_end_watch_and_its_exec_children() {
             .spawn()
             .expect("apm starts");
         let sleeper = wait_for_file(&pidfile);
+        let escaped = wait_for_file(&pidfile.with_extension("pid.setsid"));
         assert!(!gone(&sleeper), "the hook's child runs");
         let killed = Command::new("kill")
             .args([format!("-{sig}"), child.id().to_string()])
@@ -235,6 +253,16 @@ fn sigterm_and_sigint_end_watch_and_its_exec_children() {
         assert!(
             gone(&sleeper),
             "SIG{sig}: the hook's child {sleeper} outlived apm"
+        );
+        for _ in 0..40 {
+            if gone(&escaped) {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        assert!(
+            gone(&escaped),
+            "SIG{sig}: the hook's child {escaped} in its own session outlived apm"
         );
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -263,4 +291,144 @@ fn a_hung_exec_is_reported_and_killed() {
         2,
         "{err}"
     );
+}
+
+/// A file in a fresh temporary directory.
+fn temp_file(name: &str, text: &str) -> std::path::PathBuf {
+    let dir = std::env::temp_dir().join(format!("apm-hostile-files-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("write");
+    path
+}
+
+#[test]
+fn every_scenario_problem_is_named_with_its_file_line_and_key() {
+    let text = "# 1\nname = \"lines\"\nduration_ms = 4000\n[topology]\nhosts = 4\n\
+                [fabric]  # 6\nack_timeout = 40  # 7\n\
+                [[topology.switches]]  # 8\nname = \"S\"\nsubnet = 0\n\
+                [[topology.switches]]  # 11\nname = \"S\"  # 12\nsubnet = 0\n\
+                [[faults]]  # 14\nkind = \"switch_down\"\nswitch = \"A\"\nat_ms = \"soon\"  # 17\n";
+    let path = temp_file("lines.toml", text);
+    let p = path.display().to_string();
+    for args in [
+        vec!["simulate", "--scenario", &p],
+        vec!["watch", "--sim", "--scenario", &p],
+    ] {
+        let (status, err) = run_with_stdin(&args, Stdio::null());
+        assert_eq!(status.code(), Some(1), "{args:?}: {err}");
+        for want in [
+            format!("{p}:line 7, column 15: fabric.ack_timeout: 40: use 1..=31"),
+            format!(
+                "{p}:line 12, column 8: topology.switches[2].name: switch \"S\" is declared twice"
+            ),
+            format!("{p}:line 17, column 9: faults[1].at_ms: invalid type"),
+        ] {
+            assert!(err.contains(&want), "{args:?}: want {want:?} in {err}");
+        }
+    }
+}
+
+#[test]
+fn config_check_reports_the_problems_of_its_sim_scenario() {
+    let scenario = temp_file("inner.toml", "[fabric]\nretry_cnt = 99\n");
+    let config = temp_file(
+        "outer.toml",
+        &format!(
+            "[[device]]\nname = \"h0\"\nprovider = \"sim\"\n[sim]\nscenario = \"{}\"\n",
+            scenario.display()
+        ),
+    );
+    let (status, err) = run_with_stdin(
+        &["config", "check", &config.display().to_string()],
+        Stdio::null(),
+    );
+    assert_eq!(status.code(), Some(1), "{err}");
+    let want = format!(
+        "{}:line 5, column 12: sim.scenario: {}:line 2, column 13: fabric.retry_cnt: 99: use 0..=7",
+        config.display(),
+        scenario.display()
+    );
+    assert!(err.contains(&want), "want {want:?} in {err}");
+}
+
+#[test]
+fn what_a_hook_leaves_running_in_its_group_ends_when_it_exits() {
+    let dir = std::env::temp_dir().join(format!("apm-hostile-bg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let pids = dir.join("pids");
+    let hook = format!("sleep 100 & echo $! >> {}", pids.display());
+    let out = Command::new(APM)
+        .args(["watch", "--sim", "--count", "3", "--exec", &hook])
+        .stdout(Stdio::null())
+        .output()
+        .expect("apm runs");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{}: {err}", out.status);
+    assert_eq!(
+        err.matches("left processes running").count(),
+        1,
+        "said once: {err}"
+    );
+    let started = std::fs::read_to_string(&pids).expect("pids");
+    assert_eq!(started.lines().count(), 3, "{started}");
+    for pid in started.lines() {
+        assert!(gone(pid.trim()), "{pid} outlived its hook");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn agent_rail_down_into_a_closed_pipe_ends_by_sigpipe() {
+    // An agent of its own on a port of this test's, for the client to reach.
+    let port = (40_000 + std::process::id() % 20_000).to_string();
+    let mut agent = Command::new(APM)
+        .args(["agent", "--port", &port, "--idle-exit-secs", "5"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("agent starts");
+    let mut status = None;
+    for _ in 0..50 {
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let (st, err) = with_closed_stdout(&["agent", "--port", &port, "--rail-down", "10.0.0.1"]);
+        // Status 1 until the agent listens (nothing to connect to).
+        if st.code() != Some(1) {
+            status = Some((st, err));
+            break;
+        }
+    }
+    let _ = agent.kill();
+    let _ = agent.wait();
+    let (st, err) = status.expect("the agent answered");
+    assert_eq!(st.signal(), Some(13), "{st}: {err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
+
+#[test]
+fn a_full_standard_output_is_an_error_not_a_panic() {
+    for args in [
+        &["simulate", "--connections", "10"][..],
+        &["mad", "encode", "lap"][..],
+        &["watch", "--sim"][..],
+    ] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .expect("/dev/full");
+        let out = Command::new(APM)
+            .args(args)
+            .stdout(Stdio::from(full))
+            .output()
+            .expect("apm runs");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{args:?}: {}: {err}",
+            out.status
+        );
+        assert!(err.contains("No space left on device"), "{args:?}: {err}");
+        assert!(!err.contains("panicked"), "{args:?}: {err}");
+    }
 }

@@ -259,3 +259,43 @@ fn decode_then_encode_is_the_identity_on_raw_payloads() {
         );
     }
 }
+
+fn hex_bytes(text: &str) -> Vec<u8> {
+    let digits: String = text.split_whitespace().collect();
+    (0..digits.len())
+        .step_by(2)
+        .map(|i| u8::from_str_radix(&digits[i..i + 2], 16).expect("hex"))
+        .collect()
+}
+
+#[test]
+fn decode_json_then_encode_json_gives_back_reserved_bits_too() {
+    // Bytes no field holds, set: in a LAP's reserved word, an SMP's reserved header,
+    // an APR's AdditionalInfo past its length, a PathRecord's reserved tail.
+    for (kind, at, value) in [
+        ("lap", 32, 0xa2u8),
+        ("lap", 87, 0x06),
+        ("sminfo-resp", 40, 0x5a),
+        ("sminfo-get", 46, 0x01),
+        ("apr", 60, 0x16),
+        ("path-record-query", 120, 0x80),
+    ] {
+        let mut wire = hex_bytes(&ok(&["mad", "encode", kind], None));
+        wire[at] |= value;
+        let hex: String = wire.iter().map(|b| format!("{b:02x}")).collect();
+        let doc = ok(&["mad", "decode", "--json", &hex], None);
+        let v: serde_json::Value = serde_json::from_str(&doc).expect("JSON");
+        assert!(
+            v["reserved"][at.to_string()].is_string(),
+            "{kind}: byte {at} not shown: {doc}"
+        );
+        let back = hex_bytes(&ok(&["mad", "encode", "--json", "-"], Some(&doc)));
+        assert_eq!(back, wire, "{kind}: byte {at}");
+        // The text view shows them too.
+        let text = ok(&["mad", "decode", &hex], None);
+        assert!(text.contains(&format!("byte {at} (mask")), "{kind}: {text}");
+    }
+    // Reserved bits are only those no field holds.
+    let e = err(&["mad", "encode", "lap", "reserved.24=1"]);
+    assert!(e.contains("that fields hold"), "{e}");
+}

@@ -246,6 +246,8 @@ pub struct Counters {
     pub stale: AtomicU64,
     /// Neither version, a wrong length, reserved bits set, version 2 without a key.
     pub malformed: AtomicU64,
+    /// Woken at every count, for [`Counters::until`].
+    counted: tokio::sync::Notify,
 }
 
 /// A snapshot of [`Counters`].
@@ -268,6 +270,22 @@ pub struct CounterValues {
 }
 
 impl Counters {
+    /// The values once `done` holds for them (now, or after a later count): a waiter
+    /// for a datagram's verdict without polling.
+    pub async fn until(&self, done: impl Fn(&CounterValues) -> bool) -> CounterValues {
+        loop {
+            // Registered before the values are read, so no count falls in between.
+            let counted = self.counted.notified();
+            tokio::pin!(counted);
+            counted.as_mut().enable();
+            let v = self.get();
+            if done(&v) {
+                return v;
+            }
+            counted.await;
+        }
+    }
+
     /// The values now.
     pub fn get(&self) -> CounterValues {
         let l = |c: &AtomicU64| c.load(Ordering::Relaxed);
@@ -464,6 +482,7 @@ impl Authenticator {
             Err(Rejected::Malformed) => &c.malformed,
         };
         counter.fetch_add(1, Ordering::Relaxed);
+        c.counted.notify_waiters();
         r
     }
 

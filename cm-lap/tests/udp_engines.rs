@@ -216,11 +216,8 @@ async fn stalled_primary(mode: impl Fn() -> cm_lap::auth::Mode) {
     // the peer confirms, so each channel carries at least two datagrams in all: wait
     // until they are counted (bounded), then check that every one was accepted.
     let _ = tokio::time::timeout(Duration::from_secs(8), async {
-        while [&auth_a, &auth_b]
-            .iter()
-            .any(|a| a.counters().get().accepted < 2)
-        {
-            tokio::time::sleep(Duration::from_millis(1)).await;
+        for a in [&auth_a, &auth_b] {
+            a.counters().until(|c| c.accepted >= 2).await;
         }
     })
     .await;
@@ -302,12 +299,9 @@ mod hostile {
         let mut notes = a.handle.notifications();
         evil.send(datagram).await.expect("send");
         tokio::time::timeout(Duration::from_secs(5), async {
-            // The receive task counts as it reads: poll the counter it bumps.
-            while judged(auth.counters().get()) == judged(before) {
-                tokio::task::yield_now().await;
-                tokio::time::sleep(Duration::from_millis(1)).await;
-            }
-            if auth.counters().get().accepted > before.accepted {
+            // The receive task counts as it reads: wait for the count.
+            let now = auth.counters().until(|c| judged(*c) > judged(before)).await;
+            if now.accepted > before.accepted {
                 loop {
                     let n = notes.recv().await.expect("notifications");
                     if matches!(n.kind, NotificationKind::Migrated { .. }) {

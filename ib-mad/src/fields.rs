@@ -11,7 +11,7 @@ use crate::cm::{ApStatus, CmBody, CmMad, MessageMraed, Req, ReqPath};
 use crate::error::RangeError;
 use crate::header::{MadHeader, MgmtClass};
 use crate::rmpp::{RmppHeader, RmppType};
-use crate::sa::{ClassAddress, NoticeDetails, SaMad, SaPayload};
+use crate::sa::{ClassAddress, InformInfo, Notice, NoticeDetails, PathRecord, SaMad, SaPayload};
 use crate::smp::{SmInfo, SmState, Smp};
 use crate::types::Gid;
 use crate::{Attribute, Mad, MAD_SIZE};
@@ -119,7 +119,7 @@ pub fn describe(mad: &Mad) -> Vec<Field> {
         Mad::Sa(m) => sa(&mut b, m),
         Mad::Cm(m) => cm(&mut b, m),
         Mad::Vendor(v) => {
-            header(&mut b, &v.header, false);
+            header(&mut b, &v.header, Routing::Lid);
             rmpp(&mut b, &v.rmpp);
             b.section("vendor_header", 0);
             b.uint("oui", 37, 0, 24, v.oui.0.get());
@@ -128,7 +128,7 @@ pub fn describe(mad: &Mad) -> Vec<Field> {
         }
         Mad::Smp(s) => smp(&mut b, s),
         Mad::Other(o) => {
-            header(&mut b, &o.header, false);
+            header(&mut b, &o.header, Routing::Lid);
             b.section("data", 0);
             b.bytes("data", 24, &o.data[..]);
         }
@@ -136,13 +136,22 @@ pub fn describe(mad: &Mad) -> Vec<Field> {
     b.out
 }
 
-fn header(b: &mut Builder, h: &MadHeader, directed_route: bool) {
+/// How a MAD is routed, which decides how its header's status and class-specific
+/// fields read: a directed-route SMP carries the D bit and the hop pointer and count
+/// there.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Routing {
+    Lid,
+    DirectedRoute,
+}
+
+fn header(b: &mut Builder, h: &MadHeader, routing: Routing) {
     b.section("mad_header", 0);
     b.uint("base_version", 0, 0, 8, 1u8);
     b.named("mgmt_class", 1, 0, 8, h.mgmt_class.0, h.mgmt_class.name());
     b.uint("class_version", 2, 0, 8, h.class_version);
     b.named("method", 3, 0, 8, h.method.0, h.method.name());
-    if directed_route {
+    if routing == Routing::DirectedRoute {
         b.uint("d", 4, 0, 1, h.status >> 15);
         b.uint("status", 4, 1, 15, h.status & 0x7FFF);
         b.uint("hop_pointer", 6, 0, 8, h.class_specific >> 8);
@@ -217,89 +226,16 @@ fn rmpp(b: &mut Builder, r: &RmppHeader) {
 }
 
 fn sa(b: &mut Builder, m: &SaMad) {
-    header(b, &m.header, false);
+    header(b, &m.header, Routing::Lid);
     rmpp(b, &m.rmpp);
     b.section("sa_header", 0);
     b.uint("sm_key", 36, 0, 64, m.sa.sm_key);
     b.uint("attribute_offset", 44, 0, 16, m.sa.attribute_offset);
     b.uint("component_mask", 48, 0, 64, m.sa.component_mask);
     match &m.payload {
-        SaPayload::InformInfo(i) => {
-            b.section("inform_info", 56);
-            b.gid("gid", 0, i.gid);
-            b.uint("lid_range_begin", 16, 0, 16, i.lid_range_begin.0);
-            b.uint("lid_range_end", 18, 0, 16, i.lid_range_end.0);
-            b.uint("is_generic", 22, 0, 8, i.is_generic);
-            b.uint("subscribe", 23, 0, 8, i.subscribe);
-            b.uint("type", 24, 0, 16, i.inform_type);
-            b.named(
-                "trap_number",
-                26,
-                0,
-                16,
-                i.trap_number,
-                trap_name(i.trap_number),
-            );
-            b.uint("qpn", 28, 0, 24, i.qpn.get());
-            b.uint("resp_time_value", 31, 3, 5, i.resp_time_value.get());
-            b.uint("producer_type", 33, 0, 24, i.producer_type.get());
-        }
-        SaPayload::Notice(n) => {
-            b.section("notice", 56);
-            b.uint("is_generic", 0, 0, 1, n.is_generic());
-            b.uint("type", 0, 1, 7, n.notice_type.get());
-            b.uint("producer_type", 1, 0, 24, n.producer_type.get());
-            let trap = n.trap_number();
-            let meaning = if n.is_generic() {
-                trap_name(trap)
-            } else {
-                None
-            };
-            b.named("trap_number", 4, 0, 16, trap, meaning);
-            b.uint("issuer_lid", 6, 0, 16, n.issuer_lid.0);
-            b.uint("notice_toggle", 8, 0, 1, n.toggle);
-            b.uint("notice_count", 8, 1, 15, n.count.get());
-            match n.details {
-                NoticeDetails::GidInService(g) | NoticeDetails::GidOutOfService(g) => {
-                    b.gid("gid_addr", 16, g)
-                }
-                NoticeDetails::LinkStateChange(l) => b.uint("lid_addr", 10, 0, 16, l.0),
-                NoticeDetails::Generic { data, .. } | NoticeDetails::Vendor { data, .. } => {
-                    b.bytes("data_details", 10, &data)
-                }
-            }
-            b.gid("issuer_gid", 64, n.issuer_gid);
-        }
-        SaPayload::PathRecord(p) => {
-            b.section("path_record", 56);
-            b.uint("service_id", 0, 0, 64, p.service_id);
-            b.gid("dgid", 8, p.dgid);
-            b.gid("sgid", 24, p.sgid);
-            b.uint("dlid", 40, 0, 16, p.dlid.0);
-            b.uint("slid", 42, 0, 16, p.slid.0);
-            b.uint("raw_traffic", 44, 0, 1, p.raw_traffic);
-            b.uint("flow_label", 44, 4, 20, p.flow_label.get());
-            b.uint("hop_limit", 47, 0, 8, p.hop_limit);
-            b.uint("tclass", 48, 0, 8, p.traffic_class);
-            b.uint("reversible", 49, 0, 1, p.reversible);
-            b.uint("numb_path", 49, 1, 7, p.numb_path.get());
-            b.uint("p_key", 50, 0, 16, p.pkey);
-            b.uint("qos_class", 52, 0, 12, p.qos_class.get());
-            b.uint("sl", 53, 4, 4, p.sl.get());
-            b.uint("mtu_selector", 54, 0, 2, p.mtu_selector.get());
-            b.uint("mtu", 54, 2, 6, p.mtu.get());
-            b.uint("rate_selector", 55, 0, 2, p.rate_selector.get());
-            b.uint("rate", 55, 2, 6, p.rate.get());
-            b.uint(
-                "packet_life_time_selector",
-                56,
-                0,
-                2,
-                p.packet_life_time_selector.get(),
-            );
-            b.uint("packet_life_time", 56, 2, 6, p.packet_life_time.get());
-            b.uint("preference", 57, 0, 8, p.preference);
-        }
+        SaPayload::InformInfo(i) => inform_info(b, i),
+        SaPayload::Notice(n) => notice(b, n),
+        SaPayload::PathRecord(p) => path_record(b, p),
         SaPayload::ClassPortInfo(c) => {
             b.section("class_port_info", 56);
             b.uint("base_version", 0, 0, 8, c.base_version);
@@ -315,6 +251,85 @@ fn sa(b: &mut Builder, m: &SaMad) {
             b.bytes("sa_data", 0, &raw[..]);
         }
     }
+}
+
+fn inform_info(b: &mut Builder, i: &InformInfo) {
+    b.section("inform_info", 56);
+    b.gid("gid", 0, i.gid);
+    b.uint("lid_range_begin", 16, 0, 16, i.lid_range_begin.0);
+    b.uint("lid_range_end", 18, 0, 16, i.lid_range_end.0);
+    b.uint("is_generic", 22, 0, 8, i.is_generic);
+    b.uint("subscribe", 23, 0, 8, i.subscribe);
+    b.uint("type", 24, 0, 16, i.inform_type);
+    b.named(
+        "trap_number",
+        26,
+        0,
+        16,
+        i.trap_number,
+        trap_name(i.trap_number),
+    );
+    b.uint("qpn", 28, 0, 24, i.qpn.get());
+    b.uint("resp_time_value", 31, 3, 5, i.resp_time_value.get());
+    b.uint("producer_type", 33, 0, 24, i.producer_type.get());
+}
+
+fn notice(b: &mut Builder, n: &Notice) {
+    b.section("notice", 56);
+    b.uint("is_generic", 0, 0, 1, n.is_generic());
+    b.uint("type", 0, 1, 7, n.notice_type.get());
+    b.uint("producer_type", 1, 0, 24, n.producer_type.get());
+    let trap = n.trap_number();
+    let meaning = if n.is_generic() {
+        trap_name(trap)
+    } else {
+        None
+    };
+    b.named("trap_number", 4, 0, 16, trap, meaning);
+    b.uint("issuer_lid", 6, 0, 16, n.issuer_lid.0);
+    b.uint("notice_toggle", 8, 0, 1, n.toggle);
+    b.uint("notice_count", 8, 1, 15, n.count.get());
+    match n.details {
+        NoticeDetails::GidInService(g) | NoticeDetails::GidOutOfService(g) => {
+            b.gid("gid_addr", 16, g)
+        }
+        NoticeDetails::LinkStateChange(l) => b.uint("lid_addr", 10, 0, 16, l.0),
+        NoticeDetails::Generic { data, .. } | NoticeDetails::Vendor { data, .. } => {
+            b.bytes("data_details", 10, &data)
+        }
+    }
+    b.gid("issuer_gid", 64, n.issuer_gid);
+}
+
+fn path_record(b: &mut Builder, p: &PathRecord) {
+    b.section("path_record", 56);
+    b.uint("service_id", 0, 0, 64, p.service_id);
+    b.gid("dgid", 8, p.dgid);
+    b.gid("sgid", 24, p.sgid);
+    b.uint("dlid", 40, 0, 16, p.dlid.0);
+    b.uint("slid", 42, 0, 16, p.slid.0);
+    b.uint("raw_traffic", 44, 0, 1, p.raw_traffic);
+    b.uint("flow_label", 44, 4, 20, p.flow_label.get());
+    b.uint("hop_limit", 47, 0, 8, p.hop_limit);
+    b.uint("tclass", 48, 0, 8, p.traffic_class);
+    b.uint("reversible", 49, 0, 1, p.reversible);
+    b.uint("numb_path", 49, 1, 7, p.numb_path.get());
+    b.uint("p_key", 50, 0, 16, p.pkey);
+    b.uint("qos_class", 52, 0, 12, p.qos_class.get());
+    b.uint("sl", 53, 4, 4, p.sl.get());
+    b.uint("mtu_selector", 54, 0, 2, p.mtu_selector.get());
+    b.uint("mtu", 54, 2, 6, p.mtu.get());
+    b.uint("rate_selector", 55, 0, 2, p.rate_selector.get());
+    b.uint("rate", 55, 2, 6, p.rate.get());
+    b.uint(
+        "packet_life_time_selector",
+        56,
+        0,
+        2,
+        p.packet_life_time_selector.get(),
+    );
+    b.uint("packet_life_time", 56, 2, 6, p.packet_life_time.get());
+    b.uint("preference", 57, 0, 8, p.preference);
 }
 
 const REDIRECT: [&str; 9] = [
@@ -375,7 +390,7 @@ pub fn trap_name(trap: u16) -> Option<&'static str> {
 }
 
 fn cm(b: &mut Builder, m: &CmMad) {
-    header(b, &m.header, false);
+    header(b, &m.header, Routing::Lid);
     match &m.body {
         CmBody::Lap(l) => {
             b.section("lap", 24);
@@ -416,9 +431,9 @@ fn cm(b: &mut Builder, m: &CmMad) {
             b.uint("additional_info_length", 8, 0, 8, info.len() as u8);
             let st: ApStatus = a.ap_status;
             b.named("ap_status", 9, 0, 8, st.code(), Some(st.description()));
-            let mut full = [0u8; crate::cm::APR_ADDITIONAL_INFO_SIZE];
-            full[..info.len()].copy_from_slice(info);
-            b.bytes("additional_info", 12, &full);
+            // AdditionalInfoLength bytes of it: the rest of the room holds no field (a
+            // tool shows what a sender left there as reserved bits).
+            b.bytes("additional_info", 12, info);
             b.bytes("private_data", 84, &a.private_data);
         }
         CmBody::Mra(m) => {
@@ -553,7 +568,12 @@ fn req_path(b: &mut Builder, at: usize, p: &ReqPath, n: &[&'static str; 11]) {
 
 fn smp(b: &mut Builder, s: &Smp) {
     let dr = s.is_directed_route();
-    header(b, &s.header, dr);
+    let routing = if dr {
+        Routing::DirectedRoute
+    } else {
+        Routing::Lid
+    };
+    header(b, &s.header, routing);
     b.section("smp_header", 0);
     b.uint("m_key", 24, 0, 64, s.m_key);
     if dr {

@@ -72,6 +72,39 @@ pub struct FatTree {
     pub radix: u16,
 }
 
+/// Why a [`FatTree`] cannot be built; each is about one key of `topology.fat_tree`
+/// ([`FatTreeError::key`]), which the message does not repeat.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum FatTreeError {
+    /// Not 2 or 3 levels.
+    #[error("{0}: use 2 or 3")]
+    Levels(u8),
+    /// Not an even radix of 4 to 128.
+    #[error("{0}: an even number of switch ports, 4 to 128")]
+    Radix(u16),
+    /// More hosts than the tree holds.
+    #[error(
+        "{}: {hosts} hosts, but a {}-level fat tree of radix {} holds at most {}",
+        tree.radix, tree.levels, tree.radix, tree.capacity()
+    )]
+    TooManyHosts {
+        /// The tree.
+        tree: FatTree,
+        /// The scenario's hosts.
+        hosts: usize,
+    },
+}
+
+impl FatTreeError {
+    /// The key of `topology.fat_tree` the problem is about.
+    pub fn key(&self) -> &'static str {
+        match self {
+            FatTreeError::Levels(_) => "levels",
+            FatTreeError::Radix(_) | FatTreeError::TooManyHosts { .. } => "radix",
+        }
+    }
+}
+
 /// Which level of a fat tree a switch is on, and its name's letter.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Tier {
@@ -121,28 +154,15 @@ impl FatTree {
     }
 
     /// Why the tree cannot be built for `hosts`, if it cannot.
-    pub fn check(&self, hosts: usize) -> Result<(), String> {
+    pub fn check(&self, hosts: usize) -> Result<(), FatTreeError> {
         if !(2..=3).contains(&self.levels) {
-            return Err(format!(
-                "topology.fat_tree.levels = {}: use 2 or 3",
-                self.levels
-            ));
+            return Err(FatTreeError::Levels(self.levels));
         }
         if self.radix % 2 != 0 || !(4..=128).contains(&self.radix) {
-            return Err(format!(
-                "topology.fat_tree.radix = {}: an even number of switch ports, 4 to 128",
-                self.radix
-            ));
+            return Err(FatTreeError::Radix(self.radix));
         }
         if hosts > self.capacity() {
-            return Err(format!(
-                "topology.fat_tree.radix = {}: {hosts} hosts, but a {}-level fat tree of \
-                 radix {} holds at most {}",
-                self.radix,
-                self.levels,
-                self.radix,
-                self.capacity()
-            ));
+            return Err(FatTreeError::TooManyHosts { tree: *self, hosts });
         }
         Ok(())
     }

@@ -156,11 +156,34 @@ fn named_policies_and_the_engine_policy_come_from_the_scenario() {
     );
     let e = Scenario::from_toml("policies = [\"apm\", \"magic\"]\n").unwrap_err();
     assert!(
-        e.to_string().starts_with("line 1:") && e.to_string().contains("magic"),
+        e.to_string()
+            .starts_with("line 1, column 20: policies[2]: \"magic\" is not a policy"),
         "{e}"
     );
-    let e = Scenario::from_toml("name = \"n\"\n[policy]\nsa_jitter_ms = 99999\n").unwrap_err();
-    assert!(e.to_string().contains("sa_jitter_ms"), "{e}");
+    // Every setting out of its range, each at its line and key, in file order.
+    let e = Scenario::from_toml(
+        "name = \"n\"\n[policy]\nsa_jitter_ms = 99999\nlap_timeout_ms = 0\n\
+         [policy.probe]\nmultiplier = 0\n",
+    )
+    .unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "line 3, column 16: policy.sa_jitter_ms: 99999: at most 60000: a minute's delay \
+         before asking the SA helps nobody\n\
+         line 4, column 18: policy.lap_timeout_ms: 0: must be at least 1\n\
+         line 6, column 14: policy.probe.multiplier: 0: must be 1..=50"
+    );
     let e = Scenario::from_toml("[policy]\nsubscrib = false\n").unwrap_err();
-    assert!(e.to_string().contains("line 2"), "{e}");
+    assert!(
+        e.to_string()
+            .starts_with("line 2, column 1: policy.subscrib: unknown field"),
+        "{e}"
+    );
+    // A scenario built in code names the key too.
+    let s = Scenario {
+        policies: vec!["magic".into()],
+        ..Scenario::default()
+    };
+    let e = s.run_policies().unwrap_err();
+    assert!(e.to_string().starts_with("policies[1]: \"magic\""), "{e}");
 }

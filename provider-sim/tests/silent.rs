@@ -1,10 +1,12 @@
 //! Silent failures: what nothing reports (a black-holing switch, a cut between two
 //! switches, a far end's port on RoCE), the retry budget the baselines pay for them,
-//! and apm's probes finding them in tens of milliseconds.
+//! apm's probes finding them in tens of milliseconds, and the application told which
+//! kind of failure each move was for.
 
+use apm_core::{Cause, NotificationKind, Time};
 use provider_sim::compare::{dominance_violations, run_all};
-use provider_sim::controller::sim_policy;
-use provider_sim::{Family, PolicyKind, RunConfig, RunReport, Scenario, Sim, Size};
+use provider_sim::controller::{probe_seed, sim_policy};
+use provider_sim::{Family, PolicyKind, RunConfig, RunReport, Scenario, Sim, SimProvider, Size};
 
 fn nccl() -> Scenario {
     let text = include_str!("../scenarios/nccl-silent.toml");
@@ -120,4 +122,97 @@ fn a_black_hole_naming_no_switch_is_refused_at_its_line() {
     let ok = "[[faults]]\nkind = \"switch_black_hole\"\nat_ms = 5\nswitch = \"A\"\n\
               [[faults]]\nkind = \"switch_black_hole_end\"\nat_ms = 9\nswitch = \"A\"\n";
     Scenario::from_toml(ok).expect("valid");
+}
+
+/// Hosts `0..managed` of `s` run by `apm_core::Manager`s (probes on, as in the
+/// simulator) until `until_ms`: the causes of every move each host's application was
+/// told of, by host.
+fn move_causes(s: &Scenario, managed: usize, until_ms: u64) -> Vec<Vec<Option<Cause>>> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let seed = 5;
+        let mut cfg = RunConfig::new(PolicyKind::Apm, seed);
+        cfg.external_hosts = (0..managed).collect();
+        cfg.check = true;
+        cfg.sample_ms = 0;
+        let shared = SimProvider::share(Sim::new(s, cfg).expect("scenario runs"));
+        let mut handles = Vec::new();
+        let mut notes = Vec::new();
+        for h in 0..managed {
+            let p = std::sync::Arc::new(shared.for_host(h).stack());
+            let (mgr, handle) = apm_core::Manager::new(p, sim_policy()).expect("policy");
+            notes.push(handle.notifications());
+            tokio::spawn(mgr.with_probe_seed(probe_seed(seed, h)).run());
+            handles.push(handle);
+        }
+        for handle in &handles {
+            handle.stats().await.expect("running");
+        }
+        for (h, handle) in handles.iter().enumerate() {
+            for spec in shared.with_sim(|sim| sim.external_specs(h)) {
+                handle.protect(spec).await.expect("protected");
+            }
+        }
+        shared.drive(Time::from_millis(until_ms)).await;
+        let hit = shared.with_sim(|sim| sim.violations().to_vec());
+        assert!(hit.is_empty(), "{hit:?}");
+        for h in &handles {
+            h.shutdown();
+        }
+        notes
+            .iter_mut()
+            .map(|rx| {
+                let mut causes = Vec::new();
+                while let Ok(n) = rx.try_recv() {
+                    if let NotificationKind::Migrated { cause, .. } = n.kind {
+                        causes.push(cause);
+                    }
+                }
+                causes
+            })
+            .collect()
+    })
+}
+
+#[test]
+fn a_black_holing_switch_moves_connections_for_the_fabric() {
+    let s = nccl();
+    // The black hole starts at 1 s; probes find it within about 60 ms.
+    let causes: Vec<Option<Cause>> = move_causes(&s, 4, 1_500).concat();
+    let fabric = causes.iter().filter(|c| **c == Some(Cause::Fabric)).count();
+    assert!(fabric > 0, "{causes:?}");
+    // Both ports are up: no move says a port, and the others were asked by their peer.
+    assert!(
+        causes
+            .iter()
+            .all(|c| matches!(c, Some(Cause::Fabric) | None)),
+        "{causes:?}"
+    );
+}
+
+#[test]
+fn a_far_end_port_down_on_roce_is_the_peer_port_to_the_other_side() {
+    let text = include_str!("../scenarios/roce.toml");
+    let mut s = Scenario::from_toml(text).expect("the shipped scenario parses");
+    s.workload.connections = 60;
+    // h2:1 goes down at 0.5 s: PORT_ERR on h2, nothing at all on its peers (no SA on
+    // RoCE) but h2's probes on its other rail, which name the dead port.
+    let by_host = move_causes(&s, 4, 1_000);
+    assert!(
+        by_host[2].contains(&Some(Cause::LocalPort)),
+        "h2 saw its own port die: {:?}",
+        by_host[2]
+    );
+    let peers: Vec<Option<Cause>> = [0, 1, 3].iter().flat_map(|h| by_host[*h].clone()).collect();
+    assert!(peers.contains(&Some(Cause::PeerPort)), "{peers:?}");
+    assert!(
+        peers
+            .iter()
+            .all(|c| matches!(c, Some(Cause::PeerPort) | None)),
+        "{peers:?}"
+    );
 }

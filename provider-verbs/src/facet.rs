@@ -8,7 +8,9 @@
 //!
 //! Async events are delivered to the context that created the QP, and a context has one
 //! event queue: the application must pass the contexts it created its QPs on, and must
-//! not read their async events itself while this facet runs.
+//! not read their async events itself while this facet runs. A QP created on a context
+//! this facet does not read (a program's own, whose events an interposition library
+//! shares with apm) has its events handed in with [`VerbsQpControl::deliver_qp_event`].
 #![forbid(unsafe_code)]
 
 use crate::ffi::{self, AsyncEventKind, Context, EventElement, PortState, Qp, QpState, VerbsError};
@@ -31,6 +33,8 @@ pub struct VerbsQpControl {
     conns: Conns,
     tasks: Mutex<Vec<tokio::task::JoinHandle<()>>>,
     hook: Mutex<Option<EventHook>>,
+    /// The engine's input, once started (for events read elsewhere).
+    sink: Mutex<Option<InputSink>>,
 }
 
 /// Called with every async event (and its device index) before it becomes an engine
@@ -68,7 +72,21 @@ impl VerbsQpControl {
             conns: Arc::new(Mutex::new(BTreeMap::new())),
             tasks: Mutex::new(Vec::new()),
             hook: Mutex::new(None),
+            sink: Mutex::new(None),
         }
+    }
+
+    /// An async event of connection `conn`'s QP that someone else read (the QP lives on
+    /// a context this facet does not read): it reaches the engine as the facet's own
+    /// events do. Ignored before [`QpControl::start`] and for kinds the engine has no use
+    /// for; returns whether it became an input.
+    pub fn deliver_qp_event(&self, conn: ConnId, kind: AsyncEventKind) -> bool {
+        let Some(event) = qp_event(kind) else {
+            return false;
+        };
+        let sink = self.sink.lock().unwrap_or_else(PoisonError::into_inner);
+        sink.as_ref()
+            .is_some_and(|s| s.send(Input::QpEvent { conn, event }).is_ok())
     }
 
     /// Also hand every async event to `hook` (replacing an earlier one). Set it before
@@ -300,6 +318,7 @@ fn roce_av(
 #[async_trait]
 impl QpControl for VerbsQpControl {
     async fn start(&self, sink: InputSink) -> Result<(), ProviderError> {
+        *self.sink.lock().unwrap_or_else(PoisonError::into_inner) = Some(sink.clone());
         for (i, ctx) in self.devices.iter().enumerate() {
             let device = u16::try_from(i).map_err(|_| {
                 ProviderError::io(Operation::Start, Reason::Because("more than 65535 devices"))
@@ -433,6 +452,20 @@ fn find_conn(conns: &Conns, dev: &str, qpn: u32) -> Option<ConnId> {
         .map(|(c, _)| *c)
 }
 
+/// The engine's view of a QP-affiliated event kind (`None`: no use for it).
+fn qp_event(kind: AsyncEventKind) -> Option<QpEvent> {
+    match kind {
+        AsyncEventKind::PathMig => Some(QpEvent::PathMigrated),
+        AsyncEventKind::PathMigErr => Some(QpEvent::PathMigrationError),
+        AsyncEventKind::CommEst => Some(QpEvent::CommEstablished),
+        AsyncEventKind::QpFatal | AsyncEventKind::QpReqErr | AsyncEventKind::QpAccessErr => {
+            Some(QpEvent::Fatal)
+        }
+        AsyncEventKind::SqDrained => Some(QpEvent::SqDrained),
+        _ => None,
+    }
+}
+
 /// Read one device's events until the task is aborted, as engine inputs.
 async fn pump(
     ctx: Context,
@@ -485,17 +518,7 @@ async fn pump(
                 v
             }
             EventElement::Qp(qpn) => {
-                let event = match ev.kind {
-                    AsyncEventKind::PathMig => Some(QpEvent::PathMigrated),
-                    AsyncEventKind::PathMigErr => Some(QpEvent::PathMigrationError),
-                    AsyncEventKind::CommEst => Some(QpEvent::CommEstablished),
-                    AsyncEventKind::QpFatal
-                    | AsyncEventKind::QpReqErr
-                    | AsyncEventKind::QpAccessErr => Some(QpEvent::Fatal),
-                    AsyncEventKind::SqDrained => Some(QpEvent::SqDrained),
-                    _ => None,
-                };
-                match (event, find_conn(&conns, ctx.name(), qpn)) {
+                match (qp_event(ev.kind), find_conn(&conns, ctx.name(), qpn)) {
                     (Some(event), Some(conn)) => vec![Input::QpEvent { conn, event }],
                     _ => Vec::new(),
                 }

@@ -753,6 +753,8 @@ mod apm_plan;
 // `apm run` with unmodified Debian programs (ibv_rc_pingpong, perftest, rping).
 #[path = "hw/apm_run.rs"]
 mod apm_run;
+#[path = "hw/bench_failover.rs"]
+mod bench_failover;
 #[path = "hw/child.rs"]
 mod child;
 #[path = "hw/failover.rs"]

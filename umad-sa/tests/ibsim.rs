@@ -9,7 +9,7 @@ use apm_core::{FabricService, GidService};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use umad::bed::{self, logged_gid, ms, report, stdin_commands, Bed};
+use umad::bed::{self, logged_gid, ms, report, stdin_commands, Bed, NodeProc};
 use umad::{Port, PortOptions, PortSelector, TestBedMode};
 use umad_sa::{SaClient, SaEvent, SaFabric, SaOptions, SA_AGENT};
 
@@ -282,7 +282,8 @@ fn unlink_relink_traps() {
         assert_eq!(inn, format!("EVENT in {gid}"), "round {round}");
         lat.push((t1 - t0, t3 - t2));
     }
-    // OpenSM resends an unanswered Report after 200 ms, 3 times: wait them out.
+    // OpenSM resends an unanswered Report after 200 ms, 3 times: wait them out (a
+    // window: what must not come is the test's subject).
     std::thread::sleep(Duration::from_millis(1000));
     let extra = n.drain();
     assert!(
@@ -358,8 +359,23 @@ fn subscription_refreshed_after_opensm_restart() {
     );
     let _ = n.expect("EVENT in", Duration::from_millis(500));
 
-    // Several refreshes later, still one event per Unlink and per ReLink.
-    std::thread::sleep(TEST_REFRESH * 2);
+    // Several refreshes later, still one event per Unlink and per ReLink: the node
+    // counts its refreshes when asked, asked every tenth of an interval.
+    let refreshes = |n: &mut NodeProc| -> u64 {
+        n.send("refreshes").unwrap();
+        let (_, r) = n.expect("REFRESHES", Duration::from_secs(2)).unwrap();
+        r.trim_start_matches("REFRESHES ").parse().unwrap()
+    };
+    let start = refreshes(&mut n);
+    let until = Instant::now() + TEST_REFRESH * 10;
+    while refreshes(&mut n) < start + 2 {
+        assert!(
+            Instant::now() < until,
+            "no two refreshes within {:?}",
+            TEST_REFRESH * 10
+        );
+        std::thread::sleep(TEST_REFRESH / 10);
+    }
     let _ = n.drain();
     let t0 = Instant::now();
     bed.console(&format!("Unlink \"{victim}\"[2]")).unwrap();
@@ -367,7 +383,7 @@ fn subscription_refreshed_after_opensm_restart() {
     bed.console(&format!("ReLink \"{victim}\"[2]")).unwrap();
     n.expect("EVENT in", Duration::from_secs(2)).unwrap();
     // A doubled subscription would give a second Report at once; OpenSM resends an
-    // unanswered one after 200 ms.
+    // unanswered one after 200 ms (a window: what must not come is the subject).
     std::thread::sleep(Duration::from_millis(300));
     let extra = n.drain();
     assert!(
@@ -384,6 +400,7 @@ fn subscription_refreshed_after_opensm_restart() {
     // Unsubscribing stops the Reports, and the refresh does not bring them back.
     n.send("unsubscribe").unwrap();
     n.expect("UNSUBSCRIBED", Duration::from_secs(5)).unwrap();
+    // A window: a refresh interval passes, and no refresh may subscribe again.
     std::thread::sleep(TEST_REFRESH + Duration::from_millis(100));
     let mark = bed.log_mark();
     bed.console(&format!("Unlink \"{victim}\"[2]")).unwrap();

@@ -506,13 +506,45 @@ impl NodeProc {
     /// `STATS name=value ...` report, as name -> value (printed too). Panics when the
     /// node does not answer within 5 s.
     pub fn stats(&mut self) -> BTreeMap<String, u64> {
+        let (l, stats) = self.read_stats();
+        println!("[{}] {l}", self.node);
+        stats
+    }
+
+    /// [`NodeProc::stats`] once `done` holds for them, asked again every 20 ms (the
+    /// node tells its counters only when asked); the last ones are printed. Panics
+    /// when `timeout` passes first.
+    pub fn stats_until(
+        &mut self,
+        done: impl Fn(&BTreeMap<String, u64>) -> bool,
+        timeout: Duration,
+    ) -> BTreeMap<String, u64> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let (l, stats) = self.read_stats();
+            if done(&stats) {
+                println!("[{}] {l}", self.node);
+                return stats;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "[{}] not there within {timeout:?}: {l}",
+                self.node
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// The `STATS` report's line and its counters.
+    fn read_stats(&mut self) -> (String, BTreeMap<String, u64>) {
         self.send("stats").unwrap();
         let (_, l) = self.expect("STATS", Duration::from_secs(5)).unwrap();
-        println!("[{}] {l}", self.node);
-        l.split_whitespace()
+        let stats = l
+            .split_whitespace()
             .filter_map(|kv| kv.split_once('='))
             .filter_map(|(k, v)| Some((k.to_owned(), v.parse().ok()?)))
-            .collect()
+            .collect();
+        (l, stats)
     }
 
     /// Send one command line to the node (its stdin).

@@ -1,5 +1,6 @@
 //! `cargo xtask bench [CARGO-BENCH-ARGS]`: the project's benchmarks (criterion);
-//! `cargo xtask bench apm-run`: `apm run`'s overhead on real rxe in the VM.
+//! `cargo xtask bench apm-run`: `apm run`'s overhead on real rxe in the VM;
+//! `cargo xtask bench failover`: apm against Linux bonding on real rxe in the VM.
 //!
 //! Runs each crate's benches in turn; extra arguments go to every `cargo bench` (for
 //! instance a criterion filter after `--`). Crates add themselves to [`BENCH_CRATES`].
@@ -15,6 +16,9 @@ const BENCH_CRATES: &[&str] = &["apm-core", "ib-mad", "provider-sim"];
 /// Run the benchmarks. `apm-run` instead runs the `apm run` overhead benchmark in the
 /// VM (ib_write_bw and ib_send_lat with and without `apm run`, no fault).
 pub fn main(args: &[String]) -> Result<()> {
+    if args.first().map(String::as_str) == Some("failover") {
+        return crate::bench_failover::main(&args[1..]);
+    }
     if args.first().map(String::as_str) == Some("apm-run") {
         let vm = [
             "--vm",

@@ -190,6 +190,11 @@ fn in_vm(
     let work = vm_dir.join(format!("run-{}", std::process::id()));
     let out = vm::run(&image, &spec, &work)?;
     print!("{}", out.output);
+    // A caller that reads the output (`bench failover`) names a file for it.
+    if let Some(path) = std::env::var_os("APM_VM_OUTPUT") {
+        std::fs::write(&path, &out.output)
+            .with_context(|| format!("writing {}", std::path::Path::new(&path).display()))?;
+    }
     let ok = out.exit_code == Some(0) && !out.timed_out;
     if !ok {
         eprintln!("---- guest console ----\n{}----", out.console);

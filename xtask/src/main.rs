@@ -8,6 +8,7 @@
 
 mod apt;
 mod bench;
+mod bench_failover;
 mod capi;
 mod chaos;
 mod codegen;
@@ -32,9 +33,10 @@ Commands:
   capi-header  regenerate apm-capi/include/apm.h (cbindgen, installed when missing)
   ibsim     the OpenSM-over-ibsim bed: [--shell] [TEST-NAME-FILTER]
   bench     the benchmarks (criterion): cargo bench per crate, extra args passed on;
-            `bench apm-run`: apm run's overhead (perftest) in the VM
+            `bench apm-run`: apm run's overhead (perftest) in the VM;
+            `bench failover [--reps N] [--json]`: apm vs bonding in the VM
   chaos     the simulator's long chaos run: [--seeds N (10000)] [--start S]
-  fuzz      the ib-mad fuzz targets: [--seconds N] [TARGET...] (cargo-fuzz)
+  fuzz      the fuzz targets, every reader of outside input: [--seconds N] [TARGET...] (cargo-fuzz)
   help      this text
 ";
 

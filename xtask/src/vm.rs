@@ -56,6 +56,8 @@ const MODULE_ROOTS: &[&str] = &[
     "dummy",
     "8021q",
     "sch_netem",
+    // Linux bonding, which `bench failover` compares apm with.
+    "bonding",
     "virtio_pci",
     "9pnet_virtio",
     "9p",

@@ -135,7 +135,11 @@ pub fn script(modules_key: &str, patched_boot: bool, filter: &[String]) -> Strin
         s.push_str(
             "echo 'APM-PHASE 2: the patch set test (kernel/rxe-apm/test/rxe_apm_test.c)'\n\
              /mnt/rxe_apm_test rxe0 rxe1 10.0.10.1 10.0.10.2 10.0.20.1 10.0.20.2 \
-             vA.10 vA.20 vB.10 vB.20 /tmp/rails.sh || status=1\n",
+             vA.10 vA.20 vB.10 vB.20 /tmp/rails.sh || status=1\n\
+             echo 'APM-PHASE 2: the patch set test under apm run (its async events pass \
+             through the tee of apm run; its own APM is left to it)'\n\
+             /mnt/apm run -- /mnt/rxe_apm_test rxe0 rxe1 10.0.10.1 10.0.10.2 10.0.20.1 \
+             10.0.20.2 vA.10 vA.20 vB.10 vB.20 /tmp/rails.sh || status=1\n",
         );
     }
     s.push_str(

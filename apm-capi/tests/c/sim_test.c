@@ -71,10 +71,21 @@ int main(void) {
   struct pollfd p = {.fd = fd, .events = POLLIN};
   CHECK(poll(&p, 1, 0) == 1 && (p.revents & POLLIN), "fd readable with notifications pending");
   int counts[6] = {0};
+  int local_port = 0;
   ApmNotification note;
   while ((st = apm_next_notification(m, &note)) == APM_STATUS_OK) {
     CHECK(note.kind >= 1 && note.kind <= 5, "kind %d", (int)note.kind);
     counts[note.kind]++;
+    CHECK(memchr(note.cause, 0, sizeof note.cause) != NULL, "cause NUL-terminated");
+    if (note.kind == APM_NOTIFICATION_KIND_MIGRATED) {
+      /* What this side saw kill the primary, or nothing when the peer asked. */
+      CHECK(strcmp(note.cause, "local_port") == 0 || strcmp(note.cause, "peer_port") == 0 ||
+                note.cause[0] == 0,
+            "cause of a move on a rail's switch dying: \"%s\"", note.cause);
+      local_port += strcmp(note.cause, "local_port") == 0;
+    } else if (note.kind != APM_NOTIFICATION_KIND_UNPROTECTED) {
+      CHECK(note.cause[0] == 0, "no cause on kind %d", (int)note.kind);
+    }
   }
   CHECK(st == APM_STATUS_AGAIN, "drained: %d", st);
   CHECK(poll(&p, 1, 0) == 0, "fd quiet once drained");
@@ -86,6 +97,8 @@ int main(void) {
   CHECK(counts[APM_NOTIFICATION_KIND_MIGRATED] > 0, "migrations");
   CHECK(counts[APM_NOTIFICATION_KIND_REARMED] > 0, "re-armed");
   CHECK(counts[APM_NOTIFICATION_KIND_LOST] == 0, "nothing lost");
+  printf("moves for a local port down %d\n", local_port);
+  CHECK(local_port > 0, "h2's own port went down with rail A's switch");
 
   /* Callback mode. */
   CHECK(apm_set_callback(m, on_note, &callbacks) == APM_STATUS_OK, "callback");

@@ -1,8 +1,10 @@
 //! Per-connection state: the paths as the engine believes the QP holds them, and the
 //! phase of whatever the engine is doing for the connection.
 
-use crate::io::{Command, CommandId, CommandOp, Lap, PeerMsg, UnprotectedReason};
-use crate::types::*;
+use crate::io::{Cause, Command, CommandId, CommandOp, Lap, PeerMsg, UnprotectedReason};
+use crate::types::{
+    ConnId, ConnSpec, Gid, MigState, MigrationMode, Path, PeerAddr, PortKey, Qpn, Role, Time,
+};
 
 /// The connection's alternate path as the engine believes the QP holds it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -348,6 +350,9 @@ pub(crate) struct Conn {
     pub(crate) failed_rearms: u32,
     /// When the engine last forced a migration (its own PATH_MIG is not a new one).
     pub(crate) forced_at: Option<Time>,
+    /// What this side first saw kill the primary, until it moves off it or the path
+    /// works again: what its `Migrated` and `Unprotected` notifications say.
+    pub(crate) primary_down: Option<Cause>,
     /// What the application was last told; `Told::Lost` ends the connection's life.
     pub(crate) told: Told,
 }
@@ -407,6 +412,7 @@ impl Conn {
             last_lap: None,
             failed_rearms: 0,
             forced_at: None,
+            primary_down: None,
             told: Told::Nothing,
         }
     }

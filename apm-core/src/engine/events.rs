@@ -7,8 +7,8 @@ use super::health::Health;
 use super::timers::TimerKey;
 use super::{live, live_mut, select, Engine, LocalPort, Pending, Subscription};
 use crate::io::{
-    CommandOp, CommandOutcome, LostReason, Migrate, MigrateIntent, NotificationKind, PeerMsg,
-    PortEvent, ProviderError, QpEvent, UnprotectedReason,
+    Cause, CommandOp, CommandOutcome, LostReason, Migrate, MigrateIntent, NotificationKind,
+    PeerMsg, PortEvent, ProviderError, QpEvent, UnprotectedReason,
 };
 use crate::policy::Policy;
 use crate::types::{
@@ -46,12 +46,11 @@ impl Engine {
                 }
             }
             Some(p) => {
-                let old_lid = p.info.lid;
-                let new_lid = info.lid;
-                p.info = info;
-                if old_lid != new_lid {
-                    self.lid_changed(key, old_lid, new_lid);
+                let old = std::mem::replace(&mut p.info, info.clone());
+                if old.lid != info.lid {
+                    self.lid_changed(key, old.lid, info.lid);
                 }
+                self.local_gids_changed(&old, &info);
             }
         }
     }
@@ -99,7 +98,7 @@ impl Engine {
         };
         if changed {
             info!(%port, "local port down");
-            self.path_failed(|p| p.port == port);
+            self.path_failed(|p| p.port == port, Cause::LocalPort);
         }
     }
 
@@ -127,7 +126,8 @@ impl Engine {
     /// reached us, and the SM stops resending a Report after a few tries: a trap 64 may
     /// have been missed, leaving a remote GID believed dead forever. Treat the remote
     /// GIDs of the port's subnet that we hold out of service as back in service;
-    /// traffic, LAPs and the next notices tell otherwise.
+    /// traffic, LAPs and the next notices tell otherwise. (provider-sim's record of
+    /// what a host was told, `Sim::feed`, follows the same rule.)
     pub(super) fn forget_stale_remote_verdicts(&mut self, port: PortKey) {
         let Some(p) = self.ports.get(&port) else {
             return;
@@ -226,7 +226,7 @@ impl Engine {
             info!(%gid, "remote GID out of service");
             self.invalidate_cache(|k| k.1 == gid);
             self.schedule_recheck(gid, self.policy.remote_recheck_ms);
-            self.path_failed(|p| p.dgid == gid);
+            self.path_failed(|p| p.dgid == gid, Cause::PeerPort);
         }
     }
 
@@ -306,9 +306,10 @@ impl Engine {
 
     // ---------------------------------------------------------------- failures
 
-    /// Something on some paths died: move connections off them. A path being armed or
-    /// negotiated that dies meanwhile is armed all the same (see `select`).
-    pub(super) fn path_failed(&mut self, hit: impl Fn(&Path) -> bool) {
+    /// Something on some paths died (`cause` says what): move connections off them. A
+    /// path being armed or negotiated that dies meanwhile is armed all the same (see
+    /// `select`).
+    pub(super) fn path_failed(&mut self, hit: impl Fn(&Path) -> bool, cause: Cause) {
         // One pass to find who is hit (most connections usually are not), then act.
         let hits: Vec<(ConnId, bool)> = self
             .live_conns()
@@ -320,10 +321,19 @@ impl Engine {
             .collect();
         for (id, primary_hit) in hits {
             if primary_hit {
+                self.primary_down(id, cause);
                 self.primary_failed(id);
             } else {
                 self.alternate_failed(id);
             }
+        }
+    }
+
+    /// Remember what killed the primary of `id`, unless something already did: the
+    /// first failure seen is what the notifications of the move say.
+    pub(super) fn primary_down(&mut self, id: ConnId, cause: Cause) {
+        if let Some(c) = live_mut(&mut self.conns, id) {
+            c.primary_down.get_or_insert(cause);
         }
     }
 
@@ -472,6 +482,18 @@ impl Engine {
     /// connections that lack protection re-arm, and those whose alternate scores below
     /// what is now available upgrade.
     pub(super) fn path_returned(&mut self, hit: impl Fn(&Path) -> bool) {
+        // What killed a primary that works again is history: a later move has its own.
+        let revived: Vec<ConnId> = self
+            .live_conns()
+            .filter(|(_, c)| c.primary_down.is_some() && hit(&c.primary))
+            .filter(|(_, c)| self.path_up(&c.primary))
+            .map(|(id, _)| id)
+            .collect();
+        for id in revived {
+            if let Some(c) = self.conns.get_mut(&id) {
+                c.primary_down = None;
+            }
+        }
         let ids: Vec<ConnId> = self
             .live_conns()
             .filter(|(_, c)| c.candidates.iter().any(&hit) || c.alt.path().is_some_and(|a| hit(&a)))
@@ -584,7 +606,10 @@ impl Engine {
             }
             QpEvent::Fatal => self.lose(id, LostReason::QpFatal),
             QpEvent::SqDrained => {}
-            QpEvent::PrimaryStalled => self.primary_failed(id),
+            QpEvent::PrimaryStalled => {
+                self.primary_down(id, Cause::Stall);
+                self.primary_failed(id);
+            }
         }
     }
 
@@ -613,6 +638,7 @@ impl Engine {
             return;
         };
         let old = std::mem::replace(&mut c.primary, new_primary);
+        let cause = c.primary_down.take();
         c.learn(old);
         c.mig = MigState::Migrated;
         c.chores.add(Chore::Rearm);
@@ -621,13 +647,14 @@ impl Engine {
         if moved == Moved::Forced {
             c.forced_at = Some(now);
         }
-        info!(%id, primary = %new_primary, forced, "migrated");
+        info!(%id, primary = %new_primary, forced, cause = cause.map(Cause::name), "migrated");
         self.abort_phase(id);
         self.notify(
             id,
             NotificationKind::Migrated {
                 primary: new_primary,
                 forced,
+                cause,
             },
         );
         let back = self.conns.get(&id).is_some_and(|c| {

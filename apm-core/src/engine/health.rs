@@ -19,6 +19,11 @@ pub(crate) struct Health {
 }
 
 impl Health {
+    /// Up until told otherwise (a remote GID the engine has heard nothing about).
+    pub(crate) fn up() -> Health {
+        Health::new(true)
+    }
+
     pub(crate) fn new(up: bool) -> Health {
         Health {
             up,

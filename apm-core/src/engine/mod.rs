@@ -24,6 +24,7 @@ mod limiter;
 mod peer;
 mod pending;
 mod probed;
+mod rails;
 mod rearm;
 mod remote;
 mod results;
@@ -31,10 +32,15 @@ mod sa_gate;
 mod select;
 pub(crate) mod timers;
 
-use crate::io::*;
+use crate::io::{
+    AlternateKind, Command, CommandId, CommandOp, Input, Notification, NotificationKind, Output,
+    PeerMsg, ProviderError, QpEvent, UnprotectedReason,
+};
 use crate::policy::{Policy, PolicyError};
 use crate::probe::PathEnds;
-use crate::types::*;
+use crate::types::{
+    ConnId, ConnSpec, Gid, GidService, MigState, Path, PeerAddr, PortInfo, PortKey, Time,
+};
 use cache::PathCache;
 use conn::{Conn, InFlight, Phase, Told};
 use health::Health;
@@ -183,6 +189,8 @@ pub struct Engine {
     dead_paths: BTreeSet<PathEnds>,
     /// Paths whose session is up again but held for flapping, until when.
     held_paths: BTreeMap<PathEnds, Time>,
+    /// RoCE source GIDs their port reported and no longer has (module `rails`).
+    gone_gids: BTreeSet<(PortKey, Gid)>,
     cache: PathCache,
     pending: PendingTable<Pending>,
     /// When each command handed to the provider must have been answered.
@@ -207,6 +215,7 @@ impl Engine {
             remotes: Remotes::default(),
             dead_paths: BTreeSet::new(),
             held_paths: BTreeMap::new(),
+            gone_gids: BTreeSet::new(),
             cache: PathCache::default(),
             pending: PendingTable::new(1),
             deadlines: Deadlines::default(),
@@ -260,6 +269,7 @@ impl Engine {
     pub fn path_usable(&self, path: &Path) -> bool {
         self.port_usable(path.port)
             && self.remote_usable(&path.dgid)
+            && !self.local_gid_gone(path)
             && !self.probed_dead(path)
             && !self.probe_held(path)
     }
@@ -300,10 +310,12 @@ impl Engine {
     /// True when `path` is up, held down for flapping or not: what a connection whose
     /// primary is dead may still move to (after asking the peer over it), since a
     /// flapping path beats a dead one. No command ever moves a connection onto a path
-    /// for which this is false.
+    /// for which this is false (the property test checks it against this engine's
+    /// view, provider-sim's `Sim::check_move_target` against what the host was told).
     pub fn path_up(&self, path: &Path) -> bool {
         self.ports.get(&path.port).is_some_and(|p| p.health.up)
             && self.remotes.up(&path.dgid)
+            && !self.local_gid_gone(path)
             && !self.probed_dead(path)
     }
 
@@ -683,6 +695,10 @@ impl Engine {
         let first = !c.told.ever_protected();
         let c_alt = c.alt.path();
         let c_primary = c.primary;
+        let cause = match reason {
+            UnprotectedReason::PrimaryDownUnarmed => c.primary_down,
+            _ => None,
+        };
         if let Some(c) = self.conns.get_mut(&id) {
             c.told = now;
         }
@@ -695,7 +711,7 @@ impl Engine {
                 alternate,
                 survives: AlternateKind::of(&c_primary, &alternate),
             },
-            (_, _) => NotificationKind::Unprotected { reason },
+            (_, _) => NotificationKind::Unprotected { reason, cause },
         };
         self.notify(id, kind);
     }

@@ -29,6 +29,15 @@ use crate::types::{ConnId, LinkLayer, MigState, MigrationMode, Path, PeerAddr, P
 use std::ops::ControlFlow;
 use tracing::{debug, info, warn};
 
+/// What a `MigrateAck` tells the peer that asked us to move.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum MoveAnswer {
+    /// We run on the path it named.
+    Moved,
+    /// We did not move there.
+    Refused,
+}
+
 /// A LAP from a verified peer, and where its answer goes.
 struct IncomingLap {
     from: PeerAddr,
@@ -45,11 +54,14 @@ impl Engine {
             debug!(from = %from.gid, "a probe reached the engine: ignored");
             return;
         }
-        // A message from a GID proves it is in service. Held out of service, it was put
-        // there by a stale Report: the SM resends each Report on its own schedule, so a
-        // retransmitted trap 65 can arrive after the trap 64 that followed it, and no
-        // later notice would ever correct it.
-        if !self.remotes.up(&from.gid) {
+        // A message from a connection's peer proves its GID is in service. Held out of
+        // service, it was put there by a stale Report: the SM resends each Report on its
+        // own schedule, so a retransmitted trap 65 can arrive after the trap 64 that
+        // followed it, and no later notice would ever correct it. Anyone can write a
+        // GID into a datagram's source: one that is not a connection's peer (by comm
+        // ids and source GID) proves nothing, or a stranger could bring a dead path
+        // back and have connections moved onto it.
+        if !self.remotes.up(&from.gid) && self.sent_by_a_peer(&from, &msg) {
             debug!(gid = %from.gid, "message from a GID held out of service: it is back");
             self.remote_in_service(from.gid);
         }
@@ -61,6 +73,12 @@ impl Engine {
             PeerMsg::MigrateAck(a) => self.migrate_ack_arrived(from, a),
             PeerMsg::Probe(_) => {}
         }
+    }
+
+    /// The message names a connection (by its comm ids) whose peer `from` is.
+    fn sent_by_a_peer(&self, from: &PeerAddr, msg: &PeerMsg) -> bool {
+        msg.comm_ids()
+            .is_some_and(|(receiver, sender)| self.peer_conn(receiver, sender, from).is_some())
     }
 
     /// The connection a peer message is addressed to, if it really comes from its peer.
@@ -572,22 +590,22 @@ impl Engine {
 
     /// Answer the peer's `Migrate`: we run on the path it named.
     pub(super) fn answer_moved(&mut self, id: ConnId, r: Responder) {
-        self.send_migrate_ack(id, r, true);
+        self.send_migrate_ack(id, r, MoveAnswer::Moved);
     }
 
     /// Answer the peer's `Migrate`: we did not move there.
     pub(super) fn refuse_move(&mut self, id: ConnId, r: Responder) {
-        self.send_migrate_ack(id, r, false);
+        self.send_migrate_ack(id, r, MoveAnswer::Refused);
     }
 
-    fn send_migrate_ack(&mut self, id: ConnId, r: Responder, ok: bool) {
+    fn send_migrate_ack(&mut self, id: ConnId, r: Responder, answer: MoveAnswer) {
         let Some(c) = self.conns.get(&id) else {
             return;
         };
         let ack = MigrateAck {
             sender_comm_id: c.local_comm_id,
             receiver_comm_id: c.remote_comm_id,
-            ok,
+            ok: answer == MoveAnswer::Moved,
         };
         self.send(r.port, r.to, PeerMsg::MigrateAck(ack));
     }

@@ -40,7 +40,7 @@ impl Engine {
         }
         self.stats.probe_paths_down += 1;
         info!(local = %ends.local, remote = %ends.remote, kind = kind.name(), "probes: path down");
-        self.path_failed(|p| ends_of(p) == ends);
+        self.path_failed(|p| ends_of(p) == ends, kind.into());
     }
 
     pub(super) fn probe_path_up(&mut self, ends: PathEnds) {

@@ -32,7 +32,7 @@ impl Remotes {
 
     /// The health record of `gid`, created (up) on first use.
     pub(crate) fn health_mut(&mut self, gid: Gid) -> &mut Health {
-        self.health.entry(gid).or_insert_with(|| Health::new(true))
+        self.health.entry(gid).or_insert_with(Health::up)
     }
 
     /// The GIDs held out of service whose subnet prefix is one of `prefixes`.

@@ -15,6 +15,10 @@
 //! fails (the HCA migrates on retry exhaustion and retries there), and the better-ranked
 //! path is the one that survives what the primary does not. apm never forces a
 //! connection onto a dead path; it only keeps one armed.
+//!
+//! The simulator judges the engine by this ranking from outside (provider-sim's
+//! `Sim::unarmed_with_healthy_alternate`: once the faults stop, no connection may stay
+//! below the best healthy kind): a change to it is a change there too.
 
 use crate::io::AlternateKind;
 use crate::types::Path;

@@ -15,7 +15,7 @@
 use crate::engine::{ConnStatus, Engine, EngineError, Stats};
 use crate::io::*;
 use crate::policy::{Policy, PolicyError};
-use crate::probe::{FailureKind, PathEnds, ProbeAction, ProbeDriver};
+use crate::probe::{PathEnds, PathVerdict, ProbeAction, ProbeDriver};
 use crate::provider::{InputSink, Provider};
 use crate::types::*;
 use std::sync::Arc;
@@ -45,7 +45,7 @@ enum Request {
     Protect(ConnSpec, oneshot::Sender<Result<(), EngineError>>),
     Unprotect(ConnId, oneshot::Sender<Result<(), EngineError>>),
     ReportStall(ConnId, oneshot::Sender<Result<(), EngineError>>),
-    PathHealth(Input),
+    PathHealth(PathEnds, PathVerdict),
     Status(ConnId, oneshot::Sender<Option<ConnStatus>>),
     Stats(oneshot::Sender<Stats>),
     Shutdown,
@@ -96,20 +96,22 @@ pub enum FabricEventKind {
         /// In service or not.
         service: GidService,
     },
-    /// A liveness probe session went down, or is up (the first time or again).
+    /// A liveness probe session's verdict: the path went down (of which kind), is up
+    /// (the first time or again), or is up but held for flapping.
     Path {
         /// The path (this host's GID, the peer's).
         ends: PathEnds,
-        /// Up again, or down.
-        up: bool,
-        /// For a path down: local port, peer port or the fabric between.
-        failure: Option<FailureKind>,
+        /// What the prober says of it.
+        verdict: PathVerdict,
     },
 }
 
 impl FabricEventKind {
-    /// The fabric event an input carries, if it is one.
-    pub fn of(input: &Input) -> Option<FabricEventKind> {
+    /// The fabric event an input received at `now` carries, if it is one.
+    pub fn of(input: &Input, now: Time) -> Option<FabricEventKind> {
+        if let Some((ends, verdict)) = PathVerdict::of_input(input, now) {
+            return Some(FabricEventKind::Path { ends, verdict });
+        }
         Some(match input {
             Input::PortInfo(info) => FabricEventKind::PortInfo(info.clone()),
             Input::PortEvent { port, event } => FabricEventKind::Port {
@@ -120,16 +122,6 @@ impl FabricEventKind {
             Input::RemoteGid { gid, service } => FabricEventKind::RemoteGid {
                 gid: *gid,
                 service: *service,
-            },
-            Input::PathDown { ends, kind } => FabricEventKind::Path {
-                ends: *ends,
-                up: false,
-                failure: Some(*kind),
-            },
-            Input::PathUp { ends } | Input::PathHeld { ends, .. } => FabricEventKind::Path {
-                ends: *ends,
-                up: true,
-                failure: None,
             },
             _ => return None,
         })
@@ -176,21 +168,11 @@ impl ManagerHandle {
     }
 
     /// A liveness verdict from a prober outside this Manager (`apm run`'s per-host agent
-    /// probes for every process of the host): `up` false is [`Input::PathDown`] of
-    /// `kind`, true is [`Input::PathUp`].
-    pub fn path_health(
-        &self,
-        ends: PathEnds,
-        up: bool,
-        kind: FailureKind,
-    ) -> Result<(), ManagerError> {
-        let input = if up {
-            Input::PathUp { ends }
-        } else {
-            Input::PathDown { ends, kind }
-        };
+    /// probes for every process of the host), taken as the Manager's own prober's would
+    /// be (a hold counts from when the Manager receives it).
+    pub fn path_health(&self, ends: PathEnds, verdict: PathVerdict) -> Result<(), ManagerError> {
         self.requests
-            .send(Request::PathHealth(input))
+            .send(Request::PathHealth(ends, verdict))
             .map_err(|_| ManagerError::Stopped)
     }
 
@@ -238,6 +220,8 @@ pub struct Manager<P: Provider> {
     provider: Arc<P>,
     requests: mpsc::UnboundedReceiver<Request>,
     handle: ManagerHandle,
+    /// The seed of the prober's jitter; the process id when `None`.
+    probe_seed: Option<u64>,
 }
 
 impl<P: Provider> Manager<P> {
@@ -261,9 +245,17 @@ impl<P: Provider> Manager<P> {
                 provider,
                 requests: req_rx,
                 handle: handle.clone(),
+                probe_seed: None,
             },
             handle,
         ))
+    }
+
+    /// Seed the prober's jitter with `seed` instead of the process id: a simulation
+    /// driven through Managers (`apm watch --sim`) plays the same for the same seed.
+    pub fn with_probe_seed(mut self, seed: u64) -> Manager<P> {
+        self.probe_seed = Some(seed);
+        self
     }
 
     /// Run until [`ManagerHandle::shutdown`] or until every handle is dropped.
@@ -276,7 +268,7 @@ impl<P: Provider> Manager<P> {
         let (input_tx, mut input_rx): (InputSink, _) = mpsc::unbounded_channel();
         // Seeded per process: probes of hosts started together must not beat in step
         // (the jitter is what keeps them apart).
-        let seed = std::process::id().into();
+        let seed = self.probe_seed.unwrap_or(std::process::id().into());
         let mut probes = ProbeDriver::new(&self.engine.policy().probe, seed);
         self.provider
             .start(input_tx.clone())
@@ -335,7 +327,8 @@ impl<P: Provider> Manager<P> {
                         Request::ReportStall(id, tx) => {
                             let _ = tx.send(self.engine.report_stall(now, id));
                         }
-                        Request::PathHealth(input) => {
+                        Request::PathHealth(ends, verdict) => {
+                            let input = verdict.input(ends, now);
                             self.publish(now, &input);
                             self.engine.handle_input(now, input);
                         }
@@ -360,7 +353,7 @@ impl<P: Provider> Manager<P> {
     /// Publish the fabric event `input` carries, if it is one. No watcher is fine: the
     /// stream is advisory.
     fn publish(&self, now: Time, input: &Input) {
-        if let Some(kind) = FabricEventKind::of(input) {
+        if let Some(kind) = FabricEventKind::of(input, now) {
             let _ = self.handle.events.send(FabricEvent { time: now, kind });
         }
     }

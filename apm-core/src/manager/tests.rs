@@ -1,6 +1,7 @@
 //! The driver against a mocked provider, in tokio's paused (virtual) time.
 
 use super::*;
+use crate::probe::FailureKind;
 use crate::provider::MockProvider;
 use std::sync::Mutex;
 
@@ -256,7 +257,24 @@ async fn probes_run_per_path_and_a_silent_primary_moves_the_connection() {
         matches!(n.kind, NotificationKind::Protected { .. }),
         "{n:?}"
     );
-    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    // Both paths' sessions come up: each was probed and answered.
+    let mut up = std::collections::BTreeSet::new();
+    while up.len() < 2 {
+        let ev = events
+            .recv()
+            .await
+            .expect("the sessions' verdicts are published");
+        match ev.kind {
+            FabricEventKind::Path {
+                ends,
+                verdict: crate::probe::PathVerdict::Up,
+            } => {
+                up.insert(ends.remote);
+            }
+            FabricEventKind::PortInfo(_) => {}
+            other => panic!("a session's first Up expected, got {other:?}"),
+        }
+    }
     let probed: std::collections::BTreeSet<Gid> = ops
         .lock()
         .expect("ok")
@@ -276,11 +294,15 @@ async fn probes_run_per_path_and_a_silent_primary_moves_the_connection() {
     // (plus one interval), a fabric failure, and the connection moves.
     SILENT_PORT_1.store(true, std::sync::atomic::Ordering::SeqCst);
     let cut = tokio::time::Instant::now();
-    // The events so far: the ports, and each session's first Up.
+    // The events so far: the ports (each session's first Up was read above).
     let ev = loop {
         let ev = events.recv().await.expect("the probe verdict is published");
         match ev.kind {
-            FabricEventKind::PortInfo(_) | FabricEventKind::Path { up: true, .. } => continue,
+            FabricEventKind::PortInfo(_)
+            | FabricEventKind::Path {
+                verdict: PathVerdict::Up,
+                ..
+            } => continue,
             _ => break ev,
         }
     };
@@ -291,14 +313,22 @@ async fn probes_run_per_path_and_a_silent_primary_moves_the_connection() {
                 local: path(1).sgid,
                 remote: path(1).dgid
             },
-            up: false,
-            failure: Some(FailureKind::Fabric),
+            verdict: PathVerdict::Down {
+                kind: FailureKind::Fabric
+            },
         }
     );
     let n = notes.recv().await.expect("migrated");
     assert!(
-        matches!(n.kind, NotificationKind::Migrated { forced: true, .. }),
-        "{n:?}"
+        matches!(
+            n.kind,
+            NotificationKind::Migrated {
+                forced: true,
+                cause: Some(Cause::Fabric),
+                ..
+            }
+        ),
+        "the application hears the kind: {n:?}"
     );
     assert!(
         cut.elapsed() <= std::time::Duration::from_millis(85),
@@ -335,7 +365,14 @@ async fn a_stall_the_application_reports_forces_the_migration() {
         .expect("known connection");
     let n = notes.recv().await.expect("migrated");
     assert!(
-        matches!(n.kind, NotificationKind::Migrated { forced: true, .. }),
+        matches!(
+            n.kind,
+            NotificationKind::Migrated {
+                forced: true,
+                cause: Some(Cause::Stall),
+                ..
+            }
+        ),
         "{n:?}"
     );
     let forced = ops
@@ -344,6 +381,66 @@ async fn a_stall_the_application_reports_forces_the_migration() {
         .iter()
         .any(|o| matches!(o, CommandOp::ForceMigrate { .. }));
     assert!(forced, "the HCA was told to migrate");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_outside_prober_s_verdict_moves_the_connection_and_is_published() {
+    // `apm run`'s processes: the host's agent probes, the process's Manager does not.
+    let Running {
+        handle,
+        mut notes,
+        mut events,
+        ..
+    } = start();
+    handle.protect(spec()).await.expect("accepted");
+    let n = notes.recv().await.expect("protected");
+    assert!(
+        matches!(n.kind, NotificationKind::Protected { .. }),
+        "{n:?}"
+    );
+    let ends = PathEnds {
+        local: path(1).sgid,
+        remote: path(1).dgid,
+    };
+    let down = PathVerdict::Down {
+        kind: FailureKind::PeerPort,
+    };
+    handle.path_health(ends, down).expect("running");
+    let n = notes.recv().await.expect("migrated");
+    assert!(
+        matches!(
+            n.kind,
+            NotificationKind::Migrated {
+                cause: Some(Cause::PeerPort),
+                ..
+            }
+        ),
+        "{n:?}"
+    );
+    let ev = loop {
+        let ev = events.recv().await.expect("published");
+        if matches!(ev.kind, FabricEventKind::Path { .. }) {
+            break ev;
+        }
+    };
+    assert_eq!(
+        ev.kind,
+        FabricEventKind::Path {
+            ends,
+            verdict: down
+        }
+    );
+    // A hold counts from when this Manager hears it.
+    let held = PathVerdict::Held { hold_ms: 6_000 };
+    handle.path_health(ends, held).expect("running");
+    let ev = events.recv().await.expect("published");
+    assert_eq!(
+        ev.kind,
+        FabricEventKind::Path {
+            ends,
+            verdict: held
+        }
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -398,7 +495,8 @@ async fn a_provider_call_that_never_returns_fails_at_the_deadline() {
     assert_eq!(
         n.kind,
         NotificationKind::Unprotected {
-            reason: UnprotectedReason::ModifyFailed
+            reason: UnprotectedReason::ModifyFailed,
+            cause: None
         }
     );
     assert_eq!(
@@ -441,7 +539,8 @@ async fn deadlines_fire_in_virtual_time() {
         matches!(
             n.kind,
             NotificationKind::Unprotected {
-                reason: UnprotectedReason::PeerUnresponsive
+                reason: UnprotectedReason::PeerUnresponsive,
+                cause: None
             }
         ),
         "{n:?}"

@@ -56,6 +56,8 @@ pub(super) struct Session {
     pub(super) role: &'static str,
     pub(super) infiniband: bool,
     pub(super) hardware: bool,
+    /// apm protects the connection (not `--mode none`).
+    pub(super) protected: bool,
     pub(super) rc: Arc<RcConn>,
     pub(super) conn: ConnId,
     pub(super) primary: Path,
@@ -97,9 +99,12 @@ fn hardware_mode(ctx: &Context, args: &Args, infiniband: bool) -> Result<bool> {
         }
         return Ok(true);
     }
+    if args.mode == ModeArg::None {
+        return Ok(false);
+    }
     let available = provider_verbs::hw_apm::available(ctx, args.port);
     match (args.mode, available) {
-        (ModeArg::Software, _) => Ok(false),
+        (ModeArg::Software | ModeArg::None, _) => Ok(false),
         (ModeArg::Hardware, Err(e)) => Err(anyhow::anyhow!("--mode hardware: {e}")),
         (_, Ok(())) => Ok(true),
         (ModeArg::Auto, Err(e)) => {
@@ -145,6 +150,19 @@ async fn protect_when_ready(handle: &apm_core::ManagerHandle, spec: ConnSpec) ->
         .protect(spec)
         .await
         .context("protecting the connection")
+}
+
+/// Protect the connection unless `--mode none` asks for the bare QP; whether it did.
+async fn protect_unless_none(
+    args: &Args,
+    handle: &apm_core::ManagerHandle,
+    spec: ConnSpec,
+) -> Result<bool> {
+    if args.mode == ModeArg::None {
+        return Ok(false);
+    }
+    protect_when_ready(handle, spec).await?;
+    Ok(true)
 }
 
 async fn control_channel(args: &Args, port: PortKey) -> Result<cm_lap::udp::UdpPeerChannel> {
@@ -286,7 +304,7 @@ fn start_manager(
     paths: Vec<Path>,
 ) -> Result<(ManagerHandle, ManagerTask)> {
     let fabric = StaticPaths::new(paths);
-    let policy = apm_core::Policy::default();
+    let policy = args.policy()?;
     if hardware {
         let facet = provider_verbs::VerbsQpControl::new(vec![ctx.clone()]);
         facet
@@ -459,7 +477,7 @@ pub(super) async fn start(args: &Args) -> Result<Session> {
     }
     let (handle, manager_task) = start_manager(args, &ctx, &rc, conn, hardware, udp, paths)?;
     let notes = handle.notifications();
-    protect_when_ready(&handle, spec).await?;
+    let protected = protect_unless_none(args, &handle, spec).await?;
     say(
         args,
         format!(
@@ -467,7 +485,11 @@ pub(super) async fn start(args: &Args) -> Result<Session> {
             args.device,
             rc.qp_num(),
             peer.qpn,
-            mode_name(hardware)
+            if protected {
+                mode_name(hardware)
+            } else {
+                "unprotected"
+            }
         ),
     );
     wait_ready(&mut wr, &mut lines).await?;
@@ -476,6 +498,7 @@ pub(super) async fn start(args: &Args) -> Result<Session> {
         role,
         infiniband,
         hardware,
+        protected,
         rc,
         conn,
         primary,

@@ -9,7 +9,7 @@
 use super::setup::{say, send_line, Ctl, Session};
 use super::{Args, Event, Report, Stall, DEPTH, MSG, SLOT};
 use anyhow::Result;
-use apm_core::{Notification, NotificationKind, Path};
+use apm_core::{Cause, Notification, NotificationKind, Path};
 use std::collections::BTreeSet;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -30,6 +30,9 @@ struct Arrivals {
     last: Option<Instant>,
     stalls: Vec<Stall>,
     longest: Duration,
+    /// A gap longer than this is a stall in the report: ten message intervals, at
+    /// least 20 ms (scheduling noise is not a stall).
+    stall_over: Duration,
 }
 
 impl Arrivals {
@@ -38,7 +41,7 @@ impl Arrivals {
         if let Some(prev) = self.last {
             let gap = t.saturating_duration_since(prev);
             self.longest = self.longest.max(gap);
-            if gap > Duration::from_millis(100) {
+            if gap > self.stall_over {
                 self.stalls.push(Stall {
                     at_ms: ms(prev),
                     ms: gap.as_secs_f64() * 1e3,
@@ -121,8 +124,13 @@ impl Notes {
         let at = s.ms(Instant::now());
         let secs = at / 1e3;
         let mut how = None;
+        let mut cause = None;
         let (kind, path) = match &n.kind {
-            NotificationKind::Migrated { primary, forced } => {
+            NotificationKind::Migrated {
+                primary,
+                forced,
+                cause: why,
+            } => {
                 self.failovers += 1;
                 let from = std::mem::replace(&mut self.current, *primary);
                 let (key, text) = match (*forced, s.hardware) {
@@ -132,9 +140,12 @@ impl Notes {
                     (false, false) => ("peer", "peer asked"),
                 };
                 how = Some(key);
+                cause = why.map(Cause::name);
                 let line = format!(
-                    "{role}: FAILOVER at {secs:.1} s: {} -> {} ({text})",
-                    from.sgid, primary.sgid
+                    "{role}: FAILOVER at {secs:.1} s: {} -> {} ({text}{})",
+                    from.sgid,
+                    primary.sgid,
+                    cause_text(*why)
                 );
                 say(args, line);
                 ("failover".to_owned(), Some(primary.to_string()))
@@ -163,10 +174,14 @@ impl Notes {
                 say(args, line);
                 ("rearmed".to_owned(), Some(alternate.to_string()))
             }
-            NotificationKind::Unprotected { reason } => {
+            NotificationKind::Unprotected { reason, cause: why } => {
+                cause = why.map(Cause::name);
                 say(
                     args,
-                    format!("{role}: unprotected at {secs:.1} s: {reason:?}"),
+                    format!(
+                        "{role}: unprotected at {secs:.1} s: {reason:?}{}",
+                        cause_text(*why)
+                    ),
                 );
                 (format!("unprotected: {reason:?}"), None)
             }
@@ -184,8 +199,25 @@ impl Notes {
             kind,
             path,
             how,
+            cause,
         });
     }
+}
+
+/// What killed the primary, as a progress line says it (nothing when this side saw
+/// nothing: the peer asked, or the device moved by itself).
+fn cause_text(cause: Option<Cause>) -> String {
+    let Some(c) = cause else {
+        return String::new();
+    };
+    let what = match c {
+        Cause::LocalPort => "this side's port went down",
+        Cause::PeerPort => "the peer's port went down",
+        Cause::Fabric => "probes lost with both ports up",
+        Cause::Stall => "the sends stalled",
+        _ => "",
+    };
+    format!("; {}: {what}", c.name())
 }
 
 /// A flag set once standard input is closed (`--until-stdin-eof`).
@@ -199,6 +231,61 @@ fn watch_stdin() -> Arc<AtomicBool> {
         flag.store(true, Ordering::SeqCst);
     });
     closed
+}
+
+/// Keeps the peer's MAC resolved on every rail (RoCE), so a migration does not wait
+/// for ARP.
+struct Neighbours {
+    pairs: Vec<(IpAddr, IpAddr)>,
+    warmed_at: Option<Instant>,
+}
+
+impl Neighbours {
+    fn of(args: &Args, s: &Session) -> Neighbours {
+        let pairs = if s.infiniband {
+            Vec::new()
+        } else {
+            args.rails
+                .iter()
+                .copied()
+                .zip(s.peer.rails.iter().copied())
+                .collect()
+        };
+        Neighbours {
+            pairs,
+            warmed_at: None,
+        }
+    }
+
+    /// Resolve them again when the last time is 5 s ago.
+    fn keep_warm(&mut self, now: Instant) {
+        if self
+            .warmed_at
+            .is_none_or(|t| now.saturating_duration_since(t) > Duration::from_secs(5))
+        {
+            for (l, r) in &self.pairs {
+                provider_rxe::route::warm_neighbour(*l, *r);
+            }
+            self.warmed_at = Some(now);
+        }
+    }
+}
+
+/// Take the completions: a send frees its place in the window, a receive is counted
+/// and its buffer posted again.
+fn take_completions(s: &Session, tx: &mut Sender, rx: &mut Arrivals) -> Result<()> {
+    for c in s.rc.poll(64)? {
+        if !c.recv {
+            tx.in_flight = tx.in_flight.saturating_sub(1);
+            continue;
+        }
+        let slot = c.wr_id as usize * SLOT;
+        let mut b = [0u8; MSG];
+        b.copy_from_slice(&s.rc.read(slot, MSG)?);
+        s.rc.post_recv(c.wr_id, slot, SLOT)?;
+        rx.arrived(u64::from_be_bytes(b), Instant::now(), |t| s.ms(t));
+    }
+    Ok(())
 }
 
 /// Send and count until both sides are done (or the peer leaves, or the drain time runs
@@ -215,53 +302,40 @@ pub(super) async fn run(args: &Args, mut s: Session) -> Result<Report> {
         interval: Duration::from_secs_f64(args.interval_ms.max(0.01) / 1e3),
         window: args.window.clamp(1, DEPTH),
     };
-    let mut rx = Arrivals::default();
+    let mut rx = Arrivals {
+        stall_over: (tx.interval * 10).max(Duration::from_millis(20)),
+        ..Arrivals::default()
+    };
     let mut notes = Notes {
         events: Vec::new(),
         current: s.primary,
         failovers: 0,
     };
     let mut done_sent = false;
+    let mut stopped_at: Option<Instant> = None;
     let mut peer_sent: Option<u64> = None;
     let mut drain_deadline: Option<Instant> = None;
     let mut peer_left = false;
-    // Keep the peer's MAC resolved on every rail, so a migration does not wait for ARP.
-    let rail_pairs: Vec<(IpAddr, IpAddr)> = if s.infiniband {
-        Vec::new()
-    } else {
-        args.rails
-            .iter()
-            .copied()
-            .zip(s.peer.rails.iter().copied())
-            .collect()
-    };
-    let mut warmed_at: Option<Instant> = None;
+    let mut neighbours = Neighbours::of(args, &s);
     loop {
         let now = Instant::now();
-        if warmed_at.is_none_or(|t| now.saturating_duration_since(t) > Duration::from_secs(5)) {
-            for (l, r) in &rail_pairs {
-                provider_rxe::route::warm_neighbour(*l, *r);
-            }
-            warmed_at = Some(now);
-        }
+        neighbours.keep_warm(now);
         if tx.sending {
             let eof = stdin_closed
                 .as_ref()
                 .is_some_and(|f| f.load(Ordering::SeqCst));
             tx.post_due(args, &s, now, eof)?;
         }
-        for c in s.rc.poll(64)? {
-            if !c.recv {
-                tx.in_flight = tx.in_flight.saturating_sub(1);
-                continue;
-            }
-            let slot = c.wr_id as usize * SLOT;
-            let mut b = [0u8; MSG];
-            b.copy_from_slice(&s.rc.read(slot, MSG)?);
-            s.rc.post_recv(c.wr_id, slot, SLOT)?;
-            rx.arrived(u64::from_be_bytes(b), Instant::now(), |t| s.ms(t));
+        take_completions(&s, &mut tx, &mut rx)?;
+        // Done once every send completed, or, on a connection that no longer completes
+        // any (it died: no protection, or both rails dead), once the drain time is up.
+        if !tx.sending && stopped_at.is_none() {
+            stopped_at = Some(now);
         }
-        if !tx.sending && tx.in_flight == 0 && !done_sent {
+        let gave_up = stopped_at.is_some_and(|t| {
+            now.saturating_duration_since(t) >= Duration::from_secs_f64(args.drain_secs)
+        });
+        if !tx.sending && (tx.in_flight == 0 || gave_up) && !done_sent {
             send_line(&mut s.wr, &Ctl::Done { sent: tx.sent }).await?;
             done_sent = true;
             drain_deadline = Some(Instant::now() + Duration::from_secs_f64(args.drain_secs));
@@ -329,7 +403,11 @@ async fn report(
     Ok(Report {
         role: s.role,
         device: args.device.clone(),
-        mode: if s.hardware { "hardware" } else { "software" },
+        mode: match (s.protected, s.hardware) {
+            (false, _) => "none",
+            (true, true) => "hardware",
+            (true, false) => "software",
+        },
         sent,
         received: rx.received,
         peer_sent,
@@ -337,6 +415,9 @@ async fn report(
         duplicated: rx.dup,
         out_of_order: rx.ooo,
         longest_stall_ms: rx.longest.as_secs_f64() * 1e3,
+        last_arrival_ms: rx
+            .last
+            .map(|t| t.saturating_duration_since(t0).as_secs_f64() * 1e3),
         stalls: rx.stalls,
         failovers: notes.failovers,
         events: notes.events,

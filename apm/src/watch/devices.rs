@@ -155,6 +155,7 @@ fn device_event(
                     port: Some(port.port),
                     kind,
                     gid: None,
+                    path: None,
                     source: "verbs",
                 },
                 read_back(ctx, port.port),
@@ -168,6 +169,7 @@ fn device_event(
                     port: None,
                     kind: EventKind::DeviceFatal,
                     gid: None,
+                    path: None,
                     source: "verbs",
                 },
                 PortNow::default(),
@@ -247,12 +249,12 @@ async fn watch_ports(
 
 /// The next message, or `None` when every source ended, `--timeout` passed or a signal
 /// asked the watch to stop.
-pub(super) async fn next_msg(
-    msgs: &mut mpsc::UnboundedReceiver<Msg>,
+pub(super) async fn next_msg<T>(
+    msgs: &mut mpsc::UnboundedReceiver<T>,
     start: std::time::Instant,
     deadline: Option<Duration>,
     stop: &mut Stop,
-) -> Option<Msg> {
+) -> Option<T> {
     let recv = async {
         match deadline {
             Some(d) => tokio::time::timeout(d.saturating_sub(start.elapsed()), msgs.recv())
@@ -275,6 +277,7 @@ pub(super) fn sa_raw(device: String, port: u8, gid: Gid, kind: EventKind) -> Raw
         port: Some(port),
         kind,
         gid: Some(gid),
+        path: None,
         source: "sa",
     }
 }

@@ -1,6 +1,8 @@
 //! How `apm watch` ends and how it runs `--exec`: SIGINT and SIGTERM stop the watch
 //! cleanly ([`Stop`]), and each `--exec` command runs in a process group of its own with
-//! a time limit, so that a hung hook is reported and killed, and no hook outlives apm.
+//! a time limit, so that a hung hook is reported and killed, and no hook outlives apm:
+//! what a hook leaves in its group when it exits is ended, and a stop or a timeout ends
+//! the hook's whole process tree, what left the group included (`tree.rs`).
 //!
 //! A hook runs on a thread of its own with its own real-time runtime: under `--sim` the
 //! watch's runtime runs a paused (virtual) clock, on which a time limit would expire at
@@ -8,6 +10,7 @@
 //! simulation waits for it as a real fabric cannot. Nothing here reads events or prints
 //! them.
 
+use super::tree;
 use crate::out::errln;
 use nix::sys::signal::{killpg, Signal};
 use nix::unistd::Pid;
@@ -150,6 +153,9 @@ async fn run_here(
                 Ok(st) => errln!("apm watch: --exec command for {what} exited with {st}"),
                 Err(e) => errln!("apm watch: waiting for the --exec command for {what}: {e}"),
             }
+            if let Some(group) = group {
+                end_stragglers(group, what).await;
+            }
             return Ended::Exited;
         }
         () = tokio::time::sleep(limit) => {
@@ -163,14 +169,39 @@ async fn run_here(
         _ = stop.wait() => Ended::Stopped,
     };
     if let Some(group) = group {
+        // What the hook started, also what left its group (`setsid`): found while the
+        // shell still holds it, before the orphans go to init.
+        let started = tree::descendants(group.as_raw());
         let _ = killpg(group, Signal::SIGTERM);
-        if tokio::time::timeout(GRACE, child.wait()).await.is_err() {
-            let _ = killpg(group, Signal::SIGKILL);
-        } else {
-            // The shell is gone; what it started may not be.
-            let _ = killpg(group, Signal::SIGKILL);
-        }
+        tree::signal_all(&started, Signal::SIGTERM);
+        let _ = tokio::time::timeout(GRACE, child.wait()).await;
+        // The shell may be gone; what it started may not be.
+        let _ = killpg(group, Signal::SIGKILL);
+        tree::signal_all(&started, Signal::SIGKILL);
     }
     let _ = child.kill().await;
     ended
+}
+
+/// A hook that exited is over: what it left running in its process group (`cmd &`)
+/// is ended too, TERM then KILL after [`GRACE`], so that no hook outlives its turn,
+/// nor apm. (The group cannot be another's while any of its processes lives.)
+async fn end_stragglers(group: Pid, what: &str) {
+    if killpg(group, None).is_err() {
+        return; // nothing left in the group
+    }
+    // Said once: a hook that always backgrounds something would say it every event.
+    static SAID: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !SAID.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        errln!(
+            "apm watch: --exec command for {what} left processes running in its process \
+         group: ended (run a daemon with setsid)"
+        );
+    }
+    let _ = killpg(group, Signal::SIGTERM);
+    let deadline = tokio::time::Instant::now() + GRACE;
+    while killpg(group, None).is_ok() && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let _ = killpg(group, Signal::SIGKILL);
 }

@@ -1,6 +1,8 @@
 //! The kinds of events `apm watch` reports, their names (output, `--event`,
-//! `APM_EVENT`) and how engine port events map onto them. Names only: no IO.
+//! `APM_EVENT`) and how engine port events and probe verdicts map onto them. Names
+//! only: no IO.
 
+use apm_core::probe::PathVerdict;
 use apm_core::{GidService, PortEvent};
 
 /// The kinds of events `apm watch` reports.
@@ -26,9 +28,17 @@ pub enum EventKind {
     GidInService,
     /// SA trap 65.
     GidOutOfService,
+    /// A liveness probe session went down (local port, peer port or the fabric).
+    PathDown,
+    /// A liveness probe session is up (the first time, or again).
+    PathUp,
+    /// A probe session is up again, its path held for flapping.
+    PathHeld,
+    /// An operator said an address is unreachable (`apm agent --rail-down`).
+    RailDown,
 }
 
-pub(super) const KINDS: [EventKind; 10] = [
+pub(super) const KINDS: [EventKind; 14] = [
     EventKind::PortActive,
     EventKind::PortDown,
     EventKind::LidChange,
@@ -39,6 +49,10 @@ pub(super) const KINDS: [EventKind; 10] = [
     EventKind::DeviceFatal,
     EventKind::GidInService,
     EventKind::GidOutOfService,
+    EventKind::PathDown,
+    EventKind::PathUp,
+    EventKind::PathHeld,
+    EventKind::RailDown,
 ];
 
 impl EventKind {
@@ -55,6 +69,10 @@ impl EventKind {
             EventKind::DeviceFatal => "device_fatal",
             EventKind::GidInService => "gid_in_service",
             EventKind::GidOutOfService => "gid_out_of_service",
+            EventKind::PathDown => "path_down",
+            EventKind::PathUp => "path_up",
+            EventKind::PathHeld => "path_held",
+            EventKind::RailDown => "rail_down",
         }
     }
 
@@ -70,6 +88,14 @@ impl EventKind {
         match s {
             GidService::InService => EventKind::GidInService,
             GidService::OutOfService => EventKind::GidOutOfService,
+        }
+    }
+
+    pub(super) fn of_verdict(v: PathVerdict) -> EventKind {
+        match v {
+            PathVerdict::Down { .. } => EventKind::PathDown,
+            PathVerdict::Up => EventKind::PathUp,
+            PathVerdict::Held { .. } => EventKind::PathHeld,
         }
     }
 

@@ -2,6 +2,12 @@
 //! watched host and its unaffiliated event stream, played in virtual time on tokio's
 //! paused clock (a whole scenario plays in moments). Events go through the same
 //! [`Sink`] as real ones; the port read back comes from the simulation.
+//!
+//! apm runs as in `apm simulate` (the simulator's policy: liveness probes on every
+//! path), so the probes' verdicts show too: a silent failure (a black-holing switch, a
+//! cut between switches) as `path_down` of kind `fabric`, a far end's port on RoCE as
+//! `peer_port`. Each Manager's prober is seeded from `--seed` and its host: same seed,
+//! same events.
 
 use super::exec::Stop;
 use super::{Args, EventKind, PortNow, Raw, Sink};
@@ -22,7 +28,7 @@ pub(super) fn watch(args: &Args) -> anyhow::Result<()> {
     let mut cfg = RunConfig::new(PolicyKind::Apm, args.seed);
     cfg.external_hosts = watched.clone();
     cfg.sample_ms = 0;
-    let mut policy = apm_core::Policy::default();
+    let mut policy = provider_sim::controller::sim_policy();
     if args.no_sa {
         policy.subscribe = false;
     }
@@ -41,7 +47,7 @@ pub(super) fn watch(args: &Args) -> anyhow::Result<()> {
         let mut stop = Stop::install().context("handling SIGINT and SIGTERM")?;
         let sim = Sim::new(&scenario, cfg)?;
         let shared = SimProvider::share(sim);
-        let (handles, mut rx) = start_managers(&shared, &watched, &policy).await?;
+        let (handles, mut rx) = start_managers(&shared, &watched, &policy, args.seed).await?;
         errln!(
             "apm watch: simulated fabric \"{}\" ({} virtual s), watching {}",
             scenario.name,
@@ -107,6 +113,7 @@ async fn start_managers(
     shared: &SimProvider,
     watched: &[usize],
     policy: &apm_core::Policy,
+    seed: u64,
 ) -> anyhow::Result<(
     Vec<apm_core::ManagerHandle>,
     mpsc::UnboundedReceiver<(usize, apm_core::FabricEvent)>,
@@ -116,6 +123,7 @@ async fn start_managers(
     for &h in watched {
         let provider = Arc::new(shared.for_host(h).stack());
         let (mgr, handle) = apm_core::Manager::new(provider, policy.clone())?;
+        let mgr = mgr.with_probe_seed(provider_sim::controller::probe_seed(seed, h));
         let mut events = handle.fabric_events();
         let tx = tx.clone();
         tokio::spawn(async move {
@@ -146,10 +154,7 @@ async fn start_managers(
 /// they play no part in what is watched, and a few keep the simulation light.
 fn scenario(args: &Args) -> anyhow::Result<Scenario> {
     let mut scenario = match &args.scenario {
-        Some(path) => {
-            let text = apm::input::read_file(path, apm::input::SCENARIO_LIMIT, "a scenario file")?;
-            Scenario::from_toml(&text).with_context(|| format!("in {}", path.display()))?
-        }
+        Some(path) => apm::scenario_file::read(path)?,
         None => Scenario::default(),
     };
     scenario.workload.connections = scenario.workload.connections.min(64);
@@ -179,13 +184,26 @@ fn sim_event(
     kind: &FabricEventKind,
 ) -> Option<(Raw, PortNow)> {
     let device = names.get(host)?.clone();
-    let (port, kind, gid) = match kind {
-        FabricEventKind::Port { port, event } => {
-            (Some(port.port), EventKind::of_port_event(*event), None)
-        }
-        FabricEventKind::DeviceFatal { .. } => (None, EventKind::DeviceFatal, None),
+    let (port, kind, gid, path) = match kind {
+        FabricEventKind::Port { port, event } => (
+            Some(port.port),
+            EventKind::of_port_event(*event),
+            None,
+            None,
+        ),
+        FabricEventKind::DeviceFatal { .. } => (None, EventKind::DeviceFatal, None, None),
         FabricEventKind::RemoteGid { gid, service } => {
-            (None, EventKind::of_gid_service(*service), Some(*gid))
+            (None, EventKind::of_gid_service(*service), Some(*gid), None)
+        }
+        FabricEventKind::Path { ends, verdict } => {
+            // The host's port holding the path's local GID.
+            let port = shared.with_sim(|sim| {
+                let fab = sim.fabric();
+                let id = fab.port_by_gid(&ends.local)?;
+                Some(fab.ports.get(id)?.key().port)
+            });
+            let kind = EventKind::of_verdict(*verdict);
+            (port, kind, None, Some((*ends, *verdict)))
         }
         _ => return None,
     };
@@ -198,6 +216,7 @@ fn sim_event(
             port,
             kind,
             gid,
+            path,
             source: "sim",
         },
         now,

@@ -29,7 +29,7 @@ pub(super) fn stall_verdict(
     }
     let settling = v
         .migrated_at
-        .is_some_and(|t| now.saturating_duration_since(t) < stall * 3);
+        .is_some_and(|t| now.saturating_duration_since(t) < stall.saturating_mul(3));
     if settling {
         if v.failed && *repairs < 2 {
             *repairs += 1;
@@ -45,7 +45,7 @@ pub(super) fn stall_verdict(
         return Stall::Healthy;
     }
     match *reported_at {
-        Some(at) if now.saturating_duration_since(at) < stall * 4 => Stall::Reported,
+        Some(at) if now.saturating_duration_since(at) < stall.saturating_mul(4) => Stall::Reported,
         _ => {
             *reported_at = Some(now);
             Stall::Report
@@ -111,6 +111,21 @@ mod tests {
             stall_verdict(&moving, at(5000), STALL, &mut rep, &mut repairs),
             Stall::Healthy
         );
+    }
+
+    #[test]
+    fn the_longest_stall_timeout_overflows_nothing() {
+        let t0 = Instant::now();
+        let failed = StallView {
+            failed: true,
+            migrated_at: Some(t0),
+            ..view(t0)
+        };
+        let (mut rep, mut repairs) = (None, 0);
+        for _ in 0..4 {
+            let _ = stall_verdict(&failed, t0, Duration::MAX, &mut rep, &mut repairs);
+        }
+        assert_eq!(repairs, 2);
     }
 
     #[test]

@@ -7,9 +7,10 @@ use crate::rng::Rng;
 use serde::{Deserialize, Serialize};
 
 /// A fault at a fixed time. Ports are `"h3:2"`, switches by name, links by their two
-/// ends `"h3:2-B"` (or by one host port: its only link).
+/// ends `"h3:2-B"` (or by one host port: its only link). Read through a flat table of
+/// every kind's keys, so that a problem names its key.
 #[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(tag = "kind", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(tag = "kind", rename_all = "snake_case", try_from = "FaultFields")]
 pub enum Fault {
     /// A host port goes down (HCA port failure, cable pulled at the host).
     PortDown {
@@ -109,7 +110,215 @@ pub enum Fault {
     },
 }
 
+/// The kinds of [`Fault`], as a `[[faults]]` table's `kind` names them.
+#[derive(Clone, Copy, Debug, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub(crate) enum FaultKind {
+    PortDown,
+    PortUp,
+    PortFlap,
+    LinkDown,
+    LinkUp,
+    SwitchDown,
+    SwitchUp,
+    SmFailover,
+    MadLoss,
+    DeviceFatal,
+    SwitchBlackHole,
+    SwitchBlackHoleEnd,
+}
+
+/// A `[[faults]]` table as written: its kind and every key any kind has, each of its
+/// own type, so that a type error is found at its key; [`FaultFields::into_fault`]
+/// then holds the keys against the kind.
+#[derive(Clone, Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(crate) struct FaultFields {
+    kind: FaultKind,
+    at_ms: Option<u64>,
+    port: Option<String>,
+    down_ms: Option<u64>,
+    up_ms: Option<u64>,
+    count: Option<u32>,
+    link: Option<String>,
+    switch: Option<String>,
+    subnet: Option<usize>,
+    duration_ms: Option<u64>,
+    rate: Option<f64>,
+    host: Option<String>,
+}
+
+/// A key of a `[[faults]]` table that its kind does not have, or one it needs.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct FaultKeyProblem {
+    /// The key.
+    pub key: &'static str,
+    /// Written in the table (it is at fault), or missing (the table is).
+    pub written: bool,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl FaultFields {
+    /// The keys written, each with whether it is.
+    fn written(&self) -> [(&'static str, bool); 11] {
+        [
+            ("at_ms", self.at_ms.is_some()),
+            ("port", self.port.is_some()),
+            ("down_ms", self.down_ms.is_some()),
+            ("up_ms", self.up_ms.is_some()),
+            ("count", self.count.is_some()),
+            ("link", self.link.is_some()),
+            ("switch", self.switch.is_some()),
+            ("subnet", self.subnet.is_some()),
+            ("duration_ms", self.duration_ms.is_some()),
+            ("rate", self.rate.is_some()),
+            ("host", self.host.is_some()),
+        ]
+    }
+
+    /// The fault the table describes, or every key it lacks or should not have.
+    pub(crate) fn into_fault(self) -> Result<Fault, Vec<FaultKeyProblem>> {
+        let kind = self.kind;
+        let written = self.written();
+        let mut used: Vec<&'static str> = Vec::new();
+        let mut missing: Vec<&'static str> = Vec::new();
+        // Each key the kind has, taken (a missing one noted, its value a stand-in).
+        macro_rules! take {
+            ($f:ident) => {{
+                used.push(stringify!($f));
+                self.$f.clone().unwrap_or_else(|| {
+                    missing.push(stringify!($f));
+                    Default::default()
+                })
+            }};
+        }
+        let at_ms = take!(at_ms);
+        let fault = match kind {
+            FaultKind::PortDown => Fault::PortDown {
+                at_ms,
+                port: take!(port),
+            },
+            FaultKind::PortUp => Fault::PortUp {
+                at_ms,
+                port: take!(port),
+            },
+            FaultKind::PortFlap => Fault::PortFlap {
+                at_ms,
+                port: take!(port),
+                down_ms: take!(down_ms),
+                up_ms: take!(up_ms),
+                count: take!(count),
+            },
+            FaultKind::LinkDown => Fault::LinkDown {
+                at_ms,
+                link: take!(link),
+            },
+            FaultKind::LinkUp => Fault::LinkUp {
+                at_ms,
+                link: take!(link),
+            },
+            FaultKind::SwitchDown => Fault::SwitchDown {
+                at_ms,
+                switch: take!(switch),
+            },
+            FaultKind::SwitchUp => Fault::SwitchUp {
+                at_ms,
+                switch: take!(switch),
+            },
+            FaultKind::SwitchBlackHole => Fault::SwitchBlackHole {
+                at_ms,
+                switch: take!(switch),
+            },
+            FaultKind::SwitchBlackHoleEnd => Fault::SwitchBlackHoleEnd {
+                at_ms,
+                switch: take!(switch),
+            },
+            FaultKind::SmFailover => Fault::SmFailover {
+                at_ms,
+                subnet: take!(subnet),
+            },
+            FaultKind::MadLoss => Fault::MadLoss {
+                at_ms,
+                duration_ms: take!(duration_ms),
+                rate: take!(rate),
+            },
+            FaultKind::DeviceFatal => Fault::DeviceFatal {
+                at_ms,
+                host: take!(host),
+            },
+        };
+        let name = fault.kind_name();
+        let keys = used.join(", ");
+        let mut problems: Vec<FaultKeyProblem> = written
+            .iter()
+            .filter(|(k, w)| *w && !used.contains(k))
+            .map(|(k, _)| FaultKeyProblem {
+                key: k,
+                written: true,
+                message: format!("a {name} fault has no `{k}` (its keys: kind, {keys})"),
+            })
+            .collect();
+        problems.extend(missing.into_iter().map(|k| FaultKeyProblem {
+            key: k,
+            written: false,
+            message: format!("a {name} fault needs `{k}` (its keys: kind, {keys})"),
+        }));
+        if problems.is_empty() {
+            Ok(fault)
+        } else {
+            Err(problems)
+        }
+    }
+}
+
+impl TryFrom<FaultFields> for Fault {
+    type Error = String;
+    fn try_from(f: FaultFields) -> Result<Fault, String> {
+        f.into_fault().map_err(|ps| {
+            ps.into_iter()
+                .map(|p| p.message)
+                .collect::<Vec<_>>()
+                .join("; ")
+        })
+    }
+}
+
 impl Fault {
+    /// The kind, as a `[[faults]]` table names it.
+    pub fn kind_name(&self) -> &'static str {
+        match self {
+            Fault::PortDown { .. } => "port_down",
+            Fault::PortUp { .. } => "port_up",
+            Fault::PortFlap { .. } => "port_flap",
+            Fault::LinkDown { .. } => "link_down",
+            Fault::LinkUp { .. } => "link_up",
+            Fault::SwitchDown { .. } => "switch_down",
+            Fault::SwitchUp { .. } => "switch_up",
+            Fault::SmFailover { .. } => "sm_failover",
+            Fault::MadLoss { .. } => "mad_loss",
+            Fault::DeviceFatal { .. } => "device_fatal",
+            Fault::SwitchBlackHole { .. } => "switch_black_hole",
+            Fault::SwitchBlackHoleEnd { .. } => "switch_black_hole_end",
+        }
+    }
+
+    /// The key that names what the fault acts on (`port`, `link`, `switch`, `host`,
+    /// `subnet`), none for `mad_loss`.
+    pub fn target_key(&self) -> Option<&'static str> {
+        Some(match self {
+            Fault::PortDown { .. } | Fault::PortUp { .. } | Fault::PortFlap { .. } => "port",
+            Fault::LinkDown { .. } | Fault::LinkUp { .. } => "link",
+            Fault::SwitchDown { .. }
+            | Fault::SwitchUp { .. }
+            | Fault::SwitchBlackHole { .. }
+            | Fault::SwitchBlackHoleEnd { .. } => "switch",
+            Fault::SmFailover { .. } => "subnet",
+            Fault::DeviceFatal { .. } => "host",
+            Fault::MadLoss { .. } => return None,
+        })
+    }
+
     /// When the fault (first) happens.
     pub fn at_ms(&self) -> u64 {
         match self {
@@ -229,26 +438,6 @@ impl Fault {
             Fault::SmFailover { subnet, .. } => Target::Subnet(*subnet),
             Fault::MadLoss { .. } => Target::Fabric,
         })
-    }
-
-    /// Check the fault's values, then its name (as [`Fault::target`] resolves it).
-    pub(super) fn check(&self, fabric: &Fabric) -> Result<(), String> {
-        match self {
-            Fault::PortFlap { port, count: 0, .. } => {
-                return Err(format!("port_flap of {port}: count must be at least 1"));
-            }
-            Fault::SmFailover { subnet, .. } if *subnet >= fabric.subnets() => {
-                return Err(format!(
-                    "sm_failover: subnet {subnet} does not exist (the fabric has {})",
-                    fabric.subnets()
-                ));
-            }
-            Fault::MadLoss { rate, .. } if !(0.0..=1.0).contains(rate) => {
-                return Err(format!("mad_loss rate {rate}: a probability in 0..=1"));
-            }
-            _ => {}
-        }
-        self.target(fabric).map(|_| ()).map_err(|e| e.to_string())
     }
 }
 

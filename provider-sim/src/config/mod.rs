@@ -1,15 +1,19 @@
 //! Scenarios: the fabric, the workload and the faults, as users write them in TOML.
 //!
 //! Every key has a default (the built-in scenario is `Scenario::default()`), unknown keys
-//! are errors, and every error names the line it comes from. See `scenarios/*.toml` in
-//! this crate for documented examples. Nothing here runs anything: [`crate::Sim`] turns
-//! a scenario into a simulation.
+//! are errors, and every problem of a file is reported, each with the line and column
+//! of the key or value it is about and the key. See `scenarios/*.toml` in this crate for
+//! documented examples. Nothing here runs anything: [`crate::Sim`] turns a scenario into
+//! a simulation.
 //!
 //! `params.rs` holds the fabric's constants, `faults.rs` the faults and their resolution
 //! against the fabric ([`Fault::target`]); the fabric's shape is [`crate::topology`].
+//! `read.rs` reads a file table by table, `check.rs` finds what a scenario cannot mean.
 
+mod check;
 mod faults;
 mod params;
+mod read;
 mod workload;
 
 pub use crate::topology::{LinkSpec, SmSpec, SwitchSpec, Topology};
@@ -19,6 +23,7 @@ pub use workload::{Mode, Pattern, Workload};
 
 use crate::fabric::Fabric;
 use serde::{Deserialize, Serialize};
+pub use toml_located::{Problem, Problems};
 
 /// Every duration is kept in nanoseconds: cap it far below where that overflows (a
 /// million seconds is eleven days of simulated time).
@@ -41,27 +46,29 @@ pub const MAX_CONNECTIONS: usize = 1_000_000;
 /// the random faults at their largest), each an event kept from the start.
 pub const MAX_FAULT_TRANSITIONS: u64 = 100_000;
 
-/// Why a scenario file is unusable.
+/// Why a scenario is unusable.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum ScenarioError {
-    /// Not valid TOML, or a key/value of the wrong shape (the message has the line).
+    /// Every problem found, in file order, one a line: each names its key and, for a
+    /// file, its line and column.
     #[error("{0}")]
-    Parse(String),
-    /// A value that cannot work, with the line it is on when known.
-    #[error("{}{what}", line.map(|l| format!("line {l}: ")).unwrap_or_default())]
-    Invalid {
-        /// The offending line (1-based), if known.
-        line: Option<usize>,
-        /// What is wrong.
-        what: String,
-    },
+    Invalid(Problems),
 }
 
-fn invalid(what: impl Into<String>) -> ScenarioError {
-    ScenarioError::Invalid {
-        line: None,
-        what: what.into(),
+impl ScenarioError {
+    /// The problems.
+    pub fn problems(&self) -> &Problems {
+        match self {
+            ScenarioError::Invalid(p) => p,
+        }
+    }
+
+    /// The problems, owned.
+    pub fn into_problems(self) -> Problems {
+        match self {
+            ScenarioError::Invalid(p) => p,
+        }
     }
 }
 
@@ -146,203 +153,49 @@ impl Default for Scenario {
 }
 
 impl Scenario {
-    /// Parse a scenario from TOML text. Errors name the line.
+    /// Parse a scenario from TOML text: the scenario, or every problem it has, each
+    /// with its line, column and key.
     pub fn from_toml(text: &str) -> Result<Scenario, ScenarioError> {
-        let s: Scenario = toml::from_str(text).map_err(|e| ScenarioError::Parse(e.to_string()))?;
-        if s.workload.connections_per_host.is_some() && gives_workload_connections(text) {
-            return Err(ScenarioError::Invalid {
-                line: key_line(text, "workload", "connections_per_host"),
-                what: "workload: give connections or connections_per_host, not both".into(),
-            });
-        }
-        if let Err(ScenarioError::Invalid { line: None, what }) = s.validate() {
-            // Point at the line that holds the offending value when it can be found.
-            let line = find_line(text, &what);
-            return Err(ScenarioError::Invalid { line, what });
-        }
-        s.validate()?;
-        Ok(s)
+        read::read(text).map_err(ScenarioError::Invalid)
     }
 
-    /// Check that names resolve and numbers are in range.
+    /// Check that names resolve and numbers are in range: every problem, each naming
+    /// its key (no line: a scenario built in code has none).
     pub fn validate(&self) -> Result<(), ScenarioError> {
-        self.validate_shape()?;
-        self.validate_policies()?;
-        self.validate_times()?;
-        self.validate_fabric_params()?;
-        // Names are resolved against the built fabric.
-        let fabric = Fabric::build(&self.topology).map_err(|e| invalid(e.to_string()))?;
-        self.validate_cabling(&fabric)?;
-        for fault in &self.faults {
-            fault.check(&fabric).map_err(invalid)?;
-        }
-        self.validate_random_faults()
-    }
-
-    /// What the fabric cannot mean: a host with no cabled port (nothing reaches it), an
-    /// SM named on a subnet or a port that does not exist, or on a port of another
-    /// subnet or without a cable (it would never run).
-    fn validate_cabling(&self, fabric: &Fabric) -> Result<(), ScenarioError> {
-        let uncabled: Vec<String> = (0..fabric.num_hosts())
-            .filter(|&h| {
-                (1..=fabric.ports_per_host())
-                    .filter_map(|n| fabric.port_of(h, n))
-                    .all(|p| fabric.ports[p].link.is_none())
+        let faults = toml_located::KeyPath::new("faults");
+        let problems: Vec<Problem> = self
+            .issues(check::Checks::All)
+            .into_iter()
+            .map(|i| Problem {
+                line: 0,
+                column: 0,
+                key: i.at.key(|n| faults.index(n)).to_string(),
+                message: i.message,
             })
-            .map(|h| format!("h{h}"))
             .collect();
-        if !uncabled.is_empty() {
-            let shown = uncabled
-                .iter()
-                .take(8)
-                .cloned()
-                .collect::<Vec<_>>()
-                .join(", ");
-            let more = uncabled.len().saturating_sub(8);
-            let more = if more > 0 {
-                format!(" and {more} more")
-            } else {
-                String::new()
-            };
-            return Err(invalid(format!(
-                "topology.links: {} host(s) have no cabled port ({shown}{more}): cable \
-                 each host to a switch",
-                uncabled.len()
-            )));
+        if problems.is_empty() {
+            Ok(())
+        } else {
+            Err(ScenarioError::Invalid(problems.into()))
         }
-        for sm in &self.topology.sm {
-            if sm.subnet >= fabric.subnets() {
-                return Err(invalid(format!(
-                    "topology.sm: subnet {} does not exist (the fabric has {} subnet(s), \
-                     0..{})",
-                    sm.subnet,
-                    fabric.subnets(),
-                    fabric.subnets()
-                )));
-            }
-            for name in &sm.ports {
-                let p = fabric.port_by_name(name).map_err(|e| {
-                    invalid(format!("{e}: an SM of subnet {} (topology.sm)", sm.subnet))
-                })?;
-                let port = &fabric.ports[p];
-                if port.subnet != sm.subnet || port.link.is_none() {
-                    return Err(invalid(format!(
-                        "port \"{name}\" is not cabled into subnet {}: an SM of that subnet \
-                         (topology.sm)",
-                        sm.subnet
-                    )));
-                }
-            }
-        }
-        Ok(())
     }
 
-    /// The topology's and the workload's sizes.
-    fn validate_shape(&self) -> Result<(), ScenarioError> {
-        let t = &self.topology;
-        if t.hosts < 2 {
-            return Err(invalid(format!(
-                "topology.hosts = {}: need at least 2 hosts",
-                t.hosts
-            )));
-        }
-        if t.hosts > MAX_HOSTS {
-            return Err(invalid(format!(
-                "topology.hosts = {}: at most {MAX_HOSTS} hosts",
-                t.hosts
-            )));
-        }
-        let counts = [
-            (
-                "topology.switches",
-                t.switches.len(),
-                MAX_SWITCHES,
-                "switches",
-            ),
-            ("topology.links", t.links.len(), MAX_LINKS, "links"),
-            ("topology.sm", t.sm.len(), MAX_SMS, "subnet managers"),
-        ];
-        for (key, n, max, what) in counts {
-            if n > max {
-                return Err(invalid(format!("{key}: {n} {what}, at most {max}")));
-            }
-        }
-        if !(1..=2).contains(&t.ports) {
-            return Err(invalid(format!(
-                "topology.ports = {}: hosts have 1 or 2 ports",
-                t.ports
-            )));
-        }
-        if t.lmc > 2 {
-            return Err(invalid(format!("topology.lmc = {}: use 0, 1 or 2", t.lmc)));
-        }
-        if self.workload.message_interval_ms == 0 {
-            return Err(invalid(
-                "workload.message_interval_ms = 0: must be at least 1",
-            ));
-        }
-        let w = &self.workload;
-        w.pattern.check(t.hosts).map_err(invalid)?;
-        let n = w.count(t.hosts);
-        if n > MAX_CONNECTIONS {
-            return Err(invalid(match w.connections_per_host {
-                Some(per_host) => format!(
-                    "workload.connections_per_host = {per_host}: {n} connections, at most \
-                     {MAX_CONNECTIONS}"
-                ),
-                None => format!("workload.connections = {n}: at most {MAX_CONNECTIONS}"),
-            }));
-        }
-        self.validate_fat_tree()?;
-        if self.duration_ms == 0 {
-            return Err(invalid("duration_ms = 0: nothing to simulate"));
-        }
-        if self.duration_ms > MAX_DURATION_MS {
-            return Err(invalid(format!(
-                "duration_ms = {}: at most {MAX_DURATION_MS} ms (one hour of simulated time)",
-                self.duration_ms
-            )));
-        }
-        // Before anything is expanded: a flap's count can ask for billions of changes.
-        let fixed = self.faults.iter().map(Fault::transitions);
-        // A random fault is at most a flap of 3 (6 changes).
-        let random = self
-            .random_faults
-            .as_ref()
-            .map_or(0, |r| 6 * u64::from(r.count));
-        let transitions = fixed.fold(random, u64::saturating_add);
-        if transitions > MAX_FAULT_TRANSITIONS {
-            return Err(invalid(format!(
-                "faults: {transitions} port, link or switch changes once every flap and \
-                 random fault is expanded, at most {MAX_FAULT_TRANSITIONS}"
-            )));
-        }
-        Ok(())
-    }
-
-    /// The engine policy's ranges and the policies' names.
-    fn validate_policies(&self) -> Result<(), ScenarioError> {
-        if let Some(p) = &self.policy {
-            p.validate()
-                .map_err(|e| invalid(e.to_string().replace("policy setting `", "policy.")))?;
-        }
-        self.run_policies().map(|_| ())
-    }
-
-    /// The policies `policies` names, or apm and the two baselines.
+    /// The policies `policies` names, each once, or apm and the two baselines.
     pub fn run_policies(&self) -> Result<Vec<crate::PolicyKind>, ScenarioError> {
         if self.policies.is_empty() {
             return Ok(crate::PolicyKind::ALL.to_vec());
         }
         let mut out = Vec::new();
-        for name in &self.policies {
-            let kind = crate::PolicyKind::from_name(name).ok_or_else(|| {
-                let all: Vec<&str> = crate::PolicyKind::EVERY.iter().map(|k| k.name()).collect();
-                invalid(format!(
-                    "policies = \"{name}\": not a policy (use {})",
-                    all.join(", ")
-                ))
-            })?;
+        for (i, name) in self.policies.iter().enumerate() {
+            let Some(kind) = crate::PolicyKind::from_name(name) else {
+                let problem = Problem {
+                    line: 0,
+                    column: 0,
+                    key: toml_located::KeyPath::new("policies").index(i).to_string(),
+                    message: check::not_a_policy(name),
+                };
+                return Err(ScenarioError::Invalid(vec![problem].into()));
+            };
             if !out.contains(&kind) {
                 out.push(kind);
             }
@@ -355,144 +208,6 @@ impl Scenario {
         self.policy
             .clone()
             .unwrap_or_else(crate::controller::sim_policy)
-    }
-
-    /// A generated fat tree's shape, and its size against the limits, before it is
-    /// built.
-    fn validate_fat_tree(&self) -> Result<(), ScenarioError> {
-        let t = &self.topology;
-        let Some(ft) = &t.fat_tree else {
-            return Ok(());
-        };
-        if !t.switches.is_empty() || !t.links.is_empty() {
-            return Err(invalid(
-                "topology.fat_tree is given with topology.switches or topology.links: use \
-                 one or the other",
-            ));
-        }
-        ft.check(t.hosts).map_err(invalid)?;
-        let shape = ft.shape(t.hosts);
-        let rails = usize::from(t.ports);
-        let switches = shape.tiers.len() * rails;
-        let links = (t.hosts + shape.uplinks.len()) * rails;
-        if switches > MAX_SWITCHES || links > MAX_LINKS {
-            return Err(invalid(format!(
-                "topology.fat_tree.radix = {}: {switches} switches and {links} links for \
-                 {} hosts on {rails} rail(s), at most {MAX_SWITCHES} switches and \
-                 {MAX_LINKS} links",
-                ft.radix, t.hosts
-            )));
-        }
-        Ok(())
-    }
-
-    /// Every duration below [`MAX_MS`].
-    fn validate_times(&self) -> Result<(), ScenarioError> {
-        let f = &self.fabric;
-        let times: [(&str, u64); 21] = [
-            ("duration_ms", self.duration_ms),
-            (
-                "workload.message_interval_ms",
-                self.workload.message_interval_ms,
-            ),
-            ("fabric.hop_latency_us", f.hop_latency_us),
-            ("fabric.mad_processing_us", f.mad_processing_us),
-            ("fabric.command_latency_us", f.command_latency_us),
-            ("fabric.event_latency_us", f.event_latency_us),
-            ("fabric.sweep_interval_ms", f.sweep_interval_ms),
-            ("fabric.trap_sweep_delay_ms", f.trap_sweep_delay_ms),
-            ("fabric.report_timeout_ms", f.report_timeout_ms),
-            ("fabric.sm_failover_ms", f.sm_failover_ms.unwrap_or(0)),
-            ("fabric.smp_rtt_us", f.smp_rtt_us),
-            ("fabric.transaction_timeout_ms", f.transaction_timeout_ms),
-            (
-                "fabric.transaction_retries",
-                u64::from(f.transaction_retries),
-            ),
-            (
-                "fabric.sminfo_polling_timeout_ms",
-                f.sminfo_polling_timeout_ms,
-            ),
-            (
-                "fabric.polling_retry_number",
-                u64::from(f.polling_retry_number),
-            ),
-            ("fabric.sa_fifo_timeout_ms", f.sa_fifo_timeout_ms),
-            ("fabric.max_wire_smps", u64::from(f.max_wire_smps)),
-            ("fabric.sa_timeout_ms", f.sa_timeout_ms),
-            ("fabric.report_retries", u64::from(f.report_retries)),
-            ("fabric.sa_tries", u64::from(f.sa_tries)),
-            ("fabric.sa_rate_per_s", f.sa_rate_per_s),
-        ];
-        for (name, v) in times {
-            if v > MAX_MS {
-                return Err(invalid(format!("{name} = {v}: too large for a simulation")));
-            }
-        }
-        for fault in &self.faults {
-            if fault.end_ms() > MAX_MS {
-                return Err(invalid(format!(
-                    "a fault at {} ms ends after {MAX_MS} ms: too late for a simulation",
-                    fault.at_ms()
-                )));
-            }
-        }
-        Ok(())
-    }
-
-    /// The fabric constants' ranges.
-    fn validate_fabric_params(&self) -> Result<(), ScenarioError> {
-        let f = &self.fabric;
-        if f.ack_timeout > 31 || f.ack_timeout == 0 {
-            return Err(invalid(format!(
-                "fabric.ack_timeout = {}: use 1..=31",
-                f.ack_timeout
-            )));
-        }
-        if !(0.0..=1.0).contains(&f.mad_loss) {
-            return Err(invalid(format!(
-                "fabric.mad_loss = {}: a probability in 0..=1",
-                f.mad_loss
-            )));
-        }
-        let at_least_one: [(&str, u64); 7] = [
-            ("fabric.sweep_interval_ms", f.sweep_interval_ms),
-            ("fabric.sa_tries", u64::from(f.sa_tries)),
-            ("fabric.report_timeout_ms", f.report_timeout_ms),
-            ("fabric.sa_rate_per_s", f.sa_rate_per_s),
-            ("fabric.max_wire_smps", u64::from(f.max_wire_smps)),
-            ("fabric.transaction_timeout_ms", f.transaction_timeout_ms),
-            (
-                "fabric.sminfo_polling_timeout_ms",
-                f.sminfo_polling_timeout_ms,
-            ),
-        ];
-        for (name, v) in at_least_one {
-            if v == 0 {
-                return Err(invalid(format!("{name} = 0: must be at least 1")));
-            }
-        }
-        if f.subnet_timeout > 31 {
-            return Err(invalid(format!(
-                "fabric.subnet_timeout = {}: use 0..=31",
-                f.subnet_timeout
-            )));
-        }
-        Ok(())
-    }
-
-    fn validate_random_faults(&self) -> Result<(), ScenarioError> {
-        if let Some(r) = &self.random_faults {
-            if r.end_ms < r.start_ms {
-                return Err(invalid("random_faults.end_ms is before start_ms"));
-            }
-            if r.end_ms > MAX_MS || r.max_outage_ms > MAX_MS || r.count > 100_000 {
-                return Err(invalid(
-                    "random_faults: too many or too late for a simulation",
-                ));
-            }
-        }
-        Ok(())
     }
 
     /// Every fault to apply: the fixed ones and those generated from `seed`.
@@ -512,91 +227,26 @@ impl Scenario {
     }
 }
 
-/// True when the `[workload]` table of `text` sets `connections` (a valid document).
-fn gives_workload_connections(text: &str) -> bool {
-    toml::from_str::<toml::Table>(text)
-        .ok()
-        .and_then(|t| t.get("workload")?.get("connections").cloned())
-        .is_some()
-}
-
-/// The 1-based line that sets `key` in table `table` (`"topology.fat_tree"`), written
-/// as its own `[table]` section, or inline in its parent's (`fat_tree = { key = .. }`,
-/// or `fat_tree.key = ..`).
-fn key_line(text: &str, table: &str, key: &str) -> Option<usize> {
-    let header = |l: &str| {
-        let l = l.trim();
-        l.starts_with('[')
-            .then(|| l.trim_matches(['[', ']']).trim().to_owned())
-    };
-    let sets = |l: &str, key: &str| {
-        let l = l.trim_start();
-        l.strip_prefix(key)
-            .is_some_and(|r| r.trim_start().starts_with(['=', '.']))
-    };
-    let mut section = String::new();
-    let (parent, leaf) = table.rsplit_once('.').unwrap_or(("", table));
-    let mut inline = None;
-    for (i, l) in text.lines().enumerate() {
-        if let Some(h) = header(l) {
-            section = h;
-            continue;
-        }
-        if l.trim_start().starts_with('#') {
-            continue;
-        }
-        if section == table && sets(l, key) {
-            return Some(i + 1);
-        }
-        if section == parent && sets(l, leaf) && inline.is_none() {
-            inline = Some(i + 1);
-        }
-    }
-    inline
-}
-
-/// The line of a `table.key = value: why` message's key, when the message has that
-/// form and the key is in `text`.
-fn dotted_key_line(text: &str, what: &str) -> Option<usize> {
-    let (path, _) = what.split_once(" = ")?;
-    if path.contains(' ') {
-        return None;
-    }
-    let (table, key) = path.rsplit_once('.').unwrap_or(("", path));
-    key_line(text, table, key)
-}
-
-/// The 1-based line of the first line of `text` that contains a quoted name or number
-/// mentioned in `what` (best effort: validation works on parsed values); a
-/// `table.key = value` message points at the line setting that key.
-fn find_line(text: &str, what: &str) -> Option<usize> {
-    if let Some(line) = dotted_key_line(text, what) {
-        return Some(line);
-    }
-    let needles: Vec<&str> = what
-        .split(['"', ' ', ':', ','])
-        .filter(|w| w.len() >= 2 && !w.chars().all(|c| c.is_ascii_lowercase()))
-        .collect();
-    for needle in needles {
-        if let Some((i, _)) = text
-            .lines()
-            .enumerate()
-            .find(|(_, l)| l.contains(needle) && !l.trim_start().starts_with('#'))
-        {
-            return Some(i + 1);
-        }
-    }
-    // Fall back on a `key = value` from the message.
-    let key = what.split([' ', '=']).next()?.rsplit('.').next()?;
-    text.lines()
-        .enumerate()
-        .find(|(_, l)| l.trim_start().starts_with(key))
-        .map(|(i, _)| i + 1)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every problem of `text`, one string each (`line L, column C: key: message`).
+    fn problems(text: &str) -> Vec<String> {
+        match Scenario::from_toml(text) {
+            Ok(_) => Vec::new(),
+            Err(e) => e.problems().iter().map(|p| p.to_string()).collect(),
+        }
+    }
+
+    /// The one problem of `text`, which must start with `at` and contain `what`.
+    fn one(text: &str, at: &str, what: &str) {
+        let p = problems(text);
+        assert!(
+            p.len() == 1 && p[0].starts_with(at) && p[0].contains(what),
+            "want {at:?} ... {what:?}, got {p:#?}"
+        );
+    }
 
     #[test]
     fn default_validates() {
@@ -610,6 +260,8 @@ mod tests {
             "[fabric]\nhop_latency_us = 18446744073709551615\n",
             "[[faults]]\nkind = \"port_flap\"\nat_ms = 1\nport = \"h1:1\"\ndown_ms = 18446744073709551615\nup_ms = 1\ncount = 9\n",
             "[random_faults]\nend_ms = 18446744073709551615\n",
+            "[fabric]\nretry_cnt = 4294967295\n",
+            "[fabric]\nstall_timeouts = 0\n",
         ] {
             assert!(Scenario::from_toml(text).is_err(), "{text}");
         }
@@ -625,26 +277,32 @@ mod tests {
                 "[[topology.switches]]\nname = \"S{i}\"\nsubnet = 0\n"
             ));
         }
-        for (text, limit) in [
-            (flap.to_owned(), MAX_FAULT_TRANSITIONS.to_string()),
-            (switches, MAX_SWITCHES.to_string()),
+        for (text, key, limit) in [
+            (flap.to_owned(), "faults[1].count", MAX_FAULT_TRANSITIONS),
+            (switches, "topology.switches", MAX_SWITCHES as u64),
             (
                 "duration_ms = 3600001\n".to_owned(),
-                MAX_DURATION_MS.to_string(),
+                "duration_ms",
+                MAX_DURATION_MS,
             ),
             (
                 "[workload]\nconnections = 1000001\n".to_owned(),
-                MAX_CONNECTIONS.to_string(),
+                "workload.connections",
+                MAX_CONNECTIONS as u64,
             ),
             (
                 "[random_faults]\ncount = 20000\n".to_owned(),
-                MAX_FAULT_TRANSITIONS.to_string(),
+                "random_faults.count",
+                MAX_FAULT_TRANSITIONS,
             ),
         ] {
-            let e = Scenario::from_toml(&text)
-                .expect_err("over a limit")
-                .to_string();
-            assert!(e.contains(&format!("at most {limit}")), "{e}");
+            let p = problems(&text);
+            assert!(
+                p.iter()
+                    .any(|p| p.contains(&format!("{key}: "))
+                        && p.contains(&format!("at most {limit}"))),
+                "{key}: {p:?}"
+            );
         }
     }
 
@@ -653,93 +311,305 @@ mod tests {
         let sw =
             "[topology]\nhosts = 2\nports = 1\n[[topology.switches]]\nname = \"S\"\nsubnet = 0\n";
         // No cable at all: nothing reaches the hosts.
-        let e = Scenario::from_toml(sw).unwrap_err().to_string();
-        assert!(e.contains("2 host(s) have no cabled port (h0, h1)"), "{e}");
+        one(
+            sw,
+            "line 1, column 1: topology.links:",
+            "2 host(s) have no cabled port (h0, h1)",
+        );
         let cabled = format!(
             "{sw}[[topology.links]]\na = \"S\"\nb = \"h0:1\"\n\
              [[topology.links]]\na = \"S\"\nb = \"h1:1\"\n"
         );
         Scenario::from_toml(&cabled).expect("cabled");
-        for (sm, want, line) in [
-            (
-                "subnet = 0\nports = [\"h9:1\"]\n",
-                "\"h9:1\" does not exist",
-                15,
-            ),
-            (
-                "subnet = 3\nports = [\"h0:1\"]\n",
-                "subnet 3 does not exist",
-                0,
-            ),
-        ] {
-            let text = format!("{cabled}[[topology.sm]]\n{sm}");
-            let e = Scenario::from_toml(&text).unwrap_err().to_string();
-            assert!(e.contains(want), "{e}");
-            if line > 0 {
-                assert!(e.starts_with(&format!("line {line}:")), "{e}");
-            }
-        }
+        let sm = |rest: &str| format!("{cabled}[[topology.sm]]\n{rest}");
+        one(
+            &sm("subnet = 0\nports = [\"h0:1\",\n  \"h9:1\"]\n"),
+            "line 16, column 3: topology.sm[1].ports[2]:",
+            "\"h9:1\" does not exist",
+        );
+        one(
+            &sm("ports = [\"h0:1\"]\nsubnet = 3\n"),
+            "line 15, column 10: topology.sm[1].subnet:",
+            "subnet 3 does not exist",
+        );
     }
 
     #[test]
-    fn fat_trees_and_patterns_are_checked_at_their_line() {
+    fn a_rail_split_in_two_is_refused_its_connections_could_never_connect() {
+        let split = "[topology]\nhosts = 2\nports = 1\n\
+                     [[topology.switches]]\nname = \"S\"\nsubnet = 0\n\
+                     [[topology.switches]]\nname = \"T\"\nsubnet = 1\n\
+                     [[topology.links]]\na = \"S\"\nb = \"h0:1\"\n\
+                     [[topology.links]]\na = \"T\"\nb = \"h1:1\"\n";
+        one(
+            split,
+            "line 10, column 1: topology.links:",
+            "rail 1 is split: h0:1 and h1:1 reach no common switch (2 unconnected parts)",
+        );
+        // The same subnet, two switches with no cable between them: split too.
+        one(
+            &split.replace("subnet = 1", "subnet = 0"),
+            "line 10, column 1: topology.links:",
+            "rail 1 is split",
+        );
+        // Cabled together: one rail.
+        let joined = format!(
+            "{}[[topology.links]]\na = \"S\"\nb = \"T\"\n",
+            split.replace("subnet = 1", "subnet = 0")
+        );
+        assert_eq!(problems(&joined), Vec::<String>::new());
+    }
+
+    #[test]
+    fn fat_trees_and_patterns_are_checked_at_their_line_and_key() {
         let ft = "[topology]\nhosts = 64\n[topology.fat_tree]\nlevels = 3\nradix = 8\n";
         Scenario::from_toml(ft).expect("a 64-host tree of radix 8");
-        for (text, want, line) in [
-            (ft.replace("radix = 8", "radix = 7"), "even number", 5),
-            (ft.replace("levels = 3", "levels = 4"), "use 2 or 3", 4),
+        for (text, at, what) in [
+            (
+                ft.replace("radix = 8", "radix = 7"),
+                "line 5, column 9: topology.fat_tree.radix:",
+                "7: an even number",
+            ),
+            (
+                ft.replace("levels = 3", "levels = 4"),
+                "line 4, column 10: topology.fat_tree.levels:",
+                "4: use 2 or 3",
+            ),
             (
                 ft.replace("levels = 3", "levels = 2"),
+                "line 5, column 9: topology.fat_tree.radix:",
                 "holds at most 32",
-                5,
+            ),
+            (
+                ft.replace("radix = 8", "radix = \"eight\""),
+                "line 5, column 9: topology.fat_tree.radix:",
+                "invalid type",
+            ),
+            (
+                ft.replace("radix = 8", "radix = 8\nradixx = 8"),
+                "line 6, column 1: topology.fat_tree.radixx:",
+                "unknown field",
             ),
             (
                 "[topology]\nhosts = 8\nfat_tree = { levels = 2, radix = 3 }\n".into(),
+                "line 3, column 34: topology.fat_tree.radix:",
                 "even number",
-                3,
             ),
             (
                 format!("{ft}[workload]\npattern = {{ kind = \"all_to_all\", group = 1 }}\n"),
-                "a group has 2 to 64 hosts",
-                7,
+                "line 7, column 42: workload.pattern.group:",
+                "1: a group has 2 to 64 hosts",
             ),
             (
                 format!("{ft}[workload.pattern]\nkind = \"neighbours\"\nwidth = 3\n"),
-                "an even number of neighbours",
-                8,
+                "line 8, column 9: workload.pattern.width:",
+                "3: an even number of neighbours",
+            ),
+            (
+                format!("{ft}[workload.pattern]\nkind = \"neighbors\"\n"),
+                "line 7, column 8: workload.pattern.kind:",
+                "unknown variant",
             ),
             (
                 format!("{ft}[workload]\nconnections_per_host = 20000\n"),
+                "line 7, column 24: workload.connections_per_host:",
                 "1280000 connections, at most 1000000",
-                7,
             ),
             (
                 format!("{ft}[workload]\nconnections = 5\nconnections_per_host = 2\n"),
+                "line 8, column 24: workload.connections_per_host:",
                 "not both",
-                8,
             ),
             (
                 format!("{ft}[[topology.switches]]\nname = \"X\"\nsubnet = 0\n"),
+                "line 3, column 1: topology.fat_tree:",
                 "one or the other",
-                0,
             ),
         ] {
-            let e = Scenario::from_toml(&text).expect_err(&text).to_string();
-            assert!(e.contains(want), "{e}");
-            if line > 0 {
-                assert!(e.starts_with(&format!("line {line}:")), "{text}\n{e}");
-            }
+            one(&text, at, what);
         }
+        // Too big for the limits, found before anything is built.
+        one(
+            "[topology]\nhosts = 4096\nports = 2\nfat_tree = { levels = 3, radix = 128 }\n",
+            "line 4, column 34: topology.fat_tree.radix:",
+            "at most 4096 switches",
+        );
     }
 
     #[test]
     fn bad_toml_names_the_line() {
-        let e = Scenario::from_toml("name = \"x\"\nduration_ms = \"long\"\n").unwrap_err();
-        assert!(e.to_string().contains("line 2"), "{e}");
-        let e = Scenario::from_toml("[topology]\nhostz = 3\n").unwrap_err();
-        assert!(e.to_string().contains("line 2"), "{e}");
-        let text = "[[faults]]\nkind = \"switch_down\"\nat_ms = 5\nswitch = \"Q\"\n";
-        let e = Scenario::from_toml(text).unwrap_err();
-        assert!(e.to_string().contains("line 4"), "{e}");
+        one(
+            "name = \"x\"\nduration_ms = \"long\"\n",
+            "line 2, column 15: duration_ms:",
+            "invalid type",
+        );
+        one(
+            "[topology]\nhostz = 3\n",
+            "line 2, column 1: topology.hostz:",
+            "unknown field",
+        );
+        one(
+            "[[faults]]\nkind = \"switch_down\"\nat_ms = 5\nswitch = \"Q\"\n",
+            "line 4, column 10: faults[1].switch:",
+            "switch \"Q\" does not exist",
+        );
+        one("a = = 1\n", "line 1, column 5:", "");
+    }
+
+    /// The head of a file: problems below are on the lines their comments say.
+    const HEAD: &str =
+        "# 1\nname = \"lines\"  # 2\nduration_ms = 4000  # 3\n[topology]  # 4\nhosts = 4  # 5\n";
+
+    #[test]
+    fn a_problem_is_at_the_line_of_its_key_not_at_a_line_that_looks_alike() {
+        // The same port on line 8; the flap's count on line 16 is the problem.
+        let text = format!(
+            "{HEAD}[[faults]]  # 6\nkind = \"port_down\"  # 7\nport = \"h3:2\"  # 8\n\
+             at_ms = 100  # 9\n[[faults]]  # 10\nkind = \"port_flap\"  # 11\n\
+             port = \"h3:2\"  # 12\nat_ms = 200  # 13\ndown_ms = 1  # 14\nup_ms = 1  # 15\n\
+             count = 2000000  # 16\n"
+        );
+        one(
+            &text,
+            "line 16, column 9: faults[2].count:",
+            "at most 100000",
+        );
+        one(
+            &format!("{HEAD}[fabric]  # 6\nack_timeout = 40  # 7\n"),
+            "line 7, column 15: fabric.ack_timeout:",
+            "40: use 1..=31",
+        );
+        one(
+            &format!("{HEAD}[fabric]  # 6\nack_timeout = 14  # 7\nretry_cnt = 99  # 8\n"),
+            "line 8, column 13: fabric.retry_cnt:",
+            "use 0..=7",
+        );
+        one(
+            &format!(
+                "{HEAD}[random_faults]  # 6\ncount = 3  # 7\nmax_outage_ms = 99999999999  # 8\n"
+            ),
+            "line 8, column 17: random_faults.max_outage_ms:",
+            "too late",
+        );
+    }
+
+    #[test]
+    fn a_fault_table_names_the_key_at_fault() {
+        let fault =
+            |rest: &str| format!("{HEAD}[[faults]]  # 6\nkind = \"switch_down\"  # 7\n{rest}");
+        one(
+            &fault("switch = \"A\"  # 8\nat_ms = \"soon\"  # 9\n"),
+            "line 9, column 9: faults[1].at_ms:",
+            "invalid type: string \"soon\"",
+        );
+        one(
+            &fault("switch = \"A\"  # 8\nat_ms = 5  # 9\nporrt = \"h1:1\"  # 10\n"),
+            "line 10, column 1: faults[1].porrt:",
+            "unknown field `porrt`",
+        );
+        one(
+            &fault("switch = \"A\"  # 8\nat_ms = 5  # 9\nport = \"h1:1\"  # 10\n"),
+            "line 10, column 8: faults[1].port:",
+            "a switch_down fault has no `port` (its keys: kind, at_ms, switch)",
+        );
+        one(
+            &fault("at_ms = 5  # 8\n"),
+            "line 6, column 1: faults[1]:",
+            "a switch_down fault needs `switch`",
+        );
+        one(
+            &format!("{HEAD}[[faults]]  # 6\nkind = \"switch_dwn\"  # 7\n"),
+            "line 7, column 8: faults[1].kind:",
+            "unknown variant",
+        );
+        one(
+            &format!(
+                "{HEAD}[[faults]]  # 6\nkind = \"link_down\"\nat_ms = 5\nlink = \"---\"  # 9\n"
+            ),
+            "line 9, column 8: faults[1].link:",
+            "\"---\" is not a link",
+        );
+        one(
+            &format!(
+                "{HEAD}[[faults]]  # 6\nkind = \"device_fatal\"\nat_ms = 5\nhost = \"x\"  # 9\n"
+            ),
+            "line 9, column 8: faults[1].host:",
+            "\"x\" is not a host",
+        );
+    }
+
+    #[test]
+    fn topology_problems_are_at_the_switch_or_link_that_says_them() {
+        let text = format!(
+            "{HEAD}ports = 2  # 6\n[[topology.switches]]  # 7\nname = \"S\"  # 8\n\
+             subnet = 0  # 9\n[[topology.switches]]  # 10\nsubnet = 0  # 11\nname = \"S\"  # 12\n\
+             [[topology.switches]]  # 13\nname = \"T\"  # 14\nsubnet = 1  # 15\n\
+             [[topology.links]]  # 16\na = \"S\"  # 17\nb = \"T\"  # 18\n"
+        );
+        let p = problems(&text);
+        assert_eq!(p.len(), 2, "{p:#?}");
+        assert!(
+            p[0].starts_with("line 12, column 8: topology.switches[2].name:")
+                && p[0].contains("declared twice"),
+            "{p:?}"
+        );
+        assert!(
+            p[1].starts_with("line 16, column 1: topology.links[1]:")
+                && p[1].contains("joins two subnets"),
+            "{p:?}"
+        );
+    }
+
+    #[test]
+    fn every_problem_of_a_file_is_reported() {
+        let text = format!(
+            "{HEAD}[fabric]  # 6\nack_timeout = 40  # 7\nmad_loss = 2.0  # 8\n\
+             [[faults]]  # 9\nkind = \"switch_down\"  # 10\nat_ms = 5  # 11\nswitch = \"Q\"  # 12\n\
+             [[faults]]  # 13\nkind = \"port_down\"  # 14\nat_ms = \"x\"  # 15\nport = \"h0:1\"\n\
+             [[faults]]  # 17\nkind = \"port_down\"  # 18\nat_ms = 5\nport = \"h0:9\"  # 20\n\
+             [workload]  # 21\nmessage_interval_ms = 0  # 22\n"
+        );
+        let p = problems(&text);
+        let want = [
+            "line 7, column 15: fabric.ack_timeout:",
+            "line 8, column 12: fabric.mad_loss:",
+            "line 12, column 10: faults[1].switch:",
+            "line 15, column 9: faults[2].at_ms:",
+            "line 20, column 8: faults[3].port:",
+            "line 22, column 23: workload.message_interval_ms:",
+        ];
+        assert_eq!(p.len(), want.len(), "{p:#?}");
+        for (w, p) in want.iter().zip(&p) {
+            assert!(p.starts_with(w), "{p} / {w}");
+        }
+    }
+
+    #[test]
+    fn a_scenario_built_in_code_names_its_keys() {
+        let mut s = Scenario::default();
+        s.topology.hosts = 1;
+        s.fabric.retry_cnt = 9;
+        let e = s.validate().unwrap_err().to_string();
+        assert_eq!(
+            e,
+            "topology.hosts: 1 host(s): need at least 2\n\
+             fabric.retry_cnt: 9: use 0..=7 (a QP's retry count has 3 bits)"
+        );
+    }
+
+    #[test]
+    fn twenty_thousand_bad_faults_are_all_reported_quickly() {
+        let text: String = (0..20_000)
+            .map(|i| {
+                format!("[[faults]]\nkind = \"switch_down\"\nat_ms = {i}\nswitch = \"Q{i}\"\n")
+            })
+            .collect();
+        let p = problems(&text);
+        assert_eq!(p.len(), 20_000);
+        assert!(
+            p[19_999].starts_with("line 80000, column 10: faults[20000].switch:"),
+            "{}",
+            p[19_999]
+        );
     }
 }

@@ -90,10 +90,11 @@ pub struct FabricParams {
     pub mad_loss: f64,
     /// QP local ACK timeout (IBA encoding: 4.096 us * 2^t). Default 14 (67 ms).
     pub ack_timeout: u8,
-    /// QP retry count. Default 7: 8 x 67 ms = 537 ms before a dead path errors.
+    /// QP retry count (3 bits: 0..=7). Default 7: 8 x 67 ms = 537 ms before a dead path
+    /// errors.
     pub retry_cnt: u32,
     /// How long traffic must be stalled before a software-migration QP reports
-    /// `PrimaryStalled`, in ACK timeouts. Default 2.
+    /// `PrimaryStalled`, in ACK timeouts (1..=`retry_cnt` + 1). Default 2.
     pub stall_timeouts: u32,
 }
 

@@ -76,29 +76,39 @@ pub enum Pattern {
 
 impl Pattern {
     /// Why the pattern cannot place connections on `hosts`, if it cannot.
-    pub fn check(&self, hosts: usize) -> Result<(), String> {
-        match *self {
-            Pattern::Random => Ok(()),
-            Pattern::AllToAll { group } if group < 2 || group > hosts => Err(format!(
-                "workload.pattern.group = {group}: a group has 2 to {hosts} hosts"
-            )),
-            Pattern::AllToAll { group } if hosts % group == 1 => Err(format!(
-                "workload.pattern.group = {group}: {hosts} hosts leave one host alone in \
-                 the last group"
-            )),
-            Pattern::Neighbours { width } if width < 2 || width % 2 == 1 || width >= hosts => {
-                Err(format!(
-                    "workload.pattern.width = {width}: an even number of neighbours, 2 to \
-                     {}",
-                    (hosts - 1) & !1
-                ))
+    pub fn check(&self, hosts: usize) -> Result<(), PatternError> {
+        let bad = match *self {
+            Pattern::AllToAll { group } if group < 2 || group > hosts => {
+                format!("{group}: a group has 2 to {hosts} hosts")
             }
-            Pattern::HotServers { servers } if servers == 0 || servers >= hosts => Err(format!(
-                "workload.pattern.servers = {servers}: 1 to {} servers (the other hosts \
-                 are their clients)",
-                hosts - 1
-            )),
-            _ => Ok(()),
+            Pattern::AllToAll { group } if hosts % group == 1 => {
+                format!("{group}: {hosts} hosts leave one host alone in the last group")
+            }
+            Pattern::Neighbours { width } if width < 2 || width % 2 == 1 || width >= hosts => {
+                format!(
+                    "{width}: an even number of neighbours, 2 to {}",
+                    hosts.saturating_sub(1) & !1
+                )
+            }
+            Pattern::HotServers { servers } if servers == 0 || servers >= hosts => format!(
+                "{servers}: 1 to {} servers (the other hosts are their clients)",
+                hosts.saturating_sub(1)
+            ),
+            _ => return Ok(()),
+        };
+        Err(PatternError {
+            key: self.key(),
+            message: bad,
+        })
+    }
+
+    /// The key of `workload.pattern` that sizes the pattern (`kind` for `random`).
+    fn key(&self) -> &'static str {
+        match self {
+            Pattern::Random => "kind",
+            Pattern::AllToAll { .. } => "group",
+            Pattern::Neighbours { .. } => "width",
+            Pattern::HotServers { .. } => "servers",
         }
     }
 
@@ -141,6 +151,16 @@ impl Pattern {
         };
         Some((a, b))
     }
+}
+
+/// Why a [`Pattern`] cannot place connections on a scenario's hosts.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("workload.pattern.{key}: {message}")]
+pub struct PatternError {
+    /// The key of `workload.pattern` at fault.
+    pub key: &'static str,
+    /// What is wrong with its value (without the key).
+    pub message: String,
 }
 
 impl Workload {

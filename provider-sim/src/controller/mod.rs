@@ -11,8 +11,8 @@
 
 use apm_core::probe::{ProbeAction, ProbeDriver, ProbePolicy};
 use apm_core::{
-    Command, CommandId, CommandOp, ConnId, ConnSpec, Engine, Input, MigState, Output, Path, Policy,
-    QpEvent, Time,
+    Command, CommandId, CommandOp, ConnId, ConnSpec, Engine, Input, Output, Path, Policy, QpEvent,
+    Time,
 };
 use serde::Serialize;
 use std::collections::VecDeque;
@@ -233,29 +233,49 @@ struct BaseConn {
     pending: Option<CommandId>,
 }
 
+/// What a baseline does after a migration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AfterMigration {
+    /// Nothing: the connection runs unprotected from then on (`hw-only`).
+    Nothing,
+    /// Load the agreed next alternate and arm it (`reload-local`, see
+    /// `Baseline::migrated`).
+    ReloadLocal,
+}
+
+/// What follows a baseline's command once it succeeds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Then {
+    /// Nothing (it was the last of its chain).
+    Done,
+    /// Set REARM (the command loaded an alternate).
+    SetRearm,
+}
+
 /// The two baselines: `hw-only` and `reload-local`.
 #[derive(Debug)]
 pub struct Baseline {
-    reload: bool,
+    after: AfterMigration,
     conns: ById<BaseConn>,
     out: VecDeque<Output>,
-    /// Command id -> (connection, set REARM next).
-    pending: Outstanding<(ConnId, bool)>,
+    /// Command id -> (connection, what follows it).
+    pending: Outstanding<(ConnId, Then)>,
 }
 
 impl Baseline {
-    /// `hw-only` (`reload = false`) or `reload-local` (`reload = true`).
-    pub fn new(reload: bool) -> Baseline {
+    /// `hw-only` ([`AfterMigration::Nothing`]) or `reload-local`
+    /// ([`AfterMigration::ReloadLocal`]).
+    pub fn new(after: AfterMigration) -> Baseline {
         Baseline {
-            reload,
+            after,
             conns: ById::default(),
             out: VecDeque::new(),
             pending: Outstanding::default(),
         }
     }
 
-    fn issue(&mut self, op: CommandOp, conn: ConnId, rearm_next: bool) {
-        let id = self.pending.issue((conn, rearm_next));
+    fn issue(&mut self, op: CommandOp, conn: ConnId, then: Then) {
+        let id = self.pending.issue((conn, then));
         if let Some(c) = self.conns.get_mut(&conn) {
             c.pending = Some(id);
         }
@@ -263,7 +283,11 @@ impl Baseline {
     }
 
     fn load(&mut self, conn: ConnId, path: Path) {
-        self.issue(CommandOp::LoadAlternate { conn, path }, conn, true);
+        self.issue(
+            CommandOp::LoadAlternate { conn, path },
+            conn,
+            Then::SetRearm,
+        );
     }
 
     fn protect(&mut self, spec: ConnSpec) {
@@ -273,7 +297,7 @@ impl Baseline {
             BaseConn {
                 primary: spec.primary,
                 alternate: alt,
-                candidates: if self.reload {
+                candidates: if self.after == AfterMigration::ReloadLocal {
                     spec.candidates.into_boxed_slice()
                 } else {
                     Box::new([])
@@ -297,7 +321,7 @@ impl Baseline {
             return;
         };
         let old = std::mem::replace(&mut c.primary, new_primary);
-        if !self.reload || c.pending.is_some() {
+        if self.after == AfterMigration::Nothing || c.pending.is_some() {
             return;
         }
         let next = if old.port != new_primary.port {
@@ -335,16 +359,15 @@ impl Controller for Baseline {
                 }
             }
             Input::CommandDone { id, result } => {
-                let Some((conn, rearm_next)) = self.pending.complete(id) else {
+                let Some((conn, then)) = self.pending.complete(id) else {
                     return;
                 };
                 if let Some(c) = self.conns.get_mut(&conn) {
                     c.pending = None;
                 }
-                if rearm_next && result.is_ok() {
-                    self.issue(CommandOp::SetRearm { conn }, conn, false);
+                if then == Then::SetRearm && result.is_ok() {
+                    self.issue(CommandOp::SetRearm { conn }, conn, Then::Done);
                 }
-                let _ = MigState::Armed;
             }
             // Port events, notices and peer messages: the baselines do not listen.
             _ => {}
@@ -359,6 +382,13 @@ impl Controller for Baseline {
     }
 }
 
+/// The seed of host `host`'s prober in a run seeded `seed`: each host jitters on its
+/// own stream, as hosts started together do. Managers driving simulated hosts (through
+/// `SimProvider`) take the same, so a seed plays the same whoever runs the host.
+pub fn probe_seed(seed: u64, host: usize) -> u64 {
+    seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ host as u64
+}
+
 /// A controller of `kind`; `policy` and `seed` (its prober's jitter) are used by `apm`
 /// and `apm-wildcard` only.
 pub fn make(
@@ -368,8 +398,8 @@ pub fn make(
 ) -> Result<Box<dyn Controller>, apm_core::PolicyError> {
     Ok(match kind {
         PolicyKind::Apm => Box::new(ApmController::new(policy.clone(), seed)?),
-        PolicyKind::HwOnly => Box::new(Baseline::new(false)),
-        PolicyKind::ReloadLocal => Box::new(Baseline::new(true)),
+        PolicyKind::HwOnly => Box::new(Baseline::new(AfterMigration::Nothing)),
+        PolicyKind::ReloadLocal => Box::new(Baseline::new(AfterMigration::ReloadLocal)),
         PolicyKind::ApmWildcard => Box::new(ApmController::new(wildcard_policy(policy), seed)?),
         PolicyKind::PerConnSa => Box::new(PerConnSa::default()),
     })

@@ -6,9 +6,11 @@
 //! the one way that matters for APM: forwarding tables are only recomputed by an SM
 //! sweep, so between a failure and the next sweep packets still head into the dead link.
 
-use crate::topology::{FatTree, Topology};
-
+mod build;
 mod routing;
+
+pub use build::{LinkEnd, Part, TopologyProblem};
+
 use apm_core::{Gid, Lid, PortKey};
 
 /// Why a topology cannot be built, or a name does not resolve against the fabric.
@@ -69,6 +71,12 @@ pub enum FabricError {
     /// No link between those ends.
     #[error("no link \"{0}\"")]
     NoSuchLink(String),
+    /// Not written like a link.
+    #[error("\"{0}\" is not a link (write it like \"h3:1-A\", \"A-B\" or \"h3:1\")")]
+    NotALinkName(String),
+    /// A switch name that would make link names ambiguous.
+    #[error("switch \"{0}\": a switch name is not empty and has no '-' or ':' (links are named \"A-B\", ports \"h3:1\")")]
+    BadSwitchName(String),
     /// A host port without a cable.
     #[error("port \"{0}\" has no link")]
     PortWithoutLink(String),
@@ -81,8 +89,8 @@ pub enum FabricError {
     )]
     FatTreeWithSwitches,
     /// A fat tree that cannot hold the hosts, or of an impossible shape.
-    #[error("{0}")]
-    FatTree(String),
+    #[error("topology.fat_tree.{key}: {0}", key = .0.key())]
+    FatTree(#[from] crate::topology::FatTreeError),
 }
 
 /// Index of a host port in [`Fabric::ports`].
@@ -222,7 +230,7 @@ pub struct Fabric {
 
 /// A subnet's GID prefix: fe80::/64 with the subnet number in the last 16 bits, so
 /// the two rails of a dual-rail fabric have distinct prefixes as real deployments do.
-fn subnet_prefix(subnet: usize) -> u64 {
+pub(crate) fn subnet_prefix(subnet: usize) -> u64 {
     0xfe80_0000_0000_0000 | subnet as u64
 }
 
@@ -232,183 +240,7 @@ pub fn port_guid(host: usize, port: u8) -> u64 {
 }
 
 impl Fabric {
-    /// Build the fabric of a topology (everything up, no LFTs yet).
-    pub fn build(t: &Topology) -> Result<Fabric, FabricError> {
-        let mut ports = Vec::with_capacity(t.hosts * usize::from(t.ports));
-        for h in 0..t.hosts {
-            for p in 1..=t.ports {
-                ports.push(HostPort {
-                    host: h,
-                    num: p,
-                    subnet: 0,
-                    gid: Gid::default(),
-                    lid: 0,
-                    lmc: t.lmc,
-                    admin_up: true,
-                    link: None,
-                    state: PortState::Down,
-                });
-            }
-        }
-        let mut f = Fabric {
-            ports,
-            switches: Vec::new(),
-            links: Vec::new(),
-            hosts: t.hosts,
-            ports_per_host: t.ports,
-            subnets: 0,
-            lid_owner: Vec::new(),
-            end_index: Vec::new(),
-            routing: Routing::PathBits,
-        };
-        if let Some(ft) = &t.fat_tree {
-            if !t.switches.is_empty() || !t.links.is_empty() {
-                return Err(FabricError::FatTreeWithSwitches);
-            }
-            f.build_fat_trees(ft, t.hosts)?;
-        } else if t.switches.is_empty() {
-            if !t.links.is_empty() {
-                return Err(FabricError::LinksWithoutSwitches);
-            }
-            for r in 0..usize::from(t.ports) {
-                let name = char::from(b'A' + r as u8).to_string();
-                f.add_switch(name, r)?;
-                for h in 0..t.hosts {
-                    let pid = f.pid(h, r as u8 + 1);
-                    f.add_link(End::Port(pid), End::Switch(r))?;
-                }
-            }
-        } else {
-            for s in &t.switches {
-                f.add_switch(s.name.clone(), s.subnet)?;
-            }
-            for l in &t.links {
-                let a = f.end_by_name(&l.a)?;
-                let b = f.end_by_name(&l.b)?;
-                f.add_link(a, b)?;
-            }
-        }
-        f.subnets = f.switches.iter().map(|s| s.subnet + 1).max().unwrap_or(1);
-        // Subnets and GIDs follow the cabling.
-        for pid in 0..f.ports.len() {
-            let subnet = f.ports[pid]
-                .link
-                .and_then(|l| match f.other_end(l, End::Port(pid)) {
-                    End::Switch(s) => Some(f.switches[s].subnet),
-                    End::Port(_) => None,
-                })
-                .unwrap_or(0);
-            let p = &mut f.ports[pid];
-            p.subnet = subnet;
-            p.gid = Gid::from_parts(subnet_prefix(subnet), port_guid(p.host, p.num));
-        }
-        // LIDs: deterministic, aligned to 2^lmc as IBA requires, unique fabric-wide (each
-        // subnet's SM could reuse numbers; unique ones make traces easier to read).
-        let mut next: u32 = 1;
-        for p in &mut f.ports {
-            let span = 1u32 << p.lmc;
-            next = next.div_ceil(span) * span;
-            if next + span > 0xBFFF {
-                return Err(FabricError::LidSpaceExhausted);
-            }
-            p.lid = next as u16;
-            next += span;
-        }
-        f.lid_owner = vec![None; next as usize + 1];
-        for (pid, p) in f.ports.iter().enumerate() {
-            for lid in p.lids() {
-                f.lid_owner[usize::from(lid)] = Some(pid);
-            }
-        }
-        let nlids = f.lid_owner.len();
-        for s in &mut f.switches {
-            s.lft = vec![NO_ROUTE; nlids];
-        }
-        Ok(f)
-    }
-
-    /// Every rail a fat tree of `ft`'s shape (see [`FatTree`]): its switches, each
-    /// host's port to its leaf, the uplinks; routed as OpenSM's `ftree` routes it.
-    fn build_fat_trees(&mut self, ft: &FatTree, hosts: usize) -> Result<(), FabricError> {
-        ft.check(hosts).map_err(FabricError::FatTree)?;
-        let shape = ft.shape(hosts);
-        self.routing = Routing::FatTree;
-        for r in 0..usize::from(self.ports_per_host) {
-            let rail = char::from(b'A' + r as u8);
-            let base = self.switches.len();
-            for k in 0..shape.tiers.len() {
-                self.add_switch(shape.name(rail, k), r)?;
-            }
-            for h in 0..hosts {
-                let pid = self.pid(h, r as u8 + 1);
-                let leaf = base + h / shape.hosts_per_leaf;
-                self.add_link(End::Port(pid), End::Switch(leaf))?;
-            }
-            for &(lo, hi) in &shape.uplinks {
-                self.add_link(End::Switch(base + lo), End::Switch(base + hi))?;
-            }
-        }
-        Ok(())
-    }
-
-    fn add_switch(&mut self, name: String, subnet: usize) -> Result<(), FabricError> {
-        // Generated names are distinct by construction; a scenario's are checked.
-        if self.routing == Routing::PathBits && self.switches.iter().any(|s| s.name == name) {
-            return Err(FabricError::SwitchDeclaredTwice(name));
-        }
-        if name.starts_with('h') && name[1..].chars().all(|c| c.is_ascii_digit() || c == ':') {
-            return Err(FabricError::SwitchNamedLikeHost(name));
-        }
-        if subnet >= 64 {
-            return Err(FabricError::SubnetOutOfRange { name, subnet });
-        }
-        self.switches.push(Switch {
-            name,
-            subnet,
-            up: true,
-            black_hole: false,
-            links: Vec::new(),
-            lft: Vec::new(),
-        });
-        Ok(())
-    }
-
-    fn add_link(&mut self, a: End, b: End) -> Result<(), FabricError> {
-        let id = self.links.len();
-        let mut index = [0u16; 2];
-        for (k, end) in [a, b].into_iter().enumerate() {
-            match end {
-                End::Port(p) => {
-                    if self.ports[p].link.is_some() {
-                        return Err(FabricError::CabledTwice(self.port_name(p)));
-                    }
-                    self.ports[p].link = Some(id);
-                }
-                End::Switch(s) => {
-                    index[k] = u16::try_from(self.switches[s].links.len()).map_err(|_| {
-                        FabricError::TooManyLinksOnSwitch(self.switches[s].name.clone())
-                    })?;
-                    self.switches[s].links.push(id);
-                }
-            }
-        }
-        if let (End::Port(_), End::Port(_)) = (a, b) {
-            return Err(FabricError::HostToHost);
-        }
-        if let (End::Switch(x), End::Switch(y)) = (a, b) {
-            if self.switches[x].subnet != self.switches[y].subnet {
-                return Err(FabricError::JoinsSubnets(
-                    self.switches[x].name.clone(),
-                    self.switches[y].name.clone(),
-                ));
-            }
-        }
-        self.end_index.push(index);
-        self.links.push(Link { a, b, intact: true });
-        Ok(())
-    }
-
-    fn pid(&self, host: usize, port: u8) -> PortId {
+    pub(crate) fn pid(&self, host: usize, port: u8) -> PortId {
         host * usize::from(self.ports_per_host) + usize::from(port) - 1
     }
 
@@ -449,7 +281,7 @@ impl Fabric {
             .ok_or_else(|| FabricError::NoSuchSwitch(name.into()))
     }
 
-    fn end_by_name(&self, name: &str) -> Result<End, FabricError> {
+    pub(crate) fn end_by_name(&self, name: &str) -> Result<End, FabricError> {
         if name.contains(':') {
             self.port_by_name(name).map(End::Port)
         } else {
@@ -460,6 +292,9 @@ impl Fabric {
     /// The link a `"h3:1-A"` / `"A-B"` / `"h3:1"` name refers to.
     pub fn link_by_name(&self, name: &str) -> Result<LinkId, FabricError> {
         if let Some((a, b)) = name.split_once('-') {
+            if a.is_empty() || b.is_empty() || b.contains('-') {
+                return Err(FabricError::NotALinkName(name.into()));
+            }
             let (a, b) = (self.end_by_name(a)?, self.end_by_name(b)?);
             return self
                 .links

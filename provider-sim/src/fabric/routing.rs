@@ -189,7 +189,7 @@ impl Fabric {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::topology::FatTree;
+    use crate::topology::{FatTree, Topology};
 
     /// A fabric with every port active and the tables programmed.
     fn swept(t: &Topology) -> Fabric {

@@ -71,8 +71,7 @@ impl Sim {
         }
         sim.build_sms();
         for h in 0..sim.fab.num_hosts() {
-            // Each host's prober jitters on its own stream, as hosts started together do.
-            let probe_seed = sim.cfg.seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ h as u64;
+            let probe_seed = controller::probe_seed(sim.cfg.seed, h);
             let ctl = controller::make(sim.cfg.policy, &sim.cfg.engine_policy, probe_seed)?;
             sim.hosts.push(Host {
                 ctl,
@@ -270,100 +269,13 @@ impl Sim {
         }
     }
 
+    /// The fault schedule: every fault of the scenario (the seed's random ones too) as
+    /// timed actions, queued in time order.
     pub(super) fn build_actions(&mut self) -> Result<(), SimError> {
         let faults = self.scenario.all_faults(self.cfg.seed);
         let mut acts: Vec<(Time, Action, String)> = Vec::new();
         for f in &faults {
-            let at = ms(f.at_ms());
-            // Names resolve in one place, as the scenario's validation resolved them.
-            match (f, f.target(&self.fab)?) {
-                (Fault::PortDown { port, .. }, Target::Port(p)) => {
-                    acts.push((at, Action::PortAdmin(p, false), format!("port {port} down")));
-                }
-                (Fault::PortUp { port, .. }, Target::Port(p)) => {
-                    acts.push((at, Action::PortAdmin(p, true), format!("port {port} up")));
-                }
-                (
-                    Fault::PortFlap {
-                        at_ms,
-                        port,
-                        down_ms,
-                        up_ms,
-                        count,
-                    },
-                    Target::Port(p),
-                ) => {
-                    let mut t = *at_ms;
-                    for k in 0..*count {
-                        acts.push((
-                            ms(t),
-                            Action::PortAdmin(p, false),
-                            format!("port {port} flaps down ({}/{count})", k + 1),
-                        ));
-                        t += down_ms;
-                        acts.push((ms(t), Action::PortAdmin(p, true), format!("port {port} up")));
-                        t += up_ms;
-                    }
-                }
-                (Fault::LinkDown { link, .. }, Target::Link(l)) => {
-                    acts.push((at, Action::Link(l, false), format!("link {link} cut")));
-                }
-                (Fault::LinkUp { link, .. }, Target::Link(l)) => {
-                    acts.push((at, Action::Link(l, true), format!("link {link} restored")));
-                }
-                (Fault::SwitchDown { switch, .. }, Target::Switch(s)) => {
-                    acts.push((
-                        at,
-                        Action::Switch(s, false),
-                        format!("switch {switch} fails"),
-                    ));
-                }
-                (Fault::SwitchUp { switch, .. }, Target::Switch(s)) => {
-                    acts.push((
-                        at,
-                        Action::Switch(s, true),
-                        format!("switch {switch} returns"),
-                    ));
-                }
-                (Fault::SmFailover { .. }, Target::Subnet(subnet)) => {
-                    acts.push((
-                        at,
-                        Action::SmFail(subnet),
-                        format!("master SM of subnet {subnet} dies"),
-                    ));
-                }
-                (
-                    Fault::MadLoss {
-                        duration_ms, rate, ..
-                    },
-                    _,
-                ) => {
-                    acts.push((
-                        at,
-                        Action::MadLoss(*rate, after(at, ms(*duration_ms))),
-                        format!("MAD loss {:.0}% for {duration_ms} ms", rate * 100.0),
-                    ));
-                }
-                (Fault::SwitchBlackHole { switch, .. }, Target::Switch(s)) => {
-                    acts.push((
-                        at,
-                        Action::BlackHole(s, true),
-                        format!("switch {switch} black-holes (ports up, nothing forwarded)"),
-                    ));
-                }
-                (Fault::SwitchBlackHoleEnd { switch, .. }, Target::Switch(s)) => {
-                    acts.push((
-                        at,
-                        Action::BlackHole(s, false),
-                        format!("switch {switch} forwards again"),
-                    ));
-                }
-                (Fault::DeviceFatal { host, .. }, Target::Host(h)) => {
-                    acts.push((at, Action::DeviceFatal(h), format!("{host}: DEVICE_FATAL")));
-                }
-                // `Fault::target` gives each kind of fault its own kind of target.
-                (f, t) => unreachable!("{f:?} resolved to {t:?}"),
-            }
+            self.fault_actions(f, &mut acts)?;
         }
         acts.sort_by_key(|a| a.0);
         for (i, a) in acts.iter().enumerate() {
@@ -383,6 +295,93 @@ impl Sim {
             .max()
             .unwrap_or(Time::ZERO);
         self.actions = acts;
+        Ok(())
+    }
+
+    /// The actions of one fault, each with its time and its line in the timeline.
+    fn fault_actions(
+        &self,
+        f: &Fault,
+        acts: &mut Vec<(Time, Action, String)>,
+    ) -> Result<(), SimError> {
+        let at = ms(f.at_ms());
+        // Names resolve in one place, as the scenario's validation resolved them.
+        let (act, text) = match (f, f.target(&self.fab)?) {
+            (Fault::PortDown { port, .. }, Target::Port(p)) => {
+                (Action::PortAdmin(p, Turn::Off), format!("port {port} down"))
+            }
+            (Fault::PortUp { port, .. }, Target::Port(p)) => {
+                (Action::PortAdmin(p, Turn::On), format!("port {port} up"))
+            }
+            (
+                Fault::PortFlap {
+                    at_ms,
+                    port,
+                    down_ms,
+                    up_ms,
+                    count,
+                },
+                Target::Port(p),
+            ) => {
+                let mut t = *at_ms;
+                for k in 0..*count {
+                    acts.push((
+                        ms(t),
+                        Action::PortAdmin(p, Turn::Off),
+                        format!("port {port} flaps down ({}/{count})", k + 1),
+                    ));
+                    t += down_ms;
+                    acts.push((
+                        ms(t),
+                        Action::PortAdmin(p, Turn::On),
+                        format!("port {port} up"),
+                    ));
+                    t += up_ms;
+                }
+                return Ok(());
+            }
+            (Fault::LinkDown { link, .. }, Target::Link(l)) => {
+                (Action::Link(l, Turn::Off), format!("link {link} cut"))
+            }
+            (Fault::LinkUp { link, .. }, Target::Link(l)) => {
+                (Action::Link(l, Turn::On), format!("link {link} restored"))
+            }
+            (Fault::SwitchDown { switch, .. }, Target::Switch(s)) => (
+                Action::Switch(s, Turn::Off),
+                format!("switch {switch} fails"),
+            ),
+            (Fault::SwitchUp { switch, .. }, Target::Switch(s)) => (
+                Action::Switch(s, Turn::On),
+                format!("switch {switch} returns"),
+            ),
+            (Fault::SmFailover { .. }, Target::Subnet(subnet)) => (
+                Action::SmFail(subnet),
+                format!("master SM of subnet {subnet} dies"),
+            ),
+            (
+                Fault::MadLoss {
+                    duration_ms, rate, ..
+                },
+                _,
+            ) => (
+                Action::MadLoss(*rate, after(at, ms(*duration_ms))),
+                format!("MAD loss {:.0}% for {duration_ms} ms", rate * 100.0),
+            ),
+            (Fault::SwitchBlackHole { switch, .. }, Target::Switch(s)) => (
+                Action::BlackHole(s, Turn::On),
+                format!("switch {switch} black-holes (ports up, nothing forwarded)"),
+            ),
+            (Fault::SwitchBlackHoleEnd { switch, .. }, Target::Switch(s)) => (
+                Action::BlackHole(s, Turn::Off),
+                format!("switch {switch} forwards again"),
+            ),
+            (Fault::DeviceFatal { host, .. }, Target::Host(h)) => {
+                (Action::DeviceFatal(h), format!("{host}: DEVICE_FATAL"))
+            }
+            // `Fault::target` gives each kind of fault its own kind of target.
+            (f, t) => unreachable!("{f:?} resolved to {t:?}"),
+        };
+        acts.push((at, act, text));
         Ok(())
     }
 

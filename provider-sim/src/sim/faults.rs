@@ -11,20 +11,20 @@ impl Sim {
         self.windows.open(self.now, text.clone(), load);
         self.note(text);
         match act {
-            Action::PortAdmin(p, up) => {
-                self.fab.ports[p].admin_up = up;
+            Action::PortAdmin(p, turn) => {
+                self.fab.ports[p].admin_up = turn.on();
                 self.fab_gen += 1;
                 let s = self.fab.ports[p].subnet;
                 self.phys_changed(&[s]);
             }
-            Action::Link(l, up) => {
-                self.fab.links[l].intact = up;
+            Action::Link(l, turn) => {
+                self.fab.links[l].intact = turn.on();
                 self.fab_gen += 1;
                 let s = self.fab.link_subnet(l).into_iter().collect::<Vec<_>>();
                 self.phys_changed(&s);
             }
-            Action::Switch(k, up) => {
-                self.fab.switches[k].up = up;
+            Action::Switch(k, turn) => {
+                self.fab.switches[k].up = turn.on();
                 self.fab_gen += 1;
                 let s = self.fab.switches[k].subnet;
                 self.phys_changed(&[s]);
@@ -32,10 +32,10 @@ impl Sim {
             Action::SmFail(subnet) => self.sm_fail(subnet),
             Action::MadLoss(rate, until) => self.loss_burst = Some((rate, until)),
             Action::DeviceFatal(h) => self.device_fatal(h),
-            Action::BlackHole(k, on) => {
+            Action::BlackHole(k, turn) => {
                 // Nothing physical changes: no port event, no trap 128, and a light
                 // sweep finds every port and link as it was. Only routes through it die.
-                self.fab.switches[k].black_hole = on;
+                self.fab.switches[k].black_hole = turn.on();
                 self.fab_gen += 1;
                 self.reeval_all();
             }
@@ -49,7 +49,7 @@ impl Sim {
         self.raise(h, lat, Input::DeviceFatal { device: 0 });
         for i in 0..self.conns.len() {
             if self.conns[i].qp.iter().any(|q| q.host == h) {
-                self.lose(i, true);
+                self.lose(i, qp::Loss::DeviceFatal);
             }
         }
         self.hosts[h].dead = true;

@@ -43,6 +43,18 @@ impl Sim {
     // ------------------------------------------------------------------ hosts
 
     /// Hand an input to a host's controller (or external driver) now.
+    ///
+    /// On the way it keeps the record of what the host was told is dead
+    /// (`known_down_ports`, `known_dead_gids`), which the move invariant
+    /// (`Sim::check_move_target`) judges the engine by. The record follows the engine's
+    /// own rules, each written here a second time on purpose, so that a slip in the
+    /// engine's bookkeeping shows instead of being agreed with: a port is down from
+    /// `PORT_ERR` to `PORT_ACTIVE` (`Engine::port_event`); a port back or re-registered
+    /// forgets the out-of-service verdicts of its subnet
+    /// (`Engine::forget_stale_remote_verdicts`); a peer message proves its GID in
+    /// service (`Engine::peer_message`); an SA answer routing to a GID, asked after the
+    /// last notice about it, does too (`Engine::recheck_done`). A change to one of those
+    /// rules in apm-core changes this record too.
     pub(super) fn feed(&mut self, host: usize, input: Input) {
         match &input {
             Input::PortEvent {

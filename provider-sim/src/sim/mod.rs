@@ -221,6 +221,7 @@ struct Conn {
     lost_in_outage: bool,
     /// The guard was a port-disjoint alternate (for the disjoint restore figure).
     guard_disjoint: bool,
+    /// Lost with its HCA (`Loss::DeviceFatal`): no invariant asks to have kept it.
     excused: bool,
     /// Counted instead of simulated at its ticks (`quiet.rs`), since tick `synced` of
     /// its group.
@@ -292,15 +293,33 @@ enum Mad {
     },
 }
 
+/// One timed change of the fault schedule.
 #[derive(Clone, Debug)]
 enum Action {
-    PortAdmin(PortId, bool),
-    Link(usize, bool),
-    Switch(usize, bool),
+    /// A port administratively down (`Off`) or up.
+    PortAdmin(PortId, Turn),
+    /// A link cut (`Off`) or restored.
+    Link(usize, Turn),
+    /// A switch failing (`Off`) or returning.
+    Switch(usize, Turn),
     SmFail(usize),
     MadLoss(f64, Time),
     DeviceFatal(usize),
-    BlackHole(usize, bool),
+    /// A switch starting to black-hole (`On`) or forwarding again.
+    BlackHole(usize, Turn),
+}
+
+/// What an [`Action`] does to the element it names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Turn {
+    Off,
+    On,
+}
+
+impl Turn {
+    fn on(self) -> bool {
+        self == Turn::On
+    }
 }
 
 #[derive(Debug)]

@@ -426,11 +426,11 @@ impl Sim {
             self.hw_migrate(i, s);
             return;
         }
-        self.lose(i, false);
+        self.lose(i, Loss::RetriesExhausted);
     }
 
     /// Both QPs of connection `i` go to ERR.
-    pub(super) fn lose(&mut self, i: usize, device_fatal: bool) {
+    pub(super) fn lose(&mut self, i: usize, why: Loss) {
         if self.conns[i].qp[0].err && self.conns[i].qp[1].err {
             return;
         }
@@ -443,7 +443,7 @@ impl Sim {
                 // its next connection, and the receiver gets it twice.
                 self.c.messages_duplicated += q.delivered - q.acked;
                 let host = q.host;
-                if !device_fatal {
+                if why == Loss::RetriesExhausted {
                     self.raise(
                         host,
                         lat,
@@ -455,9 +455,20 @@ impl Sim {
                 }
             }
         }
-        if device_fatal {
+        if why == Loss::DeviceFatal {
             self.conns[i].excused = true;
         }
         self.reeval(i);
     }
+}
+
+/// Why both QPs of a connection went to ERR.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Loss {
+    /// A QP ran out of retries with nothing to migrate to: each host hears of its QP
+    /// (an asynchronous `QP_FATAL`).
+    RetriesExhausted,
+    /// The HCA died (`DEVICE_FATAL`, raised for the device, not per QP): no alternate
+    /// could have kept the connection, so its loss breaks no invariant (`excused`).
+    DeviceFatal,
 }

@@ -222,8 +222,12 @@ impl Sim {
     }
 
     /// The engine must never issue a command that moves a connection onto a path it
-    /// was told is dead: checked when the command is issued, which is when the engine
-    /// decided (it takes effect later, when the device gets to it).
+    /// was told is dead (ARCHITECTURE's move invariant; the engine's side of it is
+    /// `Engine::path_up`): checked when the command is issued, which is when the engine
+    /// decided (it takes effect later, when the device gets to it). "Told" is this
+    /// host's own record (`Sim::feed`), not the engine's belief, which apm-core's
+    /// property test (`engine/tests/properties.rs`) checks moves against. Probe verdicts
+    /// are not in the record: they stay inside the host's controller.
     pub(super) fn check_move_target(&mut self, host: usize, op: &CommandOp) {
         let target = match *op {
             CommandOp::ForceMigrate { conn } => self
@@ -251,7 +255,10 @@ impl Sim {
     /// alternate that ranks at least as high as every healthy one is not counted: the
     /// engine keeps such an alternate on purpose (`apm_core`'s `select` module: armed,
     /// it gives a second retry budget, and it is the one that survives what the primary
-    /// does not).
+    /// does not). The ranking is the engine's own (`AlternateKind::of`, which
+    /// `select::rank` orders candidates by); the candidates are the fabric's: every
+    /// routed path between the two hosts' ports of the same number, what the SA would
+    /// answer. A change to `select`'s ranking changes this check too.
     pub fn unarmed_with_healthy_alternate(&self) -> Vec<usize> {
         let mut out = Vec::new();
         for (i, c) in self.conns.iter().enumerate() {

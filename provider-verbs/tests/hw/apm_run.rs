@@ -28,6 +28,9 @@ use std::time::{Duration, Instant};
 // UCX and the overhead benchmark.
 #[path = "apm_run_more.rs"]
 mod more;
+// Hardware APM under `apm run` (the patched soft-RoCE).
+#[path = "apm_run_hw.rs"]
+mod hw;
 
 /// The agent's UDP port in these tests (not the default, so nothing else answers).
 const PORT: &str = "47950";
@@ -286,6 +289,9 @@ fn qp_table() -> String {
 enum Cut {
     /// netem 100% loss on rail 10, both ways; apm told through the agent.
     Silent,
+    /// netem 100% loss on rail 10, both ways; nothing tells apm (hardware APM: the
+    /// device's own retry budget finds it).
+    SilentUnreported,
     /// `ip link set vA.10 down`.
     LinkDown,
 }
@@ -331,7 +337,7 @@ fn case(name: &str, pairs: &[Pair], apm: Option<&str>, cut: Cut, cut_after: Dura
     for (i, (server, _)) in pairs.iter().enumerate() {
         let t = format!("{tag}-server{i}");
         ends.push(spawn(&t, server, apm, &format!("/tmp/{t}.json")));
-        wait_listening(tcp_port(server), Duration::from_secs(10));
+        wait_listening(tcp_port(server), Duration::from_secs(30));
     }
     for (i, (_, client)) in pairs.iter().enumerate() {
         let t = format!("{tag}-client{i}");
@@ -359,6 +365,11 @@ fn case(name: &str, pairs: &[Pair], apm: Option<&str>, cut: Cut, cut_after: Dura
     let before = rate("vB.10", Duration::from_millis(500));
     let meter = StallMeter::start();
     match cut {
+        Cut::SilentUnreported => {
+            for dev in ["vA.10", "vB.10"] {
+                tc(&["qdisc", "add", "dev", dev, "root", "netem", "loss", "100%"]);
+            }
+        }
         Cut::Silent => {
             for dev in ["vA.10", "vB.10"] {
                 tc(&["qdisc", "add", "dev", dev, "root", "netem", "loss", "100%"]);
@@ -463,6 +474,33 @@ fn pingpong(port: u16, iters: u32) -> Pair {
     )
 }
 
+/// How many iterations of `ibv_rc_pingpong` (1 KiB messages) take about `secs` in this
+/// VM now, from a short run without a fault on `port`: a fixed count ended before the
+/// cut on a quiet machine (8,000 took 0.46 s) and takes minutes on a loaded one.
+fn pingpong_iters(port: u16, secs: f64) -> u32 {
+    const PROBE: u32 = 2_000;
+    let (server, client) = pingpong(port, PROBE);
+    let mut s = spawn("calibrate-server", &server, None, "/tmp/calibrate-s.json");
+    wait_listening(port, Duration::from_secs(30));
+    let mut c = spawn("calibrate-client", &client, None, "/tmp/calibrate-c.json");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let _ = (c.wait(deadline), s.wait(deadline));
+    // "2000 iters in 0.12 seconds = 57.00 usec/iter"
+    let text = std::fs::read_to_string(&c.out).unwrap_or_default();
+    let took = text
+        .lines()
+        .find_map(|l| {
+            let rest = l.trim().strip_prefix(&format!("{PROBE} iters in "))?;
+            rest.split_whitespace().next()?.parse::<f64>().ok()
+        })
+        .filter(|t| *t > 0.0)
+        .unwrap_or(1.0);
+    let iters = (secs * f64::from(PROBE) / took) as u32;
+    let iters = iters.clamp(8_000, 1_000_000);
+    println!("  ibv_rc_pingpong: {PROBE} iterations took {took:.2} s here: {iters} for ~{secs} s");
+    iters
+}
+
 /// The rails' VLAN links, deleted when a test is done: the suite's other tests toggle
 /// `vA` and expect no VLAN above it (each sets the rails up again when it needs them).
 struct Rails;
@@ -532,7 +570,7 @@ fn apm_run_ibv_rc_pingpong_across_a_silent_rail_cut() {
     };
     without_then_with(
         "ibv_rc_pingpong",
-        &[pingpong(18601, 8_000)],
+        &[pingpong(18601, pingpong_iters(18600, 6.0))],
         Duration::from_millis(1500),
         &apm,
     );
@@ -633,7 +671,8 @@ fn apm_run_two_processes_per_side() {
     let Some((apm, _rails)) = prepare("/usr/bin/ibv_rc_pingpong") else {
         return;
     };
-    let pairs = [pingpong(18611, 3_000), pingpong(18612, 3_000)];
+    let n = pingpong_iters(18610, 6.0);
+    let pairs = [pingpong(18611, n), pingpong(18612, n)];
     let with = case(
         "two-pairs",
         &pairs,
@@ -658,7 +697,7 @@ fn apm_run_link_down_of_the_rail_in_use_on_rxe() {
     };
     let _ = case(
         "link-down",
-        &[pingpong(18621, 8_000)],
+        &[pingpong(18621, pingpong_iters(18620, 6.0))],
         Some(&apm),
         Cut::LinkDown,
         Duration::from_millis(1500),

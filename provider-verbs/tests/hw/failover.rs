@@ -87,10 +87,12 @@ fn apm_watch_prints_one_line_per_link_event_with_the_state_read_back() {
     };
     ip(&["link", "set", &netdev, "down"]);
     wait_state(PortState::Down);
+    // The fault itself: the link stays down this long.
     std::thread::sleep(Duration::from_millis(300));
     ip(&["link", "set", &netdev, "up"]);
     wait_state(PortState::Active);
-    // rxe's second PORT_ACTIVE comes ~1 ms after the first: give it time to show.
+    // rxe's second PORT_ACTIVE comes ~1 ms after the first: a window for it to show
+    // (that it is not printed twice is the subject).
     std::thread::sleep(Duration::from_millis(500));
     let _ = child.kill();
     let out = child.wait_with_output().expect("apm watch output");

@@ -156,7 +156,9 @@ impl Deployment {
                     NotificationKind::Migrated { forced, .. } => {
                         format!("migrated{}", if *forced { " (forced)" } else { "" })
                     }
-                    NotificationKind::Unprotected { reason } => format!("unprotected ({reason:?})"),
+                    NotificationKind::Unprotected { reason, .. } => {
+                        format!("unprotected ({reason:?})")
+                    }
                     NotificationKind::Rearmed { .. } => "re-armed".into(),
                     NotificationKind::Protected { .. } => "protected".into(),
                     other => format!("{other:?}"),

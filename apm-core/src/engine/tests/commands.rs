@@ -148,7 +148,8 @@ fn a_provider_that_never_answers_leaves_the_connection_unprotected_not_wedged() 
         [(
             Time::from_millis(Policy::default().command_timeout_ms),
             NotificationKind::Unprotected {
-                reason: UnprotectedReason::ModifyFailed
+                reason: UnprotectedReason::ModifyFailed,
+                cause: None
             }
         )]
     );

@@ -38,7 +38,22 @@ fn local_port_err_asks_the_peer_first_then_both_move_and_arm_the_path_left() {
     assert!(!p.a.sent().iter().any(|m| matches!(m, PeerMsg::Lap(_))));
     let kinds = p.a.notifications();
     assert!(
-        matches!(kinds[0], NotificationKind::Migrated { forced: true, .. }),
+        matches!(
+            kinds[0],
+            NotificationKind::Migrated {
+                forced: true,
+                cause: Some(Cause::LocalPort),
+                ..
+            }
+        ),
+        "A saw its port die: {kinds:?}"
+    );
+    // B saw nothing die: it moved because A asked.
+    let kinds = p.b.notifications();
+    assert!(
+        kinds
+            .iter()
+            .any(|k| matches!(k, NotificationKind::Migrated { cause: None, .. })),
         "{kinds:?}"
     );
     // Port 1 returns: protected again, still with no LAP.
@@ -103,7 +118,8 @@ fn remote_gid_out_of_service_moves_the_passive_side() {
     assert!(matches!(
         q.b.notifications()[..],
         [NotificationKind::Unprotected {
-            reason: UnprotectedReason::AlternateDown
+            reason: UnprotectedReason::AlternateDown,
+            cause: None
         }]
     ));
 }
@@ -179,7 +195,8 @@ fn path_mig_err_marks_alternate_bad_and_tries_next() {
         .a
         .notifications()
         .contains(&NotificationKind::Unprotected {
-            reason: UnprotectedReason::AlternateFailed
+            reason: UnprotectedReason::AlternateFailed,
+            cause: None
         }));
 }
 
@@ -199,7 +216,8 @@ fn both_paths_down_is_unprotected_and_lost_on_fatal() {
         .a
         .notifications()
         .contains(&NotificationKind::Unprotected {
-            reason: UnprotectedReason::PrimaryDownUnarmed
+            reason: UnprotectedReason::PrimaryDownUnarmed,
+            cause: Some(Cause::LocalPort)
         }));
     qp_event(&mut p, 'a', 1, QpEvent::Fatal);
     assert_eq!(p.a.status(1).protection, Protection::Lost);

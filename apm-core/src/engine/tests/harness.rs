@@ -416,6 +416,16 @@ impl Pair {
     }
 }
 
+/// Both sides protect connection 1 and are armed; the bench with logs cleared.
+pub fn armed_pair() -> Pair {
+    let mut p = Pair::new();
+    p.protect(1);
+    p.run_for(1000);
+    p.a.clear_log();
+    p.b.clear_log();
+    p
+}
+
 pub fn port_event(p: &mut Pair, node: char, port: u8, event: PortEvent) {
     p.input(
         node,

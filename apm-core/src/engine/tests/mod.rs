@@ -3,6 +3,7 @@
 mod commands;
 mod failover;
 mod harness;
+mod hostile_peer;
 mod lifecycle;
 mod probed;
 mod properties;

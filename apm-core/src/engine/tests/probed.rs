@@ -1,8 +1,9 @@
 //! Probe verdicts: a path held for flapping is up but not usable until its hold ends,
-//! and a failure during the hold makes it dead again.
+//! a failure during the hold makes it dead again, and a move a verdict caused tells the
+//! application the verdict's kind.
 
-use super::harness::{path, port_info};
-use crate::io::Input;
+use super::harness::{path, port_event, port_info, qp_event, Pair};
+use crate::io::{Cause, Input, NotificationKind, QpEvent, UnprotectedReason};
 use crate::policy::Policy;
 use crate::probe::{FailureKind, PathEnds};
 use crate::types::Time;
@@ -60,4 +61,138 @@ fn a_held_path_is_up_but_unused_until_its_hold_ends() {
     // A plain Up ends everything.
     e.handle_input(t2.plus(Duration::from_secs(10)), Input::PathUp { ends });
     assert!(e.path_usable(&p));
+}
+
+fn ends(node: char, lp: u8, rp: u8) -> PathEnds {
+    let p = path(node, lp, rp);
+    PathEnds {
+        local: p.sgid,
+        remote: p.dgid,
+    }
+}
+
+/// The causes of the `Migrated` notifications `node` gave.
+fn move_causes(p: &Pair, node: char) -> Vec<Option<Cause>> {
+    let n = if node == 'a' { &p.a } else { &p.b };
+    n.notifications()
+        .into_iter()
+        .filter_map(|k| match k {
+            NotificationKind::Migrated { cause, .. } => Some(cause),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_move_a_verdict_caused_says_its_kind_and_the_side_asked_says_none() {
+    for kind in [
+        FailureKind::Fabric,
+        FailureKind::PeerPort,
+        FailureKind::LocalPort,
+    ] {
+        let mut p = Pair::new();
+        p.protect(1);
+        p.run_for(1000);
+        p.a.clear_log();
+        p.b.clear_log();
+        p.input(
+            'a',
+            Input::PathDown {
+                ends: ends('a', 1, 1),
+                kind,
+            },
+        );
+        p.run_for(1000);
+        assert!(p.a.status(1).primary.same_route(&path('a', 2, 2)));
+        assert_eq!(move_causes(&p, 'a'), [Some(Cause::from(kind))], "{kind:?}");
+        // B heard of nothing itself: it moved because A asked.
+        assert_eq!(move_causes(&p, 'b'), [None], "{kind:?}");
+    }
+}
+
+#[test]
+fn a_stall_moves_with_cause_stall_and_a_later_move_says_what_first_killed_the_primary() {
+    let mut p = Pair::new();
+    p.protect(1);
+    p.run_for(1000);
+    p.a.clear_log();
+    qp_event(&mut p, 'a', 1, QpEvent::PrimaryStalled);
+    p.run_for(1000);
+    assert_eq!(move_causes(&p, 'a'), [Some(Cause::Stall)]);
+    let mut p = Pair::new();
+    p.protect(1);
+    p.run_for(1000);
+    p.a.clear_log();
+    // Both rails die by the probes' word, rail 1 first: nothing to move to, and the
+    // application hears what killed the primary.
+    let fabric = FailureKind::Fabric;
+    p.input(
+        'a',
+        Input::PathDown {
+            ends: ends('a', 2, 2),
+            kind: fabric,
+        },
+    );
+    p.input(
+        'a',
+        Input::PathDown {
+            ends: ends('a', 1, 1),
+            kind: FailureKind::PeerPort,
+        },
+    );
+    p.run_for(100);
+    assert!(
+        p.a.notifications()
+            .contains(&NotificationKind::Unprotected {
+                reason: UnprotectedReason::PrimaryDownUnarmed,
+                cause: Some(Cause::PeerPort),
+            }),
+        "{:?}",
+        p.a.notifications()
+    );
+    // The primary's own port going down too changes nothing: the first cause stands.
+    port_event(&mut p, 'a', 1, crate::io::PortEvent::Down);
+    // Rail 2 returns: the connection moves there, for the reason its primary died.
+    p.input(
+        'a',
+        Input::PathUp {
+            ends: ends('a', 2, 2),
+        },
+    );
+    p.run_for(1000);
+    assert!(p.a.status(1).primary.same_route(&path('a', 2, 2)));
+    assert_eq!(move_causes(&p, 'a'), [Some(Cause::PeerPort)]);
+}
+
+#[test]
+fn a_primary_that_works_again_forgets_what_killed_it() {
+    let mut p = Pair::new();
+    p.protect(1);
+    p.run_for(1000);
+    p.a.clear_log();
+    // The alternate is dead, then the primary dies and comes back: no move.
+    for (e, kind) in [
+        (ends('a', 2, 2), FailureKind::Fabric),
+        (ends('a', 1, 1), FailureKind::LocalPort),
+    ] {
+        p.input('a', Input::PathDown { ends: e, kind });
+    }
+    p.input(
+        'a',
+        Input::PathUp {
+            ends: ends('a', 1, 1),
+        },
+    );
+    p.input(
+        'a',
+        Input::PathUp {
+            ends: ends('a', 2, 2),
+        },
+    );
+    p.run_for(1000);
+    assert!(move_causes(&p, 'a').is_empty());
+    // The next move is for its own reason.
+    qp_event(&mut p, 'a', 1, QpEvent::PrimaryStalled);
+    p.run_for(1000);
+    assert_eq!(move_causes(&p, 'a'), [Some(Cause::Stall)]);
 }

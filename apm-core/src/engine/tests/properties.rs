@@ -1,4 +1,5 @@
-//! Property: for any sequence of events, the engine never panics and never moves a
+//! Property: for any sequence of events (port and QP events, SM notices, probe verdicts,
+//! lost messages, failing loads), the engine never panics and never moves a
 //! connection onto a path it knows to be dead (arming one is allowed: see `select`).
 //! Every move (forced migration, software migration, probe) is checked against the
 //! engine's view when the command is emitted (`Node::check_move`), not when it runs.
@@ -20,6 +21,16 @@ enum Ev {
     Wait(u16),
     DropAll(bool),
     FailLoad(char, bool),
+    /// A probe verdict at node `.0` about its path from port `.1` to node `.2`'s
+    /// port `.3`: down, up, or up but held for flapping for `.4` ms.
+    Probe(char, u8, char, u8, Verdict),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Verdict {
+    Down,
+    Up,
+    Held(u16),
 }
 
 fn node() -> impl Strategy<Value = char> {
@@ -38,6 +49,16 @@ fn ev() -> impl Strategy<Value = Ev> {
         (0u16..3000).prop_map(Ev::Wait),
         any::<bool>().prop_map(Ev::DropAll),
         (node(), any::<bool>()).prop_map(|(n, f)| Ev::FailLoad(n, f)),
+        (node(), 1u8..=2, node(), 1u8..=2, verdict())
+            .prop_map(|(n, p, o, q, v)| Ev::Probe(n, p, o, q, v)),
+    ]
+}
+
+fn verdict() -> impl Strategy<Value = Verdict> {
+    prop_oneof![
+        Just(Verdict::Down),
+        Just(Verdict::Up),
+        (1u16..3000).prop_map(Verdict::Held),
     ]
 }
 
@@ -64,6 +85,15 @@ proptest! {
                 Ev::Stall(n, c) => p.input(n, Input::QpEvent { conn: ConnId(c), event: QpEvent::PrimaryStalled }),
                 Ev::Wait(ms) => p.run_for(u64::from(ms)),
                 Ev::DropAll(d) => p.drop = Box::new(move |_, _| d),
+                Ev::Probe(n, port, o, oport, v) => {
+                    let ends = crate::probe::PathEnds { local: gid(n, port), remote: gid(o, oport) };
+                    let input = match v {
+                        Verdict::Down => Input::PathDown { ends, kind: crate::probe::FailureKind::Fabric },
+                        Verdict::Up => Input::PathUp { ends },
+                        Verdict::Held(ms) => Input::PathHeld { ends, until: p.now.plus(std::time::Duration::from_millis(u64::from(ms))) },
+                    };
+                    p.input(n, input);
+                }
                 Ev::FailLoad(n, f) => {
                     if n == 'a' { fail_load.0 = f } else { fail_load.1 = f }
                     for (node, on) in [(&mut p.a, fail_load.0), (&mut p.b, fail_load.1)] {

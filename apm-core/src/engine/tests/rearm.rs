@@ -32,7 +32,8 @@ fn lap_lost_is_retransmitted_with_backoff_then_given_up_and_retried_later() {
         .a
         .notifications()
         .contains(&NotificationKind::Unprotected {
-            reason: UnprotectedReason::PeerUnresponsive
+            reason: UnprotectedReason::PeerUnresponsive,
+            cause: None
         }));
     // Retried after rearm_retry_ms; with the wire healed it arms.
     p.drop = Box::new(|_, _| false);
@@ -85,12 +86,14 @@ fn modify_failure_on_sender_reports_unprotected_and_recovers() {
     assert!(
         p.a.notifications()
             .contains(&NotificationKind::Unprotected {
-                reason: UnprotectedReason::ModifyFailed
+                reason: UnprotectedReason::ModifyFailed,
+                cause: None
             })
             || p.a
                 .notifications()
                 .contains(&NotificationKind::Unprotected {
-                    reason: UnprotectedReason::NoCandidate
+                    reason: UnprotectedReason::NoCandidate,
+                    cause: None
                 })
     );
     p.a.fail_ops.clear();

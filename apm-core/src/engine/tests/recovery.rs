@@ -27,7 +27,8 @@ fn port_active_protects_what_was_armed_on_a_dead_path() {
         .a
         .notifications()
         .contains(&NotificationKind::Unprotected {
-            reason: UnprotectedReason::AlternateDown
+            reason: UnprotectedReason::AlternateDown,
+            cause: None
         }));
     port_event(&mut p, 'a', 2, PortEvent::Active);
     port_event(&mut p, 'b', 2, PortEvent::Active);

@@ -47,7 +47,8 @@ fn a_failed_software_migration_is_lost_if_the_qp_failed_and_rearmed_if_not() {
         .a
         .notifications()
         .contains(&NotificationKind::Unprotected {
-            reason: UnprotectedReason::ModifyFailed
+            reason: UnprotectedReason::ModifyFailed,
+            cause: None
         }));
     p.a.fail_ops.clear();
     p.run_for(60_000);
@@ -70,4 +71,63 @@ fn a_failed_software_migration_is_lost_if_the_qp_failed_and_rearmed_if_not() {
             reason: LostReason::QpFatal
         })
     ));
+}
+
+#[test]
+fn a_roce_gid_that_leaves_its_port_is_a_dead_rail_and_its_return_a_rail_back() {
+    let mut p = Pair::new();
+    p.protect_mode(1, MigrationMode::Software);
+    p.run_for(1000);
+    assert_armed(&p, 1, path('a', 2, 2));
+    // Port 1 of A as RoCE reports it: the rail's address is a GID of the port.
+    let roce = |gids: Vec<Gid>| PortInfo {
+        link_layer: LinkLayer::Ethernet,
+        gids,
+        ..port_info('a', 1)
+    };
+    p.input('a', Input::PortInfo(roce(vec![gid('a', 1)])));
+    p.run_for(10);
+    p.a.clear_log();
+    p.b.clear_log();
+    // The rail's interface goes down: its GID leaves the table, the port stays up (a
+    // GID_CHANGE, no PORT_ERR). Both sides move off it.
+    let port = PortKey::new(DEV, 1);
+    p.input(
+        'a',
+        Input::PortEvent {
+            port,
+            event: PortEvent::GidChange,
+        },
+    );
+    p.input('a', Input::PortInfo(roce(vec![])));
+    p.input('a', Input::PortInfo(roce(vec![])));
+    p.run_for(1000);
+    let moves = |n: &Node| {
+        n.op_names()
+            .iter()
+            .filter(|o| **o == "software_migrate")
+            .count()
+    };
+    assert_eq!(
+        moves(&p.a),
+        1,
+        "one move, not one per report: {:?}",
+        p.a.op_names()
+    );
+    assert_eq!(moves(&p.b), 1, "the peer followed");
+    assert_eq!(p.a.status(1).primary, path('a', 2, 2));
+    assert_eq!(p.b.status(1).primary, path('b', 2, 2));
+    // The rail it left is kept as its alternate (both sides know it), but a dead rail
+    // protects nothing.
+    assert_eq!(
+        p.a.status(1).protection,
+        Protection::Unprotected,
+        "{:?}",
+        p.a.status(1)
+    );
+    // The rail is back: its GID returns and the connection is armed through it again.
+    p.input('a', Input::PortInfo(roce(vec![gid('a', 1)])));
+    p.run_for(5000);
+    assert_eq!(p.a.status(1).protection, Protection::Armed);
+    assert_eq!(p.a.status(1).alternate.map(|a| a.sgid), Some(gid('a', 1)));
 }

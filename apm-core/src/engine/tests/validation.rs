@@ -6,16 +6,6 @@ use crate::io::*;
 use crate::types::*;
 use crate::Protection;
 
-/// B protects connection 1 and is armed; returns the bench with logs cleared.
-fn armed_pair() -> Pair {
-    let mut p = Pair::new();
-    p.protect(1);
-    p.run_for(1000);
-    p.a.clear_log();
-    p.b.clear_log();
-    p
-}
-
 fn lap_from_a(alt: Path) -> Lap {
     Lap {
         sender_comm_id: 0x101,

@@ -1,0 +1,75 @@
+//! How the program's QPs move to another path: hardware APM where the kernel accepts
+//! alternate paths on the device, software migration elsewhere (`APM_RUN_MIGRATION`, which
+//! `apm run --migration` sets), and the QP facet each means.
+
+use crate::report;
+use apm_core::{ConnId, MigrationMode};
+use provider_rxe::RxeQpControl;
+use provider_verbs::VerbsQpControl;
+use std::sync::{Arc, OnceLock};
+
+/// How apm moves the program's QPs (`APM_RUN_MIGRATION`, which `apm run --migration`
+/// sets).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Migration {
+    /// Hardware APM where the kernel accepts alternate paths on the device (the
+    /// APM-capable soft-RoCE), software migration elsewhere.
+    Auto,
+    /// Always software migration (no async event tee either).
+    Software,
+    /// Hardware APM only: a device that cannot is not protected.
+    Hardware,
+}
+
+/// This process's [`Migration`] (read once; an unknown value is `Auto`, said once).
+pub fn migration() -> Migration {
+    static MODE: OnceLock<Migration> = OnceLock::new();
+    *MODE.get_or_init(|| match std::env::var("APM_RUN_MIGRATION").as_deref() {
+        Err(_) | Ok("auto") | Ok("") => Migration::Auto,
+        Ok("software") => Migration::Software,
+        Ok("hardware") => Migration::Hardware,
+        Ok(other) => {
+            report::note(&format!(
+                "APM_RUN_MIGRATION={other:?} is not auto, software or hardware: auto"
+            ));
+            Migration::Auto
+        }
+    })
+}
+
+/// Whether `device` is soft-RoCE: rxe devices name their netdev in sysfs' `parent`.
+pub(crate) fn is_soft_roce(device: &str) -> bool {
+    std::path::Path::new(&format!("/sys/class/infiniband/{device}/parent")).exists()
+}
+
+/// Whether a context the program opens on `device` gets the async event tee: only where
+/// apm may use hardware APM (soft-RoCE, unless software migration is asked for), the one
+/// case in which apm needs the program's QP events.
+pub fn wants_tee(device: &str) -> bool {
+    migration() != Migration::Software && is_soft_roce(device)
+}
+
+/// The QP facet of a device: how its engine's commands reach the program's QPs.
+pub(crate) enum Facet {
+    /// provider-rxe: software migration through the SQ drain.
+    Software(Arc<RxeQpControl>),
+    /// provider-verbs: hardware APM (the kernel accepts alternate paths here); the QPs'
+    /// events come from the program's contexts through the tee.
+    Hardware(Arc<VerbsQpControl>),
+}
+
+impl Facet {
+    pub(crate) fn mode(&self) -> MigrationMode {
+        match self {
+            Facet::Software(_) => MigrationMode::Software,
+            Facet::Hardware(_) => MigrationMode::Hardware,
+        }
+    }
+
+    pub(crate) fn unregister(&self, id: ConnId) {
+        match self {
+            Facet::Software(f) => f.unregister(id),
+            Facet::Hardware(f) => f.unregister(id),
+        }
+    }
+}

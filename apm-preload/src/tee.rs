@@ -1,0 +1,397 @@
+//! The async event tee: apm sees a program's async events, and the program still gets
+//! every one of them.
+//!
+//! Hardware APM needs the QP-affiliated events of the program's QPs (`PATH_MIG`,
+//! `PATH_MIG_ERR`, `QP_FATAL`), which the kernel queues only on the context that created
+//! the QP: the program's, whose one queue (the uverbs async fd in `ctx->async_fd`) gives
+//! each event to whoever reads it first. The fd itself cannot be replaced: libibverbs
+//! hands it to the kernel whenever it creates a QP, CQ or SRQ (the `*_EVENT_FD`
+//! attribute, which must be a uverbs async event file). So the tee works around the
+//! program's reads instead:
+//!
+//! - A program that reads its events (it calls `ibv_get_async_event` on the context:
+//!   [`get_event`], interposed) reads them from the kernel as without apm; apm is handed
+//!   a copy of each ([`set_hook`]). Its fd, its blocking mode, its `poll`/`epoll` on the
+//!   fd are untouched, and apm never reads the fd again ([`Tee::reader`]).
+//! - A program that does not (most verbs programs never call it) leaves its events in
+//!   the queue. The tee's thread ([`pump`]) sees the fd readable, gives the program
+//!   [`GRACE`] to read it itself, then takes every pending event (non-blocking reads,
+//!   the fd's mode put back after), hands apm a copy and keeps the events for the
+//!   program ([`crate::ledger::Held`]), which gets them first, in order, if it ever
+//!   calls `ibv_get_async_event`. [`destroy`] keeps libibverbs' destroy counts exact
+//!   (see [`crate::ledger`]).
+//!
+//! What it must never do: lose, reorder or duplicate an event the program would have
+//! read without apm; make a destroy wait; block a program's call on apm's work (the hook
+//! runs after the event is the program's, inside `catch_unwind`); read the fd once the
+//! program reads it. It is attached only to soft-RoCE contexts, where libibverbs'
+//! per-event provider hook (`ops->async_event`, which a kept event skips) does nothing.
+// The FFI boundary: poll/read/fcntl on the context's async fd, eventfd, and libibverbs'
+// `ibv_ack_async_event` called on the program's behalf. Every block carries a SAFETY
+// comment.
+#![allow(unsafe_code)]
+
+use crate::ledger::{object_of, Dying, Element, Event, Held, Object};
+use provider_verbs::ffi::sys;
+use std::collections::BTreeMap;
+use std::ffi::c_int;
+use std::os::fd::RawFd;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+
+/// How long an event waits for the program to read it before apm takes it (a program
+/// polling the fd reads within microseconds; apm's re-arm after a migration can wait
+/// this long).
+pub const GRACE: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// One event as the uverbs async fd delivers it (`struct ib_uverbs_async_event_desc`
+/// of the kernel's `rdma/ib_user_verbs.h`: element, event type, reserved).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+struct RawEvent {
+    element: u64,
+    event_type: u32,
+    reserved: u32,
+}
+
+/// The kernel's ABI: 16 bytes, read whole.
+const EVENT_SIZE: usize = 16;
+const _: () = assert!(std::mem::size_of::<RawEvent>() == EVENT_SIZE);
+
+/// What apm is handed for each of a program's events: the context's address and the
+/// event.
+pub type Hook = Box<dyn Fn(usize, Event) + Send + Sync>;
+
+/// One context's tee.
+struct Tee {
+    /// The context's async fd (the program's; apm only polls it, and reads it while the
+    /// program does not).
+    async_fd: RawFd,
+    /// Written to stop the pump.
+    stop: RawFd,
+    /// The program called `ibv_get_async_event` on the context: it reads its own events.
+    reader: bool,
+    /// Events apm took for a program that did not read them.
+    held: Held,
+}
+
+struct State {
+    tees: BTreeMap<usize, Tee>,
+    dying: Dying,
+}
+
+static STATE: Mutex<State> = Mutex::new(State {
+    tees: BTreeMap::new(),
+    dying: Dying::new(),
+});
+static THREADS: Mutex<BTreeMap<usize, std::thread::JoinHandle<()>>> = Mutex::new(BTreeMap::new());
+static HOOK: OnceLock<Hook> = OnceLock::new();
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    // Whole updates only: a poisoned map is still consistent.
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Give apm the program's events (once per process; later calls are ignored).
+pub fn set_hook(hook: Hook) {
+    let _ = HOOK.set(hook);
+}
+
+fn hand_over(ctx: usize, events: impl IntoIterator<Item = Event>) {
+    if let Some(hook) = HOOK.get() {
+        for ev in events {
+            let _ = catch_unwind(AssertUnwindSafe(|| hook(ctx, ev)));
+        }
+    }
+}
+
+/// Whether `ctx` has a tee (its QPs' events reach apm).
+pub fn attached(ctx: usize) -> bool {
+    lock(&STATE).tees.contains_key(&ctx)
+}
+
+/// Put a tee on `ctx`, just opened by the program. On failure nothing changed and the
+/// reason is returned.
+///
+/// # Safety
+/// `ctx` is a live context returned by libibverbs' `ibv_open_device`.
+pub unsafe fn attach(ctx: *mut sys::ibv_context) -> Result<(), String> {
+    // SAFETY: a live context per the contract.
+    let async_fd = unsafe { (*ctx).async_fd };
+    // SAFETY: eventfd with flags only.
+    let stop = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+    if stop < 0 {
+        return Err(format!("eventfd: {}", std::io::Error::last_os_error()));
+    }
+    let at = ctx as usize;
+    lock(&STATE).tees.insert(
+        at,
+        Tee {
+            async_fd,
+            stop,
+            reader: false,
+            held: Held::default(),
+        },
+    );
+    let thread = std::thread::Builder::new()
+        .name("apm-events".into())
+        .spawn(move || pump(at, async_fd, stop));
+    match thread {
+        Ok(t) => {
+            lock(&THREADS).insert(at, t);
+            Ok(())
+        }
+        Err(e) => {
+            lock(&STATE).tees.remove(&at);
+            // SAFETY: our own eventfd, used by nobody else.
+            unsafe { libc::close(stop) };
+            Err(format!("cannot start apm's event thread: {e}"))
+        }
+    }
+}
+
+/// Take the tee off `ctx` before the program's real `ibv_close_device`. Events kept for
+/// the program vanish with the context, as unread ones do without apm.
+pub fn detach(ctx: usize) {
+    let Some(tee) = lock(&STATE).tees.remove(&ctx) else {
+        return;
+    };
+    let one: u64 = 1;
+    // SAFETY: writing 8 bytes to our eventfd.
+    unsafe { libc::write(tee.stop, (&one as *const u64).cast(), 8) };
+    // The pump never blocks but in poll, which the eventfd ends.
+    if let Some(t) = lock(&THREADS).remove(&ctx) {
+        let _ = t.join();
+    }
+    // SAFETY: our own eventfd; the pump is gone.
+    unsafe { libc::close(tee.stop) };
+}
+
+/// Wait until `fd` is readable or `stop` is written (or `timeout_ms` passes); `None`
+/// when stopped or on an error other than an interruption.
+fn wait(fd: Option<RawFd>, stop: RawFd, timeout_ms: c_int) -> Option<bool> {
+    loop {
+        let mut fds = [
+            libc::pollfd {
+                fd: stop,
+                events: libc::POLLIN,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: fd.unwrap_or(-1),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        // SAFETY: two valid pollfd structs (a negative fd is ignored by poll).
+        let n = unsafe { libc::poll(fds.as_mut_ptr(), 2, timeout_ms) };
+        if n < 0 {
+            if std::io::Error::last_os_error().kind() == std::io::ErrorKind::Interrupted {
+                continue;
+            }
+            return None;
+        }
+        if fds[0].revents != 0 {
+            return None;
+        }
+        return Some(fds[1].revents != 0);
+    }
+}
+
+/// The tee's thread for one context: while the program does not read its events, take
+/// each one it left for [`GRACE`], for apm and kept for the program.
+fn pump(ctx: usize, async_fd: RawFd, stop: RawFd) {
+    let grace = c_int::try_from(GRACE.as_millis()).unwrap_or(10);
+    loop {
+        if wait(Some(async_fd), stop, -1) != Some(true) {
+            return;
+        }
+        if wait(None, stop, grace).is_none() {
+            return;
+        }
+        let taken = {
+            let mut state = lock(&STATE);
+            let State { tees, dying } = &mut *state;
+            let Some(tee) = tees.get_mut(&ctx) else {
+                return;
+            };
+            if tee.reader {
+                // The program reads its own events now: apm gets a copy of each.
+                return;
+            }
+            take_pending(tee, dying)
+        };
+        hand_over(ctx, taken);
+    }
+}
+
+/// Read every event pending on the tee's fd (non-blocking, the fd's mode put back
+/// after), keep each for the program, and return them for apm. Runs under the state's
+/// lock: the program's first `ibv_get_async_event` and every destroy wait for it.
+fn take_pending(tee: &mut Tee, dying: &Dying) -> Vec<Event> {
+    let fd = tee.async_fd;
+    // SAFETY: fcntl on the context's fd, which stays open while the tee exists.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Vec::new();
+    }
+    let flip = flags & libc::O_NONBLOCK == 0;
+    // SAFETY: as above; the program is not reading the fd (it never called
+    // ibv_get_async_event on it, and its first call waits for this lock).
+    if flip && unsafe { libc::fcntl(fd, libc::F_SETFL, flags | libc::O_NONBLOCK) } < 0 {
+        return Vec::new();
+    }
+    let mut taken = Vec::new();
+    loop {
+        let mut raw = RawEvent::default();
+        // SAFETY: reading at most 16 bytes into a 16-byte struct; non-blocking now.
+        let n = unsafe { libc::read(fd, (&mut raw as *mut RawEvent).cast(), EVENT_SIZE) };
+        if n != EVENT_SIZE as isize {
+            break;
+        }
+        let ev = Event {
+            event_type: raw.event_type,
+            element: raw.element,
+        };
+        if dying.hits(&ev) {
+            ack_for_program(ev.about());
+        } else if tee.held.push(ev) {
+            taken.push(ev);
+        } else {
+            ack_for_program(ev.about());
+            crate::report::note(
+                "the program does not read its async events: apm drops the ones beyond \
+                 65,536 it keeps for it",
+            );
+        }
+    }
+    if flip {
+        // SAFETY: putting back the flags read above.
+        unsafe { libc::fcntl(fd, libc::F_SETFL, flags) };
+    }
+    taken
+}
+
+/// Ack one event about `el` as the program would have (`ibv_ack_async_event`), so that
+/// libibverbs' destroy of that object finds its counts equal. The object is live: a
+/// destroy of it is in progress and waits for this ack, or the event was never the
+/// program's to see.
+fn ack_for_program(el: Element) {
+    let Element::Object(object, addr) = el else {
+        return;
+    };
+    let Some(ack) = crate::ffi::real_ack() else {
+        return;
+    };
+    let mut ev = sys::ibv_async_event {
+        element: element_union(object, addr),
+        // Any event type of the object's group picks the same counter.
+        event_type: match object {
+            Object::Cq => sys::IBV_EVENT_CQ_ERR,
+            Object::Qp => sys::IBV_EVENT_COMM_EST,
+            Object::Srq => sys::IBV_EVENT_SRQ_ERR,
+            Object::Wq => sys::IBV_EVENT_WQ_FATAL,
+        },
+    };
+    // SAFETY: the object is live (see above) and the event names it with a type of its
+    // group, which is all ibv_ack_async_event reads.
+    unsafe { ack(&mut ev) };
+}
+
+/// The element union of an event about `object` at `addr`.
+fn element_union(object: Object, addr: usize) -> sys::ibv_async_event__bindgen_ty_1 {
+    match object {
+        Object::Cq => sys::ibv_async_event__bindgen_ty_1 {
+            cq: addr as *mut sys::ibv_cq,
+        },
+        Object::Qp => sys::ibv_async_event__bindgen_ty_1 {
+            qp: addr as *mut sys::ibv_qp,
+        },
+        Object::Srq => sys::ibv_async_event__bindgen_ty_1 {
+            srq: addr as *mut sys::ibv_srq,
+        },
+        Object::Wq => sys::ibv_async_event__bindgen_ty_1 {
+            wq: addr as *mut sys::ibv_wq,
+        },
+    }
+}
+
+/// The program's `ibv_get_async_event` on a context with a tee: events apm kept for it
+/// come first (filled in as libibverbs fills them), then libibverbs' own (`real`) reads
+/// the kernel's queue as without apm, and apm gets a copy.
+///
+/// # Safety
+/// The caller's contract of `ibv_get_async_event`; `real` is libibverbs' function.
+pub unsafe fn get_event(
+    ctx: *mut sys::ibv_context,
+    event: *mut sys::ibv_async_event,
+    real: unsafe extern "C" fn(*mut sys::ibv_context, *mut sys::ibv_async_event) -> c_int,
+) -> c_int {
+    let kept = {
+        let mut state = lock(&STATE);
+        match state.tees.get_mut(&(ctx as usize)) {
+            Some(tee) => {
+                tee.reader = true;
+                tee.held.pop()
+            }
+            None => None,
+        }
+    };
+    if let (Some(ev), false) = (kept, event.is_null()) {
+        let element = match object_of(ev.event_type) {
+            Some(object) => element_union(object, usize::try_from(ev.element).unwrap_or(0)),
+            None => sys::ibv_async_event__bindgen_ty_1 {
+                port_num: c_int::try_from(ev.element).unwrap_or(0),
+            },
+        };
+        // SAFETY: a writable event per the contract.
+        unsafe {
+            (*event).element = element;
+            (*event).event_type = ev.event_type;
+        }
+        return 0;
+    }
+    // SAFETY: the caller's arguments.
+    let rc = unsafe { real(ctx, event) };
+    if rc == 0 && !event.is_null() {
+        // SAFETY: filled in by the successful call; the pointer member is read only for
+        // the types whose element is an object (the others carry a number).
+        let ev = unsafe {
+            let t = (*event).event_type;
+            Event {
+                event_type: t,
+                element: match object_of(t) {
+                    Some(_) => (*event).element.qp as usize as u64,
+                    None => u64::try_from((*event).element.port_num).unwrap_or(0),
+                },
+            }
+        };
+        hand_over(ctx as usize, [ev]);
+    }
+    rc
+}
+
+/// The program destroys the object at `addr` with `real` (its `ibv_destroy_*`): events
+/// about it that apm keeps for the program are removed and acked on its behalf first,
+/// and those read during the destroy are acked as they come.
+pub fn destroy(addr: usize, real: impl FnOnce() -> c_int) -> c_int {
+    let gone = {
+        let mut state = lock(&STATE);
+        if state.tees.is_empty() {
+            drop(state);
+            return real();
+        }
+        state.dying.begin(addr);
+        let mut gone = Vec::new();
+        for tee in state.tees.values_mut() {
+            gone.extend(tee.held.purge(addr));
+        }
+        gone
+    };
+    for ev in gone {
+        ack_for_program(ev.about());
+    }
+    let rc = real();
+    lock(&STATE).dying.end(addr);
+    rc
+}

@@ -1,0 +1,522 @@
+//! `cargo xtask bench failover` in the VM: one RC connection's traffic (`apm pingpong`,
+//! numbered messages both ways every 2 ms) under four protections, each through the same
+//! faults of the rail in use, repeated; one line `FAILOVER-BENCH key=value ...` per run, which
+//! xtask gathers into the table.
+//!
+//! - `apm`: software migration with liveness probes, rxe0 <-> rxe1 over the two VLAN
+//!   rails (one NIC, two GIDs).
+//! - `bond-miimon`: Linux bonding, active-backup, link monitoring every 10 ms, rxe on each
+//!   bond (two veth pairs, one per rail); the traffic on one unprotected QP.
+//! - `bond-arp`: the same with ARP monitoring (every 50 ms, each bond probing the
+//!   other's address), which also sees a silent cut.
+//! - `none`: the unprotected QP on rail 10 alone.
+//!
+//! Faults: the rail in use taken down (`ip link set ... down`), or cut silently (netem
+//! 100% loss both ways), for 2.5 s, then back. Per run: what became of the connection
+//! (`kept`: every message arrived once; `lost`: messages lost or the QP failed; `hung`:
+//! a side did not finish), the stall at the fault (last message before it to the first
+//! after, the longer side) and after the rail came back, lost and duplicated messages,
+//! failovers. A benchmark, not a test: it runs only with `APM_BENCH=1`.
+
+use super::child::Pingpong;
+use super::rails::{ip_quiet, rail_routes, setup_rails, sysctl, tc, wait_for_rail_gids};
+use super::*;
+
+/// The protections compared.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Variant {
+    Apm,
+    BondMiimon,
+    BondArp,
+    None,
+}
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Variant::Apm => "apm",
+            Variant::BondMiimon => "bond-miimon",
+            Variant::BondArp => "bond-arp",
+            Variant::None => "none",
+        }
+    }
+}
+
+/// The faults.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Fault {
+    LinkDown,
+    Silent,
+}
+
+impl Fault {
+    fn name(self) -> &'static str {
+        match self {
+            Fault::LinkDown => "link-down",
+            Fault::Silent => "silent-cut",
+        }
+    }
+}
+
+/// The bonds' addresses (one subnet: bonding keeps one address across its slaves).
+const BOND_A: &str = "10.0.30.1";
+const BOND_B: &str = "10.0.30.2";
+
+/// Make the bond layout: veth pairs vA1<->vB1 and vA2<->vB2 (rails 1 and 2), bondA and
+/// bondB active-backup over them with `monitor` (bonding's own options), rxe2 and rxe3
+/// on the bonds, and the routes that make the two local addresses talk over the wire.
+fn bonds_up(monitor: &[&str]) {
+    bonds_down();
+    for r in ["1", "2"] {
+        ip(&[
+            "link",
+            "add",
+            &format!("vA{r}"),
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &format!("vB{r}"),
+        ]);
+    }
+    for (bond, side, target) in [("bondA", "A", BOND_B), ("bondB", "B", BOND_A)] {
+        let mut args = vec!["link", "add", bond, "type", "bond", "mode", "active-backup"];
+        args.extend(monitor);
+        let with_target: Vec<String> = args
+            .iter()
+            .map(|a| {
+                if *a == "TARGET" {
+                    target.to_owned()
+                } else {
+                    (*a).to_owned()
+                }
+            })
+            .collect();
+        ip(&with_target.iter().map(String::as_str).collect::<Vec<_>>());
+        for r in ["1", "2"] {
+            ip(&["link", "set", &format!("v{side}{r}"), "master", bond]);
+        }
+        let addr = if side == "A" { BOND_A } else { BOND_B };
+        ip(&["addr", "add", &format!("{addr}/24"), "dev", bond]);
+        ip(&["link", "set", bond, "up"]);
+        for r in ["1", "2"] {
+            ip(&["link", "set", &format!("v{side}{r}"), "up"]);
+        }
+    }
+    for dev in ["bondA", "bondB", "vA1", "vA2", "vB1", "vB2"] {
+        sysctl(&format!("{dev}/rp_filter"), "0");
+        sysctl(&format!("{dev}/accept_local"), "1");
+    }
+    bond_routes();
+    for (dev, netdev) in [("rxe2", "bondA"), ("rxe3", "bondB")] {
+        let ok = std::process::Command::new("/usr/bin/rdma")
+            .args(["link", "add", dev, "type", "rxe", "netdev", netdev])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "rdma link add {dev} on {netdev}");
+    }
+    wait_gid("rxe2", BOND_A);
+    wait_gid("rxe3", BOND_B);
+}
+
+/// Routes through the bonds for locally sent packets to the other bond's address
+/// (dropped by a link going down; set again after). By destination, not source: the
+/// bonding ARP monitor looks its target up with no source address, and must find the
+/// bond, not the local table.
+fn bond_routes() {
+    for (dev, src, dst, table) in [
+        ("bondA", BOND_A, BOND_B, "130"),
+        ("bondB", BOND_B, BOND_A, "230"),
+    ] {
+        let _ = ip_quiet(&[
+            "route", "replace", dst, "dev", dev, "src", src, "table", table,
+        ]);
+        if !rule_to_present(dst, table) {
+            ip(&[
+                "rule", "add", "pref", "100", "to", dst, "iif", "lo", "lookup", table,
+            ]);
+        }
+    }
+}
+
+/// Whether the rule sending locally generated packets for `dst` to `table` is there.
+fn rule_to_present(dst: &str, table: &str) -> bool {
+    std::process::Command::new("/usr/bin/ip")
+        .args(["rule", "show"])
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout).lines().any(|l| {
+                l.contains(&format!("to {dst} ")) && l.contains(&format!("lookup {table}"))
+            })
+        })
+        .unwrap_or(false)
+}
+
+fn bonds_down() {
+    for dev in ["rxe2", "rxe3"] {
+        let _ = std::process::Command::new("/usr/bin/rdma")
+            .args(["link", "delete", dev])
+            .output();
+    }
+    for dev in ["bondA", "bondB", "vA1", "vA2"] {
+        let _ = ip_quiet(&["link", "del", dev]);
+    }
+}
+
+/// Wait until `dev` lists `addr` as a RoCE v2 GID.
+fn wait_gid(dev: &str, addr: &str) {
+    let ctx = verbs().open(dev).expect("open");
+    let ip: std::net::IpAddr = addr.parse().expect("ip");
+    let until = Instant::now() + Duration::from_secs(15);
+    while ctx
+        .find_gid(1, ip, GidType::RoceV2)
+        .ok()
+        .flatten()
+        .is_none()
+    {
+        assert!(
+            Instant::now() < until,
+            "{dev}: no GID for {addr} after 15 s"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The rail in use, as the two ends of it to cut (the active slaves for a bond).
+fn rail_in_use(v: Variant) -> [String; 2] {
+    match v {
+        Variant::Apm | Variant::None => ["vA.10".into(), "vB.10".into()],
+        Variant::BondMiimon | Variant::BondArp => {
+            let active = |bond: &str, default: &str| {
+                std::fs::read_to_string(format!("/sys/class/net/{bond}/bonding/active_slave"))
+                    .map(|s| s.trim().to_owned())
+                    .ok()
+                    .filter(|s| !s.is_empty())
+                    .unwrap_or_else(|| default.to_owned())
+            };
+            [active("bondA", "vA1"), active("bondB", "vB1")]
+        }
+    }
+}
+
+/// Put the fault on `ends`.
+fn cut(fault: Fault, ends: &[String; 2]) {
+    match fault {
+        Fault::LinkDown => ip(&["link", "set", &ends[0], "down"]),
+        Fault::Silent => {
+            for dev in ends {
+                tc(&["qdisc", "add", "dev", dev, "root", "netem", "loss", "100%"]);
+            }
+        }
+    }
+}
+
+/// Take the fault off `ends` and put back what a link going down drops (routes).
+fn heal(v: Variant, ends: &[String; 2]) {
+    for dev in ends {
+        let _ = std::process::Command::new("/usr/sbin/tc")
+            .args(["qdisc", "del", "dev", dev, "root"])
+            .output();
+        let _ = ip_quiet(&["link", "set", dev, "up"]);
+    }
+    match v {
+        Variant::Apm | Variant::None => {
+            for (vlan, a, b) in super::rails::RAILS {
+                rail_routes(vlan, a, b);
+            }
+        }
+        Variant::BondMiimon | Variant::BondArp => bond_routes(),
+    }
+}
+
+/// apm's probe interval (ms) and multiplier in the `apm` runs: `APM_BENCH_PROBE`
+/// (`INTERVAL,MULTIPLIER`), else apm's defaults.
+fn probe_setting() -> (u32, u8) {
+    let d = apm_core::probe::ProbePolicy::default();
+    std::env::var("APM_BENCH_PROBE")
+        .ok()
+        .and_then(|v| {
+            let (i, m) = v.split_once(',')?;
+            Some((i.trim().parse().ok()?, m.trim().parse().ok()?))
+        })
+        .unwrap_or((d.interval_ms, d.multiplier))
+}
+
+/// The `apm pingpong` arguments of each side: (server, client).
+fn sides(v: Variant, port: u16) -> (Vec<String>, Vec<String>) {
+    let listen = format!("127.0.0.1:{port}");
+    let (devs, rails): ([&str; 2], Vec<[&str; 2]>) = match v {
+        Variant::Apm => (
+            ["rxe1", "rxe0"],
+            vec![["10.0.10.2", "10.0.10.1"], ["10.0.20.2", "10.0.20.1"]],
+        ),
+        Variant::None => (["rxe1", "rxe0"], vec![["10.0.10.2", "10.0.10.1"]]),
+        Variant::BondMiimon | Variant::BondArp => (["rxe3", "rxe2"], vec![[BOND_B, BOND_A]]),
+    };
+    let mode: Vec<String> = if v == Variant::Apm {
+        let (interval, multiplier) = probe_setting();
+        [
+            "--mode",
+            "software",
+            "--probes",
+            "--probe-interval-ms",
+            &interval.to_string(),
+            "--probe-multiplier",
+            &multiplier.to_string(),
+        ]
+        .map(String::from)
+        .to_vec()
+    } else {
+        vec!["--mode".into(), "none".into()]
+    };
+    let common = [
+        "--json",
+        "--until-stdin-eof",
+        "--interval-ms",
+        "2",
+        "--drain-secs",
+        "3",
+        "--control",
+        "127.0.0.1:0",
+    ];
+    let build = |k: usize| -> Vec<String> {
+        let mut a: Vec<String> = vec!["--device".into(), devs[k].into()];
+        for r in &rails {
+            a.push("--rail".into());
+            a.push(r[k].into());
+        }
+        a.push(if k == 0 { "--listen" } else { "--connect" }.into());
+        a.push(listen.clone());
+        a.extend(mode.iter().cloned());
+        a.extend(common.iter().map(|s| (*s).to_owned()));
+        a
+    };
+    (build(0), build(1))
+}
+
+/// One side's report, or `None` when it did not finish (hung, killed); the side's last
+/// lines are printed when it gave no report.
+fn finish(p: Pingpong, limit: Duration) -> Option<serde_json::Value> {
+    let name = p.0.name;
+    let (report, log) = finish_logged(p, limit);
+    if report.is_none() {
+        let tail = &log[log.len().saturating_sub(12)..];
+        println!(
+            "  {name} gave no report; its last lines:\n    {}",
+            tail.join("\n    ")
+        );
+    }
+    report
+}
+
+fn finish_logged(mut p: Pingpong, limit: Duration) -> (Option<serde_json::Value>, Vec<String>) {
+    p.stop();
+    let until = Instant::now() + limit;
+    loop {
+        while let Ok(l) = p.0.lines.try_recv() {
+            p.0.log.push(l);
+        }
+        match p.0.child.try_wait() {
+            Ok(Some(_)) => break,
+            _ if Instant::now() > until => {
+                let _ = p.0.child.kill();
+                let _ = p.0.child.wait();
+                p.0.log.push("(killed: no exit in time)".into());
+                return (None, std::mem::take(&mut p.0.log));
+            }
+            _ => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    let log = std::mem::take(&mut p.0.log);
+    let Ok(out) = p.0.child.wait_with_output() else {
+        return (None, log);
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    (
+        serde_json::from_str(text.lines().last().unwrap_or("")).ok(),
+        log,
+    )
+}
+
+/// The longest stall of one side's report (times in its own clock) that ends after
+/// `from_ms` and begins before `to_ms`: the fault's (from the fault to the rail's return),
+/// or the return's (from the return on). A pingpong records a stall as the time of the
+/// last arrival before it and its length (only those over 100 ms).
+fn longest_stall_in(report: &serde_json::Value, from_ms: f64, to_ms: f64) -> Option<f64> {
+    report["stalls"]
+        .as_array()?
+        .iter()
+        .filter_map(|s| Some((s["at_ms"].as_f64()?, s["ms"].as_f64()?)))
+        .filter(|(at, ms)| at + ms > from_ms && *at < to_ms)
+        .map(|(_, ms)| ms)
+        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
+}
+
+/// `apm pingpong`'s arguments as the child helper takes them.
+fn argv(a: &[String]) -> Vec<&str> {
+    a.iter().map(String::as_str).collect()
+}
+
+/// One run: start the pair, cut the rail in use, heal it, stop; the record as
+/// `key=value` words (xtask reads them).
+fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
+    let (server, client) = sides(v, port);
+    let t0 = Instant::now();
+    let mut s = Pingpong::start(apm, "server", &argv(&server));
+    std::thread::sleep(Duration::from_millis(300));
+    let mut c = Pingpong::start(apm, "client", &argv(&client));
+    let ready = if v == Variant::Apm {
+        "software migration mode"
+    } else {
+        "unprotected mode"
+    };
+    c.0.wait_for(ready, Duration::from_secs(60));
+    s.0.wait_for("qpn", Duration::from_secs(30));
+    if v == Variant::Apm {
+        // Protected on both sides before the fault.
+        c.0.wait_for("protected", Duration::from_secs(30));
+    }
+    std::thread::sleep(Duration::from_millis(1500));
+    let ends = rail_in_use(v);
+    let fault_ms = t0.elapsed().as_secs_f64() * 1e3;
+    cut(fault, &ends);
+    std::thread::sleep(Duration::from_millis(2500));
+    heal(v, &ends);
+    let heal_ms = t0.elapsed().as_secs_f64() * 1e3;
+    std::thread::sleep(Duration::from_millis(2500));
+    let (rc, rs) = (
+        finish(c, Duration::from_secs(20)),
+        finish(s, Duration::from_secs(20)),
+    );
+    heal(v, &ends);
+    let reports = [rc, rs];
+    // Kept: every message arrived once on both sides, and traffic still flowed after the
+    // rail came back (a connection that died stops arriving at the fault). Each report's
+    // times count from its own start: the client's ~0.3 s after t0.
+    let offset = |k: usize| if k == 0 { 300.0 } else { 0.0 };
+    // Why a side does not count as kept (empty: it does).
+    let why_not = |k: usize, r: &serde_json::Value| -> String {
+        let mut why = Vec::new();
+        if r["lost"].as_u64() != Some(0) {
+            why.push(format!("lost {}", r["lost"]));
+        }
+        if r["duplicated"].as_u64() != Some(0) {
+            why.push(format!("duplicated {}", r["duplicated"]));
+        }
+        let last = r["last_arrival_ms"].as_f64().map(|t| t + offset(k));
+        if last.is_none_or(|t| t <= heal_ms) {
+            why.push(format!(
+                "last arrival {last:?} ms, rail back at {heal_ms:.0} ms"
+            ));
+        }
+        why.join(", ")
+    };
+    let whys: Vec<String> = reports
+        .iter()
+        .enumerate()
+        .filter_map(|(k, r)| Some(why_not(k, r.as_ref()?)))
+        .filter(|w| !w.is_empty())
+        .collect();
+    let outcome = if reports.iter().any(Option::is_none) {
+        "hung"
+    } else if whys.is_empty() {
+        "kept"
+    } else {
+        println!("  not kept: {}", whys.join("; "));
+        "lost"
+    };
+    for r in reports.iter().flatten() {
+        println!("FAILOVER-BENCH-DETAIL {r}");
+    }
+    let sum = |k: &str| {
+        reports
+            .iter()
+            .flatten()
+            .filter_map(|r| r[k].as_u64())
+            .sum::<u64>()
+    };
+    // The longer side's stall in a window of the test's clock.
+    let worst = |from: f64, to: f64| {
+        reports
+            .iter()
+            .enumerate()
+            .filter_map(|(k, r)| longest_stall_in(r.as_ref()?, from - offset(k), to - offset(k)))
+            .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
+    };
+    let kept = outcome == "kept";
+    // The fault's stall began at most a message interval before it; anything that began
+    // after the rail came back is the return's.
+    let stall = if kept {
+        worst(fault_ms - 10.0, heal_ms)
+    } else {
+        None
+    };
+    let after_heal = if kept {
+        worst(heal_ms, f64::MAX).unwrap_or(0.0)
+    } else {
+        0.0
+    };
+    let ms = |x: Option<f64>| x.map_or("-".to_owned(), |x| format!("{x:.1}"));
+    format!(
+        "variant={} fault={} rep={rep} outcome={outcome} stall_ms={} heal_stall_ms={:.1} \
+         lost={} duplicated={} failovers={}",
+        v.name(),
+        fault.name(),
+        ms(stall),
+        after_heal,
+        sum("lost"),
+        sum("duplicated"),
+        sum("failovers")
+    )
+}
+
+#[test]
+#[ignore = "needs RDMA devices: run `cargo xtask bench failover`"]
+fn bench_failover() {
+    if std::env::var("APM_BENCH").as_deref() != Ok("1") {
+        println!("SKIPPED: a benchmark: `cargo xtask bench failover` runs it");
+        return;
+    }
+    let (apm, v) = match super::pingpong_cuts::prerequisites() {
+        Ok(p) => p,
+        Err(why) => return println!("SKIPPED bench_failover: {why}"),
+    };
+    let reps: u32 = std::env::var("APM_BENCH_REPS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(10);
+    let (interval, multiplier) = probe_setting();
+    println!("FAILOVER-BENCH-SETTING probe_interval_ms={interval} probe_multiplier={multiplier}");
+    let mut port = 18700;
+    for variant in [
+        Variant::Apm,
+        Variant::None,
+        Variant::BondMiimon,
+        Variant::BondArp,
+    ] {
+        match variant {
+            Variant::Apm | Variant::None => {
+                bonds_down();
+                setup_rails();
+                wait_for_rail_gids(&v);
+            }
+            Variant::BondMiimon => bonds_up(&["miimon", "10"]),
+            Variant::BondArp => bonds_up(&[
+                "arp_interval",
+                "50",
+                "arp_ip_target",
+                "TARGET",
+                "arp_validate",
+                "all",
+            ]),
+        }
+        for fault in [Fault::LinkDown, Fault::Silent] {
+            for rep in 0..reps {
+                port += 1;
+                let record = one_run(&apm, variant, fault, rep, port);
+                println!("FAILOVER-BENCH {record}");
+            }
+        }
+    }
+    bonds_down();
+}

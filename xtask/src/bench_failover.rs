@@ -1,0 +1,266 @@
+//! `cargo xtask bench failover [--reps N] [--probe MS,N] [--json]`: apm against Linux bonding and no
+//! protection on real rxe in the VM (`provider-verbs/tests/hw/bench_failover.rs` runs
+//! the traffic and the faults there and prints one `FAILOVER-BENCH key=value ...` line
+//! per run); this gathers the runs into one row per protection and fault: what became
+//! of the connections, the stall at the fault (min / median / max over the runs that kept
+//! the connection), the stall after the rail came back, messages lost and duplicated.
+
+use anyhow::{bail, Context, Result};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+
+/// One run, as the guest printed it.
+#[derive(Debug, Clone, PartialEq)]
+struct Run {
+    variant: String,
+    fault: String,
+    outcome: String,
+    stall_ms: Option<f64>,
+    heal_stall_ms: f64,
+    lost: u64,
+    duplicated: u64,
+    failovers: u64,
+}
+
+fn parse(line: &str) -> Option<Run> {
+    let rest = line.trim().strip_prefix("FAILOVER-BENCH ")?;
+    let kv: BTreeMap<&str, &str> = rest
+        .split_whitespace()
+        .filter_map(|w| w.split_once('='))
+        .collect();
+    let num = |k: &str| kv.get(k).and_then(|v| v.parse::<u64>().ok());
+    Some(Run {
+        variant: (*kv.get("variant")?).to_owned(),
+        fault: (*kv.get("fault")?).to_owned(),
+        outcome: (*kv.get("outcome")?).to_owned(),
+        stall_ms: kv.get("stall_ms").and_then(|v| v.parse().ok()),
+        heal_stall_ms: kv
+            .get("heal_stall_ms")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0.0),
+        lost: num("lost")?,
+        duplicated: num("duplicated")?,
+        failovers: num("failovers")?,
+    })
+}
+
+/// One row of the table: a protection under one fault.
+#[derive(Debug, Clone, PartialEq)]
+struct Row {
+    variant: String,
+    fault: String,
+    runs: usize,
+    kept: usize,
+    lost_conns: usize,
+    hung: usize,
+    /// Stall at the fault over the kept runs: min, median, max.
+    stall: Option<(f64, f64, f64)>,
+    heal_stall_median: Option<f64>,
+    lost: u64,
+    duplicated: u64,
+    failovers: u64,
+}
+
+fn median(v: &mut [f64]) -> Option<f64> {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    match n {
+        0 => None,
+        _ if n % 2 == 1 => Some(v[n / 2]),
+        _ => Some((v[n / 2 - 1] + v[n / 2]) / 2.0),
+    }
+}
+
+fn rows(runs: &[Run]) -> Vec<Row> {
+    let mut order: Vec<(String, String)> = Vec::new();
+    for r in runs {
+        let key = (r.variant.clone(), r.fault.clone());
+        if !order.contains(&key) {
+            order.push(key);
+        }
+    }
+    order
+        .into_iter()
+        .map(|(variant, fault)| {
+            let mine: Vec<&Run> = runs
+                .iter()
+                .filter(|r| r.variant == variant && r.fault == fault)
+                .collect();
+            let count = |o: &str| mine.iter().filter(|r| r.outcome == o).count();
+            let kept: Vec<&&Run> = mine.iter().filter(|r| r.outcome == "kept").collect();
+            let mut stalls: Vec<f64> = kept.iter().filter_map(|r| r.stall_ms).collect();
+            let stall = median(&mut stalls).map(|m| (stalls[0], m, stalls[stalls.len() - 1]));
+            let mut heal: Vec<f64> = kept.iter().map(|r| r.heal_stall_ms).collect();
+            Row {
+                runs: mine.len(),
+                kept: kept.len(),
+                lost_conns: count("lost"),
+                hung: count("hung"),
+                stall,
+                heal_stall_median: median(&mut heal),
+                lost: mine.iter().map(|r| r.lost).sum(),
+                duplicated: mine.iter().map(|r| r.duplicated).sum(),
+                failovers: mine.iter().map(|r| r.failovers).sum(),
+                variant,
+                fault,
+            }
+        })
+        .collect()
+}
+
+fn table(rows: &[Row]) -> String {
+    let mut out = format!(
+        "{:<12} {:<11} {:>18} {:>24} {:>12} {:>9} {:>9}\n",
+        "protection",
+        "fault",
+        "kept/lost/hung",
+        "stall ms min/med/max",
+        "back: med",
+        "msgs lost",
+        "dup"
+    );
+    for r in rows {
+        let stall = r.stall.map_or("-".to_owned(), |(a, m, b)| {
+            format!("{a:.0} / {m:.0} / {b:.0}")
+        });
+        let heal = r
+            .heal_stall_median
+            .map_or("-".to_owned(), |m| format!("{m:.0}"));
+        let _ = writeln!(
+            out,
+            "{:<12} {:<11} {:>18} {:>24} {:>12} {:>9} {:>9}",
+            r.variant,
+            r.fault,
+            format!("{}/{}/{} of {}", r.kept, r.lost_conns, r.hung, r.runs),
+            stall,
+            heal,
+            r.lost,
+            r.duplicated
+        );
+    }
+    out
+}
+
+fn json(rows: &[Row]) -> String {
+    let num = |x: Option<f64>| x.map_or("null".to_owned(), |x| format!("{x:.1}"));
+    let items: Vec<String> = rows
+        .iter()
+        .map(|r| {
+            format!(
+                "{{\"protection\":\"{}\",\"fault\":\"{}\",\"runs\":{},\"kept\":{},\"lost\":{},\
+                 \"hung\":{},\"stall_ms\":{{\"min\":{},\"median\":{},\"max\":{}}},\
+                 \"stall_after_return_ms_median\":{},\"messages_lost\":{},\
+                 \"messages_duplicated\":{},\"failovers\":{}}}",
+                r.variant,
+                r.fault,
+                r.runs,
+                r.kept,
+                r.lost_conns,
+                r.hung,
+                num(r.stall.map(|s| s.0)),
+                num(r.stall.map(|s| s.1)),
+                num(r.stall.map(|s| s.2)),
+                num(r.heal_stall_median),
+                r.lost,
+                r.duplicated,
+                r.failovers
+            )
+        })
+        .collect();
+    format!("[{}]", items.join(","))
+}
+
+/// Run the benchmark in the VM and print its table (or JSON).
+pub fn main(args: &[String]) -> Result<()> {
+    let mut reps = 10u32;
+    let mut as_json = false;
+    let mut probe: Option<String> = None;
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "--reps" => {
+                reps = it
+                    .next()
+                    .context("--reps needs a number")?
+                    .parse()
+                    .context("--reps N")?;
+            }
+            "--json" => as_json = true,
+            "--probe" => {
+                probe = Some(
+                    it.next()
+                        .context("--probe needs INTERVAL_MS,MULTIPLIER")?
+                        .clone(),
+                );
+            }
+            other => bail!(
+                "unknown `bench failover` argument {other:?} (--reps N, --probe MS,N, --json)"
+            ),
+        }
+    }
+    let out = std::env::current_dir()?.join("target/vm/bench-failover.out");
+    let mut vm = vec![
+        "--vm".to_owned(),
+        "--timeout".to_owned(),
+        "3600".to_owned(),
+        "--filter".to_owned(),
+        "bench_failover".to_owned(),
+        "--env".to_owned(),
+        "APM_BENCH=1".to_owned(),
+        "--env".to_owned(),
+        format!("APM_BENCH_REPS={reps}"),
+    ];
+    if let Some(p) = probe {
+        vm.extend(["--env".to_owned(), format!("APM_BENCH_PROBE={p}")]);
+    }
+    std::env::set_var("APM_VM_OUTPUT", &out);
+    crate::hwtest::main(&vm)?;
+    let text =
+        std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
+    let runs: Vec<Run> = text.lines().filter_map(parse).collect();
+    if runs.is_empty() {
+        bail!("the VM printed no FAILOVER-BENCH line (see its output above)");
+    }
+    let rows = rows(&runs);
+    if as_json {
+        println!("{}", json(&rows));
+    } else {
+        println!(
+            "failover in the VM (rxe, qemu TCG), {reps} runs per row:\n{}",
+            table(&rows)
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_gather_into_rows_with_medians_over_the_kept_ones() {
+        let lines = "noise\n\
+            FAILOVER-BENCH variant=apm fault=link-down rep=0 outcome=kept stall_ms=40.0 heal_stall_ms=0.0 lost=0 duplicated=0 failovers=2\n\
+            FAILOVER-BENCH variant=apm fault=link-down rep=1 outcome=kept stall_ms=60.0 heal_stall_ms=10.0 lost=0 duplicated=0 failovers=2\n\
+            FAILOVER-BENCH variant=apm fault=link-down rep=2 outcome=kept stall_ms=50.0 heal_stall_ms=0.0 lost=0 duplicated=0 failovers=2\n\
+            FAILOVER-BENCH variant=none fault=link-down rep=0 outcome=lost stall_ms=- heal_stall_ms=0.0 lost=900 duplicated=0 failovers=0\n";
+        let runs: Vec<Run> = lines.lines().filter_map(parse).collect();
+        assert_eq!(runs.len(), 4);
+        let r = rows(&runs);
+        assert_eq!(r.len(), 2);
+        assert_eq!((r[0].kept, r[0].runs), (3, 3));
+        assert_eq!(r[0].stall, Some((40.0, 50.0, 60.0)));
+        assert_eq!(r[1].lost_conns, 1);
+        assert_eq!(r[1].stall, None);
+        let t = table(&r);
+        assert!(
+            t.contains("3/0/0 of 3") && t.contains("40 / 50 / 60"),
+            "{t}"
+        );
+        let j = json(&r);
+        assert!(
+            j.contains("\"median\":50.0") && j.contains("\"messages_lost\":900"),
+            "{j}"
+        );
+    }
+}
