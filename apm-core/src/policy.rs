@@ -73,6 +73,19 @@ pub struct Policy {
     pub remote_recheck_ms: u64,
     /// The longest interval between those checks. Default 60 000 ms.
     pub remote_recheck_max_ms: u64,
+    /// At most this many SA requests (PathRecord queries, rechecks, subscriptions)
+    /// outstanding at once; the others wait in order. The window halves when a
+    /// request times out and grows back by one with each answer, up to this: pacing
+    /// under the SA's back-pressure (a loaded OpenSM answers late, and a client that
+    /// resends puts a second copy in the queue it waits in). 0: no limit, every
+    /// request goes out at once. Default 0; a fabric of thousands of hosts wants a
+    /// few (the simulator's 4,096-host scenario runs 8).
+    pub sa_max_outstanding: usize,
+    /// With `sa_max_outstanding`: the first SA request after a quiet spell waits up to
+    /// this long, a pseudo-random delay drawn from the host's port GUID, so that hosts
+    /// told of one failure at the same instant do not all ask in the same
+    /// millisecond. Default 0.
+    pub sa_jitter_ms: u64,
     /// What a LAP from a source that is not the connection's peer gets. Default reject.
     pub unexpected_lap: UnexpectedLap,
     /// Hardware APM: an alternate is loaded with a local ACK timeout this many steps
@@ -121,6 +134,8 @@ impl Default for Policy {
             forced_event_grace_ms: 100,
             remote_recheck_ms: 5000,
             remote_recheck_max_ms: 60_000,
+            sa_max_outstanding: 0,
+            sa_jitter_ms: 0,
             unexpected_lap: UnexpectedLap::Reject,
             alternate_timeout_boost: 2,
             probe: ProbePolicy::default(),
@@ -146,8 +161,15 @@ pub enum PolicyError {
 }
 
 impl Policy {
-    /// Check the settings against their ranges.
+    /// Check the settings against their ranges: the first setting out of its range.
     pub fn validate(&self) -> Result<(), PolicyError> {
+        self.problems().into_iter().next().map_or(Ok(()), Err)
+    }
+
+    /// Every setting out of its range, in [`Policy::validate`]'s order (a reader of a
+    /// file reports them all at once).
+    pub fn problems(&self) -> Vec<PolicyError> {
+        let mut out = Vec::new();
         let nonzero: [(&'static str, u64); 6] = [
             ("lap_timeout_ms", self.lap_timeout_ms),
             ("lap_max_tries", u64::from(self.lap_max_tries)),
@@ -158,7 +180,7 @@ impl Policy {
         ];
         for (field, value) in nonzero {
             if value == 0 {
-                return Err(PolicyError::OutOfRange {
+                out.push(PolicyError::OutOfRange {
                     field,
                     value,
                     why: "must be at least 1",
@@ -166,45 +188,87 @@ impl Policy {
             }
         }
         if self.rearm_retry_max_ms < self.rearm_retry_ms {
-            return Err(PolicyError::OutOfRange {
+            out.push(PolicyError::OutOfRange {
                 field: "rearm_retry_max_ms",
                 value: self.rearm_retry_max_ms,
                 why: "must be at least rearm_retry_ms",
             });
         }
         if self.hold_down_max_ms < self.hold_down_base_ms {
-            return Err(PolicyError::OutOfRange {
+            out.push(PolicyError::OutOfRange {
                 field: "hold_down_max_ms",
                 value: self.hold_down_max_ms,
                 why: "must be at least hold_down_base_ms",
             });
         }
         if self.remote_recheck_ms > 0 && self.remote_recheck_max_ms < self.remote_recheck_ms {
-            return Err(PolicyError::OutOfRange {
+            out.push(PolicyError::OutOfRange {
                 field: "remote_recheck_max_ms",
                 value: self.remote_recheck_max_ms,
                 why: "must be at least remote_recheck_ms",
             });
         }
-        self.probe.validate()?;
+        if self.sa_jitter_ms > 60_000 {
+            out.push(PolicyError::OutOfRange {
+                field: "sa_jitter_ms",
+                value: self.sa_jitter_ms,
+                why: "at most 60000: a minute's delay before asking the SA helps nobody",
+            });
+        }
+        if self.sa_max_outstanding > 65_536 {
+            out.push(PolicyError::OutOfRange {
+                field: "sa_max_outstanding",
+                value: self.sa_max_outstanding as u64,
+                why: "at most 65536 (0 for no limit)",
+            });
+        }
+        out.extend(self.probe.problems());
         if self.alternate_timeout_boost > 8 {
-            return Err(PolicyError::OutOfRange {
+            out.push(PolicyError::OutOfRange {
                 field: "alternate_timeout_boost",
                 value: u64::from(self.alternate_timeout_boost),
                 why: "more than 8 steps multiplies the retry budget by over 256",
             });
         }
         if self.lap_max_tries > 32 {
-            return Err(PolicyError::OutOfRange {
+            out.push(PolicyError::OutOfRange {
                 field: "lap_max_tries",
                 value: u64::from(self.lap_max_tries),
                 why: "more than 32 tries would back off for years",
             });
         }
-        Ok(())
+        out
     }
 
     pub(crate) fn ms(v: u64) -> Duration {
         Duration::from_millis(v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn problems_lists_every_setting_out_of_range_and_validate_the_first() {
+        assert_eq!(Policy::default().problems(), Vec::new());
+        let mut p = Policy {
+            lap_timeout_ms: 0,
+            sa_jitter_ms: 60_001,
+            ..Policy::default()
+        };
+        p.probe.multiplier = 0;
+        let fields: Vec<&str> = p
+            .problems()
+            .into_iter()
+            .map(|e| match e {
+                PolicyError::OutOfRange { field, .. } => field,
+            })
+            .collect();
+        assert_eq!(
+            fields,
+            ["lap_timeout_ms", "sa_jitter_ms", "probe.multiplier"]
+        );
+        assert_eq!(p.validate(), Err(p.problems().swap_remove(0)));
     }
 }

@@ -41,7 +41,13 @@ pub fn render(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
         })
         .unwrap_or_default();
     let key_top = TOP + reports.len() as f64 * (PANEL_H + GAP) + 10.0;
-    let height = key_top + faults.len() as f64 * 16.0 + 20.0;
+    // Under the key: what each event cost the SMs and SAs, per policy.
+    let load: Vec<String> = reports
+        .iter()
+        .flat_map(super::sim_events::svg_lines)
+        .collect();
+    let load_top = key_top + faults.len() as f64 * 16.0 + 24.0;
+    let height = load_top + load.len() as f64 * 14.0 + 20.0;
     let dur = scenario.duration_ms.max(1) as f64;
     let mut o = String::new();
     let _ = writeln!(
@@ -73,6 +79,19 @@ pub fn render(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
             n + 1,
             t,
             esc(text)
+        );
+    }
+    let _ = writeln!(
+        o,
+        r#"<text x="{LEFT}" y="{:.1}" font-weight="bold">What each failure event cost the SMs and SAs</text>"#,
+        load_top
+    );
+    for (n, line) in load.iter().enumerate() {
+        let _ = writeln!(
+            o,
+            r#"<text x="{LEFT}" y="{:.1}" font-size="11">{}</text>"#,
+            load_top + 14.0 + n as f64 * 14.0,
+            esc(line)
         );
     }
     o.push_str("</svg>\n");

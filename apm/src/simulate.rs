@@ -7,6 +7,8 @@
 //! the same scenario and seed; they run on separate threads and print in a fixed order,
 //! so the output is the same whatever the machine.
 
+#[path = "sim_events.rs"]
+mod sim_events;
 #[path = "sim_svg.rs"]
 mod sim_svg;
 #[path = "sim_sweep.rs"]
@@ -21,6 +23,7 @@ use serde::Serialize;
 use std::collections::BTreeMap;
 use std::io::IsTerminal;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Arguments of `apm simulate`.
 #[derive(Debug, clap::Args)]
@@ -60,12 +63,10 @@ pub struct Args {
     /// Write a plot of connection states over time, per policy.
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
-    /// Policies to run, comma-separated (apm, hw-only, reload-local).
-    #[arg(
-        long,
-        value_delimiter = ',',
-        default_value = "apm,hw-only,reload-local"
-    )]
+    /// Policies to run, comma-separated: apm, hw-only, reload-local, and the naive
+    /// ways of using the SA apm is compared with at scale, apm-wildcard and
+    /// per-conn-sa. Default: the scenario's `policies`, or apm,hw-only,reload-local.
+    #[arg(long, value_delimiter = ',', value_name = "NAMES")]
     policies: Vec<String>,
     /// Let the simulated hosts' engines log through `--log` (off by default: thousands
     /// of engines warning about the faults the scenario injects drown the report).
@@ -100,6 +101,8 @@ struct JsonPolicy {
     armed_disjoint_at_end: u64,
     sa_queries: u64,
     mads_sent: u64,
+    /// What each failure event cost the SMs and SAs (the first entry: before any).
+    failure_events: Vec<sim_events::JsonEvent>,
 }
 
 /// Percentiles; all `null` when there was nothing to measure.
@@ -148,6 +151,7 @@ fn scenario(args: &Args) -> anyhow::Result<Scenario> {
     };
     if let Some(n) = args.connections {
         s.workload.connections = n;
+        s.workload.connections_per_host = None;
     }
     if let Some(n) = args.hosts {
         s.topology.hosts = n;
@@ -165,51 +169,38 @@ pub fn run_all(
     progress: Option<&indicatif::ProgressBar>,
     engine_logs: bool,
 ) -> anyhow::Result<Vec<RunReport>> {
-    // Build first so that errors surface before any thread starts. Building a large
-    // workload takes a while of its own: the bar says so rather than sit at 0%.
-    let mut sims = Vec::new();
+    // What can be refused is refused before any thread starts.
+    scenario.validate()?;
+    scenario.engine_policy().validate()?;
+    // No more simulations at once than cores: a run of a million connections holds a
+    // gigabyte or two, and more threads than cores only share the same cores.
+    let workers = std::thread::available_parallelism()
+        .map_or(2, |n| n.get())
+        .clamp(1, policies.len().max(1));
+    let next = AtomicUsize::new(0);
+    // The bar's own message, put back after a build says what it is building.
     let shown = progress.map(|b| b.message());
-    for (i, &p) in policies.iter().enumerate() {
-        if let Some(b) = progress {
-            b.set_message(format!(
-                "(building {} connections for {}, {}/{})",
-                scenario.workload.connections,
-                p.name(),
-                i + 1,
-                policies.len()
-            ));
-        }
-        let mut cfg = RunConfig::new(p, seed);
-        // The checks are cheap; a violation in a user's scenario is worth showing.
-        cfg.check = true;
-        let sim = Sim::new(scenario, cfg)?;
-        sims.push(sim);
-    }
-    if let (Some(b), Some(m)) = (progress, shown) {
-        b.set_message(m);
-    }
-    let reports = std::thread::scope(|scope| {
-        let handles: Vec<_> = sims
-            .into_iter()
-            .map(|sim| {
-                let bar = progress.cloned();
-                scope.spawn(move || {
-                    let mut last = 0u64;
-                    let run = move || {
-                        sim.run_with_progress(50, |t| {
-                            let ms = t.as_nanos() / 1_000_000;
-                            if let Some(b) = &bar {
-                                b.inc(ms.saturating_sub(last));
-                            }
-                            last = ms;
-                        })
-                    };
-                    if engine_logs {
-                        run()
-                    } else {
-                        let quiet = tracing::subscriber::NoSubscriber::default();
-                        tracing::subscriber::with_default(quiet, run)
+    let progress = progress.zip(shown.as_deref());
+    let mut done: Vec<(usize, anyhow::Result<RunReport>)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..workers)
+            .map(|_| {
+                scope.spawn(|| {
+                    let mut out = Vec::new();
+                    loop {
+                        let i = next.fetch_add(1, Ordering::Relaxed);
+                        let Some(&p) = policies.get(i) else {
+                            break;
+                        };
+                        let run = || run_one(scenario, seed, p, (i + 1, policies.len()), progress);
+                        let report = if engine_logs {
+                            run()
+                        } else {
+                            let quiet = tracing::subscriber::NoSubscriber::default();
+                            tracing::subscriber::with_default(quiet, run)
+                        };
+                        out.push((i, report));
                     }
+                    out
                 })
             })
             .collect();
@@ -219,9 +210,57 @@ pub fn run_all(
                 h.join()
                     .map_err(|_| anyhow::anyhow!("a simulation thread panicked"))
             })
-            .collect::<anyhow::Result<Vec<RunReport>>>()
+            .collect::<anyhow::Result<Vec<_>>>()
+            .map(|v| v.into_iter().flatten().collect())
     })?;
+    done.sort_by_key(|(i, _)| *i);
+    let reports = done
+        .into_iter()
+        .map(|(_, r)| r)
+        .collect::<anyhow::Result<Vec<RunReport>>>()?;
     Ok(reports)
+}
+
+/// One policy's run of `scenario` (the `nth` of `of`), telling `progress` as simulated
+/// time passes; `progress` carries the bar's own message, put back after the build.
+fn run_one(
+    scenario: &Scenario,
+    seed: u64,
+    policy: PolicyKind,
+    (nth, of): (usize, usize),
+    progress: Option<(&indicatif::ProgressBar, &str)>,
+) -> anyhow::Result<RunReport> {
+    let mut cfg = RunConfig::for_scenario(scenario, policy, seed);
+    // The checks are cheap; a violation in a user's scenario is worth showing.
+    cfg.check = true;
+    // Building a large workload takes a while of its own: the bar says so rather than
+    // sit at 0%. Another worker may be building too: the last to finish puts back the
+    // bar's own message.
+    let building = format!(
+        "(building {} connections for {}, {}/{})",
+        scenario.workload.connections,
+        policy.name(),
+        nth,
+        of
+    );
+    if let Some((b, _)) = progress {
+        b.set_message(building.clone());
+    }
+    let sim = Sim::new(scenario, cfg);
+    if let Some((b, shown)) = progress {
+        if b.message() == building {
+            b.set_message(shown.to_owned());
+        }
+    }
+    let sim = sim?;
+    let mut last = 0u64;
+    Ok(sim.run_with_progress(50, |t| {
+        let ms = t.as_nanos() / 1_000_000;
+        if let Some((b, _)) = progress {
+            b.inc(ms.saturating_sub(last));
+        }
+        last = ms;
+    }))
 }
 
 fn family(name: &str) -> anyhow::Result<Family> {
@@ -300,8 +339,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         match PolicyKind::from_name(name.trim()) {
             Some(p) if !policies.contains(&p) => policies.push(p),
             Some(_) => {}
-            None => bail!("unknown policy {name:?} (use apm, hw-only, reload-local)"),
+            None => bail!(
+                "unknown policy {name:?} (use apm, hw-only, reload-local, apm-wildcard, \
+                 per-conn-sa)"
+            ),
         }
+    }
+    if args.policies.is_empty() {
+        policies = scenario.run_policies()?;
     }
     if policies.is_empty() {
         bail!("no policy to run");
@@ -376,14 +421,22 @@ fn json_doc(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> JsonDoc {
                         armed_disjoint_at_end: r.end_armed_disjoint,
                         sa_queries: r.sa_queries,
                         mads_sent: r.mads_sent,
+                        failure_events: r
+                            .failure_events
+                            .iter()
+                            .map(sim_events::JsonEvent::of)
+                            .collect(),
                     },
                 )
             })
             .collect(),
-        dominance: (reports.len() == PolicyKind::ALL.len()).then(|| JsonDominance {
-            violations: compare::dominance_violations(reports),
-            findings: compare::findings(reports),
-        }),
+        dominance: PolicyKind::ALL
+            .iter()
+            .all(|k| reports.iter().any(|r| r.policy == k.name()))
+            .then(|| JsonDominance {
+                violations: compare::dominance_violations(reports),
+                findings: compare::findings(reports),
+            }),
     }
 }
 
@@ -446,7 +499,8 @@ pub fn table(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
     for (name, f) in rows {
         let _ = write!(o, "{name:<30}");
         for r in reports {
-            let _ = write!(o, "{:>18}", f(r));
+            // A space before each, so that values wider than the column stay apart.
+            let _ = write!(o, " {:>17}", f(r));
         }
         o.push('\n');
     }
@@ -476,6 +530,7 @@ pub fn table(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
         }
         o.push('\n');
     }
+    o.push_str(&sim_events::section(reports));
     let viol: usize = reports.iter().map(|r| r.violations.len()).sum();
     if viol > 0 {
         let _ = writeln!(o, "\n{viol} invariant violation(s):");

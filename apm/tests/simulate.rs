@@ -43,6 +43,7 @@ fn json_has_exactly_the_fields_and_is_deterministic() {
                 "armed_shared_port_ms_total",
                 "connections",
                 "failovers",
+                "failure_events",
                 "lost",
                 "lost_ids",
                 "lost_in_outage",
@@ -66,6 +67,27 @@ fn json_has_exactly_the_fields_and_is_deterministic() {
             "{name}"
         );
         assert_eq!(p["connections"], 300, "{name}");
+        let events = p["failure_events"].as_array().unwrap();
+        assert_eq!(events[0]["event"], "start", "{name}");
+        assert_eq!(
+            keys(&events[0]),
+            [
+                "at_ms",
+                "event",
+                "last_rearm_ms",
+                "peak_sa_queue",
+                "reports",
+                "sa_dropped",
+                "sa_mads_in",
+                "sa_mads_out",
+                "sa_request_timeouts",
+                "sa_requests",
+                "sa_requests_per_host",
+                "sa_requests_per_host_max",
+                "sweep_smps"
+            ],
+            "{name}"
+        );
     }
     // The point of the default scenario: apm loses nothing, hw-only does.
     assert_eq!(doc["policies"]["apm"]["lost"], 0);
@@ -152,6 +174,10 @@ fn table_svg_and_scenario_file() {
     let text = String::from_utf8(out.stdout).unwrap();
     assert!(text.contains("connections lost"), "{text}");
     assert!(text.contains("timeline"), "{text}");
+    assert!(
+        text.contains("what each failure event cost the SMs and SAs"),
+        "{text}"
+    );
     assert!(
         out.stderr.is_empty(),
         "no progress bar when stderr is not a terminal"

@@ -15,6 +15,7 @@ fuzz_target!(|data: &[u8]| {
         Ok(mut s) => {
             assert!(s.validate().is_ok(), "a scenario read is valid");
             s.workload.connections = s.workload.connections.min(8);
+            s.workload.connections_per_host = None;
             s.topology.hosts = s.topology.hosts.min(64);
             if s.validate().is_err() {
                 return; // fewer hosts than its links name

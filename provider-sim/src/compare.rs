@@ -85,7 +85,9 @@ fn compare_with_baselines(reports: &[RunReport], side: Side) -> Vec<String> {
     let raced = apm.lost_in_rearm_window.len() as u64;
     let in_outage = apm.lost_in_outage.len();
     let mut out = Vec::new();
-    for base in reports.iter().filter(|r| r.policy != apm.policy) {
+    let baseline =
+        |r: &&RunReport| PolicyKind::from_name(&r.policy).is_some_and(|k| k.is_baseline());
+    for base in reports.iter().filter(baseline) {
         let kept = |kind: LossKind| -> Vec<u64> {
             apm.lost_ids
                 .iter()

@@ -180,6 +180,7 @@ fn leaf_spine(size: Size, lmc: u8) -> Scenario {
         switches: Vec::new(),
         links: Vec::new(),
         sm: Vec::new(),
+        fat_tree: None,
     };
     for r in 0..2usize {
         let name = |k: &str, i: usize| format!("{k}{}{i}", char::from(b'A' + r as u8));
@@ -280,6 +281,7 @@ fn split_rail(size: Size) -> Scenario {
         switches: Vec::new(),
         links: Vec::new(),
         sm: Vec::new(),
+        fat_tree: None,
     };
     for r in 0..2usize {
         let name = |i: usize| format!("{}{i}", char::from(b'A' + r as u8));

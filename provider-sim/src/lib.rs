@@ -35,7 +35,7 @@ pub use controller::PolicyKind;
 pub use fabric::FabricError;
 pub use families::{Family, Size};
 pub use provider::SimProvider;
-pub use report::{Percentiles, RunReport, Sample};
+pub use report::{EventLoad, Percentiles, RunReport, Sample};
 pub use sim::{ConnState, RunConfig, Sim, SimError};
 
 /// Run `scenario` under `policy` with `seed` and report (no invariant checks).

@@ -64,6 +64,41 @@ pub struct Sample {
     pub lost: u32,
 }
 
+/// What one failure event cost the SMs and SAs: everything from the fault to the next
+/// one (the first, "start", is everything before the first fault). MADs are the SA's
+/// (QP1): requests and answers, Reports and ReportResps; a sweep's SMPs are counted
+/// apart, being the same whatever the hosts do.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct EventLoad {
+    /// When it happened (ms).
+    pub at_ms: f64,
+    /// What happened.
+    pub event: String,
+    /// MADs the SMs/SAs received: SA requests (every attempt) and ReportResps.
+    pub sa_mads_in: u64,
+    /// MADs they sent: SA answers and Reports (resends included).
+    pub sa_mads_out: u64,
+    /// Of those, Reports.
+    pub reports: u64,
+    /// SA requests dropped unanswered for waiting too long (`sa_fifo_timeout_ms`).
+    pub sa_dropped: u64,
+    /// The deepest any SA queue got (MADs waiting or being served).
+    pub peak_sa_queue: u64,
+    /// SMPs of the sweeps and traps 128.
+    pub sweep_smps: u64,
+    /// SA request attempts the hosts sent.
+    pub sa_requests: u64,
+    /// Those per host (every host counted).
+    pub sa_requests_per_host: f64,
+    /// The most one host sent.
+    pub sa_requests_per_host_max: u64,
+    /// Request attempts that timed out at their host.
+    pub sa_request_timeouts: u64,
+    /// From the event to the last connection armed again before the next one (ms);
+    /// `None` when none was armed in between.
+    pub last_rearm_ms: Option<f64>,
+}
+
 /// One policy's run.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct RunReport {
@@ -154,4 +189,6 @@ pub struct RunReport {
     pub end_state: [u64; 4],
     /// Of the armed at the end, those on a port-disjoint alternate.
     pub end_armed_disjoint: u64,
+    /// What each failure event cost the SMs and SAs, in time order.
+    pub failure_events: Vec<EventLoad>,
 }

@@ -374,7 +374,8 @@ fn example_scenario_files_parse_and_run() {
         let text = std::fs::read_to_string(&path).unwrap();
         let mut s =
             Scenario::from_toml(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
-        s.workload.connections = s.workload.connections.min(100);
+        s.workload.connections = s.workload.count(s.topology.hosts).min(100);
+        s.workload.connections_per_host = None;
         let r = provider_sim::run(&s, PolicyKind::Apm, 1).unwrap();
         assert!(r.connections > 0, "{}", path.display());
         n += 1;

@@ -388,6 +388,9 @@ impl Conn {
                 candidates.push(*p);
             }
         }
+        // The primary and the agreed alternate usually repeat candidates: the slack
+        // reserved for them is 112 bytes a connection, kept for its lifetime.
+        candidates.shrink_to_fit();
         Conn {
             role: spec.role,
             mode: spec.mode,

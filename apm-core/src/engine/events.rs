@@ -274,7 +274,7 @@ impl Engine {
         for port in ports {
             debug!(%gid, %port, "asking the SA whether an out-of-service GID is back");
             self.stats.path_queries += 1;
-            self.issue(
+            self.issue_sa(
                 CommandOp::ResolvePaths { port, dgid: gid },
                 Pending::Recheck(gid, due),
             );

@@ -28,6 +28,7 @@ mod rails;
 mod rearm;
 mod remote;
 mod results;
+mod sa_gate;
 mod select;
 pub(crate) mod timers;
 
@@ -200,6 +201,7 @@ pub struct Engine {
     out: VecDeque<Output>,
     rearms: RearmLimiter,
     stats: Stats,
+    sa_gate: sa_gate::SaGate,
 }
 
 impl Engine {
@@ -224,6 +226,7 @@ impl Engine {
             out: VecDeque::new(),
             rearms: RearmLimiter::default(),
             stats: Stats::default(),
+            sa_gate: sa_gate::SaGate::default(),
         })
     }
 
@@ -564,6 +567,7 @@ impl Engine {
                 }
                 TimerKey::PathHold(ends) => self.probe_hold_ends(ends, at),
                 TimerKey::Subscribe(port) => self.subscribe(port),
+                TimerKey::SaRelease => self.release_sa(),
                 TimerKey::RemoteRecheck(gid) => {
                     if self.remotes.recheck(&gid).is_some_and(|(due, _)| due == at) {
                         self.recheck_remote(gid);

@@ -152,7 +152,7 @@ impl Engine {
                     Need::Ask => {
                         // Never asked since the last invalidation: ask once for everyone.
                         self.stats.path_queries += 1;
-                        self.issue(
+                        self.issue_sa(
                             CommandOp::ResolvePaths {
                                 port: *port,
                                 dgid: *gid,

@@ -34,9 +34,18 @@ impl Engine {
                     debug!(error = %e, "peer send failed");
                 }
             }
-            Pending::Subscribe(port) => self.subscribe_done(port, result),
-            Pending::Resolve(port, gid) => self.resolve_done(port, gid, result),
-            Pending::Recheck(gid, due) => self.recheck_done(gid, due, result),
+            Pending::Subscribe(port) => {
+                self.sa_answered(&result);
+                self.subscribe_done(port, result)
+            }
+            Pending::Resolve(port, gid) => {
+                self.sa_answered(&result);
+                self.resolve_done(port, gid, result)
+            }
+            Pending::Recheck(gid, due) => {
+                self.sa_answered(&result);
+                self.recheck_done(gid, due, result)
+            }
             Pending::Conn(conn) => {
                 let finished = self
                     .conns
@@ -396,7 +405,7 @@ impl Engine {
         }
         p.subscription = Subscription::Asked;
         self.stats.subscriptions += 1;
-        self.issue(CommandOp::Subscribe { port }, Pending::Subscribe(port));
+        self.issue_sa(CommandOp::Subscribe { port }, Pending::Subscribe(port));
     }
 
     pub(super) fn subscribe_done(

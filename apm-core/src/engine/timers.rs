@@ -24,6 +24,8 @@ pub(crate) enum TimerKey {
     Subscribe(PortKey),
     /// Ask the SA whether a remote GID held out of service is reachable again.
     RemoteRecheck(Gid),
+    /// The jitter before a burst of SA requests ends (`sa_gate.rs`).
+    SaRelease,
 }
 
 #[derive(Debug)]

@@ -186,57 +186,63 @@ impl Default for ProbePolicy {
 }
 
 impl ProbePolicy {
-    /// Check the settings against their ranges.
+    /// Check the settings against their ranges: the first setting out of its range.
     pub fn validate(&self) -> Result<(), PolicyError> {
-        let bad = |field, value: u32, why| {
-            Err(PolicyError::OutOfRange {
+        self.problems().into_iter().next().map_or(Ok(()), Err)
+    }
+
+    /// Every setting out of its range, in [`ProbePolicy::validate`]'s order.
+    pub fn problems(&self) -> Vec<PolicyError> {
+        let mut out = Vec::new();
+        let mut bad = |field, value: u32, why| {
+            out.push(PolicyError::OutOfRange {
                 field,
                 value: u64::from(value),
                 why,
             })
         };
         if !(1..=10_000).contains(&self.interval_ms) {
-            return bad("probe.interval_ms", self.interval_ms, "must be 1..=10000");
+            bad("probe.interval_ms", self.interval_ms, "must be 1..=10000");
         }
         if !(1..=50).contains(&self.multiplier) {
-            return bad(
+            bad(
                 "probe.multiplier",
                 u32::from(self.multiplier),
                 "must be 1..=50",
             );
         }
         if self.down_interval_ms < self.interval_ms || self.down_interval_ms > 60_000 {
-            return bad(
+            bad(
                 "probe.down_interval_ms",
                 self.down_interval_ms,
                 "must be at least interval_ms and at most 60000",
             );
         }
         if self.max_probes_per_sec == 0 {
-            return bad("probe.max_probes_per_sec", 0, "must be at least 1");
+            bad("probe.max_probes_per_sec", 0, "must be at least 1");
         }
         if self.damping_half_life_ms > 3_600_000 {
-            return bad(
+            bad(
                 "probe.damping_half_life_ms",
                 self.damping_half_life_ms,
                 "must be at most 3600000 (0 turns damping off)",
             );
         }
         if !(1..=100).contains(&self.damping_suppress) {
-            return bad(
+            bad(
                 "probe.damping_suppress",
                 u32::from(self.damping_suppress),
                 "must be 1..=100",
             );
         }
         if !(1..=3_600_000).contains(&self.damping_max_hold_ms) {
-            return bad(
+            bad(
                 "probe.damping_max_hold_ms",
                 self.damping_max_hold_ms,
                 "must be 1..=3600000",
             );
         }
-        Ok(())
+        out
     }
 
     fn damping(&self) -> DampingRule {

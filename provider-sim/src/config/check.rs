@@ -67,6 +67,12 @@ impl Found {
     }
 }
 
+/// What a name in `policies` that is no policy gets.
+pub(super) fn not_a_policy(name: &str) -> String {
+    let all: Vec<&str> = crate::PolicyKind::EVERY.iter().map(|k| k.name()).collect();
+    format!("\"{name}\" is not a policy (use {})", all.join(", "))
+}
+
 fn key(dotted: &str) -> KeyPath {
     let mut parts = dotted.split('.');
     let first = KeyPath::new(parts.next().unwrap_or_default());
@@ -94,6 +100,7 @@ impl Scenario {
         self.check_fabric_params(&mut found);
         self.check_random_faults(&mut found);
         self.check_fault_values(&mut found);
+        self.check_policies(&mut found);
         if sized && checks == Checks::All {
             self.check_names(&mut found);
         }
@@ -134,13 +141,8 @@ impl Scenario {
         if t.lmc > 2 {
             found.at(topo.key("lmc"), format!("{}: use 0, 1 or 2", t.lmc));
         }
-        let w = &self.workload;
-        if w.connections > MAX_CONNECTIONS {
-            found.at(
-                key("workload.connections"),
-                format!("{} connections: at most {MAX_CONNECTIONS}", w.connections),
-            );
-        }
+        self.check_workload_size(found);
+        self.check_fat_tree(found);
         if self.duration_ms == 0 {
             found.at(KeyPath::new("duration_ms"), "0 ms: nothing to simulate");
         }
@@ -154,6 +156,80 @@ impl Scenario {
             );
         }
         self.check_transitions(found);
+    }
+
+    /// The connection pattern against the hosts, and the connections it makes.
+    fn check_workload_size(&self, found: &mut Found) {
+        let w = &self.workload;
+        let hosts = self.topology.hosts;
+        if let Err(e) = w.pattern.check(hosts) {
+            found.at(key("workload.pattern").key(e.key), e.message);
+        }
+        let n = w.count(hosts);
+        if n > MAX_CONNECTIONS {
+            match w.connections_per_host {
+                Some(per_host) => found.at(
+                    key("workload.connections_per_host"),
+                    format!("{per_host} a host: {n} connections, at most {MAX_CONNECTIONS}"),
+                ),
+                None => found.at(
+                    key("workload.connections"),
+                    format!("{n} connections: at most {MAX_CONNECTIONS}"),
+                ),
+            }
+        }
+    }
+
+    /// A generated fat tree's shape, and its size against the limits, before it is
+    /// built.
+    fn check_fat_tree(&self, found: &mut Found) {
+        let t = &self.topology;
+        let Some(ft) = &t.fat_tree else {
+            return;
+        };
+        let at = key("topology.fat_tree");
+        if !t.switches.is_empty() || !t.links.is_empty() {
+            found.at(at, FabricError::FatTreeWithSwitches.to_string());
+            return;
+        }
+        if let Err(e) = ft.check(t.hosts) {
+            found.at(at.key(e.key()), e.to_string());
+            return;
+        }
+        let shape = ft.shape(t.hosts);
+        let rails = usize::from(t.ports);
+        let switches = shape.tiers.len() * rails;
+        let links = (t.hosts + shape.uplinks.len()) * rails;
+        if switches > MAX_SWITCHES || links > MAX_LINKS {
+            found.at(
+                at.key("radix"),
+                format!(
+                    "{}: {switches} switches and {links} links for {} hosts on {rails} \
+                     rail(s), at most {MAX_SWITCHES} switches and {MAX_LINKS} links",
+                    ft.radix, t.hosts
+                ),
+            );
+        }
+    }
+
+    /// The engine policy's ranges and the policies' names.
+    fn check_policies(&self, found: &mut Found) {
+        if let Some(p) = &self.policy {
+            for e in p.problems() {
+                match e {
+                    apm_core::PolicyError::OutOfRange { field, value, why } => {
+                        found.at(key(&format!("policy.{field}")), format!("{value}: {why}"));
+                    }
+                    e => found.at(KeyPath::new("policy"), e.to_string()),
+                }
+            }
+        }
+        let policies = KeyPath::new("policies");
+        for (i, name) in self.policies.iter().enumerate() {
+            if crate::PolicyKind::from_name(name).is_none() {
+                found.at(policies.index(i), not_a_policy(name));
+            }
+        }
     }
 
     /// Before anything is expanded: a flap's count can ask for billions of changes.
@@ -365,7 +441,12 @@ impl Scenario {
             Ok(f) => f,
             Err(problems) => {
                 for p in problems {
-                    found.at(self.part_key(p.part, &p.error), p.error.to_string());
+                    // The key is said once: a fat tree's own error names it too.
+                    let message = match &p.error {
+                        FabricError::FatTree(e) => e.to_string(),
+                        e => e.to_string(),
+                    };
+                    found.at(self.part_key(p.part, &p.error), message);
                 }
                 return;
             }
@@ -434,6 +515,8 @@ impl Scenario {
         match part {
             Part::Topology => match error {
                 FabricError::LinksWithoutSwitches => topo.key("links"),
+                FabricError::FatTree(e) => topo.key("fat_tree").key(e.key()),
+                _ if self.topology.fat_tree.is_some() => topo.key("fat_tree"),
                 _ => topo.key("hosts"),
             },
             Part::Switch(i) => {

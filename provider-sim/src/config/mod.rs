@@ -14,10 +14,12 @@ mod check;
 mod faults;
 mod params;
 mod read;
+mod workload;
 
 pub use crate::topology::{LinkSpec, SmSpec, SwitchSpec, Topology};
 pub use faults::{Fault, RandomFaults, Target};
 pub use params::FabricParams;
+pub use workload::{Mode, Pattern, Workload};
 
 use crate::fabric::Fabric;
 use serde::{Deserialize, Serialize};
@@ -91,6 +93,13 @@ pub struct Scenario {
     pub faults: Vec<Fault>,
     /// Faults generated from the seed, added to `faults`.
     pub random_faults: Option<RandomFaults>,
+    /// The engine policy apm runs with, as apm's configuration writes it (apm's
+    /// defaults for what it leaves out: probes off, as on a real InfiniBand fabric).
+    /// Without it, the simulator's policy ([`crate::controller::sim_policy`]).
+    pub policy: Option<apm_core::Policy>,
+    /// The policies `apm simulate` runs by default, by name (`apm`, `hw-only`,
+    /// `reload-local`, `apm-wildcard`, `per-conn-sa`). Default: the first three.
+    pub policies: Vec<String>,
 }
 
 fn default_name() -> String {
@@ -115,6 +124,8 @@ impl Default for Scenario {
                 ..FabricParams::default()
             },
             workload: Workload::default(),
+            policy: None,
+            policies: Vec::new(),
             faults: vec![
                 Fault::SwitchDown {
                     at_ms: 500,
@@ -137,38 +148,6 @@ impl Default for Scenario {
                 },
             ],
             random_faults: None,
-        }
-    }
-}
-
-/// How paths change on the simulated QPs.
-#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
-#[serde(rename_all = "snake_case")]
-pub enum Mode {
-    /// InfiniBand hardware APM.
-    Hardware,
-    /// RoCE-style: no alternate in the QP, the engine moves the primary itself.
-    Software,
-}
-
-/// The connections.
-#[derive(Clone, Debug, Serialize, Deserialize, PartialEq)]
-#[serde(default, deny_unknown_fields)]
-pub struct Workload {
-    /// Number of RC connections between random pairs of hosts.
-    pub connections: usize,
-    /// Each side of each connection sends one numbered message this often (ms).
-    pub message_interval_ms: u64,
-    /// Hardware APM or software migration.
-    pub mode: Mode,
-}
-
-impl Default for Workload {
-    fn default() -> Workload {
-        Workload {
-            connections: 2000,
-            message_interval_ms: 10,
-            mode: Mode::Hardware,
         }
     }
 }
@@ -199,6 +178,36 @@ impl Scenario {
         } else {
             Err(ScenarioError::Invalid(problems.into()))
         }
+    }
+
+    /// The policies `policies` names, each once, or apm and the two baselines.
+    pub fn run_policies(&self) -> Result<Vec<crate::PolicyKind>, ScenarioError> {
+        if self.policies.is_empty() {
+            return Ok(crate::PolicyKind::ALL.to_vec());
+        }
+        let mut out = Vec::new();
+        for (i, name) in self.policies.iter().enumerate() {
+            let Some(kind) = crate::PolicyKind::from_name(name) else {
+                let problem = Problem {
+                    line: 0,
+                    column: 0,
+                    key: toml_located::KeyPath::new("policies").index(i).to_string(),
+                    message: check::not_a_policy(name),
+                };
+                return Err(ScenarioError::Invalid(vec![problem].into()));
+            };
+            if !out.contains(&kind) {
+                out.push(kind);
+            }
+        }
+        Ok(out)
+    }
+
+    /// The engine policy apm runs with in this scenario.
+    pub fn engine_policy(&self) -> apm_core::Policy {
+        self.policy
+            .clone()
+            .unwrap_or_else(crate::controller::sim_policy)
     }
 
     /// Every fault to apply: the fixed ones and those generated from `seed`.
@@ -349,6 +358,82 @@ mod tests {
             split.replace("subnet = 1", "subnet = 0")
         );
         assert_eq!(problems(&joined), Vec::<String>::new());
+    }
+
+    #[test]
+    fn fat_trees_and_patterns_are_checked_at_their_line_and_key() {
+        let ft = "[topology]\nhosts = 64\n[topology.fat_tree]\nlevels = 3\nradix = 8\n";
+        Scenario::from_toml(ft).expect("a 64-host tree of radix 8");
+        for (text, at, what) in [
+            (
+                ft.replace("radix = 8", "radix = 7"),
+                "line 5, column 9: topology.fat_tree.radix:",
+                "7: an even number",
+            ),
+            (
+                ft.replace("levels = 3", "levels = 4"),
+                "line 4, column 10: topology.fat_tree.levels:",
+                "4: use 2 or 3",
+            ),
+            (
+                ft.replace("levels = 3", "levels = 2"),
+                "line 5, column 9: topology.fat_tree.radix:",
+                "holds at most 32",
+            ),
+            (
+                ft.replace("radix = 8", "radix = \"eight\""),
+                "line 5, column 9: topology.fat_tree.radix:",
+                "invalid type",
+            ),
+            (
+                ft.replace("radix = 8", "radix = 8\nradixx = 8"),
+                "line 6, column 1: topology.fat_tree.radixx:",
+                "unknown field",
+            ),
+            (
+                "[topology]\nhosts = 8\nfat_tree = { levels = 2, radix = 3 }\n".into(),
+                "line 3, column 34: topology.fat_tree.radix:",
+                "even number",
+            ),
+            (
+                format!("{ft}[workload]\npattern = {{ kind = \"all_to_all\", group = 1 }}\n"),
+                "line 7, column 42: workload.pattern.group:",
+                "1: a group has 2 to 64 hosts",
+            ),
+            (
+                format!("{ft}[workload.pattern]\nkind = \"neighbours\"\nwidth = 3\n"),
+                "line 8, column 9: workload.pattern.width:",
+                "3: an even number of neighbours",
+            ),
+            (
+                format!("{ft}[workload.pattern]\nkind = \"neighbors\"\n"),
+                "line 7, column 8: workload.pattern.kind:",
+                "unknown variant",
+            ),
+            (
+                format!("{ft}[workload]\nconnections_per_host = 20000\n"),
+                "line 7, column 24: workload.connections_per_host:",
+                "1280000 connections, at most 1000000",
+            ),
+            (
+                format!("{ft}[workload]\nconnections = 5\nconnections_per_host = 2\n"),
+                "line 8, column 24: workload.connections_per_host:",
+                "not both",
+            ),
+            (
+                format!("{ft}[[topology.switches]]\nname = \"X\"\nsubnet = 0\n"),
+                "line 3, column 1: topology.fat_tree:",
+                "one or the other",
+            ),
+        ] {
+            one(&text, at, what);
+        }
+        // Too big for the limits, found before anything is built.
+        one(
+            "[topology]\nhosts = 4096\nports = 2\nfat_tree = { levels = 3, radix = 128 }\n",
+            "line 4, column 34: topology.fat_tree.radix:",
+            "at most 4096 switches",
+        );
     }
 
     #[test]

@@ -75,9 +75,11 @@ pub struct FabricParams {
     pub sa_timeout_ms: u64,
     /// SA request attempts before the query fails. Default 3.
     pub sa_tries: u32,
-    /// SA requests the master SM serves per second, one at a time in arrival order.
-    /// Default 50000 (the figure Mellanox's scalable-SA design work assumes for one
-    /// OpenSM).
+    /// MADs the master SM's SA serves per second, one at a time in arrival order: SA
+    /// requests (answered when served), the first transmission of each Report (OpenSM
+    /// sends a trap's Reports holding the subnet lock the SA needs), and each
+    /// ReportResp (OpenSM's receiver retires its transaction). Default 50000 (the figure
+    /// Mellanox's scalable-SA design work assumes for one OpenSM).
     pub sa_rate_per_s: u64,
     /// A request that would wait longer than this behind others is dropped unanswered
     /// (OpenSM `max_msg_fifo_timeout`, 10000 ms; OpenSM drops, its BUSY answer is

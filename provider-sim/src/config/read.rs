@@ -6,13 +6,20 @@
 
 use super::check::Checks;
 use super::faults::FaultFields;
-use super::{FabricParams, Fault, RandomFaults, Scenario, Workload};
-use crate::topology::{LinkSpec, SmSpec, SwitchSpec, Topology};
+use super::{FabricParams, Fault, Pattern, RandomFaults, Scenario, Workload};
+use crate::topology::{FatTree, LinkSpec, SmSpec, SwitchSpec, Topology};
 use serde::de::DeserializeOwned;
 use toml_located::{Collector, KeyPath, Problems, Tab};
 
 /// The tables a scenario has besides its top-level keys.
-const TABLES: [&str; 5] = ["topology", "fabric", "workload", "faults", "random_faults"];
+const TABLES: [&str; 6] = [
+    "topology",
+    "fabric",
+    "workload",
+    "faults",
+    "random_faults",
+    "policy",
+];
 
 /// The scenario `text` describes, or every problem it has, each located.
 pub(super) fn read(text: &str) -> Result<Scenario, Problems> {
@@ -39,12 +46,14 @@ pub(super) fn read(text: &str) -> Result<Scenario, Problems> {
     if let Some(f) = read_table::<FabricParams>(root, "fabric", &mut problems) {
         s.fabric = f;
     }
-    if let Some(w) = read_table::<Workload>(root, "workload", &mut problems) {
-        s.workload = w;
+    if let Some(t) = root.table_at("workload", "workload", &mut problems) {
+        s.workload = read_workload(t, &mut problems);
     }
     if let Some(r) = read_table::<RandomFaults>(root, "random_faults", &mut problems) {
         s.random_faults = Some(r);
     }
+    // The policy's ranges are checked with the rest ([`super::check`]), at their keys.
+    s.policy = read_table::<apm_core::Policy>(root, "policy", &mut problems);
     // Where each fault read is in the file (one that could not be read is left out).
     let mut written_as = Vec::new();
     for (i, (name, t)) in root
@@ -81,15 +90,43 @@ fn read_table<T: DeserializeOwned>(
         .read_as::<T>(key, &[], problems)
 }
 
-/// `[topology]` and its switches, links and SMs, each table alone.
+/// `[topology]` and its switches, links, SMs and fat tree, each table alone.
 fn read_topology(t: Tab<'_>, problems: &mut Collector<'_>) -> Topology {
     let mut topo = t
-        .read_as::<Topology>("topology", &["switches", "links", "sm"], problems)
+        .read_as::<Topology>(
+            "topology",
+            &["switches", "links", "sm", "fat_tree"],
+            problems,
+        )
         .unwrap_or_default();
     topo.switches = read_each::<SwitchSpec>(t, "switches", problems);
     topo.links = read_each::<LinkSpec>(t, "links", problems);
     topo.sm = read_each::<SmSpec>(t, "sm", problems);
+    topo.fat_tree = t
+        .table_at("fat_tree", "topology.fat_tree", problems)
+        .and_then(|f| f.read_as::<FatTree>("topology.fat_tree", &[], problems));
     topo
+}
+
+/// `[workload]` and its pattern, each alone; `connections` and `connections_per_host`
+/// say the same thing two ways, and a file gives one.
+fn read_workload(t: Tab<'_>, problems: &mut Collector<'_>) -> Workload {
+    let mut w = t
+        .read_as::<Workload>("workload", &["pattern"], problems)
+        .unwrap_or_default();
+    if let Some(p) = t.table_at("pattern", "workload.pattern", problems) {
+        w.pattern = p
+            .read_as::<Pattern>("workload.pattern", &[], problems)
+            .unwrap_or_default();
+    }
+    if t.contains("connections") && t.contains("connections_per_host") {
+        problems.push(
+            t.value_span("connections_per_host"),
+            "workload.connections_per_host",
+            "give connections or connections_per_host, not both",
+        );
+    }
+    w
 }
 
 fn read_each<T: DeserializeOwned>(t: Tab<'_>, key: &str, problems: &mut Collector<'_>) -> Vec<T> {

@@ -3,9 +3,10 @@
 //! of the topology it is about, so that a scenario file's reader can point at its line.
 
 use super::{
-    port_guid, subnet_prefix, End, Fabric, FabricError, HostPort, Link, PortState, Switch,
+    port_guid, subnet_prefix, End, Fabric, FabricError, HostPort, Link, PortState, Routing, Switch,
+    NO_ROUTE,
 };
-use crate::topology::Topology;
+use crate::topology::{FatTree, Topology};
 use apm_core::Gid;
 
 /// The part of a [`Topology`] a problem is about.
@@ -57,10 +58,18 @@ impl Fabric {
             ports_per_host: t.ports,
             subnets: 0,
             lid_owner: Vec::new(),
+            end_index: Vec::new(),
+            routing: Routing::PathBits,
         };
         let mut problems = Vec::new();
         let mut fail = |part, error| problems.push(TopologyProblem { part, error });
-        if t.switches.is_empty() {
+        if let Some(ft) = &t.fat_tree {
+            if !t.switches.is_empty() || !t.links.is_empty() {
+                fail(Part::Topology, FabricError::FatTreeWithSwitches);
+            } else if let Err(e) = f.build_fat_trees(ft, t.hosts) {
+                fail(Part::Topology, e);
+            }
+        } else if t.switches.is_empty() {
             if !t.links.is_empty() {
                 fail(Part::Topology, FabricError::LinksWithoutSwitches);
             }
@@ -147,13 +156,38 @@ impl Fabric {
         }
         let nlids = f.lid_owner.len();
         for s in &mut f.switches {
-            s.lft = vec![None; nlids];
+            s.lft = vec![NO_ROUTE; nlids];
+        }
+        Ok(())
+    }
+
+    /// Every rail a fat tree of `ft`'s shape (see [`FatTree`]): its switches, each
+    /// host's port to its leaf, the uplinks; routed as OpenSM's `ftree` routes it.
+    fn build_fat_trees(&mut self, ft: &FatTree, hosts: usize) -> Result<(), FabricError> {
+        ft.check(hosts)?;
+        let shape = ft.shape(hosts);
+        self.routing = Routing::FatTree;
+        for r in 0..usize::from(self.ports_per_host) {
+            let rail = char::from(b'A' + r as u8);
+            let base = self.switches.len();
+            for k in 0..shape.tiers.len() {
+                self.add_switch(shape.name(rail, k), r)?;
+            }
+            for h in 0..hosts {
+                let pid = self.pid(h, r as u8 + 1);
+                let leaf = base + h / shape.hosts_per_leaf;
+                self.add_link(End::Port(pid), End::Switch(leaf))?;
+            }
+            for &(lo, hi) in &shape.uplinks {
+                self.add_link(End::Switch(base + lo), End::Switch(base + hi))?;
+            }
         }
         Ok(())
     }
 
     fn add_switch(&mut self, name: String, subnet: usize) -> Result<(), FabricError> {
-        if self.switches.iter().any(|s| s.name == name) {
+        // Generated names are distinct by construction; a scenario's are checked.
+        if self.routing == Routing::PathBits && self.switches.iter().any(|s| s.name == name) {
             return Err(FabricError::SwitchDeclaredTwice(name));
         }
         if name.starts_with('h') && name[1..].chars().all(|c| c.is_ascii_digit() || c == ':') {
@@ -196,13 +230,31 @@ impl Fabric {
                 ));
             }
         }
-        let id = self.links.len();
+        // A switch's LFT names a link by its index in the switch's links, below NO_ROUTE
+        // (room for two: a cable from a switch to itself is two of its ends).
         for end in [a, b] {
-            match end {
-                End::Port(p) => self.ports[p].link = Some(id),
-                End::Switch(s) => self.switches[s].links.push(id),
+            if let End::Switch(s) = end {
+                if self.switches[s].links.len() + 2 > usize::from(NO_ROUTE) {
+                    return Err(FabricError::TooManyLinksOnSwitch(
+                        self.switches[s].name.clone(),
+                    ));
+                }
             }
         }
+        let id = self.links.len();
+        let mut index = [0u16; 2];
+        for (k, end) in [a, b].into_iter().enumerate() {
+            match end {
+                End::Port(p) => self.ports[p].link = Some(id),
+                End::Switch(s) => {
+                    let sw = &mut self.switches[s];
+                    // Below NO_ROUTE, checked above.
+                    index[k] = sw.links.len() as u16;
+                    sw.links.push(id);
+                }
+            }
+        }
+        self.end_index.push(index);
         self.links.push(Link { a, b, intact: true });
         Ok(())
     }
@@ -280,6 +332,7 @@ mod tests {
                 })
                 .collect(),
             sm: Vec::new(),
+            fat_tree: None,
         }
     }
 

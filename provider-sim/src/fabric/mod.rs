@@ -7,6 +7,7 @@
 //! sweep, so between a failure and the next sweep packets still head into the dead link.
 
 mod build;
+mod routing;
 
 pub use build::{LinkEnd, Part, TopologyProblem};
 
@@ -79,6 +80,17 @@ pub enum FabricError {
     /// A host port without a cable.
     #[error("port \"{0}\" has no link")]
     PortWithoutLink(String),
+    /// A switch with more links than its forwarding table can name.
+    #[error("switch \"{0}\" has more than 65,534 links")]
+    TooManyLinksOnSwitch(String),
+    /// A generated fat tree together with explicit switches or links.
+    #[error(
+        "topology.fat_tree is given with topology.switches or topology.links: use one or the other"
+    )]
+    FatTreeWithSwitches,
+    /// A fat tree that cannot hold the hosts, or of an impossible shape.
+    #[error("topology.fat_tree.{key}: {0}", key = .0.key())]
+    FatTree(#[from] crate::topology::FatTreeError),
 }
 
 /// Index of a host port in [`Fabric::ports`].
@@ -157,8 +169,33 @@ pub struct Switch {
     pub black_hole: bool,
     /// Links attached, in the order they were declared (ECMP choices index this).
     pub links: Vec<LinkId>,
-    /// Linear forwarding table: DLID -> link, as last programmed by the SM.
-    pub lft: Vec<Option<LinkId>>,
+    /// Linear forwarding table: DLID -> the index in `links` of the link it leaves by
+    /// ([`NO_ROUTE`]: none), as last programmed by the SM. Two bytes an entry: a
+    /// 4,096-host fabric has a few thousand switches of 8,000 LIDs each.
+    lft: Vec<u16>,
+}
+
+/// An LFT entry with no route.
+const NO_ROUTE: u16 = u16::MAX;
+
+impl Switch {
+    /// The link the forwarding table sends `dlid` out of.
+    pub fn lft(&self, dlid: u16) -> Option<LinkId> {
+        let i = *self.lft.get(usize::from(dlid))?;
+        (i != NO_ROUTE).then(|| self.links[usize::from(i)])
+    }
+}
+
+/// How the SM spreads a destination over equal-cost next hops.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Routing {
+    /// By the destination LID's path bits alone (OpenSM's min-hop on the explicit
+    /// fabrics: a port's LMC variants take different routes).
+    PathBits,
+    /// By the destination host plus its path bits (OpenSM's fat-tree engine, `ftree`:
+    /// every destination has its own uplink, so a spine carries a share of the
+    /// traffic; a port's LMC variants still differ).
+    FatTree,
 }
 
 /// A cable.
@@ -186,6 +223,9 @@ pub struct Fabric {
     subnets: usize,
     /// LID -> port owning it.
     lid_owner: Vec<Option<PortId>>,
+    /// For each link, its index in each switch end's `links` (host ends: unused).
+    end_index: Vec<[u16; 2]>,
+    routing: Routing,
 }
 
 /// A subnet's GID prefix: fe80::/64 with the subnet number in the last 16 bits, so
@@ -383,157 +423,6 @@ impl Fabric {
     /// The port has a physical link.
     pub fn port_phys_up(&self, p: PortId) -> bool {
         self.ports[p].link.is_some_and(|l| self.link_up(l))
-    }
-
-    /// Follow the forwarding tables from `slid` to `dlid`: the number of links crossed
-    /// when the packet gets there, `None` when it is dropped on the way (a dead link, a
-    /// table with no entry, a black-holing switch). The SM's directed-route SMPs never
-    /// come here ([`Fabric::discover`]): a black hole answers them.
-    pub fn route(&self, slid: u16, dlid: u16) -> Option<u32> {
-        let src = self.lid_owner(slid)?;
-        let dst = self.lid_owner(dlid)?;
-        if self.ports[src].state != PortState::Active || self.ports[dst].state != PortState::Active
-        {
-            return None;
-        }
-        if self.ports[src].subnet != self.ports[dst].subnet {
-            return None;
-        }
-        let first = self.ports[src].link?;
-        if !self.link_up(first) {
-            return None;
-        }
-        let mut at = self.other_end(first, End::Port(src));
-        let mut hops = 1;
-        loop {
-            match at {
-                End::Port(p) => return (p == dst).then_some(hops),
-                End::Switch(s) => {
-                    if self.switches[s].black_hole {
-                        return None;
-                    }
-                    let l = self.switches[s]
-                        .lft
-                        .get(usize::from(dlid))
-                        .copied()
-                        .flatten()?;
-                    if !self.link_up(l) || hops > 32 {
-                        return None;
-                    }
-                    at = self.other_end(l, End::Switch(s));
-                    hops += 1;
-                }
-            }
-        }
-    }
-
-    /// Ports and switches of `subnet` reachable from `from` over live links, as the SM's
-    /// directed-route discovery would find them.
-    pub fn discover(&self, from: PortId) -> (Vec<bool>, Vec<bool>) {
-        let mut ports = vec![false; self.ports.len()];
-        let mut switches = vec![false; self.switches.len()];
-        if !self.port_phys_up(from) {
-            ports[from] = self.ports[from].admin_up;
-            return (ports, switches);
-        }
-        ports[from] = true;
-        let mut stack = vec![End::Port(from)];
-        while let Some(e) = stack.pop() {
-            let links: Vec<LinkId> = match e {
-                End::Port(p) => self.ports[p].link.into_iter().collect(),
-                End::Switch(s) => self.switches[s].links.clone(),
-            };
-            for l in links {
-                if !self.link_up(l) {
-                    continue;
-                }
-                match self.other_end(l, e) {
-                    End::Port(p) if !ports[p] => {
-                        ports[p] = true;
-                        stack.push(End::Port(p));
-                    }
-                    End::Switch(s) if !switches[s] => {
-                        switches[s] = true;
-                        stack.push(End::Switch(s));
-                    }
-                    _ => {}
-                }
-            }
-        }
-        (ports, switches)
-    }
-
-    /// Program the forwarding tables of the discovered switches: shortest paths over
-    /// live links, equal-cost choices spread by the DLID's path bits (so the LMC variants
-    /// of a port take different routes where the fabric has more than one).
-    pub fn program_lfts(&mut self, ports: &[bool], switches: &[bool]) {
-        let ns = self.switches.len();
-        for (sw, reached) in self.switches.iter_mut().zip(switches) {
-            if *reached {
-                sw.lft.iter_mut().for_each(|e| *e = None);
-            }
-        }
-        for (dst, reached) in ports.iter().enumerate() {
-            if !reached {
-                continue;
-            }
-            let Some(first) = self.ports[dst].link else {
-                continue;
-            };
-            if !self.link_up(first) {
-                continue;
-            }
-            let End::Switch(edge) = self.other_end(first, End::Port(dst)) else {
-                continue;
-            };
-            // BFS distances from the destination's edge switch.
-            let mut dist = vec![u32::MAX; ns];
-            dist[edge] = 0;
-            let mut queue = std::collections::VecDeque::from([edge]);
-            while let Some(s) = queue.pop_front() {
-                for &l in &self.switches[s].links {
-                    if !self.link_up(l) {
-                        continue;
-                    }
-                    if let End::Switch(n) = self.other_end(l, End::Switch(s)) {
-                        if dist[n] == u32::MAX {
-                            dist[n] = dist[s] + 1;
-                            queue.push_back(n);
-                        }
-                    }
-                }
-            }
-            let lids: Vec<u16> = self.ports[dst].lids().collect();
-            let base = self.ports[dst].lid;
-            for s in 0..ns {
-                if !switches[s] || dist[s] == u32::MAX {
-                    continue;
-                }
-                if s == edge {
-                    for &lid in &lids {
-                        self.switches[s].lft[usize::from(lid)] = Some(first);
-                    }
-                    continue;
-                }
-                let next: Vec<LinkId> = self.switches[s]
-                    .links
-                    .iter()
-                    .copied()
-                    .filter(|&l| {
-                        self.link_up(l)
-                            && matches!(self.other_end(l, End::Switch(s)),
-                                End::Switch(n) if dist[n] + 1 == dist[s])
-                    })
-                    .collect();
-                if next.is_empty() {
-                    continue;
-                }
-                for &lid in &lids {
-                    let bits = usize::from(lid - base);
-                    self.switches[s].lft[usize::from(lid)] = Some(next[bits % next.len()]);
-                }
-            }
-        }
     }
 
     /// A path record from port `src` (LID variant `sbits`) to port `dst` (`dbits`), as

@@ -37,7 +37,7 @@ impl Sim {
             queue: BinaryHeap::new(),
             seq: 0,
             hosts: Vec::new(),
-            conns: Vec::new(),
+            conns: Vec::with_capacity(scenario.workload.count(scenario.topology.hosts)),
             sms: Vec::new(),
             actions: Vec::new(),
             loss_burst: None,
@@ -52,11 +52,20 @@ impl Sim {
             violations: Vec::new(),
             digest: 0xcbf2_9ce4_8422_2325,
             last_fault: Time::ZERO,
+            load: Default::default(),
+            traffic: quiet::Traffic::new(scenario.workload.message_interval_ms as usize),
+            fab_gen: 1,
+            inputs: Default::default(),
+            mads: Default::default(),
+            traced: String::new(),
+            windows: Default::default(),
             external: BTreeMap::new(),
             external_specs: BTreeMap::new(),
             fab,
             cfg,
         };
+        sim.windows
+            .open(Time::ZERO, "start".into(), Default::default());
         for &h in &sim.cfg.external_hosts {
             sim.external.insert(h, External::default());
         }
@@ -68,6 +77,7 @@ impl Sim {
                 ctl,
                 timer_at: None,
                 device_busy: Time::ZERO,
+                device: Default::default(),
                 mad_busy: Time::ZERO,
                 dead: false,
                 seen_reports: BTreeSet::new(),
@@ -160,12 +170,14 @@ impl Sim {
         for pid in 0..self.fab.num_ports() {
             if self.fab.port_phys_up(pid) {
                 self.fab.ports[pid].state = PortState::Init;
+                self.fab_gen += 1;
             }
         }
     }
 
     pub(super) fn build_conns(&mut self, rng: &mut Rng) {
-        let n = self.scenario.workload.connections;
+        let n = self.scenario.workload.count(self.fab.num_hosts());
+        let pattern = self.scenario.workload.pattern;
         let hosts = self.fab.num_hosts() as u64;
         let nports = self.fab.ports_per_host();
         let at = self.p.ack_timeout;
@@ -180,11 +192,17 @@ impl Sim {
             }
         }
         for i in 0..n {
-            let a = rng.below(hosts) as usize;
-            let mut b = rng.below(hosts - 1) as usize;
-            if b >= a {
-                b += 1;
-            }
+            let (a, b) = match pattern.place(i, hosts as usize) {
+                Some(pair) => pair,
+                None => {
+                    let a = rng.below(hosts) as usize;
+                    let mut b = rng.below(hosts - 1) as usize;
+                    if b >= a {
+                        b += 1;
+                    }
+                    (a, b)
+                }
+            };
             let rail = (i % usize::from(nports)) as u8 + 1;
             let other = if nports == 2 { 3 - rail } else { rail };
             let (Some(pa), Some(pb)) = (self.fab.port_of(a, rail), self.fab.port_of(b, rail))
@@ -245,6 +263,7 @@ impl Sim {
             self.counts[Bucket::Unprotected.idx()] += 1;
             let id = self.conns.len() - 1;
             debug_assert_eq!(id, i);
+            self.settle(id);
             self.protect(a, spec_a);
             self.protect(b, spec_b);
         }
@@ -408,7 +427,6 @@ fn fresh_conn((a, primary_a): (usize, Path), (b, primary_b): (usize, Path), mode
         state: ConnState::Unprotected,
         bucket: Bucket::Unprotected,
         guard_disjoint: false,
-        traced: String::new(),
         since: Time::ZERO,
         interrupted_at: None,
         moved_unarmed: None,
@@ -417,5 +435,8 @@ fn fresh_conn((a, primary_a): (usize, Path), (b, primary_b): (usize, Path), mode
         lost_in_outage: false,
         guard: None,
         excused: false,
+        quiet: None,
+        synced: 0,
+        route_memo: Default::default(),
     }
 }

@@ -7,20 +7,25 @@ use super::*;
 impl Sim {
     pub(super) fn action(&mut self, idx: usize) {
         let (_, act, text) = self.actions[idx].clone();
+        let load = self.load_now();
+        self.windows.open(self.now, text.clone(), load);
         self.note(text);
         match act {
             Action::PortAdmin(p, turn) => {
                 self.fab.ports[p].admin_up = turn.on();
+                self.fab_gen += 1;
                 let s = self.fab.ports[p].subnet;
                 self.phys_changed(&[s]);
             }
             Action::Link(l, turn) => {
                 self.fab.links[l].intact = turn.on();
+                self.fab_gen += 1;
                 let s = self.fab.link_subnet(l).into_iter().collect::<Vec<_>>();
                 self.phys_changed(&s);
             }
             Action::Switch(k, turn) => {
                 self.fab.switches[k].up = turn.on();
+                self.fab_gen += 1;
                 let s = self.fab.switches[k].subnet;
                 self.phys_changed(&[s]);
             }
@@ -31,6 +36,7 @@ impl Sim {
                 // Nothing physical changes: no port event, no trap 128, and a light
                 // sweep finds every port and link as it was. Only routes through it die.
                 self.fab.switches[k].black_hole = turn.on();
+                self.fab_gen += 1;
                 self.reeval_all();
             }
         }
@@ -51,6 +57,7 @@ impl Sim {
         for num in 1..=self.fab.ports_per_host() {
             if let Some(p) = self.fab.port_of(h, num) {
                 self.fab.ports[p].admin_up = false;
+                self.fab_gen += 1;
                 subnets.push(self.fab.ports[p].subnet);
             }
         }
@@ -75,6 +82,7 @@ impl Sim {
             let st = self.fab.ports[pid].state;
             if !up && st != PortState::Down {
                 self.fab.ports[pid].state = PortState::Down;
+                self.fab_gen += 1;
                 if st == PortState::Active && !self.hosts[self.fab.ports[pid].host].dead {
                     let (h, key) = (self.fab.ports[pid].host, self.fab.ports[pid].key());
                     self.raise(
@@ -88,6 +96,7 @@ impl Sim {
                 }
             } else if up && st == PortState::Down {
                 self.fab.ports[pid].state = PortState::Init;
+                self.fab_gen += 1;
                 let s = self.fab.ports[pid].subnet;
                 if self.sms[s].master_port() == Some(pid) {
                     own_port_back[s] = true;

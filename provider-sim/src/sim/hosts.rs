@@ -3,6 +3,42 @@
 
 use super::*;
 
+/// A QP command waiting on its device: a firmware command, in the form it takes
+/// there (a fraction of a `CommandOp`'s size: a million connections queue two million
+/// of them at their start).
+#[derive(Debug)]
+pub(super) enum QpOp {
+    Load(ConnId, Path),
+    Rearm(ConnId),
+    Force(ConnId),
+    Software(ConnId, Path),
+    Query(ConnId),
+}
+
+impl QpOp {
+    /// The QP command `op` is, if it is one.
+    fn of(op: CommandOp) -> Option<QpOp> {
+        Some(match op {
+            CommandOp::LoadAlternate { conn, path } => QpOp::Load(conn, path),
+            CommandOp::SetRearm { conn } => QpOp::Rearm(conn),
+            CommandOp::ForceMigrate { conn } => QpOp::Force(conn),
+            CommandOp::SoftwareMigrate { conn, path } => QpOp::Software(conn, path),
+            CommandOp::QueryQp { conn } => QpOp::Query(conn),
+            _ => return None,
+        })
+    }
+}
+
+/// A command in a device's queue: when it completes and the sequence number its event
+/// has.
+#[derive(Debug)]
+pub(super) struct Queued {
+    done: Time,
+    seq: u64,
+    reply: Reply,
+    op: QpOp,
+}
+
 impl Sim {
     // ------------------------------------------------------------------ hosts
 
@@ -112,6 +148,7 @@ impl Sim {
     /// Raise an input at a host after `delay`.
     pub(super) fn raise(&mut self, host: usize, delay: Time, input: Input) {
         let at = after(self.now, delay);
+        let input = self.inputs.put(input);
         self.push(at, Ev::Deliver { host, input });
     }
 
@@ -161,13 +198,30 @@ impl Sim {
             | CommandOp::ForceMigrate { .. }
             | CommandOp::SoftwareMigrate { .. }
             | CommandOp::QueryQp { .. } => {
-                if self.cfg.policy == PolicyKind::Apm {
+                if self.cfg.policy.is_apm_engine() {
                     self.check_move_target(host, &op);
                 }
+                let Some(op) = QpOp::of(op) else {
+                    return;
+                };
                 let h = &mut self.hosts[host];
                 let done = after(h.device_busy.max(self.now), us(self.p.command_latency_us));
                 h.device_busy = done;
-                self.push(done, Ev::QpCommand { host, reply, op });
+                // Only the head of the queue has its event in the queue of events; the
+                // others keep the sequence number they would have had there, so they
+                // come out in the same order among events of the same instant.
+                let seq = self.seq;
+                self.seq += 1;
+                let idle = h.device.is_empty();
+                h.device.push_back(Queued {
+                    done,
+                    seq,
+                    reply,
+                    op,
+                });
+                if idle {
+                    self.push_with_seq(done, seq, Ev::QpCommand { host });
+                }
             }
             CommandOp::SendPeer {
                 port,
@@ -213,18 +267,22 @@ impl Sim {
         }
     }
 
-    /// A QP command reached the head of its device's queue: it takes effect now.
-    pub(super) fn qp_command_done(&mut self, host: usize, reply: Reply, op: CommandOp) {
+    /// The QP command at the head of `host`'s device queue completes: it takes effect
+    /// now, and the next one's completion is due.
+    pub(super) fn qp_command_done(&mut self, host: usize) {
+        let Some(Queued { reply, op, .. }) = self.hosts[host].device.pop_front() else {
+            return;
+        };
+        if let Some(next) = self.hosts[host].device.front() {
+            let (at, seq) = (next.done, next.seq);
+            self.push_with_seq(at, seq, Ev::QpCommand { host });
+        }
         let result = match op {
-            CommandOp::LoadAlternate { conn, path } => self.load_alternate(host, conn, path),
-            CommandOp::SetRearm { conn } => self.set_rearm(host, conn),
-            CommandOp::ForceMigrate { conn } => self.force_migrate(host, conn),
-            CommandOp::SoftwareMigrate { conn, path } => self.software_migrate(host, conn, path),
-            CommandOp::QueryQp { conn } => self.query_qp(host, conn),
-            other => Err(ProviderError::unsupported(
-                "provider-sim",
-                Operation::from(&other),
-            )),
+            QpOp::Load(conn, path) => self.load_alternate(host, conn, path),
+            QpOp::Rearm(conn) => self.set_rearm(host, conn),
+            QpOp::Force(conn) => self.force_migrate(host, conn),
+            QpOp::Software(conn, path) => self.software_migrate(host, conn, path),
+            QpOp::Query(conn) => self.query_qp(host, conn),
         };
         self.complete(host, reply, result);
     }
@@ -250,8 +308,9 @@ impl Sim {
     // ------------------------------------------------------------------ MAD agents
 
     /// A MAD reaches `host`'s agent, which handles one at a time in arrival order.
-    pub(super) fn mad_arrive(&mut self, host: usize, mad: Mad) {
+    pub(super) fn mad_arrive(&mut self, host: usize, mad: u32) {
         if self.hosts[host].dead {
+            self.mads.take(mad);
             return;
         }
         let h = &mut self.hosts[host];
@@ -304,6 +363,7 @@ impl Sim {
             port: key,
             msg,
         };
+        let mad = self.mads.put(mad);
         self.push(after(self.now, d), Ev::MadArrive { host: h, mad });
     }
 

@@ -32,9 +32,12 @@
 //!   resent until answered. A standby takes over when its polls of the master fail for
 //!   OpenSM's polling timeout and retries, with no subscriptions, setting
 //!   ClientReregister in its first sweep; an SM whose host died is dead.
-//! - **The SA** (`sa.rs`) serves requests one at a time at `sa_rate_per_s`, drops those
-//!   that wait longer than `sa_fifo_timeout_ms`, and answers nothing until a new
-//!   master's first sweep is done; clients time out and retry.
+//! - **The SA** (`sa.rs`) serves its MADs one at a time at `sa_rate_per_s`: requests,
+//!   Reports' first transmissions and ReportResps in one queue (OpenSM sends Reports
+//!   holding the lock the SA needs); it drops requests that would wait longer than
+//!   `sa_fifo_timeout_ms`, and answers nothing until a new master's first sweep is done;
+//!   clients time out and retry. What each failure event costs the SMs and SAs is
+//!   counted by window (`load.rs`).
 //! - **Silent failures**: a black-holing switch keeps its ports up and answers the SM's
 //!   directed-route SMPs but forwards nothing (no port event, no trap 128, no sweep);
 //!   a cut between switches raises no port event at a host (the switches' trap 128
@@ -69,8 +72,11 @@ mod build;
 pub use build::SimError;
 mod faults;
 mod hosts;
+mod load;
 mod qp;
+mod quiet;
 mod sa;
+mod slab;
 mod sm;
 mod truth;
 
@@ -99,6 +105,15 @@ pub struct RunConfig {
 }
 
 impl RunConfig {
+    /// A run of `scenario` under `policy` with `seed`, with the scenario's engine
+    /// policy ([`Scenario::engine_policy`]), samples every 10 ms.
+    pub fn for_scenario(scenario: &Scenario, policy: PolicyKind, seed: u64) -> RunConfig {
+        RunConfig {
+            engine_policy: scenario.engine_policy(),
+            ..RunConfig::new(policy, seed)
+        }
+    }
+
     /// A run of `policy` with `seed`, the simulator's engine policy
     /// ([`crate::controller::sim_policy`]: the defaults with probes on), samples every
     /// 10 ms.
@@ -190,8 +205,9 @@ struct Conn {
     bucket: Bucket,
     since: Time,
     interrupted_at: Option<Time>,
-    /// The armed alternates (side 0, side 1) when the primary failed while protected.
-    guard: Option<(Path, Path)>,
+    /// The armed alternates (side 0, side 1) when the primary failed while protected
+    /// (boxed: set only while a connection fails over).
+    guard: Option<Box<(Path, Path)>>,
     /// The connection moved then and has not been armed since (the re-arm window: after
     /// a migration a QP arms again only once its peer's packets arrive).
     moved_unarmed: Option<Time>,
@@ -203,12 +219,25 @@ struct Conn {
     outage_in_stall: bool,
     /// It was lost in or after such an outage (see `RunReport::lost_in_outage`).
     lost_in_outage: bool,
-    /// The last traced description (with `RunConfig::trace_conn`).
-    traced: String,
     /// The guard was a port-disjoint alternate (for the disjoint restore figure).
     guard_disjoint: bool,
     /// Lost with its HCA (`Loss::DeviceFatal`): no invariant asks to have kept it.
     excused: bool,
+    /// Counted instead of simulated at its ticks (`quiet.rs`), since tick `synced` of
+    /// its group.
+    quiet: Option<quiet::Quiet>,
+    synced: u64,
+    /// Its routes' fates as last walked (`Sim::conn_path_ok`).
+    route_memo: std::cell::Cell<RouteMemo>,
+}
+
+/// Whether four routes of a connection worked, as of a generation of the fabric:
+/// keyed by each route's LID pair, void once the fabric changes.
+#[derive(Clone, Copy, Debug, Default)]
+struct RouteMemo {
+    gen: u64,
+    keys: [u32; 4],
+    ok: [bool; 4],
 }
 
 /// What a completed command answers: the engine (an `Input::CommandDone`) or an
@@ -225,6 +254,8 @@ struct Host {
     timer_at: Option<Time>,
     /// The device's command queue is busy until then.
     device_busy: Time,
+    /// Its commands waiting and in progress, in order.
+    device: std::collections::VecDeque<hosts::Queued>,
     /// The MAD agent is busy until then.
     mad_busy: Time,
     /// The HCA died (`DEVICE_FATAL`): nothing it sends or receives happens.
@@ -299,29 +330,29 @@ enum Ev {
         side: usize,
         gen: u32,
     },
+    /// An input reaches a host's controller (kept in `Sim::inputs`).
     Deliver {
         host: usize,
-        input: Input,
+        input: u32,
     },
     HostTimer {
         host: usize,
     },
     Action(usize),
-    /// A QP command completes on its device.
+    /// The QP command at the head of a device's queue completes.
     QpCommand {
         host: usize,
-        reply: Reply,
-        op: CommandOp,
     },
     /// A MAD reaches a host's agent (queued there).
     MadArrive {
         host: usize,
-        mad: Mad,
+        /// In `Sim::mads`.
+        mad: u32,
     },
     /// The host's agent has processed a MAD.
     MadReady {
         host: usize,
-        mad: Mad,
+        mad: u32,
     },
     /// A switch sends (or resends) trap 128 to its SM.
     Trap {
@@ -334,7 +365,7 @@ enum Ev {
     SweepEnd {
         subnet: usize,
         epoch: u32,
-        dropped: Vec<PortId>,
+        dropped: Box<[PortId]>,
     },
     LightSweep {
         subnet: usize,
@@ -350,6 +381,12 @@ enum Ev {
         tid: u64,
     },
     ReportResp {
+        subnet: usize,
+        epoch: u32,
+        tid: u64,
+    },
+    /// A Report's first transmission reaches the head of the SA's queue.
+    ReportSend {
         subnet: usize,
         epoch: u32,
         tid: u64,
@@ -393,6 +430,7 @@ impl Ev {
             Ev::PollTimeout { subnet, .. } => 13 + small(*subnet),
             Ev::ReportTimeout { tid, .. } => 14 + (tid << 8),
             Ev::ReportResp { tid, .. } => 15 + (tid << 8),
+            Ev::ReportSend { tid, .. } => 20 + (tid << 8),
             Ev::SaArrive { txn, .. } => 16 + (txn << 8),
             Ev::SaServed { txn, .. } => 17 + (txn << 8),
             Ev::SaTimeout { txn, .. } => 18 + (txn << 8),
@@ -446,6 +484,9 @@ struct Counters {
     events: u64,
     messages_posted: u64,
     probes_sent: u64,
+    /// Reports the hosts received and the ReportResps they sent, over every host.
+    reports_received: u64,
+    report_resps_sent: u64,
 }
 
 /// One simulation run.
@@ -478,6 +519,18 @@ pub struct Sim {
     digest: u64,
     /// Last time a fault happened (for the "re-armed within a bound" check).
     last_fault: Time,
+    /// What the SMs and SAs handled, and its windows by failure event.
+    load: load::SmLoad,
+    windows: load::Windows,
+    traffic: quiet::Traffic,
+    /// Bumped at every change of the fabric (a port, link or switch, a forwarding
+    /// table): route memos of an older generation are void.
+    fab_gen: u64,
+    /// The payloads of queued events: inputs for controllers, MADs on their way.
+    inputs: slab::Slab<Input>,
+    mads: slab::Slab<Mad>,
+    /// The last traced description of `RunConfig::trace_conn`.
+    traced: String,
     /// Hosts whose inputs go to an external driver instead of a controller: the sink
     /// once attached, and what arrived before that.
     external: BTreeMap<usize, External>,
@@ -527,13 +580,16 @@ impl Sim {
     // ------------------------------------------------------------------ the loop
 
     fn push(&mut self, at: Time, ev: Ev) {
-        let at = at.max(self.now);
-        self.queue.push(Reverse(Entry {
-            at,
-            seq: self.seq,
-            ev,
-        }));
+        let seq = self.seq;
         self.seq += 1;
+        self.push_with_seq(at, seq, ev);
+    }
+
+    /// Queue an event under a sequence number taken earlier (an event held back
+    /// outside the queue keeps its place among those of its instant).
+    fn push_with_seq(&mut self, at: Time, seq: u64, ev: Ev) {
+        let at = at.max(self.now);
+        self.queue.push(Reverse(Entry { at, seq, ev }));
     }
 
     /// The time of the next event, if any is left before the end.
@@ -605,7 +661,11 @@ impl Sim {
         match ev {
             Ev::Tick(g) => self.tick(g),
             Ev::Retry { conn, side, gen } => self.retry(conn, side, gen),
-            Ev::Deliver { host, input } => self.feed(host, input),
+            Ev::Deliver { host, input } => {
+                if let Some(input) = self.inputs.take(input) {
+                    self.feed(host, input);
+                }
+            }
             Ev::HostTimer { host } => {
                 if self.hosts[host].timer_at == Some(self.now) {
                     self.hosts[host].timer_at = None;
@@ -615,9 +675,13 @@ impl Sim {
                 }
             }
             Ev::Action(i) => self.action(i),
-            Ev::QpCommand { host, reply, op } => self.qp_command_done(host, reply, op),
+            Ev::QpCommand { host } => self.qp_command_done(host),
             Ev::MadArrive { host, mad } => self.mad_arrive(host, mad),
-            Ev::MadReady { host, mad } => self.mad_ready(host, mad),
+            Ev::MadReady { host, mad } => {
+                if let Some(mad) = self.mads.take(mad) {
+                    self.mad_ready(host, mad);
+                }
+            }
             Ev::Trap { subnet, gen } => self.trap(subnet, gen),
             Ev::SweepStart { subnet } => self.sweep_start(subnet),
             Ev::SweepEnd {
@@ -628,9 +692,10 @@ impl Sim {
             Ev::LightSweep { subnet } => self.light_sweep(subnet),
             Ev::PollTimeout { subnet, since } => self.poll_timeout(subnet, since),
             Ev::ReportTimeout { subnet, epoch, tid } => self.report_timeout(subnet, epoch, tid),
-            Ev::ReportResp { subnet, epoch, tid } => {
+            Ev::ReportResp { subnet, epoch, tid } => self.report_resp(subnet, epoch, tid),
+            Ev::ReportSend { subnet, epoch, tid } => {
                 if self.sms[subnet].epoch == epoch {
-                    self.sms[subnet].reports.remove(&tid);
+                    self.transmit_report(subnet, tid);
                 }
             }
             Ev::SaArrive { subnet, epoch, txn } => self.sa_arrive(subnet, epoch, txn),

@@ -167,6 +167,29 @@ impl Sim {
         Time(4096u64 << self.conns[i].qp[s].primary.ack_timeout.min(31))
     }
 
+    /// `p` works now, as connection `i`'s path in memo slot `slot` (0, 1: the two
+    /// sides' primaries; 2, 3: their alternates): a connection's routes are walked
+    /// once per change of the fabric, not at every re-evaluation (each walk is a
+    /// handful of forwarding-table lookups spread over megabytes of tables).
+    pub(super) fn conn_path_ok(&self, i: usize, slot: usize, p: &Path) -> bool {
+        let key = (u32::from(p.slid.get()) << 16) | u32::from(p.dlid.get());
+        let mut memo = self.conns[i].route_memo.get();
+        if memo.gen == self.fab_gen && memo.keys[slot] == key {
+            return memo.ok[slot];
+        }
+        let ok = self.path_ok(p);
+        if memo.gen != self.fab_gen {
+            memo = RouteMemo {
+                gen: self.fab_gen,
+                ..RouteMemo::default()
+            };
+        }
+        memo.keys[slot] = key;
+        memo.ok[slot] = ok;
+        self.conns[i].route_memo.set(memo);
+        ok
+    }
+
     pub(super) fn path_ok(&self, p: &Path) -> bool {
         self.fab.route(p.slid.get(), p.dlid.get()).is_some()
     }
@@ -263,7 +286,7 @@ impl Sim {
             return false;
         }
         let p = self.conns[i].qp[x].primary;
-        if !self.path_ok(&p) {
+        if !self.conn_path_ok(i, x, &p) {
             return false;
         }
         // A requester in MIGRATED sends MigReq=1.
@@ -286,7 +309,7 @@ impl Sim {
         self.c.messages_delivered += newly;
         // The ACK travels on the responder's primary and carries its MigReq.
         let back = c.qp[y].primary;
-        let acked = mirrors(&back, &c.qp[x].primary) && self.path_ok(&back);
+        let acked = mirrors(&back, &c.qp[x].primary) && self.conn_path_ok(i, y, &back);
         let c = &mut self.conns[i];
         if acked {
             c.qp[x].acked = c.qp[x].posted;
@@ -302,9 +325,8 @@ impl Sim {
     }
 
     pub(super) fn tick(&mut self, g: u64) {
-        let groups = self.scenario.workload.message_interval_ms as usize;
-        let mut i = g as usize;
-        while i < self.conns.len() {
+        // Quiet connections are counted, not visited (`quiet.rs`).
+        for i in self.tick_group(g as usize) {
             for s in 0..2 {
                 // The application offers its message whatever became of the connection:
                 // on a dead one it is never delivered.
@@ -330,7 +352,7 @@ impl Sim {
                     );
                 }
             }
-            i += groups;
+            self.settle(i);
         }
         let at = after(self.now, ms(self.scenario.workload.message_interval_ms));
         self.push(at, Ev::Tick(g));

@@ -2,11 +2,15 @@
 //!
 //! A client (a host's SA facet) sends a PathRecord GetTable or an InformInfo Set to the
 //! master SM's port, waits `sa_timeout_ms` for the answer and tries `sa_tries` times;
-//! an answer to any attempt settles the request. The SA serves requests one at a time
-//! at `sa_rate_per_s` in arrival order, drops a request that would wait longer than
+//! an answer to any attempt settles the request. The SA serves its MADs one at a time
+//! at `sa_rate_per_s` in arrival order (the queue is `load.rs`'s): requests, and the
+//! Reports and ReportResps of traps 64/65 (`sm.rs`), so a trap's Reports delay the
+//! answers queued behind them. It drops a request that would wait longer than
 //! `sa_fifo_timeout_ms` behind others (OpenSM `max_msg_fifo_timeout`: dropped, not
-//! answered BUSY), and ignores everything while its master's first sweep runs (OpenSM:
-//! "Received SA MAD while SM in first sweep. MAD ignored").
+//! answered BUSY: the queue overflowed), and ignores everything while its master's
+//! first sweep runs (OpenSM: "Received SA MAD while SM in first sweep. MAD ignored").
+//! Under load that is OpenSM's collapse: a request waiting longer than its client's
+//! timeout is resent while the first copy still waits, and the SA answers both.
 
 use super::*;
 
@@ -76,7 +80,9 @@ impl Sim {
             return;
         };
         t.attempt += 1;
-        let (pid, attempt) = (t.port, t.attempt);
+        let (pid, attempt, host) = (t.port, t.attempt, t.host);
+        self.load.requests_sent += 1;
+        self.windows.request_from(host, self.hosts.len());
         let s = self.fab.ports[pid].subnet;
         if let Some(m) = self.sms[s].master_port() {
             let (a, b) = (self.fab.ports[pid].lid, self.fab.ports[m].lid);
@@ -103,6 +109,7 @@ impl Sim {
         if t.attempt != attempt {
             return;
         }
+        self.load.request_timeouts += 1;
         if attempt < self.p.sa_tries {
             self.sa_send(txn);
             return;
@@ -123,14 +130,13 @@ impl Sim {
         if self.sms[s].epoch != epoch || !self.sa_serving(s) {
             return;
         }
-        let service = Time(1_000_000_000 / self.p.sa_rate_per_s.max(1));
-        let sm = &mut self.sms[s];
-        let wait = sm.sa_busy.0.saturating_sub(self.now.0);
+        self.load.requests_in += 1;
+        let wait = self.sms[s].sa_busy.0.saturating_sub(self.now.0);
         if wait > ms(self.p.sa_fifo_timeout_ms).0 {
+            self.load.dropped += 1;
             return;
         }
-        let done = after(sm.sa_busy.max(self.now), service);
-        sm.sa_busy = done;
+        let done = self.sa_enqueue(s);
         self.push(
             done,
             Ev::SaServed {
@@ -169,9 +175,11 @@ impl Sim {
         let Some(m) = self.sms[s].master_port() else {
             return;
         };
+        self.load.answers_out += 1;
         let (a, b) = (self.fab.ports[m].lid, self.fab.ports[pid].lid);
         if let Some(d) = self.mad(a, b) {
             let mad = Mad::SaAnswer { txn, result };
+            let mad = self.mads.put(mad);
             self.push(after(self.now, d), Ev::MadArrive { host, mad });
         }
     }

@@ -304,7 +304,7 @@ impl Sim {
             Ev::SweepEnd {
                 subnet: s,
                 epoch,
-                dropped: cost.dropped,
+                dropped: cost.dropped.into_boxed_slice(),
             },
         );
     }
@@ -440,6 +440,7 @@ impl Sim {
             let (h, key) = (self.fab.ports[pid].host, self.fab.ports[pid].key());
             if self.fab.ports[pid].state != PortState::Active {
                 self.fab.ports[pid].state = PortState::Active;
+                self.fab_gen += 1;
                 activated += 1;
                 if self.now > Time::ZERO {
                     self.raise(h, lat, port_event(key, PortEvent::Active));
@@ -451,6 +452,7 @@ impl Sim {
             }
         }
         self.fab.program_lfts(&ports, &switches);
+        self.fab_gen += 1;
         let mut traps: Vec<(Gid, GidService, PortId)> = Vec::new();
         // Indexing: three parallel tables (fabric ports, discovery, the SM's view).
         #[allow(clippy::needless_range_loop)]
@@ -513,16 +515,32 @@ impl Sim {
             },
         );
         self.c.reports_sent += 1;
-        self.transmit_report(s, tid);
+        // OpenSM's drop manager and state manager send a trap's Reports holding the
+        // subnet lock exclusively (`osm_drop_mgr_process`, `osm_report_notice`), and
+        // the SA takes it to answer anything: a Report waits for the SA's queue, and
+        // the requests behind it wait for the Report. Its resends are the kernel MAD
+        // layer's (`umad_send` with `transaction_timeout` and `transaction_retries`,
+        // `osm_vendor_send`) and queue for nothing.
+        let done = self.sa_enqueue(s);
+        let epoch = self.sms[s].epoch;
+        self.push(
+            done,
+            Ev::ReportSend {
+                subnet: s,
+                epoch,
+                tid,
+            },
+        );
     }
 
-    fn transmit_report(&mut self, s: usize, tid: u64) {
+    pub(super) fn transmit_report(&mut self, s: usize, tid: u64) {
         let Some(m) = self.sms[s].master_port() else {
             return;
         };
         let Some(r) = self.sms[s].reports.get(&tid).cloned() else {
             return;
         };
+        self.load.reports_out += 1;
         let epoch = self.sms[s].epoch;
         let (mlid, slid) = (self.fab.ports[m].lid, self.fab.ports[r.sub].lid);
         match self.mad(mlid, slid) {
@@ -534,6 +552,7 @@ impl Sim {
                     epoch,
                     tid,
                 };
+                let mad = self.mads.put(mad);
                 self.push(after(self.now, d), Ev::MadArrive { host, mad });
             }
             None => {
@@ -588,6 +607,19 @@ impl Sim {
         }
     }
 
+    /// A ReportResp reaches the SM: the kernel MAD layer matches it to its Report and
+    /// stops the resends at once; OpenSM's receiver then retires the transaction (a
+    /// lookup in its table of outstanding MADs, `get_madw` in `osm_vendor_ibumad.c`),
+    /// one MAD of the SA's queue like any other it receives.
+    pub(super) fn report_resp(&mut self, s: usize, epoch: u32, tid: u64) {
+        if self.sms[s].epoch != epoch {
+            return;
+        }
+        self.sms[s].reports.remove(&tid);
+        self.load.report_resps_in += 1;
+        self.sa_enqueue(s);
+    }
+
     /// A Report the subscriber's agent has processed: answer it, hand the notice on.
     pub(super) fn report_ready(&mut self, sub: PortId, s: usize, epoch: u32, tid: u64) {
         let host = self.fab.ports[sub].host;
@@ -595,6 +627,8 @@ impl Sim {
         // included (it cannot know), and hands each notice on once.
         self.hosts[host].reports_received += 1;
         self.hosts[host].report_resps_sent += 1;
+        self.c.reports_received += 1;
+        self.c.report_resps_sent += 1;
         let Some(r) = self.sms[s]
             .reports
             .get(&tid)

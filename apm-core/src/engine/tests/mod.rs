@@ -9,6 +9,7 @@ mod probed;
 mod properties;
 mod rearm;
 mod recovery;
+mod sa_pacing;
 mod software;
 mod table;
 mod validation;

@@ -1,7 +1,10 @@
 //! What runs on each simulated host to look after its connections: the apm engine, or
-//! one of the two baselines it is compared with.
+//! one of the two baselines it is compared with; and, for what apm costs the SM and SA
+//! at scale, two naive ways of using the SA: apm's engine with every SA economy undone
+//! (`apm-wildcard`) and a manager that asks the SA per connection (`per-conn-sa`,
+//! `per_conn_sa.rs`).
 //!
-//! All three speak the engine's sans-IO contract (`Input` in, `Output` out), so the
+//! All of them speak the engine's sans-IO contract (`Input` in, `Output` out), so the
 //! simulator drives them identically. The baselines model what applications do today
 //! and must stay as simple as they are in the wild: they are not straw men, but they
 //! are not to be improved either.
@@ -12,7 +15,12 @@ use apm_core::{
     Time,
 };
 use serde::Serialize;
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::VecDeque;
+
+mod by_id;
+mod per_conn_sa;
+use by_id::{ById, Outstanding};
+pub use per_conn_sa::PerConnSa;
 
 /// Which controller a run uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize)]
@@ -24,11 +32,25 @@ pub enum PolicyKind {
     HwOnly,
     /// Re-arm locally on `PATH_MIG` (old MPI libraries): no LAP, no SA notices.
     ReloadLocal,
+    /// apm's engine with its SA economies undone ([`wildcard_policy`]): subscribed to
+    /// traps 64/65 on every port, every SA request out at once.
+    ApmWildcard,
+    /// Every connection asks the SA for its own paths ([`PerConnSa`]).
+    PerConnSa,
 }
 
 impl PolicyKind {
-    /// Every policy, in report order.
+    /// apm and the two baselines it is compared with, in report order.
     pub const ALL: [PolicyKind; 3] = [PolicyKind::Apm, PolicyKind::HwOnly, PolicyKind::ReloadLocal];
+
+    /// Every controller, the ways of using the SA included.
+    pub const EVERY: [PolicyKind; 5] = [
+        PolicyKind::Apm,
+        PolicyKind::HwOnly,
+        PolicyKind::ReloadLocal,
+        PolicyKind::ApmWildcard,
+        PolicyKind::PerConnSa,
+    ];
 
     /// The name used in reports and JSON.
     pub fn name(self) -> &'static str {
@@ -36,12 +58,24 @@ impl PolicyKind {
             PolicyKind::Apm => "apm",
             PolicyKind::HwOnly => "hw-only",
             PolicyKind::ReloadLocal => "reload-local",
+            PolicyKind::ApmWildcard => "apm-wildcard",
+            PolicyKind::PerConnSa => "per-conn-sa",
         }
     }
 
     /// Parse a report name.
     pub fn from_name(s: &str) -> Option<PolicyKind> {
-        PolicyKind::ALL.into_iter().find(|p| p.name() == s)
+        PolicyKind::EVERY.into_iter().find(|p| p.name() == s)
+    }
+
+    /// True when the hosts run apm's engine (its invariants are checked).
+    pub fn is_apm_engine(self) -> bool {
+        matches!(self, PolicyKind::Apm | PolicyKind::ApmWildcard)
+    }
+
+    /// True for the two baselines apm must dominate.
+    pub fn is_baseline(self) -> bool {
+        matches!(self, PolicyKind::HwOnly | PolicyKind::ReloadLocal)
     }
 }
 
@@ -76,6 +110,18 @@ pub fn sim_policy() -> Policy {
             ..ProbePolicy::default()
         },
         ..Policy::default()
+    }
+}
+
+/// `policy` with apm's SA economies undone, as `apm-wildcard` runs it: subscribed to
+/// traps 64/65 on every port (a wildcard subscription: OpenSM sends every trap of the
+/// subnet to it), every SA request out at once with no jitter.
+pub fn wildcard_policy(policy: &Policy) -> Policy {
+    Policy {
+        subscribe: true,
+        sa_max_outstanding: 0,
+        sa_jitter_ms: 0,
+        ..policy.clone()
     }
 }
 
@@ -180,7 +226,9 @@ impl Controller for ApmController {
 struct BaseConn {
     primary: Path,
     alternate: Option<Path>,
-    candidates: Vec<Path>,
+    /// The paths it may move to (kept by `reload-local` only, which looks for an LMC
+    /// variant among them; `hw-only` never looks).
+    candidates: Box<[Path]>,
     /// Outstanding command chain: LoadAlternate then SetRearm.
     pending: Option<CommandId>,
 }
@@ -208,11 +256,10 @@ enum Then {
 #[derive(Debug)]
 pub struct Baseline {
     after: AfterMigration,
-    conns: BTreeMap<ConnId, BaseConn>,
+    conns: ById<BaseConn>,
     out: VecDeque<Output>,
-    next_cmd: u64,
     /// Command id -> (connection, what follows it).
-    pending: BTreeMap<CommandId, (ConnId, Then)>,
+    pending: Outstanding<(ConnId, Then)>,
 }
 
 impl Baseline {
@@ -221,17 +268,14 @@ impl Baseline {
     pub fn new(after: AfterMigration) -> Baseline {
         Baseline {
             after,
-            conns: BTreeMap::new(),
+            conns: ById::default(),
             out: VecDeque::new(),
-            next_cmd: 1,
-            pending: BTreeMap::new(),
+            pending: Outstanding::default(),
         }
     }
 
     fn issue(&mut self, op: CommandOp, conn: ConnId, then: Then) {
-        let id = CommandId(self.next_cmd);
-        self.next_cmd += 1;
-        self.pending.insert(id, (conn, then));
+        let id = self.pending.issue((conn, then));
         if let Some(c) = self.conns.get_mut(&conn) {
             c.pending = Some(id);
         }
@@ -253,7 +297,11 @@ impl Baseline {
             BaseConn {
                 primary: spec.primary,
                 alternate: alt,
-                candidates: spec.candidates.clone(),
+                candidates: if self.after == AfterMigration::ReloadLocal {
+                    spec.candidates.into_boxed_slice()
+                } else {
+                    Box::new([])
+                },
                 pending: None,
             },
         );
@@ -311,7 +359,7 @@ impl Controller for Baseline {
                 }
             }
             Input::CommandDone { id, result } => {
-                let Some((conn, then)) = self.pending.remove(&id) else {
+                let Some((conn, then)) = self.pending.complete(id) else {
                     return;
                 };
                 if let Some(c) = self.conns.get_mut(&conn) {
@@ -342,7 +390,7 @@ pub fn probe_seed(seed: u64, host: usize) -> u64 {
 }
 
 /// A controller of `kind`; `policy` and `seed` (its prober's jitter) are used by `apm`
-/// only.
+/// and `apm-wildcard` only.
 pub fn make(
     kind: PolicyKind,
     policy: &Policy,
@@ -352,5 +400,7 @@ pub fn make(
         PolicyKind::Apm => Box::new(ApmController::new(policy.clone(), seed)?),
         PolicyKind::HwOnly => Box::new(Baseline::new(AfterMigration::Nothing)),
         PolicyKind::ReloadLocal => Box::new(Baseline::new(AfterMigration::ReloadLocal)),
+        PolicyKind::ApmWildcard => Box::new(ApmController::new(wildcard_policy(policy), seed)?),
+        PolicyKind::PerConnSa => Box::new(PerConnSa::default()),
     })
 }
