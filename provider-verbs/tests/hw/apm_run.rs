@@ -334,7 +334,7 @@ type Pair = (Vec<String>, Vec<String>);
 fn case(name: &str, pairs: &[Pair], apm: Option<&str>, cut: Cut, cut_after: Duration) -> Outcome {
     // Without apm a hang is the expected outcome: 15 s of it show it.
     let limit = if apm.is_some() {
-        Duration::from_secs(120)
+        Duration::from_secs(180)
     } else {
         cut_after + Duration::from_secs(15)
     };

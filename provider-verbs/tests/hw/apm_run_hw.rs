@@ -44,7 +44,7 @@ fn roce_hw_apm_run_ibv_rc_pingpong_across_a_silent_cut_and_a_link_down() {
         return println!("SKIPPED roce_hw_apm_run: no hardware APM on rxe0: {why}");
     }
     // Long enough to span the cut and the migration (the budget, ~0.6 s) and then some.
-    let iters = pingpong_iters(18650, 6.0);
+    let iters = pingpong_iters(18650, 8.0);
     for (cut, port) in [(Cut::SilentUnreported, 18651), (Cut::LinkDown, 18652)] {
         let name = format!("hw-{cut:?}");
         // Without apm the QP has no alternate: the patched rxe errors it when its retries
@@ -54,7 +54,7 @@ fn roce_hw_apm_run_ibv_rc_pingpong_across_a_silent_cut_and_a_link_down() {
             &[pingpong(port, iters)],
             None,
             cut,
-            Duration::from_millis(1500),
+            Duration::from_millis(1000),
         );
         assert!(
             !bare.all_ok(),
@@ -66,7 +66,7 @@ fn roce_hw_apm_run_ibv_rc_pingpong_across_a_silent_cut_and_a_link_down() {
             &[pingpong(port, iters)],
             Some(&apm),
             cut,
-            Duration::from_millis(1500),
+            Duration::from_millis(1000),
         );
         assert!(
             out.all_ok(),
