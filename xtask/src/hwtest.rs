@@ -269,15 +269,7 @@ fn build_apm() -> Result<PathBuf> {
 
 /// Build `apm run`'s interposition library beside the `apm` binary and return its path.
 fn build_preload(apm: &std::path::Path) -> Result<PathBuf> {
-    let args = ["build", "-p", "apm-preload"];
-    eprintln!("$ cargo {}", args.join(" "));
-    let status = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
-        .args(args)
-        .status()
-        .context("could not run cargo")?;
-    if !status.success() {
-        bail!("`cargo {}` failed", args.join(" "));
-    }
+    cargo(&["build", "-p", "apm-preload"])?;
     let lib = apm.with_file_name("libapm_preload.so");
     if !lib.is_file() {
         bail!("cargo built no {}", lib.display());
@@ -285,18 +277,30 @@ fn build_preload(apm: &std::path::Path) -> Result<PathBuf> {
     Ok(lib)
 }
 
-/// Run `cargo <args>` and return the executable of the artifact named `name`.
-fn cargo_executable(args: &[&str], name: &str) -> Result<PathBuf> {
+/// Run `cargo <args>` (JSON messages on stdout, rendered diagnostics on stderr) and
+/// return what it printed on stdout, or an error if it failed.
+fn cargo(args: &[&str]) -> Result<std::process::Output> {
     eprintln!("$ cargo {}", args.join(" "));
-    let out = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
+    let mut child = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()))
         .args(args)
         .arg("--message-format=json-render-diagnostics")
-        .stderr(std::process::Stdio::inherit())
-        .output()
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
         .context("could not run cargo")?;
+    let stderr = child.stderr.take().context("cargo's stderr")?;
+    let forward = std::thread::spawn(move || forward_shortened(stderr));
+    let out = child.wait_with_output().context("could not run cargo")?;
+    let _ = forward.join();
     if !out.status.success() {
         bail!("`cargo {}` failed", args.join(" "));
     }
+    Ok(out)
+}
+
+/// Run `cargo <args>` and return the executable of the artifact named `name`.
+fn cargo_executable(args: &[&str], name: &str) -> Result<PathBuf> {
+    let out = cargo(args)?;
     // One JSON object per line; the artifact names its executable. A string search keeps
     // xtask free of a JSON dependency.
     let want = format!(r#""name":"{name}""#);
@@ -313,6 +317,30 @@ fn cargo_executable(args: &[&str], name: &str) -> Result<PathBuf> {
         }
     }
     bail!("cargo did not report the {name} executable")
+}
+
+/// Copy cargo's diagnostics to our stderr, shortening lines longer than a screenful.
+///
+/// A failed link prints the whole linker command line (tens of kilobytes on one line)
+/// before the linker's own message; CI logs that keep only part of a long output then
+/// lose the message that says what went wrong. The head and tail of such a line are kept.
+fn forward_shortened(from: impl std::io::Read) {
+    use std::io::{BufRead, Write};
+    const KEEP: usize = 300;
+    let mut err = std::io::stderr().lock();
+    for line in std::io::BufReader::new(from).split(b'\n') {
+        let Ok(line) = line else { break };
+        let text = String::from_utf8_lossy(&line);
+        let chars: Vec<char> = text.chars().collect();
+        let shown = if chars.len() > 3 * KEEP {
+            let head: String = chars[..KEEP].iter().collect();
+            let tail: String = chars[chars.len() - KEEP..].iter().collect();
+            format!("{head} [... {} characters left out ...] {tail}", chars.len() - 2 * KEEP)
+        } else {
+            text.into_owned()
+        };
+        let _ = writeln!(err, "{shown}");
+    }
 }
 
 fn which(program: &str) -> Result<PathBuf> {
