@@ -335,7 +335,10 @@ fn forward_shortened(from: impl std::io::Read) {
         let shown = if chars.len() > 3 * KEEP {
             let head: String = chars[..KEEP].iter().collect();
             let tail: String = chars[chars.len() - KEEP..].iter().collect();
-            format!("{head} [... {} characters left out ...] {tail}", chars.len() - 2 * KEEP)
+            format!(
+                "{head} [... {} characters left out ...] {tail}",
+                chars.len() - 2 * KEEP
+            )
         } else {
             text.into_owned()
         };
