@@ -222,6 +222,13 @@ impl Engine {
             debug!(%gid, "out-of-service notice about a local GID: ignored");
             return;
         }
+        if !self.gid_in_use(gid) {
+            // Its Reports reach every host the SM thinks interested (with a wildcard
+            // subscription, every host): remembering the GID would cost an SA recheck
+            // of it per host, at every failure, for no connection at all.
+            debug!(%gid, "out-of-service notice about a GID no connection uses: ignored");
+            return;
+        }
         if self.remotes.health_mut(gid).fail(self.now, &self.policy) {
             info!(%gid, "remote GID out of service");
             self.invalidate_cache(|k| k.1 == gid);
@@ -247,6 +254,12 @@ impl Engine {
             self.remotes.drop_recheck(&gid);
             return;
         }
+        if !self.gid_in_use(gid) {
+            // The connections that needed it are gone: nothing is asked, and nothing is
+            // believed (a connection made to it later starts from "never heard of").
+            self.remotes.forget(&gid);
+            return;
+        }
         let interval = self
             .remotes
             .recheck(&gid)
@@ -258,6 +271,16 @@ impl Engine {
         self.schedule_recheck(gid, next);
         let due = self.remotes.recheck(&gid).map_or(Time::ZERO, |r| r.0);
         self.ask_sa_about(gid, due);
+    }
+
+    /// Whether a connection the engine acts on may use a path to remote GID `gid` (its
+    /// primary, its alternate or one of its candidates leads there).
+    fn gid_in_use(&self, gid: Gid) -> bool {
+        self.live_conns().any(|(_, c)| {
+            c.primary.dgid == gid
+                || c.alt.path().is_some_and(|a| a.dgid == gid)
+                || c.candidates.iter().any(|p| p.dgid == gid)
+        })
     }
 
     /// Ask the SA, through every usable InfiniBand port, for paths to `gid`; the answer

@@ -63,6 +63,12 @@ impl Remotes {
         self.urgent.remove(gid);
     }
 
+    /// Nothing is known about `gid` any more: it is up, as a GID never heard of.
+    pub(crate) fn forget(&mut self, gid: &Gid) {
+        self.health.remove(gid);
+        self.forget_rechecks(gid);
+    }
+
     /// May the SA be asked out of turn about `gid` now (not within `recent` of the last
     /// time)? Remembers that it was.
     pub(crate) fn ask_out_of_turn(&mut self, gid: Gid, now: Time, recent: Duration) -> bool {

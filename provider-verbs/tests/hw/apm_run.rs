@@ -31,6 +31,9 @@ mod more;
 // Hardware APM under `apm run` (the patched soft-RoCE).
 #[path = "apm_run_hw.rs"]
 mod hw;
+// The agent's liveness probes finding a cut nothing reports.
+#[path = "apm_run_probes.rs"]
+mod probes;
 
 /// The agent's UDP port in these tests (not the default, so nothing else answers).
 const PORT: &str = "47950";
