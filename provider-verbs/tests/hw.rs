@@ -759,6 +759,8 @@ mod bench_failover;
 mod child;
 #[path = "hw/failover.rs"]
 mod failover;
+#[path = "hw/forged.rs"]
+mod forged;
 #[path = "hw/hardware_apm.rs"]
 mod hardware_apm;
 #[path = "hw/pingpong_cuts.rs"]

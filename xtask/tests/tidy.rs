@@ -65,6 +65,10 @@ const UNSAFE_TESTS: &[(&str, &str)] = &[
         "hands its own QP to Qp::adopt, as an application does",
     ),
     (
+        "provider-verbs/tests/hw/forged.rs",
+        "sends spoofed datagrams through a raw socket, as a stranger on a rail can",
+    ),
+    (
         "apm-core/benches/engine.rs",
         "a global allocator that counts allocations",
     ),

@@ -165,7 +165,11 @@ fn a_notice_about_a_gid_no_connection_uses_costs_no_sa_query() {
     e.handle_input(t0, Input::RemoteGid { gid, service });
     let later = t0.plus(Duration::from_millis(10 * e.policy().remote_recheck_ms));
     answer_until(&mut e, t0, later);
-    assert_eq!(e.stats().path_queries, 0, "nothing asked about a GID nobody uses");
+    assert_eq!(
+        e.stats().path_queries,
+        0,
+        "nothing asked about a GID nobody uses"
+    );
 }
 
 #[test]
