@@ -182,10 +182,27 @@ fn wait_gid(dev: &str, addr: &str) {
     }
 }
 
-/// The rail in use, as the two ends of it to cut (the active slaves for a bond).
-fn rail_in_use(v: Variant) -> [String; 2] {
+/// The rail in use, as the two ends of it to cut (the active slaves for a bond). apm's
+/// connection starts on rail 10 and is on the rail its client's last `FAILOVER` line
+/// names (a move before the fault, on a probe's false verdict, left it on rail 20, and
+/// cutting rail 10 then cut the alternate, not the rail in use).
+fn rail_in_use(v: Variant, client: &mut Pingpong) -> [String; 2] {
     match v {
-        Variant::Apm | Variant::None => ["vA.10".into(), "vB.10".into()],
+        Variant::Apm => {
+            while let Ok(l) = client.0.lines.try_recv() {
+                client.0.log.push(l);
+            }
+            let on20 = client
+                .0
+                .log
+                .iter()
+                .rev()
+                .find(|l| l.contains("FAILOVER at"))
+                .is_some_and(|l| l.contains("-> ::ffff:10.0.20."));
+            let rail = if on20 { "20" } else { "10" };
+            [format!("vA.{rail}"), format!("vB.{rail}")]
+        }
+        Variant::None => ["vA.10".into(), "vB.10".into()],
         Variant::BondMiimon | Variant::BondArp => {
             let active = |bond: &str, default: &str| {
                 std::fs::read_to_string(format!("/sys/class/net/{bond}/bonding/active_slave"))
@@ -377,7 +394,7 @@ fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
         c.0.wait_for("protected", Duration::from_secs(30));
     }
     std::thread::sleep(Duration::from_millis(1500));
-    let ends = rail_in_use(v);
+    let ends = rail_in_use(v, &mut c);
     let fault_ms = t0.elapsed().as_secs_f64() * 1e3;
     cut(fault, &ends);
     std::thread::sleep(Duration::from_millis(2500));
