@@ -200,6 +200,9 @@ struct Report {
     /// Peer datagrams the authentication dropped (with --peer-key).
     peer_datagrams_dropped: Option<u64>,
     elapsed_ms: f64,
+    /// The wall-clock time (ms since the Unix epoch) every `*_ms` field counts from, so
+    /// that another process can put this report's times on its own clock.
+    clock_origin_unix_ms: f64,
 }
 
 const DEPTH: u32 = 64;

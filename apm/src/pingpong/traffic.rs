@@ -399,6 +399,9 @@ async fn report(
     let t0 = s.t0;
     let _ = s.manager_task.await;
     let elapsed_ms = Instant::now().saturating_duration_since(t0).as_secs_f64() * 1e3;
+    let now_unix_ms = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1e3);
     let st = s.rc.stats();
     Ok(Report {
         role: s.role,
@@ -432,5 +435,6 @@ async fn report(
             c.unauthenticated + c.bad_tag + c.other_key + c.replayed + c.stale + c.malformed
         }),
         elapsed_ms,
+        clock_origin_unix_ms: now_unix_ms - elapsed_ms,
     })
 }

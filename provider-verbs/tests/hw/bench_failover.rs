@@ -369,6 +369,13 @@ fn longest_stall_in(report: &serde_json::Value, from_ms: f64, to_ms: f64) -> Opt
         .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
 }
 
+/// Now on the wall clock, in ms since the Unix epoch (as `apm pingpong` states its origin).
+fn unix_ms() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1e3)
+}
+
 /// `apm pingpong`'s arguments as the child helper takes them.
 fn argv(a: &[String]) -> Vec<&str> {
     a.iter().map(String::as_str).collect()
@@ -379,6 +386,7 @@ fn argv(a: &[String]) -> Vec<&str> {
 fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
     let (server, client) = sides(v, port);
     let t0 = Instant::now();
+    let t0_unix_ms = unix_ms();
     let mut s = Pingpong::start(apm, "server", &argv(&server));
     std::thread::sleep(Duration::from_millis(300));
     let mut c = Pingpong::start(apm, "client", &argv(&client));
@@ -409,8 +417,14 @@ fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
     let reports = [rc, rs];
     // Kept: every message arrived once on both sides, and traffic still flowed after the
     // rail came back (a connection that died stops arriving at the fault). Each report's
-    // times count from its own start: the client's ~0.3 s after t0.
-    let offset = |k: usize| if k == 0 { 300.0 } else { 0.0 };
+    // times count from its own origin, which it states on the wall clock (both sides
+    // start theirs once connected, not at their start).
+    let offset = |k: usize| {
+        reports[k]
+            .as_ref()
+            .and_then(|r| r["clock_origin_unix_ms"].as_f64())
+            .map_or(0.0, |o| o - t0_unix_ms)
+    };
     // Why a side does not count as kept (empty: it does).
     let why_not = |k: usize, r: &serde_json::Value| -> String {
         let mut why = Vec::new();
