@@ -115,8 +115,8 @@ fn bonds_up(monitor: &[&str]) {
             .is_ok_and(|s| s.success());
         assert!(ok, "rdma link add {dev} on {netdev}");
     }
-    wait_gid("rxe2", BOND_A);
-    wait_gid("rxe3", BOND_B);
+    wait_bond_gid("rxe2", BOND_A);
+    wait_bond_gid("rxe3", BOND_B);
 }
 
 /// Routes through the bonds for locally sent packets to the other bond's address
@@ -164,22 +164,11 @@ fn bonds_down() {
 }
 
 /// Wait until `dev` lists `addr` as a RoCE v2 GID.
-fn wait_gid(dev: &str, addr: &str) {
+fn wait_bond_gid(dev: &str, addr: &str) {
     let ctx = verbs().open(dev).expect("open");
     let ip: std::net::IpAddr = addr.parse().expect("ip");
     let until = Instant::now() + Duration::from_secs(15);
-    while ctx
-        .find_gid(1, ip, GidType::RoceV2)
-        .ok()
-        .flatten()
-        .is_none()
-    {
-        assert!(
-            Instant::now() < until,
-            "{dev}: no GID for {addr} after 15 s"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+    super::rails::wait_gid(&ctx, dev, ip, until, "15 s");
 }
 
 /// The rail in use, as the two ends of it to cut (the active slaves for a bond). apm's

@@ -153,18 +153,30 @@ pub(crate) fn wait_for_rail_gids(v: &Verbs) {
         let ctx = v.open(dev).expect("open");
         for (_, a, b) in RAILS {
             let addr: std::net::IpAddr = if side == 1 { a } else { b }.parse().expect("ip");
-            while ctx
-                .find_gid(1, addr, GidType::RoceV2)
-                .ok()
-                .flatten()
-                .is_none()
-            {
-                assert!(
-                    Instant::now() < until,
-                    "{dev}: no GID for {addr} after 10 s"
-                );
-                std::thread::sleep(Duration::from_millis(50));
-            }
+            wait_gid(&ctx, dev, addr, until, "10 s");
         }
+    }
+}
+
+/// Wait until device `dev` (open as `ctx`) lists `addr` as a RoCE v2 GID of port 1;
+/// panics at `until` (`limit` says how long that was).
+pub(crate) fn wait_gid(
+    ctx: &provider_verbs::ffi::Context,
+    dev: &str,
+    addr: std::net::IpAddr,
+    until: Instant,
+    limit: &str,
+) {
+    while ctx
+        .find_gid(1, addr, GidType::RoceV2)
+        .ok()
+        .flatten()
+        .is_none()
+    {
+        assert!(
+            Instant::now() < until,
+            "{dev}: no GID for {addr} after {limit}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
     }
 }
