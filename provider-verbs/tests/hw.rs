@@ -62,7 +62,24 @@ fn devices_and_gid_tables() {
                 p.gid_tbl_len > 0,
                 "{name} port {port}: empty GID table size"
             );
+            let t = std::time::Instant::now();
             let gids = ctx.gid_table(port).expect("gid table");
+            let one_call = t.elapsed();
+            // The table in one call (what the rail watcher reads twice a second) is what
+            // the slots read one by one say.
+            let t = std::time::Instant::now();
+            let slots: Vec<_> = (0..u32::try_from(p.gid_tbl_len).unwrap_or(0))
+                .filter_map(|i| ctx.query_gid(port, i).expect("query_gid"))
+                .collect();
+            println!(
+                "  port {port}: {} GIDs, one table query {one_call:?}, slot by slot {:?}",
+                gids.len(),
+                t.elapsed()
+            );
+            assert_eq!(
+                gids, slots,
+                "{name} port {port}: the table query and the slots differ"
+            );
             for g in &gids {
                 println!(
                     "    gid[{}] {} {:?} ifindex {}",

@@ -1,9 +1,11 @@
-//! `cargo xtask bench failover [--reps N] [--probe MS,N] [--json]`: apm against Linux bonding and no
+//! `cargo xtask bench failover [--reps N] [--probe MS,N] [--idle] [--json]`: apm against Linux bonding and no
 //! protection on real rxe in the VM (`provider-verbs/tests/hw/bench_failover.rs` runs
 //! the traffic and the faults there and prints one `FAILOVER-BENCH key=value ...` line
 //! per run); this gathers the runs into one row per protection and fault: what became
 //! of the connections, the stall at the fault (min / median / max over the runs that kept
 //! the connection), the stall after the rail came back, messages lost and duplicated.
+//! `--idle` runs the same traffic with no fault under no protection, apm without probes
+//! and apm with them, and prints what each costs: gaps in arrivals, false failovers, CPU.
 
 use anyhow::{bail, Context, Result};
 use std::collections::BTreeMap;
@@ -175,6 +177,7 @@ pub fn main(args: &[String]) -> Result<()> {
     let mut reps = 10u32;
     let mut as_json = false;
     let mut probe: Option<String> = None;
+    let mut idle = false;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -186,6 +189,7 @@ pub fn main(args: &[String]) -> Result<()> {
                     .context("--reps N")?;
             }
             "--json" => as_json = true,
+            "--idle" => idle = true,
             "--probe" => {
                 probe = Some(
                     it.next()
@@ -194,7 +198,7 @@ pub fn main(args: &[String]) -> Result<()> {
                 );
             }
             other => bail!(
-                "unknown `bench failover` argument {other:?} (--reps N, --probe MS,N, --json)"
+                "unknown `bench failover` argument {other:?} (--reps N, --probe MS,N, --idle, --json)"
             ),
         }
     }
@@ -204,7 +208,12 @@ pub fn main(args: &[String]) -> Result<()> {
         "--timeout".to_owned(),
         "3600".to_owned(),
         "--filter".to_owned(),
-        "bench_failover".to_owned(),
+        if idle {
+            "bench_idle_cost"
+        } else {
+            "bench_failover"
+        }
+        .to_owned(),
         "--env".to_owned(),
         "APM_BENCH=1".to_owned(),
         "--env".to_owned(),
@@ -217,6 +226,9 @@ pub fn main(args: &[String]) -> Result<()> {
     crate::hwtest::main(&vm)?;
     let text =
         std::fs::read_to_string(&out).with_context(|| format!("reading {}", out.display()))?;
+    if idle {
+        return idle_report(&text, as_json);
+    }
     let runs: Vec<Run> = text.lines().filter_map(parse).collect();
     if runs.is_empty() {
         bail!("the VM printed no FAILOVER-BENCH line (see its output above)");
@@ -228,6 +240,57 @@ pub fn main(args: &[String]) -> Result<()> {
         println!(
             "failover in the VM (rxe, qemu TCG), {reps} runs per row:\n{}",
             table(&rows)
+        );
+    }
+    Ok(())
+}
+
+/// `--idle`: the guest's `FAILOVER-IDLE key=value ...` lines (one per configuration and
+/// repetition, no fault), each as it came or as a JSON array of objects.
+fn idle_report(text: &str, as_json: bool) -> Result<()> {
+    let runs: Vec<BTreeMap<&str, &str>> = text
+        .lines()
+        .filter_map(|l| l.trim().strip_prefix("FAILOVER-IDLE "))
+        .map(|rest| {
+            rest.split_whitespace()
+                .filter_map(|w| w.split_once('='))
+                .collect()
+        })
+        .collect();
+    if runs.is_empty() {
+        bail!("the VM printed no FAILOVER-IDLE line (see its output above)");
+    }
+    if as_json {
+        let items: Vec<String> = runs
+            .iter()
+            .map(|kv| {
+                let fields: Vec<String> = kv
+                    .iter()
+                    .map(|(k, v)| match v.parse::<f64>() {
+                        Ok(n) if n.is_finite() => format!("\"{k}\":{n}"),
+                        _ => format!("\"{k}\":\"{v}\""),
+                    })
+                    .collect();
+                format!("{{{}}}", fields.join(","))
+            })
+            .collect();
+        println!("[{}]", items.join(","));
+        return Ok(());
+    }
+    println!(
+        "{:<14} {:>4} {:>12} {:>15} {:>10} {:>6}",
+        "config", "rep", "gaps/s>=20ms", "longest gap ms", "failovers", "cpu %"
+    );
+    for kv in &runs {
+        let get = |k: &str| kv.get(k).copied().unwrap_or("-");
+        println!(
+            "{:<14} {:>4} {:>12} {:>15} {:>10} {:>6}",
+            get("config"),
+            get("rep"),
+            get("gaps_per_s"),
+            get("longest_gap_ms"),
+            get("failovers"),
+            get("cpu_percent")
         );
     }
     Ok(())

@@ -129,6 +129,7 @@ const FUNCTIONS: &[&str] = &[
     "ibv_query_port",
     "ibv_query_gid",
     "_ibv_query_gid_ex",
+    "_ibv_query_gid_table",
     "ibv_get_async_event",
     "ibv_ack_async_event",
     "ibv_alloc_pd",

@@ -34,7 +34,7 @@ Commands:
   ibsim     the OpenSM-over-ibsim bed: [--shell] [TEST-NAME-FILTER]
   bench     the benchmarks (criterion): cargo bench per crate, extra args passed on;
             `bench apm-run`: apm run's overhead (perftest) in the VM;
-            `bench failover [--reps N] [--json]`: apm vs bonding in the VM
+            `bench failover [--reps N] [--probe MS,N] [--idle] [--json]`: apm vs bonding in the VM
   chaos     the simulator's long chaos run: [--seeds N (10000)] [--start S]
   fuzz      the fuzz targets, every reader of outside input: [--seconds N] [TARGET...] (cargo-fuzz)
   help      this text

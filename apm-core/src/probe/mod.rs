@@ -324,6 +324,9 @@ pub struct ProbeCounters {
     pub received: u64,
     /// Probes for a path not watched, or with a discriminator that does not match.
     pub dropped: u64,
+    /// Detection expiries put off because this host's prober had been held (see
+    /// [`Prober::poll_timers`]).
+    pub deferred_after_hold: u64,
 }
 
 /// Every probe session of one host.
@@ -343,6 +346,8 @@ pub struct Prober {
     next_disc: u32,
     out: VecDeque<ProbeOutput>,
     counters: ProbeCounters,
+    /// When the caller last ran the timers: a long gap since means this host was held.
+    last_poll: Option<Time>,
 }
 
 impl Prober {
@@ -360,6 +365,7 @@ impl Prober {
             next_disc: 1,
             out: VecDeque::new(),
             counters: ProbeCounters::default(),
+            last_poll: None,
         }
     }
 
@@ -488,7 +494,18 @@ impl Prober {
     }
 
     /// Run the timers due at `now`: detection expiries and sends.
+    ///
+    /// A detection expiry is evidence only if this host was listening through it. While
+    /// a session is Up or Init its next send is at most one interval away, so a caller
+    /// that keeps its deadlines runs the timers at least that often; a gap of more than
+    /// [`HELD_AFTER`] intervals since the last run means this host was held (its
+    /// process not scheduled: seen for tens of milliseconds in a loaded emulated guest),
+    /// and the peer's probes of that time may still be queued unread on its socket. An
+    /// expiry found then is put off by one interval, in which those probes arrive;
+    /// a path that really died goes down one interval later.
     pub fn poll_timers(&mut self, now: Time) {
+        let held = self.was_held(now);
+        let grace = self.interval();
         let mut sends = Vec::new();
         while let Some((at, (ends, due))) = self.timers.pop_due(now) {
             let Some(s) = self.sessions.get_mut(&ends) else {
@@ -498,6 +515,13 @@ impl Prober {
                 Due::Detect if s.detect_queued == Some(at) => {
                     s.detect_queued = None;
                     match s.detect_at {
+                        Some(d) if d <= now && held => {
+                            let later = now.plus(grace);
+                            s.detect_at = Some(later);
+                            s.detect_queued = Some(later);
+                            self.timers.schedule(later, (ends, Due::Detect));
+                            self.counters.deferred_after_hold += 1;
+                        }
                         Some(d) if d <= now => {
                             let kind = self.kind_of(ends, now);
                             self.session_down(now, ends, Diag::DetectionExpired, kind);
@@ -537,6 +561,16 @@ impl Prober {
             self.counters.sent += 1;
             self.out.push_back(ProbeOutput::Send { ends, probe });
         }
+    }
+
+    /// Whether the timers were last run so long before `now` that this host must have
+    /// been held meanwhile (only judged while some session expects probes); notes `now`
+    /// as the last run.
+    fn was_held(&mut self, now: Time) -> bool {
+        let last = self.last_poll.replace(now);
+        let listening = self.sessions.values().any(|s| s.detect_at.is_some());
+        let limit = self.interval().mul_f64(HELD_AFTER);
+        listening && last.is_some_and(|t| now.since(t) > limit)
     }
 
     /// The earliest time [`Prober::poll_timers`] may have work (a deadline since
@@ -654,6 +688,11 @@ impl Prober {
         (x >> 11) as f64 / (1u64 << 53) as f64
     }
 }
+
+/// Timers not run for this many Up intervals: the host was held (see
+/// [`Prober::poll_timers`]). More than one interval, so that a wake-up a little late is
+/// not taken for a hold.
+const HELD_AFTER: f64 = 1.5;
 
 /// How long a peer's word that one of its ports is down counts.
 const STALE_PEER_PORT: Duration = Duration::from_secs(2);

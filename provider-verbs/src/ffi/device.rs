@@ -259,6 +259,27 @@ pub struct GidEntry {
 }
 
 impl GidEntry {
+    /// The entry libibverbs filled in, `None` for an empty slot (all-zero GID).
+    fn of(e: &sys::ibv_gid_entry) -> Option<GidEntry> {
+        // SAFETY: every bit pattern is a valid [u8; 16], the union's `raw` view.
+        let gid = unsafe { e.gid.raw };
+        if gid == [0u8; 16] {
+            return None;
+        }
+        let gid_type = match e.gid_type {
+            sys::IBV_GID_TYPE_IB => GidType::Ib,
+            sys::IBV_GID_TYPE_ROCE_V1 => GidType::RoceV1,
+            sys::IBV_GID_TYPE_ROCE_V2 => GidType::RoceV2,
+            o => GidType::Other(o),
+        };
+        Some(GidEntry {
+            index: e.gid_index,
+            gid,
+            gid_type,
+            ndev_ifindex: e.ndev_ifindex,
+        })
+    }
+
     /// The GID as an IPv6 address (RoCE GIDs are IP addresses, IPv4 mapped).
     pub fn as_ipv6(&self) -> std::net::Ipv6Addr {
         std::net::Ipv6Addr::from(self.gid)
@@ -392,37 +413,63 @@ impl Context {
                 _ => Err(err),
             };
         }
-        // SAFETY: filled in by the call; the union's `raw` view covers all 16 bytes.
-        let e = unsafe { e.assume_init() };
-        // SAFETY: every bit pattern is a valid [u8; 16].
-        let gid = unsafe { e.gid.raw };
-        if gid == [0u8; 16] {
-            return Ok(None);
-        }
-        let gid_type = match e.gid_type {
-            sys::IBV_GID_TYPE_IB => GidType::Ib,
-            sys::IBV_GID_TYPE_ROCE_V1 => GidType::RoceV1,
-            sys::IBV_GID_TYPE_ROCE_V2 => GidType::RoceV2,
-            o => GidType::Other(o),
-        };
-        Ok(Some(GidEntry {
-            index: e.gid_index,
-            gid,
-            gid_type,
-            ndev_ifindex: e.ndev_ifindex,
-        }))
+        // SAFETY: filled in by the call.
+        Ok(GidEntry::of(&unsafe { e.assume_init() }))
     }
 
     /// The non-empty entries of a port's GID table.
     pub fn gid_table(&self, port: u8) -> Result<Vec<GidEntry>> {
         let len = self.query_port(port)?.gid_tbl_len;
-        let mut out = Vec::new();
-        for i in 0..u32::try_from(len).unwrap_or(0) {
-            if let Some(e) = self.query_gid(port, i)? {
-                out.push(e);
+        let slots = usize::try_from(len).unwrap_or(0);
+        match self.valid_gids(slots) {
+            Ok(all) => Ok(all
+                .into_iter()
+                .filter(|(p, _)| *p == u32::from(port))
+                .map(|(_, e)| e)
+                .collect()),
+            Err(_) => {
+                // A libibverbs or kernel without the table query: slot by slot.
+                let mut out = Vec::new();
+                for i in 0..u32::try_from(len).unwrap_or(0) {
+                    if let Some(e) = self.query_gid(port, i)? {
+                        out.push(e);
+                    }
+                }
+                Ok(out)
             }
         }
-        Ok(out)
+    }
+
+    /// Every valid GID of the device, with its port (`ibv_query_gid_table`: one call for
+    /// the whole table, where reading rxe's 1024 slots one by one costs about a second of
+    /// CPU under emulation). `slots` bounds the entries of one port; the device's ports
+    /// together may hold more, so the buffer grows until the call fits.
+    fn valid_gids(&self, slots: usize) -> Result<Vec<(u32, GidEntry)>> {
+        let ports = usize::from(self.query_device()?.phys_port_cnt.max(1));
+        let max = slots.max(1).saturating_mul(ports);
+        let mut raw: Vec<sys::ibv_gid_entry> = Vec::with_capacity(max);
+        // SAFETY: valid context; `raw` has room for `max` entries of the size passed (the
+        // inline `ibv_query_gid_table` passes sizeof(*entries) the same way), flags 0;
+        // the call writes at most `max` entries and returns how many, or a negative errno.
+        let n = unsafe {
+            (self.inner.verbs.lib._ibv_query_gid_table)(
+                self.raw(),
+                raw.as_mut_ptr(),
+                max,
+                0,
+                std::mem::size_of::<sys::ibv_gid_entry>(),
+            )
+        };
+        let Ok(n) = usize::try_from(n) else {
+            let rc = i32::try_from(n).unwrap_or(-libc::EINVAL);
+            return Err(VerbsError::from_ret("ibv_query_gid_table", rc));
+        };
+        // SAFETY: the call filled the first `n` (<= max) entries.
+        unsafe { raw.set_len(n.min(max)) };
+        Ok(raw
+            .iter()
+            .filter_map(|e| Some((e.port_num, GidEntry::of(e)?)))
+            .collect())
     }
 
     /// The first entry of `port`'s GID table, in index order, that `want` accepts,

@@ -3203,6 +3203,13 @@ pub struct IbvLib {
         flags: u32,
         entry_size: usize,
     ) -> ::std::os::raw::c_int,
+    pub _ibv_query_gid_table: unsafe extern "C" fn(
+        context: *mut ibv_context,
+        entries: *mut ibv_gid_entry,
+        max_entries: usize,
+        flags: u32,
+        entry_size: usize,
+    ) -> isize,
     pub ibv_alloc_pd: unsafe extern "C" fn(context: *mut ibv_context) -> *mut ibv_pd,
     pub ibv_dealloc_pd: unsafe extern "C" fn(pd: *mut ibv_pd) -> ::std::os::raw::c_int,
     pub ibv_reg_mr: unsafe extern "C" fn(
@@ -3265,6 +3272,7 @@ impl IbvLib {
         let ibv_query_port = __library.get(b"ibv_query_port\0").map(|sym| *sym)?;
         let ibv_query_gid = __library.get(b"ibv_query_gid\0").map(|sym| *sym)?;
         let _ibv_query_gid_ex = __library.get(b"_ibv_query_gid_ex\0").map(|sym| *sym)?;
+        let _ibv_query_gid_table = __library.get(b"_ibv_query_gid_table\0").map(|sym| *sym)?;
         let ibv_alloc_pd = __library.get(b"ibv_alloc_pd\0").map(|sym| *sym)?;
         let ibv_dealloc_pd = __library.get(b"ibv_dealloc_pd\0").map(|sym| *sym)?;
         let ibv_reg_mr = __library.get(b"ibv_reg_mr\0").map(|sym| *sym)?;
@@ -3292,6 +3300,7 @@ impl IbvLib {
             ibv_query_port,
             ibv_query_gid,
             _ibv_query_gid_ex,
+            _ibv_query_gid_table,
             ibv_alloc_pd,
             ibv_dealloc_pd,
             ibv_reg_mr,
@@ -3377,6 +3386,16 @@ impl IbvLib {
         entry_size: usize,
     ) -> ::std::os::raw::c_int {
         (self._ibv_query_gid_ex)(context, port_num, gid_index, entry, flags, entry_size)
+    }
+    pub unsafe fn _ibv_query_gid_table(
+        &self,
+        context: *mut ibv_context,
+        entries: *mut ibv_gid_entry,
+        max_entries: usize,
+        flags: u32,
+        entry_size: usize,
+    ) -> isize {
+        (self._ibv_query_gid_table)(context, entries, max_entries, flags, entry_size)
     }
     pub unsafe fn ibv_alloc_pd(&self, context: *mut ibv_context) -> *mut ibv_pd {
         (self.ibv_alloc_pd)(context)

@@ -554,3 +554,114 @@ fn bench_failover() {
     }
     bonds_down();
 }
+
+/// CPU seconds (user + system) `pid` has used so far (`/proc/PID/stat` fields 14 and
+/// 15, in clock ticks of 1/100 s on Linux).
+fn cpu_secs(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // The command name (field 2) may hold spaces: count from after its ')'.
+    let rest = stat.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    // After ')' the fields are 3 (state, not a number, skipped) onwards: utime is field
+    // 14, the 11th number here; stime the 12th.
+    f.get(10)
+        .zip(f.get(11))
+        .map_or(0.0, |(u, s)| (u + s) / 100.0)
+}
+
+/// What apm costs with no fault: the same traffic for `secs` under `--mode none`, apm
+/// without probes and apm with them, side by side. Per configuration: gaps of 20 ms or
+/// more in arrivals per second (the traffic runs every 2 ms), the longest gap, failovers
+/// (there is no fault: any is a false verdict) and CPU used by the two processes. One
+/// line `FAILOVER-IDLE key=value ...` each. A benchmark: only with `APM_BENCH=1`.
+#[test]
+#[ignore = "needs RDMA devices: run `cargo xtask bench failover --idle`"]
+fn bench_idle_cost() {
+    if std::env::var("APM_BENCH").as_deref() != Ok("1") {
+        println!("SKIPPED: a benchmark: `cargo xtask bench failover --idle` runs it");
+        return;
+    }
+    let (apm, v) = match super::pingpong_cuts::prerequisites() {
+        Ok(p) => p,
+        Err(why) => return println!("SKIPPED bench_idle_cost: {why}"),
+    };
+    bonds_down();
+    setup_rails();
+    wait_for_rail_gids(&v);
+    let secs = 8.0;
+    let mut port = 18900;
+    let reps: u32 = std::env::var("APM_BENCH_REPS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(3);
+    for rep in 0..reps {
+        for config in ["none", "apm-no-probes", "apm-probes"] {
+            port += 1;
+            let variant = if config == "none" {
+                Variant::None
+            } else {
+                Variant::Apm
+            };
+            let (mut server, mut client) = sides(variant, port);
+            if config == "apm-no-probes" {
+                for a in [&mut server, &mut client] {
+                    strip_probe_args(a);
+                }
+            }
+            let mut s = Pingpong::start(&apm, "server", &argv(&server));
+            std::thread::sleep(Duration::from_millis(300));
+            let mut c = Pingpong::start(&apm, "client", &argv(&client));
+            c.0.wait_for("mode", Duration::from_secs(60));
+            s.0.wait_for("qpn", Duration::from_secs(30));
+            if variant == Variant::Apm {
+                c.0.wait_for("protected", Duration::from_secs(30));
+            }
+            let cpu0 = cpu_secs(s.0.child.id()) + cpu_secs(c.0.child.id());
+            std::thread::sleep(Duration::from_secs_f64(secs));
+            let cpu = cpu_secs(s.0.child.id()) + cpu_secs(c.0.child.id()) - cpu0;
+            let reports = [
+                finish(c, Duration::from_secs(20)),
+                finish(s, Duration::from_secs(20)),
+            ];
+            let (mut gaps, mut longest, mut failovers, mut elapsed) = (0usize, 0f64, 0u64, 0f64);
+            for r in reports.iter().flatten() {
+                let st: Vec<f64> = r["stalls"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|s| s["ms"].as_f64())
+                    .collect();
+                gaps += st.len();
+                longest = st.iter().copied().fold(longest, f64::max);
+                failovers += r["failovers"].as_u64().unwrap_or(0);
+                elapsed += r["elapsed_ms"].as_f64().unwrap_or(0.0) / 1e3;
+            }
+            println!(
+                "FAILOVER-IDLE config={config} rep={rep} gaps_per_s={:.2} longest_gap_ms={longest:.0} \
+                 failovers={failovers} cpu_percent={:.0}",
+                gaps as f64 / elapsed.max(1e-9),
+                100.0 * cpu / secs
+            );
+        }
+    }
+}
+
+/// `apm pingpong`'s arguments without the probes (`--probes` and its settings).
+fn strip_probe_args(a: &mut Vec<String>) {
+    let mut out = Vec::new();
+    let mut it = a.drain(..);
+    while let Some(x) = it.next() {
+        match x.as_str() {
+            "--probes" => {}
+            "--probe-interval-ms" | "--probe-multiplier" => {
+                it.next();
+            }
+            _ => out.push(x),
+        }
+    }
+    drop(it);
+    *a = out;
+}
