@@ -177,3 +177,51 @@ fn a_rails_link_down_moves_its_connections_and_a_gid_table_report_does_not_undo_
     assert_eq!(p.a.status(1).protection, Protection::Armed);
     assert_eq!(p.a.status(1).alternate.map(|a| a.sgid), Some(gid('a', 1)));
 }
+
+#[test]
+fn with_its_own_rail_dead_a_side_moves_at_once_and_the_peer_follows_its_announcement() {
+    let mut p = Pair::new();
+    p.protect_mode(1, MigrationMode::Software);
+    p.run_for(1000);
+    assert_armed(&p, 1, path('a', 2, 2));
+    let port = PortKey::new(DEV, 1);
+    p.input(
+        'a',
+        Input::PortInfo(PortInfo {
+            link_layer: LinkLayer::Ethernet,
+            gids: vec![gid('a', 1)],
+            ..port_info('a', 1)
+        }),
+    );
+    p.run_for(10);
+    p.a.clear_log();
+    p.b.clear_log();
+    // The peer hears nothing for a while: a side whose own rail died does not wait for
+    // its answer (the primary cannot carry a packet; waiting only adds the peer's move
+    // to its own).
+    p.drop = Box::new(|_, _| true);
+    p.input(
+        'a',
+        Input::RailLink {
+            port,
+            gid: gid('a', 1),
+            link: Link::Down,
+        },
+    );
+    p.run_for(50);
+    assert!(
+        p.a.op_names().contains(&"software_migrate"),
+        "moved without the peer: {:?}",
+        p.a.op_names()
+    );
+    assert_eq!(p.a.status(1).primary, path('a', 2, 2));
+    assert!(!p.b.op_names().contains(&"software_migrate"));
+    // Its announcement, retransmitted until answered, brings the peer over.
+    p.drop = Box::new(|_, _| false);
+    p.run_for(3000);
+    assert!(
+        p.b.op_names().contains(&"software_migrate"),
+        "the peer followed"
+    );
+    assert_eq!(p.b.status(1).primary, path('b', 2, 2));
+}
