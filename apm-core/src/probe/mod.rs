@@ -498,7 +498,7 @@ impl Prober {
     /// A detection expiry is evidence only if this host was listening through it. While
     /// a session is Up or Init its next send is at most one interval away, so a caller
     /// that keeps its deadlines runs the timers at least that often; a gap of more than
-    /// [`HELD_AFTER`] intervals since the last run means this host was held (its
+    /// one and a half intervals since the last run means this host was held (its
     /// process not scheduled: seen for tens of milliseconds in a loaded emulated guest),
     /// and the peer's probes of that time may still be queued unread on its socket. An
     /// expiry found then is put off by one interval, in which those probes arrive;
