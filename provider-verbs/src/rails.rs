@@ -6,22 +6,30 @@
 //! `PORT_ERR` (the port is up for the others), and the kernel keeps an IPv4 GID in the
 //! table while its link is down. So the facet looks at each rail's interface itself: the
 //! GID table names each GID's interface (`ndev_ifindex`), and sysfs says whether its
-//! carrier is up. A look reads one small sysfs file per interface, every [`POLL`]; the
-//! GID-to-interface map is read again every [`REMAP`] (addresses come and go).
+//! carrier is up. A look reads one small sysfs file per interface; it is taken when the
+//! kernel announces a link change (a netlink socket on the link group: the change is
+//! seen as it happens, and an idle watcher costs nothing), at least every
+//! [`POLL_WITH_ANNOUNCEMENTS`], and every [`POLL`] where no announcements can be had.
+//! The GID-to-interface map is read again every [`REMAP`] (addresses come and go).
 //!
 //! What it must never do: report a rail down that it could not look at as down for any
 //! other reason than its interface (an unreadable carrier file is an interface that is
 //! administratively down, which is down), or report anything for InfiniBand ports.
 #![forbid(unsafe_code)]
 
-use crate::ffi::{Context, GidType};
+use crate::ffi::{Context, GidType, LinkChanges};
 use apm_core::{Gid, Input, InputSink, Link, PortKey};
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// How often each rail's carrier is looked at: a rail's link going down is seen within
-/// this (plus the event's way to the engine).
+/// How often each rail's carrier is looked at when the kernel's link announcements
+/// cannot be had (no netlink socket): a rail's link going down is seen within this (plus
+/// the event's way to the engine).
 pub const POLL: Duration = Duration::from_millis(10);
+
+/// With the kernel's link announcements, how often the carriers are looked at anyway
+/// (an announcement missed costs at most this).
+pub const POLL_WITH_ANNOUNCEMENTS: Duration = Duration::from_millis(200);
 
 /// How often the GID-to-interface map is read again.
 pub const REMAP: Duration = Duration::from_millis(500);
@@ -68,6 +76,14 @@ pub async fn watch(ctx: Context, key: PortKey, sink: InputSink) {
     let mut last: BTreeMap<Gid, Link> = BTreeMap::new();
     let mut rails = BTreeMap::new();
     let mut mapped_at: Option<tokio::time::Instant> = None;
+    // The kernel announces a carrier change at once; polling is the fallback.
+    let mut changes = match LinkChanges::open() {
+        Ok(c) => Some(c),
+        Err(e) => {
+            tracing::info!(error = %e, "no link announcements (netlink): polling the carriers every {POLL:?}");
+            None
+        }
+    };
     loop {
         if mapped_at.is_none_or(|t| t.elapsed() >= REMAP) {
             let c = ctx.clone();
@@ -97,6 +113,19 @@ pub async fn watch(ctx: Context, key: PortKey, sink: InputSink) {
                 }
             }
         }
-        tokio::time::sleep(POLL).await;
+        match &changes {
+            Some(c) => {
+                tokio::select! {
+                    r = c.changed() => {
+                        if let Err(e) = r {
+                            tracing::warn!(error = %e, "link announcements failed: polling the carriers every {POLL:?}");
+                            changes = None;
+                        }
+                    }
+                    () = tokio::time::sleep(POLL_WITH_ANNOUNCEMENTS) => {}
+                }
+            }
+            None => tokio::time::sleep(POLL).await,
+        }
     }
 }

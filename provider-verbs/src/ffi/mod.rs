@@ -23,6 +23,7 @@
 
 mod device;
 mod events;
+mod netlink;
 mod qp;
 mod qp_attr;
 mod resources;
@@ -32,6 +33,7 @@ pub use device::{
     Context, DeviceAttr, DeviceInfo, GidEntry, GidType, LinkLayer, PortAttr, PortState,
 };
 pub use events::{AsyncEvent, AsyncEventKind, AsyncEvents, EventElement};
+pub use netlink::LinkChanges;
 pub use qp::{Qp, QpCaps};
 pub use qp_attr::{AddressVector, MigState, Mtu, QpAttr, QpAttrMask, QpState};
 pub use resources::{Cq, Mr, Pd, WcOpcode, WcStatus, WorkCompletion};

@@ -180,3 +180,53 @@ pub(crate) fn wait_gid(
         std::thread::sleep(Duration::from_millis(50));
     }
 }
+
+/// The rail watcher reports a rail's link going down and coming back, each as the
+/// kernel announces it (within tens of milliseconds even in an emulated guest, not at
+/// a poll), and nothing for the rail that stays up.
+#[test]
+#[ignore = "needs RDMA devices: run `cargo xtask hwtest` (or `--vm`)"]
+fn rail_watcher_reports_a_rails_link_as_the_kernel_announces_it() {
+    if !link_toggle_allowed() {
+        return println!("SKIPPED: takes a link down (APM_HWTEST_LINK_TOGGLE=1, set by --vm)");
+    }
+    let v = verbs();
+    if v.open("rxe0").is_err() {
+        return println!("SKIPPED: no rxe0 (the VM's devices)");
+    }
+    setup_rails();
+    wait_for_rail_gids(&v);
+    let rt = runtime();
+    rt.block_on(async {
+        let ctx = v.open("rxe0").expect("open rxe0");
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        let key = apm_core::PortKey::new(0, 1);
+        let watcher = tokio::spawn(provider_verbs::rails::watch(ctx, key, tx));
+        // Its first look finds both rails up: nothing to say.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(rx.try_recv().is_err(), "both rails are up");
+        let rail20: std::net::Ipv4Addr = RAILS[1].1.parse().expect("ip");
+        let gid20 = apm_core::Gid(rail20.to_ipv6_mapped().octets());
+        for (updown, want) in [("down", apm_core::Link::Down), ("up", apm_core::Link::Up)] {
+            let t = Instant::now();
+            ip(&["link", "set", "vA.20", updown]);
+            let got = tokio::time::timeout(Duration::from_secs(2), rx.recv())
+                .await
+                .expect("a rail link report within 2 s")
+                .expect("the watcher runs");
+            let after = t.elapsed();
+            println!("  vA.20 {updown}: reported after {after:?}");
+            match got {
+                apm_core::Input::RailLink { gid, link, .. } => {
+                    assert_eq!((gid, link), (gid20, want), "the rail that changed");
+                }
+                other => panic!("not a rail link report: {other:?}"),
+            }
+        }
+        watcher.abort();
+    });
+    // The link's return dropped the rail's routes: put them back for the next tests.
+    for (vlan, a, b) in RAILS {
+        rail_routes(vlan, a, b);
+    }
+}
