@@ -33,6 +33,7 @@ use clap::Args as ClapArgs;
 use serde::Serialize;
 use std::net::{IpAddr, SocketAddr};
 
+mod rail_channels;
 mod setup;
 mod traffic;
 

@@ -6,6 +6,7 @@
 // A driver with real devices and a wall clock (it waits for a starting server).
 #![allow(clippy::disallowed_methods)]
 
+use super::rail_channels::RailChannels;
 use super::{mode_name, Args, ModeArg, DEPTH, SLOT};
 use anyhow::{bail, Context as _, Result};
 use apm_core::{
@@ -67,7 +68,8 @@ pub(super) struct Session {
     pub(super) handle: ManagerHandle,
     pub(super) manager_task: ManagerTask,
     pub(super) notes: tokio::sync::broadcast::Receiver<Notification>,
-    pub(super) peer_auth: Option<Arc<cm_lap::auth::Authenticator>>,
+    /// The peer channels' authenticators (control and rails), with `--peer-key`.
+    pub(super) peer_auth: Option<Vec<Arc<cm_lap::auth::Authenticator>>>,
 }
 
 impl Session {
@@ -165,20 +167,33 @@ async fn protect_unless_none(
     Ok(true)
 }
 
-async fn control_channel(args: &Args, port: PortKey) -> Result<cm_lap::udp::UdpPeerChannel> {
+async fn control_channel(
+    args: &Args,
+    port: PortKey,
+) -> Result<(cm_lap::udp::UdpPeerChannel, Option<cm_lap::auth::Key>)> {
     let udp = cm_lap::udp::UdpPeerChannel::bind(args.control, port)
         .await
         .with_context(|| format!("binding the apm control socket {}", args.control))?;
-    Ok(match &args.peer_key {
-        Some(path) => {
-            let key = cm_lap::auth::Key::from_file(path)?;
-            udp.with_auth(
-                cm_lap::auth::Mode::Require(key),
-                cm_lap::auth::DEFAULT_MAX_SKEW,
-            )
-        }
+    let key = args
+        .peer_key
+        .as_ref()
+        .map(|path| cm_lap::auth::Key::from_file(path))
+        .transpose()?;
+    Ok((authenticated(udp, key.as_ref()), key))
+}
+
+/// `udp` authenticating with `key` (`--peer-key`), or as it is without one.
+fn authenticated(
+    udp: cm_lap::udp::UdpPeerChannel,
+    key: Option<&cm_lap::auth::Key>,
+) -> cm_lap::udp::UdpPeerChannel {
+    match key {
+        Some(k) => udp.with_auth(
+            cm_lap::auth::Mode::Require(k.clone()),
+            cm_lap::auth::DEFAULT_MAX_SKEW,
+        ),
         None => udp,
-    })
+    }
 }
 
 /// The TCP connection to the peer: connect as the client (retrying while the server
@@ -300,7 +315,7 @@ fn start_manager(
     rc: &Arc<RcConn>,
     conn: ConnId,
     hardware: bool,
-    udp: cm_lap::udp::UdpPeerChannel,
+    udp: RailChannels,
     paths: Vec<Path>,
 ) -> Result<(ManagerHandle, ManagerTask)> {
     let fabric = StaticPaths::new(paths);
@@ -440,8 +455,7 @@ pub(super) async fn start(args: &Args) -> Result<Session> {
     let psn = (std::process::id().wrapping_mul(2654435761)) & 0xFFFFFF;
 
     // apm's control channel: bound first so its address goes in the hello.
-    let udp = control_channel(args, port_key).await?;
-    let peer_auth = args.peer_key.as_ref().map(|_| udp.authenticator());
+    let (udp, key) = control_channel(args, port_key).await?;
     let stream = tcp_stream(args).await?;
     let tcp_local = stream.local_addr()?;
     let (rd, mut wr) = stream.into_split();
@@ -475,7 +489,16 @@ pub(super) async fn start(args: &Args) -> Result<Session> {
     for p in &paths {
         udp.add_peer(p.dgid, peer_ctl);
     }
-    let (handle, manager_task) = start_manager(args, &ctx, &rc, conn, hardware, udp, paths)?;
+    // Each rail's messages (its probes) over that rail, not the control address.
+    let (peers, notes) = RailChannels::bind(udp, &paths, peer_ctl.port(), |ch| {
+        authenticated(ch, key.as_ref())
+    })
+    .await;
+    for n in notes {
+        say(args, format!("{role}: {n}"));
+    }
+    let peer_auth = key.as_ref().map(|_| peers.authenticators());
+    let (handle, manager_task) = start_manager(args, &ctx, &rc, conn, hardware, peers, paths)?;
     let notes = handle.notifications();
     let protected = protect_unless_none(args, &handle, spec).await?;
     say(

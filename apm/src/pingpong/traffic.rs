@@ -430,9 +430,14 @@ async fn report(
         flushed_recvs_reposted: st.flushed_recvs,
         drain_migrations: st.drain_migrations,
         reinit_migrations: st.reinit_migrations,
-        peer_datagrams_dropped: s.peer_auth.map(|a| {
-            let c = a.counters().get();
-            c.unauthenticated + c.bad_tag + c.other_key + c.replayed + c.stale + c.malformed
+        peer_datagrams_dropped: s.peer_auth.map(|auths| {
+            auths
+                .iter()
+                .map(|a| {
+                    let c = a.counters().get();
+                    c.unauthenticated + c.bad_tag + c.other_key + c.replayed + c.stale + c.malformed
+                })
+                .sum()
         }),
         elapsed_ms,
         clock_origin_unix_ms: now_unix_ms - elapsed_ms,
