@@ -523,7 +523,11 @@ impl Prober {
                             self.counters.deferred_after_hold += 1;
                         }
                         Some(d) if d <= now => {
+                            let silent = s.last_heard.map(|t| now.since(t));
                             let kind = self.kind_of(ends, now);
+                            tracing::info!(local = %ends.local, remote = %ends.remote,
+                                silent_ms = silent.map(|d| d.as_millis()), late_ms = now.since(d).as_millis(),
+                                "probe session down: nothing heard for the detection time");
                             self.session_down(now, ends, Diag::DetectionExpired, kind);
                         }
                         Some(d) => {

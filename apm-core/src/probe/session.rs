@@ -105,6 +105,8 @@ pub(super) struct Session {
     pub(super) damping: Damping,
     /// Its last return was held for flapping until then.
     pub(super) release_at: Option<Time>,
+    /// When a probe was last accepted (for the log line of an expiry).
+    pub(super) last_heard: Option<Time>,
 }
 
 impl Session {
@@ -122,6 +124,7 @@ impl Session {
             told_up: false,
             damping: Damping::default(),
             release_at: None,
+            last_heard: None,
         }
     }
 
@@ -140,6 +143,7 @@ impl Session {
 
     /// Take in an accepted probe (RFC 5880 6.8.6's state table).
     pub(super) fn heard(&mut self, now: Time, probe: &Probe, detect: Duration) {
+        self.last_heard = Some(now);
         self.your_disc = probe.my_disc;
         self.state = match (self.state, probe.state) {
             (_, SessionState::AdminDown) => {

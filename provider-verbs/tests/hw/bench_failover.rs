@@ -622,10 +622,19 @@ fn bench_idle_cost() {
             let cpu0 = cpu_secs(s.0.child.id()) + cpu_secs(c.0.child.id());
             std::thread::sleep(Duration::from_secs_f64(secs));
             let cpu = cpu_secs(s.0.child.id()) + cpu_secs(c.0.child.id()) - cpu0;
-            let reports = [
-                finish(c, Duration::from_secs(20)),
-                finish(s, Duration::from_secs(20)),
-            ];
+            let (rc, log_c) = finish_logged(c, Duration::from_secs(20));
+            let (rs, log_s) = finish_logged(s, Duration::from_secs(20));
+            // Why a session went down with no fault: the prober's own line says how long
+            // it heard nothing.
+            for l in log_c
+                .iter()
+                .chain(&log_s)
+                .filter(|l| l.contains("probe session down"))
+                .take(6)
+            {
+                println!("  {config}: {l}");
+            }
+            let reports = [rc, rs];
             let (mut gaps, mut longest, mut failovers, mut elapsed) = (0usize, 0f64, 0u64, 0f64);
             for r in reports.iter().flatten() {
                 let st: Vec<f64> = r["stalls"]
