@@ -1,10 +1,12 @@
 //! `cargo xtask bench failover` in the VM: one RC connection's traffic (`apm pingpong`,
-//! numbered messages both ways every 2 ms) under four protections, each through the same
+//! numbered messages both ways every 2 ms) under five protections, each through the same
 //! faults of the rail in use, repeated; one line `FAILOVER-BENCH key=value ...` per run, which
 //! xtask gathers into the table.
 //!
 //! - `apm`: software migration with liveness probes, rxe0 <-> rxe1 over the two VLAN
-//!   rails (one NIC, two GIDs).
+//!   rails (one NIC, two GIDs); each rail's probes over that rail.
+//! - `apm-no-probes`: the same without probes (a silent cut is found by the progress
+//!   monitor, a link down by the rail watcher).
 //! - `bond-miimon`: Linux bonding, active-backup, link monitoring every 10 ms, rxe on each
 //!   bond (two veth pairs, one per rail); the traffic on one unprotected QP.
 //! - `bond-arp`: the same with ARP monitoring (every 50 ms, each bond probing the
@@ -26,6 +28,7 @@ use super::*;
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Variant {
     Apm,
+    ApmNoProbes,
     BondMiimon,
     BondArp,
     None,
@@ -35,6 +38,7 @@ impl Variant {
     fn name(self) -> &'static str {
         match self {
             Variant::Apm => "apm",
+            Variant::ApmNoProbes => "apm-no-probes",
             Variant::BondMiimon => "bond-miimon",
             Variant::BondArp => "bond-arp",
             Variant::None => "none",
@@ -177,7 +181,7 @@ fn wait_bond_gid(dev: &str, addr: &str) {
 /// cutting rail 10 then cut the alternate, not the rail in use).
 fn rail_in_use(v: Variant, client: &mut Pingpong) -> [String; 2] {
     match v {
-        Variant::Apm => {
+        Variant::Apm | Variant::ApmNoProbes => {
             while let Ok(l) = client.0.lines.try_recv() {
                 client.0.log.push(l);
             }
@@ -226,7 +230,7 @@ fn heal(v: Variant, ends: &[String; 2]) {
         let _ = ip_quiet(&["link", "set", dev, "up"]);
     }
     match v {
-        Variant::Apm | Variant::None => {
+        Variant::Apm | Variant::ApmNoProbes | Variant::None => {
             for (vlan, a, b) in super::rails::RAILS {
                 rail_routes(vlan, a, b);
             }
@@ -252,14 +256,16 @@ fn probe_setting() -> (u32, u8) {
 fn sides(v: Variant, port: u16) -> (Vec<String>, Vec<String>) {
     let listen = format!("127.0.0.1:{port}");
     let (devs, rails): ([&str; 2], Vec<[&str; 2]>) = match v {
-        Variant::Apm => (
+        Variant::Apm | Variant::ApmNoProbes => (
             ["rxe1", "rxe0"],
             vec![["10.0.10.2", "10.0.10.1"], ["10.0.20.2", "10.0.20.1"]],
         ),
         Variant::None => (["rxe1", "rxe0"], vec![["10.0.10.2", "10.0.10.1"]]),
         Variant::BondMiimon | Variant::BondArp => (["rxe3", "rxe2"], vec![[BOND_B, BOND_A]]),
     };
-    let mode: Vec<String> = if v == Variant::Apm {
+    let mode: Vec<String> = if v == Variant::ApmNoProbes {
+        vec!["--mode".into(), "software".into()]
+    } else if v == Variant::Apm {
         let (interval, multiplier) = probe_setting();
         [
             "--mode",
@@ -379,14 +385,15 @@ fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
     let mut s = Pingpong::start(apm, "server", &argv(&server));
     std::thread::sleep(Duration::from_millis(300));
     let mut c = Pingpong::start(apm, "client", &argv(&client));
-    let ready = if v == Variant::Apm {
+    let protected = matches!(v, Variant::Apm | Variant::ApmNoProbes);
+    let ready = if protected {
         "software migration mode"
     } else {
         "unprotected mode"
     };
     c.0.wait_for(ready, Duration::from_secs(60));
     s.0.wait_for("qpn", Duration::from_secs(30));
-    if v == Variant::Apm {
+    if protected {
         // Protected on both sides before the fault.
         c.0.wait_for("protected", Duration::from_secs(30));
     }
@@ -510,12 +517,13 @@ fn bench_failover() {
     let mut port = 18700;
     for variant in [
         Variant::Apm,
+        Variant::ApmNoProbes,
         Variant::None,
         Variant::BondMiimon,
         Variant::BondArp,
     ] {
         match variant {
-            Variant::Apm | Variant::None => {
+            Variant::Apm | Variant::ApmNoProbes | Variant::None => {
                 bonds_down();
                 setup_rails();
                 wait_for_rail_gids(&v);
