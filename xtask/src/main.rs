@@ -91,8 +91,9 @@ fn test(_args: &[String]) -> Result<()> {
     util::run("cargo", &["test", "--workspace"])?;
     // Real peers: OpenSM over ibsim (installs its Debian packages when missing).
     ibsim::ibsim(&[])?;
-    // Real rxe devices: the hardware suite in a qemu VM (a few minutes on 2 cores, most
-    // of it unmodified programs under `apm run` across rail cuts).
-    hwtest::main(&["--vm".to_owned()])?;
+    // Real rxe devices: the hardware suite in a qemu VM (about 17 minutes on 2 cores,
+    // most of it unmodified programs under `apm run` across rail cuts; the limit leaves
+    // room for a slower machine, inside CI's own).
+    hwtest::main(&["--vm".to_owned(), "--timeout".to_owned(), "2400".to_owned()])?;
     Ok(())
 }
