@@ -21,9 +21,9 @@
 //! The program is never made to fail by apm: the real verb always runs and its result
 //! is returned unchanged; apm's own work runs after it, inside `catch_unwind`, on apm's
 //! threads (started at the first RTS: a program without verbs gets no thread). What
-//! cannot be protected (UD/UC/XRC QPs, an SRQ, no apm at the peer, no second path,
-//! another kind of device, a QP whose program loads alternate paths itself) is said once
-//! on stderr and in the report, and runs as without apm.
+//! cannot be protected (UD/UC/XRC QPs, an SRQ under software migration, no apm at the
+//! peer, no second path, another kind of device, a QP whose program loads alternate paths
+//! itself) is said once on stderr and in the report, and runs as without apm.
 //!
 //! **What it serialises**: the program's own `ibv_modify_qp`/`ibv_query_qp`/
 //! `ibv_destroy_qp` on a QP apm moves in software wait while apm moves it

@@ -49,6 +49,27 @@ pub fn wants_tee(device: &str) -> bool {
     migration() != Migration::Software && is_soft_roce(device)
 }
 
+/// Why an RC QP that receives through a shared receive queue (SRQ) is not protected when
+/// its device's QPs move by `mode`, or `None` when it can be.
+///
+/// With hardware APM the device moves the QP by itself, and apm's part is RTS -> RTS
+/// modifies of its paths alone (load the alternate, REARM, force MIGRATED): no drain, no
+/// re-initialisation, nothing posted or flushed, so where its receives come from makes
+/// no difference. Software migration takes the program's QP out of RTS (RTS -> SQD, the
+/// drain, SQD -> SQD with the new address vector, SQD -> RTS and a send-queue kick), and
+/// that procedure has been checked only on QPs with a receive queue of their own (an SRQ
+/// is shared by many QPs, the drain and its kick were never run on one).
+pub(crate) fn srq_refusal(mode: MigrationMode) -> Option<&'static str> {
+    match mode {
+        MigrationMode::Hardware => None,
+        MigrationMode::Software => Some(
+            "it receives through a shared receive queue (SRQ): apm's software migration \
+             (the SQ drain) is verified only on QPs with their own receive queue; hardware \
+             APM, which leaves the QP's queues alone, protects SRQ QPs",
+        ),
+    }
+}
+
 /// The QP facet of a device: how its engine's commands reach the program's QPs.
 pub(crate) enum Facet {
     /// provider-rxe: software migration through the SQ drain.
@@ -71,5 +92,20 @@ impl Facet {
             Facet::Software(f) => f.unregister(id),
             Facet::Hardware(f) => f.unregister(id),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn srq_qps_are_protected_with_hardware_apm_only() {
+        assert_eq!(srq_refusal(MigrationMode::Hardware), None);
+        let why = srq_refusal(MigrationMode::Software).expect("refused in software mode");
+        assert!(
+            why.contains("SRQ") && why.contains("software migration"),
+            "{why}"
+        );
     }
 }

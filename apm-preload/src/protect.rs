@@ -14,7 +14,7 @@
 //! and apm's moves serialise on the adopted QP's lock (`AdoptedQp::hold`).
 
 use crate::ledger::{Element, Event, Object};
-use crate::mode::{is_soft_roce, migration, Facet, Migration};
+use crate::mode::{is_soft_roce, migration, srq_refusal, Facet, Migration};
 use crate::report;
 use apm_agent::client::{AgentClient, AgentPeer};
 use apm_agent::local::ip_of;
@@ -290,18 +290,19 @@ impl Protector {
 }
 
 /// RC QPs in RTR that have not reached RTS (yet): a QP the program leaves in RTR
-/// (receive only, like perftest's bandwidth servers) cannot be moved on rxe (no RTR to
-/// RTR transition carries a new address vector, and SQD is entered from RTS only), so
-/// it is reported unprotected when the program lets go of it. Kept without starting
-/// apm's threads.
+/// (receive only, like perftest's bandwidth servers) cannot be moved (no RTR to RTR
+/// transition carries a new address vector, SQD is entered from RTS only, and hardware
+/// APM arms a QP only in RTS: REARM is an RTS state, so the device drops its peer's
+/// packets on the other path), so it is reported unprotected when the program lets go
+/// of it. Kept without starting apm's threads.
 fn rtr_only() -> &'static Mutex<BTreeMap<usize, QpSeen>> {
     static RTR: OnceLock<Mutex<BTreeMap<usize, QpSeen>>> = OnceLock::new();
     RTR.get_or_init(Mutex::default)
 }
 
 /// Why a QP left in RTR is not protected.
-const RTR_ONLY: &str = "it never left RTR (receive only): rxe can move a QP's path only \
-                        from RTS, through the SQ drain; its peer's apm finds no partner";
+const RTR_ONLY: &str = "it never left RTR (receive only): a path moves, or is armed, only \
+                        from RTS (the SQ drain, REARM); its peer's apm finds no partner";
 
 /// An RC QP reached RTR.
 pub fn on_rtr(seen: QpSeen) {
@@ -324,9 +325,6 @@ pub fn on_rts(seen: QpSeen) {
     lock(rtr_only()).remove(&seen.key);
     let reason = match seen.kind {
         QpKind::Rc if lock(own_apm()).contains(&seen.key) => Some(OWN_APM),
-        QpKind::Rc if seen.srq => {
-            Some("it receives through a shared receive queue (SRQ), not supported yet")
-        }
         QpKind::Rc => None,
         QpKind::Ud => Some("a UD QP (apm protects RC connections)"),
         QpKind::Uc => Some("a UC QP (apm protects RC connections)"),
@@ -491,6 +489,10 @@ async fn protect(
     slot: Arc<Mutex<Slot>>,
 ) -> Result<(), String> {
     let dev = p.device(&seen.device).await?;
+    // An SRQ matters only to software migration: decided once the device's mode is known.
+    if let Some(why) = srq_refusal(dev.facet.mode()).filter(|_| seen.srq) {
+        return Err(why.into());
+    }
     let Some((qp, attr)) = read_qp(&dev, &seen, &slot)? else {
         return Ok(());
     };
