@@ -256,11 +256,20 @@ fn tcp_port(argv: &[String]) -> u16 {
         .unwrap_or(18515)
 }
 
-/// Wait until something listens on TCP `port` (the server is ready for its client).
+/// Wait until something listens on TCP `port` (the server is ready for its client), or
+/// an rdma_cm id on that port (rping's server: no TCP socket).
 fn wait_listening(port: u16, limit: Duration) {
     let start = Instant::now();
     let hex = format!(":{port:04X} ");
-    while start.elapsed() < limit {
+    let cm = format!(":{port} ");
+    for round in 0u32.. {
+        if start.elapsed() >= limit {
+            return;
+        }
+        // `rdma` is a process: asked every 100 ms only.
+        if round % 5 == 4 && rdma_listening(&cm) {
+            return;
+        }
         let listening = ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
             std::fs::read_to_string(f).is_ok_and(|t| {
                 t.lines().any(|l| {
@@ -276,6 +285,19 @@ fn wait_listening(port: u16, limit: Duration) {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// Whether an rdma_cm id listens on `port` (`:PORT `, as `rdma resource show cm_id`
+/// writes its source address).
+fn rdma_listening(port: &str) -> bool {
+    Command::new("/usr/bin/rdma")
+        .args(["resource", "show", "cm_id"])
+        .output()
+        .is_ok_and(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .any(|l| l.contains("LISTEN") && format!("{l} ").contains(port))
+        })
 }
 
 /// `rdma resource show qp`: every QP's state and PSNs (what a hung program's QPs do).
@@ -322,6 +344,8 @@ struct Outcome {
     status: Vec<Option<i32>>,
     /// Each process's output (same order).
     outputs: Vec<String>,
+    /// The longest interval without a received packet on either rail.
+    stall: Duration,
     text: String,
 }
 
@@ -456,6 +480,7 @@ fn case(name: &str, pairs: &[Pair], apm: Option<&str>, cut: Cut, cut_after: Dura
     Outcome {
         status,
         outputs,
+        stall,
         text,
     }
 }

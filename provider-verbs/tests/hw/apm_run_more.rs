@@ -4,7 +4,7 @@
 use super::*;
 
 /// The figures of a perftest run: the first numeric row under its table header.
-fn perftest_row(out: &str) -> Vec<f64> {
+pub(super) fn perftest_row(out: &str) -> Vec<f64> {
     out.lines()
         .map(|l| {
             l.split_whitespace()
@@ -107,10 +107,11 @@ fn bench_apm_run_overhead() {
 /// ucx_perftest over UCX's `rc_verbs` transport (UCX opens its InfiniBand transport as
 /// a module with `dlopen`). Skipped, with UCX's own words, where UCX does not run on rxe.
 /// What it shows in this bed: UCX runs on rxe (with `/dev/shm` and bcopy puts), its
-/// `rc_verbs` QPs receive through an SRQ, which apm run reports unprotected (SRQ not
-/// supported yet), and the program runs exactly as without apm. ucx_perftest's server
-/// takes the client's device, so both ends land on rxe0 (a loopback pair the rail cut
-/// does not touch): this is not a failover check.
+/// `rc_verbs` QPs receive through an SRQ, which apm run reports unprotected under the
+/// software migration of stock rxe (hardware APM protects them: `apm_run_hw_ucx.rs`),
+/// and the program runs exactly as without apm. ucx_perftest's server takes the client's
+/// device, so both ends land on rxe0 (a loopback pair the rail cut does not touch): this
+/// is not a failover check.
 #[test]
 #[ignore = "needs RDMA devices: run `cargo xtask hwtest` (or `--vm`)"]
 fn apm_run_ucx_perftest_rc_verbs_across_a_silent_rail_cut() {
