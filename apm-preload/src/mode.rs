@@ -7,6 +7,7 @@ use apm_core::{ConnId, MigrationMode};
 use provider_rxe::RxeQpControl;
 use provider_verbs::VerbsQpControl;
 use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
 
 /// How apm moves the program's QPs (`APM_RUN_MIGRATION`, which `apm run --migration`
 /// sets).
@@ -67,6 +68,29 @@ pub(crate) fn srq_refusal(mode: MigrationMode) -> Option<&'static str> {
              (the SQ drain) is verified only on QPs with their own receive queue; hardware \
              APM, which leaves the QP's queues alone, protects SRQ QPs",
         ),
+    }
+}
+
+/// The longest the program's destroy waits for a verb of apm's on its QP: loading a
+/// RoCE alternate resolves its neighbour, seconds on a dead rail.
+const VERB_IN_FLIGHT: Duration = Duration::from_secs(10);
+
+/// Wait (at most [`VERB_IN_FLIGHT`]) until `qp`, which the hardware facet no longer
+/// holds, is held by no verb of apm's either: the facet's verbs run on clones of it.
+/// The kernel refuses to destroy a QP while another command uses it (EBUSY; seen:
+/// ib_write_bw's server failed its QP's destroy, then its CQ's and PD's, while apm
+/// re-armed it onto a downed rail), so the program's destroy goes after them.
+pub(crate) fn wait_for_verbs(qp: &Arc<provider_verbs::ffi::Qp>) {
+    let since = Instant::now();
+    while Arc::strong_count(qp) > 1 && since.elapsed() < VERB_IN_FLIGHT {
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    if since.elapsed() > Duration::from_millis(5) {
+        let waited_ms = since.elapsed().as_millis();
+        tracing::info!(
+            waited_ms,
+            "the program's destroy waited for apm's verb on its QP"
+        );
     }
 }
 

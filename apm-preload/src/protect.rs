@@ -80,8 +80,9 @@ enum Moved {
     /// while it does ([`AdoptedQp::hold`]).
     Software(Arc<AdoptedQp>),
     /// The device (hardware APM: it migrates by itself; apm loads, arms and forces with
-    /// RTS -> RTS modifies, which the kernel serialises with the program's own).
-    Hardware,
+    /// RTS -> RTS modifies). The QP as the facet holds it: another clone of it is a verb
+    /// of apm's in flight, which the program's destroy waits for (`destroyed`).
+    Hardware(Arc<provider_verbs::ffi::Qp>),
 }
 
 /// QPs whose program loads alternate paths or sets their migration state itself: apm
@@ -380,10 +381,22 @@ pub fn with_held<R>(key: usize, f: impl FnOnce() -> R) -> Option<R> {
     Some(f())
 }
 
-/// The program destroys QP `key`.
+/// The program destroys QP `key`; under hardware APM once no verb of apm's runs on it
+/// ([`crate::mode::wait_for_verbs`]: after `release` none starts).
 pub fn destroyed(key: usize) {
     lock(own_apm()).remove(&key);
+    let in_use = PROTECTOR.get().and_then(|p| {
+        let slot = lock(&p.as_ref().ok()?.slots).get(&key).cloned()?;
+        let s = lock(&slot);
+        match s.adopted.as_ref().map(|a| &a.how) {
+            Some(Moved::Hardware(qp)) => Some(qp.clone()),
+            _ => None,
+        }
+    });
     release(key, "destroyed");
+    if let Some(qp) = in_use {
+        crate::mode::wait_for_verbs(&qp);
+    }
 }
 
 /// The program destroys QP `key` or took it out of RTS: stop looking after it (waits
@@ -407,9 +420,10 @@ pub fn release(key: usize, why: &str) {
     let _ = p.client.unregister(qpn, a.remote_qpn);
     report::released(qpn);
     debug!(qpn, why, "apm let go of the QP");
-    let handle = a.device.handle.clone();
+    let (handle, id) = (a.device.handle.clone(), a.id);
+    // `a` (its QP among it) is dropped here, not kept by the task.
     p.rt.spawn(async move {
-        let _ = handle.unprotect(a.id).await;
+        let _ = handle.unprotect(id).await;
     });
 }
 
@@ -603,8 +617,9 @@ fn hand_over(
                         .into(),
                 );
             }
-            f.register(id, Arc::new(qp)).map_err(|e| e.to_string())?;
-            Moved::Hardware
+            let qp = Arc::new(qp);
+            f.register(id, qp.clone()).map_err(|e| e.to_string())?;
+            Moved::Hardware(qp)
         }
     };
     s.adopted = Some(Adopted {
@@ -630,7 +645,7 @@ fn tee_event(ev: Event) {
     };
     let s = lock(&slot);
     let Some(a) = &s.adopted else { return };
-    if let (Moved::Hardware, Facet::Hardware(f)) = (&a.how, &a.device.facet) {
+    if let (Moved::Hardware(_), Facet::Hardware(f)) = (&a.how, &a.device.facet) {
         let kind = AsyncEventKind::from_raw(ev.event_type);
         debug!(qpn = a.qpn, ?kind, "the program's QP event");
         f.deliver_qp_event(a.id, kind);
