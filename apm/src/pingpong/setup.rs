@@ -426,6 +426,31 @@ async fn wait_ready(
     }
 }
 
+/// The channels to the peer: the control channel, which carries messages for every path
+/// GID to the peer's control address, and a channel per rail, so that each rail's
+/// messages (its probes) take that rail; with `key`, the authenticators of them all.
+async fn peer_channels(
+    args: &Args,
+    role: &str,
+    udp: cm_lap::udp::UdpPeerChannel,
+    key: Option<cm_lap::auth::Key>,
+    paths: &[Path],
+    peer_ctl: SocketAddr,
+) -> (RailChannels, Option<Vec<Arc<cm_lap::auth::Authenticator>>>) {
+    for p in paths {
+        udp.add_peer(p.dgid, peer_ctl);
+    }
+    let (peers, notes) = RailChannels::bind(udp, paths, peer_ctl.port(), |ch| {
+        authenticated(ch, key.as_ref())
+    })
+    .await;
+    for n in notes {
+        say(args, format!("{role}: {n}"));
+    }
+    let auth = key.as_ref().map(|_| peers.authenticators());
+    (peers, auth)
+}
+
 /// Open the device, meet the peer, connect the QP, protect it, and wait until the peer
 /// is ready too.
 pub(super) async fn start(args: &Args) -> Result<Session> {
@@ -486,18 +511,7 @@ pub(super) async fn start(args: &Args) -> Result<Session> {
         .context("the peer sent no apm control address")?;
     // Messages for any of the peer's path GIDs go to its control address (on InfiniBand
     // the paths carry no GIDs: the one key is the zero GID).
-    for p in &paths {
-        udp.add_peer(p.dgid, peer_ctl);
-    }
-    // Each rail's messages (its probes) over that rail, not the control address.
-    let (peers, notes) = RailChannels::bind(udp, &paths, peer_ctl.port(), |ch| {
-        authenticated(ch, key.as_ref())
-    })
-    .await;
-    for n in notes {
-        say(args, format!("{role}: {n}"));
-    }
-    let peer_auth = key.as_ref().map(|_| peers.authenticators());
+    let (peers, peer_auth) = peer_channels(args, role, udp, key, &paths, peer_ctl).await;
     let (handle, manager_task) = start_manager(args, &ctx, &rc, conn, hardware, peers, paths)?;
     let notes = handle.notifications();
     let protected = protect_unless_none(args, &handle, spec).await?;
