@@ -568,13 +568,14 @@ impl Prober {
     }
 
     /// Whether the timers were last run so long before `now` that this host must have
-    /// been held meanwhile (only judged while some session expects probes); notes `now`
-    /// as the last run.
+    /// been held meanwhile; notes `now` as the last run. Only detection expiries ask,
+    /// and one is pending only while its session is Up or Init, which sends every
+    /// interval: with every session Down the gaps are long and nobody asks. Constant
+    /// time: the sessions are not looked at.
     fn was_held(&mut self, now: Time) -> bool {
         let last = self.last_poll.replace(now);
-        let listening = self.sessions.values().any(|s| s.detect_at.is_some());
         let limit = self.interval().mul_f64(HELD_AFTER);
-        listening && last.is_some_and(|t| now.since(t) > limit)
+        last.is_some_and(|t| now.since(t) > limit)
     }
 
     /// The earliest time [`Prober::poll_timers`] may have work (a deadline since
