@@ -245,6 +245,9 @@ pub enum GidType {
     Other(u32),
 }
 
+/// The most GID table entries one table query reads.
+const MAX_GID_ENTRIES: usize = 1 << 16;
+
 /// One GID table entry.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GidEntry {
@@ -442,11 +445,13 @@ impl Context {
 
     /// Every valid GID of the device, with its port (`ibv_query_gid_table`: one call for
     /// the whole table, where reading rxe's 1024 slots one by one costs about a second of
-    /// CPU under emulation). `slots` bounds the entries of one port; the device's ports
-    /// together may hold more, so the buffer grows until the call fits.
+    /// CPU under emulation). `slots` bounds the entries of one port; the buffer has room for
+    /// that many on every port of the device (the call lists them all).
     fn valid_gids(&self, slots: usize) -> Result<Vec<(u32, GidEntry)>> {
         let ports = usize::from(self.query_device()?.phys_port_cnt.max(1));
-        let max = slots.max(1).saturating_mul(ports);
+        // Bounded whatever the device says its table holds (2 MB of entries); a table
+        // with more valid entries than that is read slot by slot instead.
+        let max = slots.max(1).saturating_mul(ports).min(MAX_GID_ENTRIES);
         let mut raw: Vec<sys::ibv_gid_entry> = Vec::with_capacity(max);
         // SAFETY: valid context; `raw` has room for `max` entries of the size passed (the
         // inline `ibv_query_gid_table` passes sizeof(*entries) the same way), flags 0;
