@@ -382,7 +382,7 @@ pub fn with_held<R>(key: usize, f: impl FnOnce() -> R) -> Option<R> {
 }
 
 /// The program destroys QP `key`; under hardware APM once no verb of apm's runs on it
-/// ([`crate::mode::wait_for_verbs`]: after `release` none starts).
+/// (`mode::wait_for_verbs`: after `release` none starts).
 pub fn destroyed(key: usize) {
     lock(own_apm()).remove(&key);
     let in_use = PROTECTOR.get().and_then(|p| {
