@@ -12,7 +12,7 @@ use crate::io::{
 };
 use crate::policy::Policy;
 use crate::types::{
-    ConnId, Gid, Lid, LinkLayer, MigState, MigrationMode, Path, PeerAddr, PortInfo, PortKey, Time,
+    ConnId, Gid, Lid, LinkLayer, MigState, Path, PeerAddr, PortInfo, PortKey, Time,
 };
 use tracing::{debug, info, warn};
 
@@ -375,13 +375,7 @@ impl Engine {
             .filter(|a| !c.is_bad(a, self.now) && self.path_up(a));
         let mode = c.mode;
         let armed_on_dead = c.alt.is_armed();
-        let own_port_dead = c.primary_down == Some(Cause::LocalPort);
         match alt {
-            Some(alt) if mode == MigrationMode::Software && own_port_dead => {
-                self.stats.migrations_forced += 1;
-                debug!(%id, to = %alt, "own port down: moving now, and telling the peer");
-                self.move_and_tell(id, alt);
-            }
             Some(alt) => {
                 // A migration overrides whatever negotiation was going on.
                 self.stats.migrations_forced += 1;
@@ -456,28 +450,6 @@ impl Engine {
         });
         self.replace_phase(id, Phase::Idle);
         self.await_peer(id, alt.port, PeerAddr::far_end(&alt), msg);
-    }
-
-    /// This host's own port under the primary of `id` is dead (a software-migrated
-    /// connection): move onto `alt` now and tell the peer in the same instant, rather
-    /// than wait for its answer as `probe_and_move` does. Nothing is risked: the primary
-    /// cannot carry a packet (on rxe the QP fails at its first send there), so waiting
-    /// only adds the peer's move to ours, and both moves take a device's time (the
-    /// peer's SQ drain waits out its retransmit timer for what was lost on the dead
-    /// link; re-initialising ours from ERR collects its flushes). The message is sent
-    /// once; the announcement after our move is retransmitted until the peer answers.
-    fn move_and_tell(&mut self, id: ConnId, alt: Path) {
-        let Some(c) = self.conns.get(&id) else {
-            return;
-        };
-        let msg = PeerMsg::Migrate(Migrate {
-            sender_comm_id: c.local_comm_id,
-            receiver_comm_id: c.remote_comm_id,
-            path: alt,
-            intent: MigrateIntent::Probe,
-        });
-        self.send(alt.port, PeerAddr::far_end(&alt), msg);
-        self.start_sw_migration(id, alt, None);
     }
 
     /// Move `id` to `path` in software, dropping whatever it was doing; `responder` is
