@@ -504,8 +504,9 @@ impl Prober {
     /// expiry found then is put off by one interval, in which those probes arrive;
     /// a path that really died goes down one interval later.
     pub fn poll_timers(&mut self, now: Time) {
-        let held = self.was_held(now);
-        let grace = self.interval();
+        // The Up interval: the grace of an expiry found after a hold, and the next sends'.
+        let up_interval = self.interval();
+        let held = self.was_held(now, up_interval);
         let mut sends = Vec::new();
         while let Some((at, (ends, due))) = self.timers.pop_due(now) {
             let Some(s) = self.sessions.get_mut(&ends) else {
@@ -516,7 +517,7 @@ impl Prober {
                     s.detect_queued = None;
                     match s.detect_at {
                         Some(d) if d <= now && held => {
-                            let later = now.plus(grace);
+                            let later = now.plus(up_interval);
                             s.detect_at = Some(later);
                             s.detect_queued = Some(later);
                             self.timers.schedule(later, (ends, Due::Detect));
@@ -545,7 +546,6 @@ impl Prober {
             }
         }
         // Sends after every expiry of this instant, so that a probe says Down at once.
-        let up_interval = self.interval();
         let down_interval = Duration::from_millis(u64::from(self.policy.down_interval_ms));
         let ports_down = PortsDown::of(self.local_down.iter().copied());
         for ends in sends {
@@ -572,9 +572,9 @@ impl Prober {
     /// and one is pending only while its session is Up or Init, which sends every
     /// interval: with every session Down the gaps are long and nobody asks. Constant
     /// time: the sessions are not looked at.
-    fn was_held(&mut self, now: Time) -> bool {
+    fn was_held(&mut self, now: Time, up_interval: Duration) -> bool {
         let last = self.last_poll.replace(now);
-        let limit = self.interval().mul_f64(HELD_AFTER);
+        let limit = up_interval.mul_f64(HELD_AFTER);
         last.is_some_and(|t| now.since(t) > limit)
     }
 

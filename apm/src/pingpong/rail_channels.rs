@@ -10,27 +10,17 @@
 //! be bound (a wildcard control address holding the port on every address, say) keeps
 //! using the control channel, and the start-up line says so.
 
+use apm_agent::local::ip_of;
 use apm_core::{Gid, InputSink, Path, PeerAddr, PeerChannel, PeerMsg, PortKey, ProviderError};
 use async_trait::async_trait;
 use cm_lap::udp::UdpPeerChannel;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 
 /// The control channel and one channel per rail, as one [`PeerChannel`].
 pub(super) struct RailChannels {
     control: UdpPeerChannel,
     /// Per rail: the peer's GID on it and the channel bound to our address there.
     rails: Vec<(Gid, UdpPeerChannel)>,
-}
-
-/// The IPv4 or IPv6 address a RoCE GID stands for (`None` for an InfiniBand or
-/// link-local GID, which names no routable address).
-fn ip_of(gid: &Gid) -> Option<IpAddr> {
-    let v6 = Ipv6Addr::from(gid.0);
-    if let Some(v4) = v6.to_ipv4_mapped() {
-        return Some(IpAddr::V4(v4));
-    }
-    let link_local = gid.0[0] == 0xfe && gid.0[1] & 0xc0 == 0x80;
-    (!link_local && !v6.is_unspecified()).then_some(IpAddr::V6(v6))
 }
 
 impl RailChannels {

@@ -371,17 +371,10 @@ fn unix_ms() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64() * 1e3)
 }
 
-/// `apm pingpong`'s arguments as the child helper takes them.
-fn argv(a: &[String]) -> Vec<&str> {
-    a.iter().map(String::as_str).collect()
-}
-
-/// One run: start the pair, cut the rail in use, heal it, stop; the record as
-/// `key=value` words (xtask reads them).
-fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
+/// Start the pair of variant `v` on `port` and wait until it exchanges traffic (and,
+/// under apm, until both sides are protected): (server, client).
+fn start_pair(apm: &str, v: Variant, port: u16) -> (Pingpong, Pingpong) {
     let (server, client) = sides(v, port);
-    let t0 = Instant::now();
-    let t0_unix_ms = unix_ms();
     let mut s = Pingpong::start(apm, "server", &argv(&server));
     std::thread::sleep(Duration::from_millis(300));
     let mut c = Pingpong::start(apm, "client", &argv(&client));
@@ -394,9 +387,30 @@ fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
     c.0.wait_for(ready, Duration::from_secs(60));
     s.0.wait_for("qpn", Duration::from_secs(30));
     if protected {
-        // Protected on both sides before the fault.
         c.0.wait_for("protected", Duration::from_secs(30));
     }
+    (s, c)
+}
+
+/// Repetitions per row: `APM_BENCH_REPS`, else `default`.
+fn bench_reps(default: u32) -> u32 {
+    std::env::var("APM_BENCH_REPS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .unwrap_or(default)
+}
+
+/// `apm pingpong`'s arguments as the child helper takes them.
+fn argv(a: &[String]) -> Vec<&str> {
+    a.iter().map(String::as_str).collect()
+}
+
+/// One run: start the pair, cut the rail in use, heal it, stop; the record as
+/// `key=value` words (xtask reads them).
+fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
+    let t0 = Instant::now();
+    let t0_unix_ms = unix_ms();
+    let (s, mut c) = start_pair(apm, v, port);
     std::thread::sleep(Duration::from_millis(1500));
     let ends = rail_in_use(v, &mut c);
     let fault_ms = t0.elapsed().as_secs_f64() * 1e3;
@@ -508,10 +522,7 @@ fn bench_failover() {
         Ok(p) => p,
         Err(why) => return println!("SKIPPED bench_failover: {why}"),
     };
-    let reps: u32 = std::env::var("APM_BENCH_REPS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(10);
+    let reps = bench_reps(10);
     let (interval, multiplier) = probe_setting();
     println!("FAILOVER-BENCH-SETTING probe_interval_ms={interval} probe_multiplier={multiplier}");
     let mut port = 18700;
@@ -601,32 +612,14 @@ fn bench_idle_cost() {
     wait_for_rail_gids(&v);
     let secs = 8.0;
     let mut port = 18900;
-    let reps: u32 = std::env::var("APM_BENCH_REPS")
-        .ok()
-        .and_then(|r| r.parse().ok())
-        .unwrap_or(3);
-    for rep in 0..reps {
-        for config in ["none", "apm-no-probes", "apm-probes"] {
+    for rep in 0..bench_reps(3) {
+        for (config, variant) in [
+            ("none", Variant::None),
+            ("apm-no-probes", Variant::ApmNoProbes),
+            ("apm-probes", Variant::Apm),
+        ] {
             port += 1;
-            let variant = if config == "none" {
-                Variant::None
-            } else {
-                Variant::Apm
-            };
-            let (mut server, mut client) = sides(variant, port);
-            if config == "apm-no-probes" {
-                for a in [&mut server, &mut client] {
-                    strip_probe_args(a);
-                }
-            }
-            let mut s = Pingpong::start(&apm, "server", &argv(&server));
-            std::thread::sleep(Duration::from_millis(300));
-            let mut c = Pingpong::start(&apm, "client", &argv(&client));
-            c.0.wait_for("mode", Duration::from_secs(60));
-            s.0.wait_for("qpn", Duration::from_secs(30));
-            if variant == Variant::Apm {
-                c.0.wait_for("protected", Duration::from_secs(30));
-            }
+            let (s, c) = start_pair(&apm, variant, port);
             let cpu0 = cpu_secs(s.0.child.id()) + cpu_secs(c.0.child.id());
             std::thread::sleep(Duration::from_secs_f64(secs));
             let cpu = cpu_secs(s.0.child.id()) + cpu_secs(c.0.child.id()) - cpu0;
@@ -664,21 +657,4 @@ fn bench_idle_cost() {
             );
         }
     }
-}
-
-/// `apm pingpong`'s arguments without the probes (`--probes` and its settings).
-fn strip_probe_args(a: &mut Vec<String>) {
-    let mut out = Vec::new();
-    let mut it = a.drain(..);
-    while let Some(x) = it.next() {
-        match x.as_str() {
-            "--probes" => {}
-            "--probe-interval-ms" | "--probe-multiplier" => {
-                it.next();
-            }
-            _ => out.push(x),
-        }
-    }
-    drop(it);
-    *a = out;
 }
