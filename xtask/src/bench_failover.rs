@@ -22,6 +22,10 @@ struct Run {
     lost: u64,
     duplicated: u64,
     failovers: u64,
+    /// When the first and the last side's move was done, ms after the fault's stall
+    /// began (the last message before it; apm only).
+    first_move_ms: Option<f64>,
+    last_move_ms: Option<f64>,
 }
 
 fn parse(line: &str) -> Option<Run> {
@@ -43,6 +47,8 @@ fn parse(line: &str) -> Option<Run> {
         lost: num("lost")?,
         duplicated: num("duplicated")?,
         failovers: num("failovers")?,
+        first_move_ms: kv.get("first_move_ms").and_then(|v| v.parse().ok()),
+        last_move_ms: kv.get("last_move_ms").and_then(|v| v.parse().ok()),
     })
 }
 
@@ -58,6 +64,9 @@ struct Row {
     /// Stall at the fault over the kept runs: min, median, max.
     stall: Option<(f64, f64, f64)>,
     heal_stall_median: Option<f64>,
+    /// Medians over the kept runs: the first side's move done, the last side's, ms
+    /// after the fault's stall began.
+    moves_median: Option<(f64, f64)>,
     lost: u64,
     duplicated: u64,
     failovers: u64,
@@ -93,6 +102,8 @@ fn rows(runs: &[Run]) -> Vec<Row> {
             let mut stalls: Vec<f64> = kept.iter().filter_map(|r| r.stall_ms).collect();
             let stall = median(&mut stalls).map(|m| (stalls[0], m, stalls[stalls.len() - 1]));
             let mut heal: Vec<f64> = kept.iter().map(|r| r.heal_stall_ms).collect();
+            let mut first: Vec<f64> = kept.iter().filter_map(|r| r.first_move_ms).collect();
+            let mut last: Vec<f64> = kept.iter().filter_map(|r| r.last_move_ms).collect();
             Row {
                 runs: mine.len(),
                 kept: kept.len(),
@@ -100,6 +111,7 @@ fn rows(runs: &[Run]) -> Vec<Row> {
                 hung: count("hung"),
                 stall,
                 heal_stall_median: median(&mut heal),
+                moves_median: median(&mut first).zip(median(&mut last)),
                 lost: mine.iter().map(|r| r.lost).sum(),
                 duplicated: mine.iter().map(|r| r.duplicated).sum(),
                 failovers: mine.iter().map(|r| r.failovers).sum(),
@@ -112,11 +124,12 @@ fn rows(runs: &[Run]) -> Vec<Row> {
 
 fn table(rows: &[Row]) -> String {
     let mut out = format!(
-        "{:<12} {:<11} {:>18} {:>24} {:>12} {:>9} {:>9}\n",
+        "{:<13} {:<11} {:>16} {:>22} {:>14} {:>10} {:>9} {:>5}\n",
         "protection",
         "fault",
         "kept/lost/hung",
         "stall ms min/med/max",
+        "moved: med ms",
         "back: med",
         "msgs lost",
         "dup"
@@ -128,13 +141,17 @@ fn table(rows: &[Row]) -> String {
         let heal = r
             .heal_stall_median
             .map_or("-".to_owned(), |m| format!("{m:.0}"));
+        let moved = r
+            .moves_median
+            .map_or("-".to_owned(), |(a, b)| format!("{a:.0} / {b:.0}"));
         let _ = writeln!(
             out,
-            "{:<12} {:<11} {:>18} {:>24} {:>12} {:>9} {:>9}",
+            "{:<13} {:<11} {:>16} {:>22} {:>14} {:>10} {:>9} {:>5}",
             r.variant,
             r.fault,
             format!("{}/{}/{} of {}", r.kept, r.lost_conns, r.hung, r.runs),
             stall,
+            moved,
             heal,
             r.lost,
             r.duplicated
@@ -151,6 +168,7 @@ fn json(rows: &[Row]) -> String {
             format!(
                 "{{\"protection\":\"{}\",\"fault\":\"{}\",\"runs\":{},\"kept\":{},\"lost\":{},\
                  \"hung\":{},\"stall_ms\":{{\"min\":{},\"median\":{},\"max\":{}}},\
+                 \"first_move_ms_median\":{},\"last_move_ms_median\":{},\
                  \"stall_after_return_ms_median\":{},\"messages_lost\":{},\
                  \"messages_duplicated\":{},\"failovers\":{}}}",
                 r.variant,
@@ -162,6 +180,8 @@ fn json(rows: &[Row]) -> String {
                 num(r.stall.map(|s| s.0)),
                 num(r.stall.map(|s| s.1)),
                 num(r.stall.map(|s| s.2)),
+                num(r.moves_median.map(|m| m.0)),
+                num(r.moves_median.map(|m| m.1)),
                 num(r.heal_stall_median),
                 r.lost,
                 r.duplicated,
@@ -171,6 +191,19 @@ fn json(rows: &[Row]) -> String {
         .collect();
     format!("[{}]", items.join(","))
 }
+
+const USAGE: &str = "\
+cargo xtask bench failover [--reps N] [--probe MS,N] [--idle] [--json]
+
+apm against Linux bonding and no protection, on real rxe in the VM: one RC
+connection's numbered messages through a link down and a silent cut (netem 100%
+loss) of the rail in use, then the rail back; one row per protection and fault.
+
+  --reps N        runs per protection and fault (default 10)
+  --probe MS,N    apm's liveness probes: interval in ms and multiplier (default 20,3)
+  --idle          no fault: what each protection costs (gaps, false failovers, CPU)
+  --json          the rows as JSON instead of the table
+";
 
 /// Run the benchmark in the VM and print its table (or JSON).
 pub fn main(args: &[String]) -> Result<()> {
@@ -197,9 +230,11 @@ pub fn main(args: &[String]) -> Result<()> {
                         .clone(),
                 );
             }
-            other => bail!(
-                "unknown `bench failover` argument {other:?} (--reps N, --probe MS,N, --idle, --json)"
-            ),
+            "-h" | "--help" => {
+                print!("{USAGE}");
+                return Ok(());
+            }
+            other => bail!("unknown `bench failover` argument {other:?}\n\n{USAGE}"),
         }
     }
     let out = std::env::current_dir()?.join("target/vm/bench-failover.out");
@@ -208,10 +243,11 @@ pub fn main(args: &[String]) -> Result<()> {
         "--timeout".to_owned(),
         "3600".to_owned(),
         "--filter".to_owned(),
+        // Module path and name: `bench_failover` alone also names the idle test.
         if idle {
-            "bench_idle_cost"
+            "bench_failover::bench_idle_cost"
         } else {
-            "bench_failover"
+            "bench_failover::bench_failover"
         }
         .to_owned(),
         "--env".to_owned(),
@@ -303,8 +339,8 @@ mod tests {
     #[test]
     fn runs_gather_into_rows_with_medians_over_the_kept_ones() {
         let lines = "noise\n\
-            FAILOVER-BENCH variant=apm fault=link-down rep=0 outcome=kept stall_ms=40.0 heal_stall_ms=0.0 lost=0 duplicated=0 failovers=2\n\
-            FAILOVER-BENCH variant=apm fault=link-down rep=1 outcome=kept stall_ms=60.0 heal_stall_ms=10.0 lost=0 duplicated=0 failovers=2\n\
+            FAILOVER-BENCH variant=apm fault=link-down rep=0 outcome=kept stall_ms=40.0 heal_stall_ms=0.0 lost=0 duplicated=0 failovers=2 first_move_ms=20.0 last_move_ms=30.0\n\
+            FAILOVER-BENCH variant=apm fault=link-down rep=1 outcome=kept stall_ms=60.0 heal_stall_ms=10.0 lost=0 duplicated=0 failovers=2 first_move_ms=40.0 last_move_ms=50.0\n\
             FAILOVER-BENCH variant=apm fault=link-down rep=2 outcome=kept stall_ms=50.0 heal_stall_ms=0.0 lost=0 duplicated=0 failovers=2\n\
             FAILOVER-BENCH variant=none fault=link-down rep=0 outcome=lost stall_ms=- heal_stall_ms=0.0 lost=900 duplicated=0 failovers=0\n";
         let runs: Vec<Run> = lines.lines().filter_map(parse).collect();
@@ -313,11 +349,14 @@ mod tests {
         assert_eq!(r.len(), 2);
         assert_eq!((r[0].kept, r[0].runs), (3, 3));
         assert_eq!(r[0].stall, Some((40.0, 50.0, 60.0)));
+        // Over the runs that state their moves (a record without them still counts).
+        assert_eq!(r[0].moves_median, Some((30.0, 40.0)));
         assert_eq!(r[1].lost_conns, 1);
+        assert_eq!(r[1].moves_median, None);
         assert_eq!(r[1].stall, None);
         let t = table(&r);
         assert!(
-            t.contains("3/0/0 of 3") && t.contains("40 / 50 / 60"),
+            t.contains("3/0/0 of 3") && t.contains("40 / 50 / 60") && t.contains("30 / 40"),
             "{t}"
         );
         let j = json(&r);

@@ -353,15 +353,15 @@ fn finish_logged(mut p: Pingpong, limit: Duration) -> (Option<serde_json::Value>
 /// The longest stall of one side's report (times in its own clock) that ends after
 /// `from_ms` and begins before `to_ms`: the fault's (from the fault to the rail's return),
 /// or the return's (from the return on). A pingpong records a stall as the time of the
-/// last arrival before it and its length (only those over 100 ms).
-fn longest_stall_in(report: &serde_json::Value, from_ms: f64, to_ms: f64) -> Option<f64> {
+/// last arrival before it and its length (only those over 100 ms). Returns when it
+/// began and how long it was.
+fn longest_stall_in(report: &serde_json::Value, from_ms: f64, to_ms: f64) -> Option<(f64, f64)> {
     report["stalls"]
         .as_array()?
         .iter()
         .filter_map(|s| Some((s["at_ms"].as_f64()?, s["ms"].as_f64()?)))
         .filter(|(at, ms)| at + ms > from_ms && *at < to_ms)
-        .map(|(_, ms)| ms)
-        .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
+        .max_by(|a, b| a.1.total_cmp(&b.1))
 }
 
 /// Now on the wall clock, in ms since the Unix epoch (as `apm pingpong` states its origin).
@@ -476,12 +476,22 @@ fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
             .filter_map(|r| r[k].as_u64())
             .sum::<u64>()
     };
-    // The longer side's stall in a window of the test's clock.
-    let worst = |from: f64, to: f64| {
+    // Each side's longest stall in a window of the test's clock, its start on that clock.
+    let stalls = |from: f64, to: f64| -> Vec<(f64, f64)> {
         reports
             .iter()
             .enumerate()
-            .filter_map(|(k, r)| longest_stall_in(r.as_ref()?, from - offset(k), to - offset(k)))
+            .filter_map(|(k, r)| {
+                let (at, ms) = longest_stall_in(r.as_ref()?, from - offset(k), to - offset(k))?;
+                Some((at + offset(k), ms))
+            })
+            .collect()
+    };
+    // The longer side's.
+    let worst = |from: f64, to: f64| {
+        stalls(from, to)
+            .into_iter()
+            .map(|(_, ms)| ms)
             .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
     };
     let kept = outcome == "kept";
@@ -498,17 +508,77 @@ fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
         0.0
     };
     let ms = |x: Option<f64>| x.map_or("-".to_owned(), |x| format!("{x:.1}"));
+    // Where the stall went: when each side's move was done, from the fault's stall's
+    // start (the last message before it: the cut command itself takes a few hundred ms
+    // of the guest's wall time before anything is dropped).
+    let began = stalls(fault_ms - 10.0, heal_ms)
+        .into_iter()
+        .map(|(at, _)| at)
+        .reduce(f64::min);
+    let moves = match (kept, began) {
+        (true, Some(began)) => moves_after(&reports, &offset, began, heal_ms),
+        _ => Vec::new(),
+    };
     format!(
         "variant={} fault={} rep={rep} outcome={outcome} stall_ms={} heal_stall_ms={:.1} \
-         lost={} duplicated={} failovers={}",
+         lost={} duplicated={} failovers={} first_move_ms={} last_move_ms={}",
         v.name(),
         fault.name(),
         ms(stall),
         after_heal,
         sum("lost"),
         sum("duplicated"),
-        sum("failovers")
+        sum("failovers"),
+        ms(moves.first().copied()),
+        ms(moves.last().copied()),
     )
+}
+
+/// The times (ms after `from`, sorted) at which either side reported a failover done
+/// between `from` and `to` on the test's clock; `offset(k)` puts report `k`'s times
+/// on that clock. `from` is the fault's stall's start.
+fn moves_after(
+    reports: &[Option<serde_json::Value>],
+    offset: &dyn Fn(usize) -> f64,
+    from: f64,
+    to: f64,
+) -> Vec<f64> {
+    let mut at: Vec<f64> = reports
+        .iter()
+        .enumerate()
+        .filter_map(|(k, r)| Some((k, r.as_ref()?["events"].as_array()?)))
+        .flat_map(|(k, events)| {
+            events
+                .iter()
+                .filter(|e| e["kind"] == "failover")
+                .filter_map(move |e| Some(e["at_ms"].as_f64()? + offset(k)))
+        })
+        .filter(|t| (from..to).contains(t))
+        .map(|t| t - from)
+        .collect();
+    at.sort_by(f64::total_cmp);
+    at
+}
+
+#[test]
+fn moves_are_timed_from_the_cut_on_one_clock() {
+    let side = |at: &[f64]| {
+        let events: Vec<serde_json::Value> = at
+            .iter()
+            .map(|t| serde_json::json!({"kind": "failover", "at_ms": t}))
+            .chain([serde_json::json!({"kind": "rearmed", "at_ms": 10.0})])
+            .collect();
+        Some(serde_json::json!({ "events": events }))
+    };
+    // Side 0's clock starts 100 ms after the test's, side 1's 50 ms after.
+    let reports = [side(&[1950.0, 9000.0]), side(&[2080.0])];
+    let offset = |k: usize| [100.0, 50.0][k];
+    // The stall from 2000 ms, the rail back at 4500: side 0 moved at 2050, side 1 at 2130;
+    // side 0's move at 9100 came after the return.
+    assert_eq!(
+        moves_after(&reports, &offset, 2000.0, 4500.0),
+        vec![50.0, 130.0]
+    );
 }
 
 #[test]
@@ -562,7 +632,8 @@ fn bench_failover() {
                     println!("  not kept: the pair could not be set up (see above)");
                     format!(
                         "variant={} fault={} rep={rep} outcome=lost stall_ms=- \
-                         heal_stall_ms=0.0 lost=0 duplicated=0 failovers=0",
+                         heal_stall_ms=0.0 lost=0 duplicated=0 failovers=0 \
+                         first_move_ms=- last_move_ms=-",
                         variant.name(),
                         fault.name()
                     )
