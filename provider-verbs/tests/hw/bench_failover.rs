@@ -561,7 +561,7 @@ fn moves_after(
 }
 
 #[test]
-fn moves_are_timed_from_the_cut_on_one_clock() {
+fn moves_are_timed_from_the_stall_on_one_clock() {
     let side = |at: &[f64]| {
         let events: Vec<serde_json::Value> = at
             .iter()
