@@ -3,7 +3,8 @@
 //! the traffic and the faults there and prints one `FAILOVER-BENCH key=value ...` line
 //! per run); this gathers the runs into one row per protection and fault: what became
 //! of the connections, the stall at the fault (min / median / max over the runs that kept
-//! the connection), the stall after the rail came back, messages lost and duplicated.
+//! the connection), when each side's move was done (medians, from the last message
+//! before the fault), the stall after the rail came back, messages lost and duplicated.
 //! `--idle` runs the same traffic with no fault under no protection, apm without probes
 //! and apm with them, and prints what each costs: gaps in arrivals, false failovers, CPU.
 
