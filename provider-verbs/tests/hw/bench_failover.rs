@@ -487,38 +487,32 @@ fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
             })
             .collect()
     };
-    // The longer side's.
-    let worst = |from: f64, to: f64| {
-        stalls(from, to)
-            .into_iter()
-            .map(|(_, ms)| ms)
-            .fold(None, |m: Option<f64>, x| Some(m.map_or(x, |m| m.max(x))))
-    };
     let kept = outcome == "kept";
     // The fault's stall began at most a message interval before it; anything that began
-    // after the rail came back is the return's.
-    let stall = if kept {
-        worst(fault_ms - 10.0, heal_ms)
+    // after the rail came back is the return's. Both only over a kept connection.
+    let (at_fault, after_return) = if kept {
+        (stalls(fault_ms - 10.0, heal_ms), stalls(heal_ms, f64::MAX))
     } else {
-        None
+        (Vec::new(), Vec::new())
     };
-    let after_heal = if kept {
-        worst(heal_ms, f64::MAX).unwrap_or(0.0)
-    } else {
-        0.0
-    };
+    // The longer side's.
+    let stall = at_fault.iter().map(|&(_, ms)| ms).reduce(f64::max);
+    let after_heal = after_return
+        .iter()
+        .map(|&(_, ms)| ms)
+        .reduce(f64::max)
+        .unwrap_or(0.0);
     let ms = |x: Option<f64>| x.map_or("-".to_owned(), |x| format!("{x:.1}"));
     // Where the stall went: when each side's move was done, from the fault's stall's
     // start (the last message before it: the cut command itself takes a few hundred ms
     // of the guest's wall time before anything is dropped).
-    let began = stalls(fault_ms - 10.0, heal_ms)
-        .into_iter()
-        .map(|(at, _)| at)
-        .reduce(f64::min);
-    let moves = match (kept, began) {
-        (true, Some(began)) => moves_after(&reports, &offset, began, heal_ms),
-        _ => Vec::new(),
-    };
+    let moves = at_fault
+        .iter()
+        .map(|&(at, _)| at)
+        .reduce(f64::min)
+        .map_or_else(Vec::new, |began| {
+            moves_after(&reports, &offset, began, heal_ms)
+        });
     format!(
         "variant={} fault={} rep={rep} outcome={outcome} stall_ms={} heal_stall_ms={:.1} \
          lost={} duplicated={} failovers={} first_move_ms={} last_move_ms={}",
