@@ -1,4 +1,5 @@
-//! `cargo xtask bench failover [--reps N] [--probe MS,N] [--idle] [--json]`: apm against Linux bonding and no
+//! `cargo xtask bench failover [--reps N] [--probe MS,N] [--only NAMES] [--log FILTER]
+//! [--idle] [--json]`: apm against Linux bonding and no
 //! protection on real rxe in the VM (`provider-verbs/tests/hw/bench_failover.rs` runs
 //! the traffic and the faults there and prints one `FAILOVER-BENCH key=value ...` line
 //! per run); this gathers the runs into one row per protection and fault: what became
@@ -194,7 +195,8 @@ fn json(rows: &[Row]) -> String {
 }
 
 const USAGE: &str = "\
-cargo xtask bench failover [--reps N] [--probe MS,N] [--idle] [--json]
+cargo xtask bench failover [--reps N] [--probe MS,N] [--only NAMES] [--log FILTER]
+                           [--idle] [--json]
 
 apm against Linux bonding and no protection, on real rxe in the VM: one RC
 connection's numbered messages through a link down and a silent cut (netem 100%
@@ -202,6 +204,10 @@ loss) of the rail in use, then the rail back; one row per protection and fault.
 
   --reps N        runs per protection and fault (default 10)
   --probe MS,N    apm's liveness probes: interval in ms and multiplier (default 20,3)
+  --only NAMES    only these protections, comma-separated (apm, apm-no-probes, none,
+                  bond-miimon, bond-arp); default all
+  --log FILTER    the pingpong processes' log filter (APM_LOG syntax), to trace a run;
+                  their lines land in target/vm/bench-failover.out
   --idle          no fault: what each protection costs (gaps, false failovers, CPU)
   --json          the rows as JSON instead of the table
 ";
@@ -212,6 +218,7 @@ pub fn main(args: &[String]) -> Result<()> {
     let mut as_json = false;
     let mut probe: Option<String> = None;
     let mut idle = false;
+    let mut env: Vec<String> = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -224,6 +231,14 @@ pub fn main(args: &[String]) -> Result<()> {
             }
             "--json" => as_json = true,
             "--idle" => idle = true,
+            "--only" => {
+                let names = it.next().context("--only needs NAME[,NAME...]")?;
+                env.push(format!("APM_BENCH_ONLY={names}"));
+            }
+            "--log" => {
+                let filter = it.next().context("--log needs a filter")?;
+                env.push(format!("APM_PINGPONG_LOG={filter}"));
+            }
             "--probe" => {
                 probe = Some(
                     it.next()
@@ -257,7 +272,10 @@ pub fn main(args: &[String]) -> Result<()> {
         format!("APM_BENCH_REPS={reps}"),
     ];
     if let Some(p) = probe {
-        vm.extend(["--env".to_owned(), format!("APM_BENCH_PROBE={p}")]);
+        env.push(format!("APM_BENCH_PROBE={p}"));
+    }
+    for e in env {
+        vm.extend(["--env".to_owned(), e]);
     }
     std::env::set_var("APM_VM_OUTPUT", &out);
     crate::hwtest::main(&vm)?;

@@ -21,7 +21,10 @@
 //! failovers. A benchmark, not a test: it runs only with `APM_BENCH=1`.
 
 use super::child::Pingpong;
-use super::rails::{ip_quiet, rail_routes, setup_rails, sysctl, tc, wait_for_rail_gids};
+use super::rails::{
+    has_netem, ip_quiet, link_is_down, rail_routes, setup_rails, sysctl, wait_for_rail_gids,
+    FaultInjector,
+};
 use super::*;
 
 /// The protections compared.
@@ -210,14 +213,36 @@ fn rail_in_use(v: Variant, client: &mut Pingpong) -> [String; 2] {
 }
 
 /// Put the fault on `ends`.
-fn cut(fault: Fault, ends: &[String; 2]) {
+fn cut(inject: &mut FaultInjector, fault: Fault, ends: &[String; 2]) {
     match fault {
-        Fault::LinkDown => ip(&["link", "set", &ends[0], "down"]),
+        Fault::LinkDown => inject.ip(&format!("link set {} down", ends[0])),
         Fault::Silent => {
             for dev in ends {
-                tc(&["qdisc", "add", "dev", dev, "root", "netem", "loss", "100%"]);
+                inject.tc(&format!("qdisc change dev {dev} root netem loss 100%"));
             }
         }
+    }
+}
+
+/// Ahead of a silent cut: a netem qdisc that drops nothing on both ends, which the cut
+/// then only changes. Adding a root qdisc deactivates the device and waits for RCU
+/// (tens of milliseconds of both vCPUs in this guest); changing netem's loss does not,
+/// so the cut itself disturbs nothing but the rail it cuts.
+fn prepare(inject: &mut FaultInjector, fault: Fault, ends: &[String; 2]) {
+    if fault == Fault::Silent {
+        for dev in ends {
+            inject.tc(&format!("qdisc add dev {dev} root netem loss 0%"));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}
+
+/// Whether the fault `cut` asked for is in place (it went through `-batch` processes,
+/// which report nothing back).
+fn fault_in_place(fault: Fault, ends: &[String; 2]) -> bool {
+    match fault {
+        Fault::LinkDown => link_is_down(&ends[0]),
+        Fault::Silent => ends.iter().all(|d| has_netem(d, "loss 100%")),
     }
 }
 
@@ -311,7 +336,10 @@ fn sides(v: Variant, port: u16) -> (Vec<String>, Vec<String>) {
 fn finish(p: Pingpong, limit: Duration) -> Option<serde_json::Value> {
     let name = p.0.name;
     let (report, log) = finish_logged(p, limit);
-    if report.is_none() {
+    if std::env::var_os("APM_PINGPONG_LOG").is_some() {
+        // A traced run (`--log`): the whole log, for reading the failover step by step.
+        println!("  {name} log:\n    {}", log.join("\n    "));
+    } else if report.is_none() {
         let tail = &log[log.len().saturating_sub(12)..];
         println!(
             "  {name} gave no report; its last lines:\n    {}",
@@ -408,14 +436,22 @@ fn argv(a: &[String]) -> Vec<&str> {
 /// One run: start the pair, cut the rail in use, heal it, stop; the record as
 /// `key=value` words (xtask reads them).
 fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
+    let mut inject = FaultInjector::start();
     let t0 = Instant::now();
     let t0_unix_ms = unix_ms();
     let (s, mut c) = start_pair(apm, v, port);
     std::thread::sleep(Duration::from_millis(1500));
     let ends = rail_in_use(v, &mut c);
+    prepare(&mut inject, fault, &ends);
     let fault_ms = t0.elapsed().as_secs_f64() * 1e3;
-    cut(fault, &ends);
+    println!("  fault {} at unix ms {:.1}", fault.name(), unix_ms());
+    cut(&mut inject, fault, &ends);
     std::thread::sleep(Duration::from_millis(2500));
+    assert!(
+        fault_in_place(fault, &ends),
+        "the {} of {ends:?} did not take (see ip/tc above)",
+        fault.name()
+    );
     heal(v, &ends);
     let heal_ms = t0.elapsed().as_secs_f64() * 1e3;
     std::thread::sleep(Duration::from_millis(2500));
@@ -590,6 +626,7 @@ fn bench_failover() {
     let (interval, multiplier) = probe_setting();
     println!("FAILOVER-BENCH-SETTING probe_interval_ms={interval} probe_multiplier={multiplier}");
     let mut port = 18700;
+    let only = std::env::var("APM_BENCH_ONLY").unwrap_or_default();
     for variant in [
         Variant::Apm,
         Variant::ApmNoProbes,
@@ -597,6 +634,10 @@ fn bench_failover() {
         Variant::BondMiimon,
         Variant::BondArp,
     ] {
+        // `--only NAME,...`: the other protections are left out of this run.
+        if !only.is_empty() && !only.split(',').any(|n| n.trim() == variant.name()) {
+            continue;
+        }
         match variant {
             Variant::Apm | Variant::ApmNoProbes | Variant::None => {
                 bonds_down();

@@ -142,10 +142,12 @@ pub(crate) struct Pingpong(pub(crate) ChildLines);
 
 impl Pingpong {
     pub(crate) fn start(apm: &str, name: &'static str, args: &[&str]) -> Pingpong {
+        // `APM_PINGPONG_LOG` (the benchmark's `--log`) replaces the filter, to trace a run.
+        let log = std::env::var("APM_PINGPONG_LOG").unwrap_or_else(|_| {
+            "warn,provider_rxe=info,apm_core=info,apm_core::engine::peer=debug,apm_core::engine::rearm=debug".to_owned()
+        });
         let mut cmd = std::process::Command::new(apm);
-        cmd.arg("pingpong")
-            .args(args)
-            .env("APM_LOG", "warn,provider_rxe=info,apm_core=info,apm_core::engine::peer=debug,apm_core::engine::rearm=debug");
+        cmd.arg("pingpong").args(args).env("APM_LOG", log);
         Pingpong(ChildLines::spawn(cmd, name, true))
     }
 

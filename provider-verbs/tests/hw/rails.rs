@@ -245,3 +245,79 @@ fn rail_watcher_reports_a_rails_link_as_the_kernel_announces_it() {
         rail_routes(vlan, a, b);
     }
 }
+
+/// `ip` and `tc` started ahead of a fault, reading commands from their stdin (`-batch
+/// -`), so that the fault itself costs no process start. In this guest (qemu TCG, two
+/// vCPUs shared by both "hosts") starting `ip` or `tc` takes 150-350 ms of CPU, which
+/// would land in the very window a failover is measured in and starve both sides'
+/// probes; a real cable does not cost its hosts anything when it dies.
+pub(crate) struct FaultInjector {
+    ip: std::process::Child,
+    tc: std::process::Child,
+}
+
+impl FaultInjector {
+    pub(crate) fn start() -> FaultInjector {
+        let batch = |prog: &str| {
+            std::process::Command::new(prog)
+                .args(["-force", "-batch", "-"])
+                .stdin(std::process::Stdio::piped())
+                .spawn()
+                .unwrap_or_else(|e| panic!("start {prog} -batch: {e}"))
+        };
+        FaultInjector {
+            ip: batch("/usr/bin/ip"),
+            tc: batch("/usr/sbin/tc"),
+        }
+    }
+
+    /// `ip LINE` now (e.g. `link set vA.10 down`).
+    pub(crate) fn ip(&mut self, line: &str) {
+        Self::send(&mut self.ip, "ip", line);
+    }
+
+    /// `tc LINE` now (e.g. `qdisc add dev vA.10 root netem loss 100%`).
+    pub(crate) fn tc(&mut self, line: &str) {
+        Self::send(&mut self.tc, "tc", line);
+    }
+
+    fn send(child: &mut std::process::Child, name: &str, line: &str) {
+        use std::io::Write;
+        let stdin = child.stdin.as_mut().expect("piped stdin");
+        writeln!(stdin, "{line}")
+            .and_then(|()| stdin.flush())
+            .unwrap_or_else(|e| panic!("{name} -batch: {line}: {e}"));
+    }
+}
+
+impl Drop for FaultInjector {
+    fn drop(&mut self) {
+        // End of input ends both; wait so that nothing they were told is still pending.
+        for child in [&mut self.ip, &mut self.tc] {
+            drop(child.stdin.take());
+            let _ = child.wait();
+        }
+    }
+}
+
+/// True when `dev` has a netem qdisc whose settings, as `tc qdisc show` prints them,
+/// contain `with` (`loss 100%`: a silent cut is on).
+pub(crate) fn has_netem(dev: &str, with: &str) -> bool {
+    std::process::Command::new("/usr/sbin/tc")
+        .args(["qdisc", "show", "dev", dev])
+        .output()
+        .is_ok_and(|o| {
+            let shown = String::from_utf8_lossy(&o.stdout);
+            shown
+                .lines()
+                .any(|l| l.contains("netem") && l.contains(with))
+        })
+}
+
+/// True when `dev`'s link is administratively down.
+pub(crate) fn link_is_down(dev: &str) -> bool {
+    std::fs::read_to_string(format!("/sys/class/net/{dev}/flags"))
+        .ok()
+        .and_then(|f| u32::from_str_radix(f.trim().trim_start_matches("0x"), 16).ok())
+        .is_some_and(|flags| flags & 1 == 0)
+}
