@@ -50,8 +50,15 @@ pub struct RxeConfig {
     /// Outstanding sends with no completion for this long mean the path is dead.
     /// Default 300 ms.
     pub stall_timeout: Duration,
-    /// How long to wait for `SQ_DRAINED` before checking the QP's state. Default 2 s.
+    /// How long an application's QP ([`AdoptedQp`]) may take to drain (`SQ_DRAINED`)
+    /// before its state is checked. Default 2 s.
     pub drain_timeout: Duration,
+    /// How long apm's own connection ([`RcConn`]) drains before apm gives up on the old
+    /// path and re-initialises the QP instead; also how long its sends may go without
+    /// an acknowledgement before a move skips the drain. On a live path everything in
+    /// flight is acknowledged within a round trip; on a dead one only rxe's retransmit
+    /// timer (67 ms at ACK timeout 14) would end the drain. Default 10 ms.
+    pub drain_grace: Duration,
 }
 
 impl Default for RxeConfig {
@@ -59,6 +66,7 @@ impl Default for RxeConfig {
         RxeConfig {
             stall_timeout: Duration::from_millis(300),
             drain_timeout: Duration::from_secs(2),
+            drain_grace: Duration::from_millis(10),
         }
     }
 }
@@ -293,7 +301,7 @@ impl QpControl for RxeQpControl {
         self.verbs.start(sink.clone()).await?;
         let conns = self.conns.clone();
         let stall = self.config.stall_timeout;
-        let drain = self.config.drain_timeout;
+        let grace = self.config.drain_grace;
         let tick = (stall / 4).max(Duration::from_millis(5));
         let warm = self.warm.clone();
         let task = tokio::spawn(async move {
@@ -333,7 +341,7 @@ impl QpControl for RxeQpControl {
                         crate::conn::Stall::Repair => {
                             info!(%conn, qpn = rc.qp_num(), "send failed on the new path: repairing in place");
                             tokio::spawn(async move {
-                                if let Err(e) = rc.repair(drain).await {
+                                if let Err(e) = rc.repair(grace).await {
                                     warn!(%conn, error = %e, "repair failed");
                                 }
                             });
@@ -367,9 +375,10 @@ impl QpControl for RxeQpControl {
     }
 
     async fn software_migrate(&self, conn: ConnId, path: Path) -> Result<(), ProviderError> {
+        let started = Instant::now();
         let managed = self.conn(conn)?;
         let av = address_vector(managed.context(), &path)?;
-        let started = Instant::now();
+        debug!(%conn, to = %path, lookup = ?started.elapsed(), "software migration: address vector found");
         let rc = match managed {
             Managed::Own(rc) => rc,
             Managed::Adopted(a) => {
@@ -388,9 +397,10 @@ impl QpControl for RxeQpControl {
                 };
             }
         };
-        match rc.migrate(av, self.config.drain_timeout).await {
+        match rc.migrate(av, self.config.drain_grace).await {
             Ok(reinit) => {
                 info!(%conn, to = %path, reinit, took = ?started.elapsed(), "software migration done");
+                tokio::spawn(async move { rc.nudge().await });
                 Ok(())
             }
             Err(e) => {

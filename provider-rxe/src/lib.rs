@@ -7,19 +7,25 @@
 //!
 //! - [`conn`]: [`RcConn`], an RC QP whose work goes through apm, so that a migration
 //!   loses and duplicates nothing. Two procedures, as they were found to work on rxe:
-//!   **SQ-drain** while the QP is alive (RTS->SQD with `IBV_QP_EN_SQD_ASYNC_NOTIFY`, wait
-//!   for `IBV_EVENT_SQ_DRAINED`, SQD->SQD with `IBV_QP_AV` alone — new `sgid_index` and
-//!   `dgid`; `IBV_QP_STATE|IBV_QP_AV` is refused while draining — flush the route cache,
-//!   SQD->RTS, one 0-byte signalled RDMA write as the kick, since rxe sends work rolled
-//!   back by the drain only at the next post); **re-initialisation** when the QP is
-//!   already in ERR (a link down does that within milliseconds): collect the flushes,
-//!   RESET->INIT (receives posted again)->RTR (new AV, own receive PSN)->RTS (send PSN =
-//!   the oldest unacknowledged send's), replay the unacknowledged sends with their
-//!   original PSNs so the peer's responder drops what it already has. That PSN is
-//!   rxe's own when the QP failed by itself (it rolled back to retry), and rxe's next
-//!   PSN minus the outstanding sends when apm had to fail it; a send that fails right
-//!   after a migration (work the dead path had doomed) is repaired in place the same
-//!   way, on the new path.
+//!   **SQ-drain** while the old path still acknowledges (RTS->SQD with
+//!   `IBV_QP_EN_SQD_ASYNC_NOTIFY`, wait for `IBV_EVENT_SQ_DRAINED`, SQD->SQD with
+//!   `IBV_QP_AV` alone — new `sgid_index` and `dgid`; `IBV_QP_STATE|IBV_QP_AV` is
+//!   refused while draining — flush the route cache, SQD->RTS, one 0-byte signalled RDMA
+//!   write as the kick, since rxe sends work rolled back by the drain only at the next
+//!   post); **re-initialisation** when the QP is already in ERR (a link down does that
+//!   within milliseconds), or when the old path has stopped acknowledging (its sends
+//!   made no progress for the drain grace, or the drain did not end within it: on a dead
+//!   path only rxe's retransmit timer, a whole ACK timeout, would end it), in which case
+//!   apm fails the QP itself: collect the flushes, RESET->INIT (receives posted
+//!   again)->RTR (new AV, own receive PSN)->RTS (send PSN = the oldest unacknowledged
+//!   send's), replay the unacknowledged sends with their original PSNs so the peer's
+//!   responder drops what it already has. That PSN is rxe's own when the QP failed by
+//!   itself (it rolled back to retry), and apm's count when apm failed it and rxe's next
+//!   PSN agrees with the count; a send that fails right after a migration (work the dead
+//!   path had doomed) is repaired in place the same way, on the new path. After a move,
+//!   while nothing is acknowledged, a few kicks ([`RcConn::nudge`]) make the peer's
+//!   responder NAK at its first packet once it has followed, so the unacknowledged sends
+//!   go again at once instead of at the retransmit timer.
 //! - [`facet`]: [`RxeQpControl`], the `QpControl` facet: port and QP events through
 //!   provider-verbs, software migration, the progress monitor that reports a stalled
 //!   primary (rxe with `retry_cnt` 7 retries forever, so a dead path never errors), and

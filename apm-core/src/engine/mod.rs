@@ -187,6 +187,8 @@ pub struct Engine {
     remotes: Remotes,
     /// Paths whose probe session is down (module `probed`).
     dead_paths: BTreeSet<PathEnds>,
+    /// Probe-dead paths a peer's request came over since, and when (module `probed`).
+    heard_paths: BTreeMap<PathEnds, Time>,
     /// Paths whose session is up again but held for flapping, until when.
     held_paths: BTreeMap<PathEnds, Time>,
     /// RoCE source GIDs their port reported and no longer has (module `rails`).
@@ -216,6 +218,7 @@ impl Engine {
             ports: BTreeMap::new(),
             remotes: Remotes::default(),
             dead_paths: BTreeSet::new(),
+            heard_paths: BTreeMap::new(),
             held_paths: BTreeMap::new(),
             gone_gids: BTreeSet::new(),
             rails_down: BTreeSet::new(),
@@ -319,7 +322,7 @@ impl Engine {
         self.ports.get(&path.port).is_some_and(|p| p.health.up)
             && self.remotes.up(&path.dgid)
             && !self.local_gid_gone(path)
-            && !self.probed_dead(path)
+            && !self.probe_verdict_stands(path)
     }
 
     // ---------------------------------------------------------------- outputs

@@ -499,10 +499,12 @@ impl Engine {
             port,
             digest,
         };
+        debug!(%id, intent = ?m.intent, path = %m.path, "the peer asks to move");
         let Ok(path) = self.local_view(id, &m.path) else {
             self.refuse_move(id, r);
             return;
         };
+        self.heard_over(&path, &from);
         let Some(c) = self.live(id) else {
             return;
         };

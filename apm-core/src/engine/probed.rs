@@ -33,8 +33,34 @@ impl Engine {
                 .is_some_and(|until| self.now < *until)
     }
 
+    /// True when a probe session says `path` is dead and no request of the peer's has
+    /// come over it for a detection time.
+    pub(super) fn probe_verdict_stands(&self, path: &Path) -> bool {
+        if !self.probed_dead(path) {
+            return false;
+        }
+        let detection = std::time::Duration::from_millis(
+            u64::from(self.policy.probe.interval_ms) * u64::from(self.policy.probe.multiplier),
+        );
+        let heard_lately = self
+            .heard_paths
+            .get(&ends_of(path))
+            .is_some_and(|at| self.now < at.plus(detection));
+        !heard_lately
+    }
+
+    /// A peer's message that asks to move onto `path` arrived from `from`: when that is
+    /// the path's far end and the probes call the path dead, remember that it was heard.
+    pub(super) fn heard_over(&mut self, path: &Path, from: &crate::types::PeerAddr) {
+        if from.gid == path.dgid && self.probed_dead(path) {
+            info!(local = %path.sgid, remote = %path.dgid, "probes: path dead, but the peer's request came over it");
+            self.heard_paths.insert(ends_of(path), self.now);
+        }
+    }
+
     pub(super) fn probe_path_down(&mut self, ends: PathEnds, kind: FailureKind) {
         self.held_paths.remove(&ends);
+        self.heard_paths.remove(&ends);
         if !self.dead_paths.insert(ends) {
             return;
         }
@@ -44,6 +70,7 @@ impl Engine {
     }
 
     pub(super) fn probe_path_up(&mut self, ends: PathEnds) {
+        self.heard_paths.remove(&ends);
         let held = self.held_paths.remove(&ends).is_some();
         if !self.dead_paths.remove(&ends) && !held {
             return;
@@ -60,6 +87,7 @@ impl Engine {
             return self.probe_path_up(ends);
         }
         let was_dead = self.dead_paths.remove(&ends);
+        self.heard_paths.remove(&ends);
         if !was_dead && !self.held_paths.contains_key(&ends) {
             return;
         }

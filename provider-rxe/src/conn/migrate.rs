@@ -1,17 +1,44 @@
-//! Moving a connection's primary path: through the SQ drain while the QP is alive, or by
-//! re-initialising a QP that failed into ERR (its flushed sends replayed with their PSNs,
-//! its receives reposted), and back to the old path when the new one cannot be used.
+//! Moving a connection's primary path: through the SQ drain while the old path still
+//! acknowledges, or by re-initialising the QP (its unacknowledged sends replayed with
+//! their PSNs, its receives reposted) when the QP failed into ERR or the old path has
+//! stopped acknowledging, and back to the old path when the new one cannot be used.
+//!
+//! Why not always drain: rxe ends a drain only when every send it put on the wire is
+//! acknowledged, or when its retransmit timer (4.096 us x 2^timeout: 67 ms at ACK
+//! timeout 14) fires and rolls the unacknowledged ones back. On a dead path the timer is
+//! the only way out, so a drain there costs up to a whole ACK timeout. apm's own
+//! connection can be re-initialised instead: it knows every outstanding work request,
+//! and the peer's responder drops what it already has by PSN. The drain stays the
+//! procedure for a live path (nothing flushed, nothing replayed), and the only one for
+//! an application's QP ([`crate::AdoptedQp`]), whose work apm cannot replay.
 
 use super::*;
 
+/// How a re-initialisation gets the QP into ERR.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ToErr {
+    /// The QP failed (or is failing) by itself: give rxe a moment to finish.
+    Wait,
+    /// The QP is alive on a path that stopped acknowledging: apm fails it now.
+    Force,
+}
+
+/// What became of a drain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drain {
+    /// Drained and moved.
+    Moved,
+    /// Not drained within the grace: the old path does not acknowledge (the QP is left
+    /// in SQD, to be re-initialised).
+    NotInTime,
+}
+
 impl RcConn {
-    /// Move the primary path to `av` (see the crate docs for the two procedures).
-    /// Returns true when the QP had to be re-initialised.
-    pub async fn migrate(
-        &self,
-        av: AddressVector,
-        drain_timeout: Duration,
-    ) -> Result<bool, ConnError> {
+    /// Move the primary path to `av`. A live QP drains (SQD) for at most `grace`, or not
+    /// at all when its sends have already made no progress for that long; otherwise, or
+    /// when it is in ERR, it is re-initialised (see the module docs). Returns true when
+    /// the QP was re-initialised.
+    pub async fn migrate(&self, av: AddressVector, grace: Duration) -> Result<bool, ConnError> {
         let t0 = Instant::now();
         let _one = self.migration.lock().await;
         let waited_for_lock = t0.elapsed();
@@ -22,46 +49,71 @@ impl RcConn {
                 "waited for another migration"
             );
         }
-        {
+        let stuck_for = {
             let mut g = self.lock();
             if g.params.is_none() {
                 return Err(ConnError::Invalid("the connection was never connected"));
             }
             g.mode = Mode::Migrating;
-        }
+            (!g.outstanding.is_empty()).then(|| g.last_progress.elapsed())
+        };
         let t_query = Instant::now();
         let state = self.qp.query(QpAttrMask::STATE)?.qp_state;
-        debug!(qpn = self.qp_num(), ?state, query = ?t_query.elapsed(), "migration starts");
+        debug!(qpn = self.qp_num(), ?state, ?stuck_for, query = ?t_query.elapsed(), "migration starts");
         let result = if matches!(state, QpState::Err | QpState::Sqe) || self.lock().failed {
-            self.reinit(av).await.map(|()| true)
+            self.reinit(av, ToErr::Wait).await.map(|()| true)
+        } else if stuck_for.is_some_and(|d| d >= grace) {
+            // The old path has acknowledged nothing for a grace already: a drain would
+            // wait for the retransmit timer.
+            info!(
+                qpn = self.qp_num(),
+                ?stuck_for,
+                "no acknowledgement on the old path: re-initialising"
+            );
+            self.reinit(av, ToErr::Force).await.map(|()| true)
         } else {
-            match self.drain_and_move(av, drain_timeout).await {
-                Ok(()) => Ok(false),
-                Err(e) => {
-                    // The QP may have failed under the drain: re-initialising still works.
-                    let now = self.qp.query(QpAttrMask::STATE).map(|a| a.qp_state);
-                    if matches!(now, Ok(QpState::Sqd)) {
-                        // The new path was refused (e.g. no route): resume on the old one
-                        // rather than leave the QP drained, and report the failure.
-                        warn!(qpn = self.qp_num(), error = %e, "the new path was refused: resuming on the old one");
-                        let rts = QpAttr {
-                            qp_state: QpState::Rts,
-                            ..QpAttr::default()
-                        };
-                        if self.qp.modify(&rts, QpAttrMask::STATE).is_ok() {
-                            let mut g = self.lock();
-                            let _ = self.post_kick(&mut g);
-                        }
-                        Err(e)
-                    } else if matches!(now, Ok(QpState::Err)) {
-                        warn!(qpn = self.qp_num(), error = %e, "drain failed with the QP in ERR: re-initialising");
-                        self.reinit(av).await.map(|()| true)
-                    } else {
-                        Err(e)
+            self.drain_or_reinit(av, grace).await
+        };
+        self.end_migration(result)
+    }
+
+    /// Drain and move; re-initialise when the drain does not end within `grace`, or
+    /// failed with the QP in ERR; resume on the old path when the new one was refused.
+    async fn drain_or_reinit(&self, av: AddressVector, grace: Duration) -> Result<bool, ConnError> {
+        match self.drain_and_move(av, grace).await {
+            Ok(Drain::Moved) => Ok(false),
+            Ok(Drain::NotInTime) => {
+                info!(qpn = self.qp_num(), ?grace, "not drained within the grace: the old path does not acknowledge; re-initialising");
+                self.reinit(av, ToErr::Force).await.map(|()| true)
+            }
+            Err(e) => {
+                // The QP may have failed under the drain: re-initialising still works.
+                let now = self.qp.query(QpAttrMask::STATE).map(|a| a.qp_state);
+                if matches!(now, Ok(QpState::Sqd)) {
+                    // The new path was refused (e.g. no route): resume on the old one
+                    // rather than leave the QP drained, and report the failure.
+                    warn!(qpn = self.qp_num(), error = %e, "the new path was refused: resuming on the old one");
+                    let rts = QpAttr {
+                        qp_state: QpState::Rts,
+                        ..QpAttr::default()
+                    };
+                    if self.qp.modify(&rts, QpAttrMask::STATE).is_ok() {
+                        let mut g = self.lock();
+                        let _ = self.post_kick(&mut g);
                     }
+                    Err(e)
+                } else if matches!(now, Ok(QpState::Err)) {
+                    warn!(qpn = self.qp_num(), error = %e, "drain failed with the QP in ERR: re-initialising");
+                    self.reinit(av, ToErr::Wait).await.map(|()| true)
+                } else {
+                    Err(e)
                 }
             }
-        };
+        }
+    }
+
+    /// Back to running after a migration: sends held meanwhile go out now, in order.
+    fn end_migration(&self, result: Result<bool, ConnError>) -> Result<bool, ConnError> {
         let mut g = self.lock();
         g.mode = Mode::Running;
         g.last_progress = Instant::now();
@@ -69,7 +121,6 @@ impl RcConn {
         g.migrated_at = Some(Instant::now());
         if result.is_ok() {
             g.failed = false;
-            // Sends held during the migration go out now, in order.
             while let Some(wr) = g.held.pop_front() {
                 if let Err(e) = self.post_now(&mut g, wr) {
                     g.held.push_front(wr);
@@ -80,9 +131,9 @@ impl RcConn {
         result
     }
 
-    /// RTS -> SQD (async notify), wait for SQ_DRAINED, SQD -> SQD with the AV alone,
-    /// route cache flush, SQD -> RTS, one kick.
-    async fn drain_and_move(&self, av: AddressVector, timeout: Duration) -> Result<(), ConnError> {
+    /// RTS -> SQD (async notify), wait up to `grace` for SQ_DRAINED, SQD -> SQD with the
+    /// AV alone, route cache flush, SQD -> RTS, one kick.
+    async fn drain_and_move(&self, av: AddressVector, grace: Duration) -> Result<Drain, ConnError> {
         let before = self.drained.load(Ordering::SeqCst);
         let t_sqd = Instant::now();
         let sqd = QpAttr {
@@ -94,14 +145,14 @@ impl RcConn {
             .modify(&sqd, QpAttrMask::STATE | QpAttrMask::EN_SQD_ASYNC_NOTIFY)?;
         let started = Instant::now();
         let sqd_modify = started.saturating_duration_since(t_sqd);
-        let waited = tokio::time::timeout(timeout, async {
+        let waited = tokio::time::timeout(grace, async {
             loop {
                 let notified = self.drained_notify.notified();
                 if self.drained.load(Ordering::SeqCst) > before {
                     return;
                 }
                 // A missed wake-up costs at most this poll interval.
-                let _ = tokio::time::timeout(Duration::from_millis(20), notified).await;
+                let _ = tokio::time::timeout(Duration::from_millis(5), notified).await;
             }
         })
         .await;
@@ -109,7 +160,7 @@ impl RcConn {
             // No event: accept a QP that says it has drained.
             let a = self.qp.query(QpAttrMask::STATE)?;
             if a.qp_state != QpState::Sqd || a.sq_draining {
-                return Err(ConnError::Timeout("waiting for SQ_DRAINED"));
+                return Ok(Drain::NotInTime);
             }
         }
         let drained_after = started.elapsed();
@@ -141,15 +192,18 @@ impl RcConn {
             event = waited.is_ok(),
             "moved the primary path through SQ-drain"
         );
-        Ok(())
+        Ok(Drain::Moved)
     }
 
     /// The QP is in ERR: collect the flushes, RESET -> INIT (receives again) -> RTR (new
     /// AV, own receive PSN) -> RTS (send PSN of the oldest unacknowledged send), flush
     /// the route cache, replay the unacknowledged sends.
-    async fn reinit(&self, av: AddressVector) -> Result<(), ConnError> {
-        let forced = self.settle_in_err().await?;
+    async fn reinit(&self, av: AddressVector, how: ToErr) -> Result<(), ConnError> {
+        let t0 = Instant::now();
+        let forced = self.settle_in_err(how).await?;
+        let t_err = t0.elapsed();
         self.collect_flushes().await?;
+        let t_flushed = t0.elapsed();
         let q = self
             .qp
             .query(QpAttrMask::STATE | QpAttrMask::RQ_PSN | QpAttrMask::SQ_PSN | QpAttrMask::AV)?;
@@ -199,6 +253,9 @@ impl RcConn {
             first_psn,
             replayed = replay.len(),
             reposted_recvs = recvs.len(),
+            ?t_err,
+            ?t_flushed,
+            took = ?t0.elapsed(),
             "re-initialised the QP on the new path"
         );
         // Kicks too: each took a PSN, and every later send must keep its own.
@@ -211,16 +268,20 @@ impl RcConn {
         Ok(())
     }
 
-    /// Wait for the QP to reach ERR by itself, or put it there; true when apm had to.
-    async fn settle_in_err(&self) -> Result<bool, ConnError> {
-        // rxe moves a QP whose send failed to ERR shortly after the error completion; its
-        // send PSN there is where the requester rolled back to, the oldest unacknowledged
-        // send's. Give it that moment; a QP that stays up is put in ERR here.
-        let until = Instant::now() + Duration::from_millis(200);
+    /// Get the QP into ERR: `ToErr::Wait` gives rxe a moment to get there by itself
+    /// first, `ToErr::Force` puts it there now. True when apm put it there.
+    async fn settle_in_err(&self, how: ToErr) -> Result<bool, ConnError> {
         let mut state = self.qp.query(QpAttrMask::STATE)?.qp_state;
-        while state != QpState::Err && Instant::now() < until {
-            tokio::time::sleep(Duration::from_millis(5)).await;
-            state = self.qp.query(QpAttrMask::STATE)?.qp_state;
+        if how == ToErr::Wait {
+            // rxe moves a QP whose send failed to ERR shortly after the error
+            // completion; its send PSN there is where the requester rolled back to, the
+            // oldest unacknowledged send's. Give it that moment; a QP that stays up is
+            // put in ERR here.
+            let until = Instant::now() + Duration::from_millis(200);
+            while state != QpState::Err && Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                state = self.qp.query(QpAttrMask::STATE)?.qp_state;
+            }
         }
         let forced = state != QpState::Err;
         if forced {
@@ -234,10 +295,12 @@ impl RcConn {
     }
 
     /// Take every completion out of the CQ before RESET wipes it, keeping the
-    /// successful ones for the application.
+    /// successful ones for the application. Done once every outstanding send has its
+    /// completion (a success, or the flush ERR gives each) and the CQ has then been
+    /// quiet for a moment (successful receives came before the flushes; flushed ones
+    /// are reposted either way, and rxe may flush receives only when a packet comes);
+    /// at most 500 ms.
     async fn collect_flushes(&self) -> Result<(), ConnError> {
-        // Everything flushed must be out of the CQ before RESET wipes it: poll until it
-        // has been quiet for a while (the application may poll too; the state is shared).
         let until = Instant::now() + Duration::from_millis(500);
         let mut quiet_since = Instant::now();
         while Instant::now() < until {
@@ -249,10 +312,16 @@ impl RcConn {
             if !got.is_empty() {
                 self.lock_pending().extend(got);
             }
-            if quiet_since.elapsed() > Duration::from_millis(10) {
+            let sends_settled = self.lock().outstanding.iter().all(|w| w.flushed);
+            let quiet_for = if sends_settled {
+                Duration::from_millis(2)
+            } else {
+                Duration::from_millis(10)
+            };
+            if quiet_since.elapsed() > quiet_for {
                 break;
             }
-            tokio::time::sleep(Duration::from_millis(2)).await;
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
         Ok(())
     }
@@ -299,10 +368,50 @@ impl RcConn {
 
     /// The QP failed on the path it was just moved to (e.g. a send the link-down had
     /// already doomed): re-initialise it on its current path, replaying what was flushed.
-    pub async fn repair(&self, drain_timeout: Duration) -> Result<(), ConnError> {
+    pub async fn repair(&self, grace: Duration) -> Result<(), ConnError> {
         let av = self.qp.query(QpAttrMask::AV)?.ah_attr;
         self.lock().failed = true;
-        self.migrate(av, drain_timeout).await.map(|_| ())
+        self.migrate(av, grace).await.map(|_| ())
+    }
+}
+
+/// When, after a move, [`RcConn::nudge`] looks whether the sends still wait (ms after the
+/// move).
+const NUDGE_AT_MS: [u64; 5] = [4, 8, 16, 32, 64];
+
+impl RcConn {
+    /// After a move, while nothing sent is acknowledged: post a kick now and then, so
+    /// that the peer's move is noticed at once. The peer takes packets only from its
+    /// QP's primary address (rxe checks both addresses of every RC packet), so what we
+    /// send before it has followed is dropped, and would wait for our retransmit timer
+    /// (67 ms at ACK timeout 14). A kick that reaches the peer once it has moved arrives
+    /// ahead of the PSN it expects; its responder answers with a PSN-sequence NAK, and our
+    /// requester retransmits from there at once. Kicks are zero-length RDMA writes; no
+    /// more than `KICK_ROOM` are ever outstanding.
+    pub async fn nudge(&self) {
+        let moved_at = Instant::now();
+        let acked_then = self.lock().acked;
+        for ms in NUDGE_AT_MS {
+            tokio::time::sleep_until((moved_at + Duration::from_millis(ms)).into()).await;
+            let mut g = self.lock();
+            let waiting = g.mode == Mode::Running && !g.failed && !g.outstanding.is_empty();
+            if !waiting || g.acked != acked_then {
+                return;
+            }
+            let kicks_out = g.outstanding.iter().filter(|w| w.kick).count();
+            if kicks_out >= KICK_ROOM as usize - 2 {
+                return;
+            }
+            if let Err(e) = self.post_kick(&mut g) {
+                debug!(qpn = self.qp_num(), error = %e, "nudge not posted");
+                return;
+            }
+            debug!(
+                qpn = self.qp_num(),
+                after_ms = ms,
+                "nudged: nothing acknowledged since the move"
+            );
+        }
     }
 }
 
@@ -318,18 +427,26 @@ fn reset() -> QpAttr {
 /// re-initialisation. In an ERR the QP reached by itself, rxe's send PSN (`rxe_sq_psn`)
 /// is that send's (rxe rolled back to retry it): it is trusted over our own count, which
 /// cannot see how rxe numbered work around a send that failed in transmission. A QP apm
-/// had to put in ERR (`forced`) was still sending: rxe's send PSN is then the next new
-/// one, and every outstanding send (one PSN each) was numbered before it. With nothing
-/// outstanding our count (`counted`, the next PSN) is exact.
+/// had to put in ERR (`forced`) was alive: rxe's send PSN is the next one it would have
+/// sent, anywhere from the oldest unacknowledged send's (its retransmit timer had just
+/// rolled back, in SQD or in the middle of a retransmission) to the one after every
+/// outstanding send (one PSN each). Our count (`counted`, the oldest outstanding send's
+/// PSN as numbered at posting) is taken when rxe's value lies in that range; otherwise
+/// the count has drifted and rxe's next PSN minus the outstanding sends is. With nothing
+/// outstanding our count (then the next PSN) is exact.
 fn replay_psn(forced: bool, outstanding: usize, rxe_sq_psn: u32, counted: u32) -> u32 {
     if outstanding == 0 {
         return counted & PSN_MASK;
     }
-    if forced {
-        let n = u32::try_from(outstanding).unwrap_or(u32::MAX);
-        rxe_sq_psn.wrapping_sub(n) & PSN_MASK
+    if !forced {
+        return rxe_sq_psn & PSN_MASK;
+    }
+    let n = u32::try_from(outstanding).unwrap_or(u32::MAX);
+    let sent_since_counted = rxe_sq_psn.wrapping_sub(counted) & PSN_MASK;
+    if sent_since_counted <= n {
+        counted & PSN_MASK
     } else {
-        rxe_sq_psn & PSN_MASK
+        rxe_sq_psn.wrapping_sub(n) & PSN_MASK
     }
 }
 
@@ -348,7 +465,23 @@ mod tests {
         assert_eq!(replay_psn(false, 12, 5_142_147, 5_142_147), 5_142_147);
         // Seen on rxe: a QP failed by apm reports the next new PSN (14 sends out).
         assert_eq!(replay_psn(true, 14, 8_777_353, 8_777_338), 8_777_339);
-        assert_eq!(replay_psn(true, 3, 1, 0), 0x00FF_FFFE);
+        assert_eq!(replay_psn(true, 3, 1, 0x00FF_FFFE), 0x00FF_FFFE);
         assert_eq!(replay_psn(false, 0, 77, 0x0100_0005), 5);
+    }
+
+    #[test]
+    fn a_forced_err_takes_the_count_where_rxe_agrees_with_it() {
+        // Every outstanding send on the wire, none acknowledged: rxe is n past the count.
+        assert_eq!(replay_psn(true, 5, 105, 100), 100);
+        // The retransmit timer had rolled back (a drain that ended just as apm gave up
+        // on it): rxe's next PSN is the oldest unacknowledged one.
+        assert_eq!(replay_psn(true, 5, 100, 100), 100);
+        // Halfway through a retransmission.
+        assert_eq!(replay_psn(true, 5, 102, 100), 100);
+        // Across the 24-bit wrap.
+        assert_eq!(replay_psn(true, 4, 2, 0x00FF_FFFE), 0x00FF_FFFE);
+        // A count rxe contradicts (further off than the outstanding sends) gives way.
+        assert_eq!(replay_psn(true, 5, 200, 100), 195);
+        assert_eq!(replay_psn(true, 5, 99, 100), 94);
     }
 }

@@ -44,6 +44,9 @@ const KICK_TAG: u64 = 1 << 63;
 const WC_WR_FLUSH_ERR: u32 = 5;
 /// PSNs are 24 bits.
 const PSN_MASK: u32 = 0x00FF_FFFF;
+/// Send-queue entries beyond the application's depth, for kicks (a migration's, and its
+/// nudges': see `RcConn::nudge`); no more kicks than this are ever outstanding.
+const KICK_ROOM: u32 = 8;
 
 /// Errors of [`RcConn`].
 #[derive(Debug, thiserror::Error)]
@@ -129,6 +132,8 @@ struct SendWr {
     imm: Option<u32>,
     psn: u32,
     kick: bool,
+    /// Its completion was an error (a flush): it stays outstanding, to be replayed.
+    flushed: bool,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -167,6 +172,9 @@ struct Inner {
     /// Repairs since the last send completed (bounded: a path that keeps failing is
     /// reported instead).
     repairs: u32,
+    /// Sends (kicks included) completed successfully, ever: a nudge after a move stops
+    /// once this moves.
+    acked: u64,
     stats: ConnStats,
 }
 
@@ -231,8 +239,8 @@ impl RcConn {
             &cq,
             &cq,
             QpCaps {
-                // Room for the kicks a migration posts.
-                max_send_wr: depth.saturating_add(4),
+                // Room for the kicks a migration and its nudges post.
+                max_send_wr: depth.saturating_add(KICK_ROOM),
                 max_recv_wr: depth,
             },
         )?;
@@ -257,6 +265,7 @@ impl RcConn {
                 reported_at: None,
                 migrated_at: None,
                 repairs: 0,
+                acked: 0,
                 stats: ConnStats::default(),
             }),
             pending: Mutex::new(Vec::new()),
@@ -433,6 +442,7 @@ impl RcConn {
             imm,
             psn: 0,
             kick: false,
+            flushed: false,
         };
         if g.mode == Mode::Migrating || g.failed {
             g.stats.held_sends += 1;
@@ -445,6 +455,7 @@ impl RcConn {
     /// Post one send now, with the next PSN.
     fn post_now(&self, g: &mut Inner, mut wr: SendWr) -> Result<(), ConnError> {
         wr.psn = g.next_psn;
+        wr.flushed = false;
         if wr.kick {
             self.qp.post_kick(KICK_TAG | (wr.wr_id & MAX_WR_ID))?;
         } else {
@@ -469,6 +480,7 @@ impl RcConn {
             imm: None,
             psn: 0,
             kick: true,
+            flushed: false,
         };
         self.post_now(g, wr)
     }
@@ -495,21 +507,25 @@ impl RcConn {
             if wc.wr_id & (SEND_TAG | KICK_TAG) != 0 {
                 let kick = wc.wr_id & KICK_TAG != 0;
                 let id = wc.wr_id & MAX_WR_ID;
-                if !ok {
-                    note_send_error(&mut g, &wc.status);
-                    continue;
-                }
                 // RC completes sends in order: it is the oldest (search to stay safe).
                 let pos = g
                     .outstanding
                     .iter()
                     .position(|w| w.kick == kick && w.wr_id == id);
+                if !ok {
+                    if let Some(w) = pos.and_then(|p| g.outstanding.get_mut(p)) {
+                        w.flushed = true;
+                    }
+                    note_send_error(&mut g, &wc.status);
+                    continue;
+                }
                 if let Some(p) = pos {
                     g.outstanding.remove(p);
                 }
                 g.last_progress = Instant::now();
                 g.reported_at = None;
                 g.repairs = 0;
+                g.acked += 1;
                 if !kick {
                     out.push(Completion {
                         wr_id: id,

@@ -3,10 +3,12 @@
 //! application the verdict's kind.
 
 use super::harness::{path, port_event, port_info, qp_event, Pair};
-use crate::io::{Cause, Input, NotificationKind, QpEvent, UnprotectedReason};
+use crate::io::{
+    Cause, Input, Migrate, MigrateIntent, NotificationKind, PeerMsg, QpEvent, UnprotectedReason,
+};
 use crate::policy::Policy;
 use crate::probe::{FailureKind, PathEnds};
-use crate::types::Time;
+use crate::types::{MigrationMode, PeerAddr, Time};
 use crate::Engine;
 use std::time::Duration;
 
@@ -195,4 +197,79 @@ fn a_primary_that_works_again_forgets_what_killed_it() {
     qp_event(&mut p, 'a', 1, QpEvent::PrimaryStalled);
     p.run_for(1000);
     assert_eq!(move_causes(&p, 'a'), [Some(Cause::Stall)]);
+}
+
+#[test]
+fn a_request_over_a_path_the_probes_call_dead_moves_the_connection_there() {
+    for mode in [MigrationMode::Software, MigrationMode::Hardware] {
+        let mut p = Pair::new();
+        p.protect_mode(1, mode);
+        p.run_for(1000);
+        // B's session on rail 2 expired although rail 2 works (both hosts starved for
+        // three intervals): on its own word B would refuse to move there.
+        let fabric = FailureKind::Fabric;
+        p.input(
+            'b',
+            Input::PathDown {
+                ends: ends('b', 2, 2),
+                kind: fabric,
+            },
+        );
+        assert!(!p.b.engine.path_up(&path('b', 2, 2)));
+        // Rail 1 dies as A sees it; A asks B over rail 2, and B's request came over it.
+        p.input(
+            'a',
+            Input::PathDown {
+                ends: ends('a', 1, 1),
+                kind: fabric,
+            },
+        );
+        p.run_for(1000);
+        assert!(
+            p.a.status(1).primary.same_route(&path('a', 2, 2)),
+            "{mode:?}"
+        );
+        assert!(
+            p.b.status(1).primary.same_route(&path('b', 2, 2)),
+            "{mode:?}"
+        );
+        // The word lasts one detection time: B's own view is the probes' again.
+        assert!(!p.b.engine.path_up(&path('b', 2, 2)), "{mode:?}");
+    }
+}
+
+#[test]
+fn a_request_from_another_address_overrides_no_probe_verdict() {
+    let mut p = Pair::new();
+    p.protect_mode(1, MigrationMode::Software);
+    p.run_for(1000);
+    let fabric = FailureKind::Fabric;
+    p.input(
+        'b',
+        Input::PathDown {
+            ends: ends('b', 2, 2),
+            kind: fabric,
+        },
+    );
+    // A's request names rail 2 but comes from A's rail-1 address (a control channel,
+    // say): no word about rail 2, and B refuses.
+    let msg = PeerMsg::Migrate(Migrate {
+        sender_comm_id: 0x101,
+        receiver_comm_id: 0x201,
+        path: path('a', 2, 2),
+        intent: MigrateIntent::Probe,
+    });
+    p.input(
+        'b',
+        Input::PeerMessage {
+            from: PeerAddr {
+                gid: path('b', 1, 1).dgid,
+                lid: path('a', 1, 1).slid,
+            },
+            port: path('b', 1, 1).port,
+            msg,
+        },
+    );
+    p.run_for(1000);
+    assert!(p.b.status(1).primary.same_route(&path('b', 1, 1)));
 }
