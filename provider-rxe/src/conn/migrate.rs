@@ -386,8 +386,8 @@ impl RcConn {
     /// send before it has followed is dropped, and would wait for our retransmit timer
     /// (67 ms at ACK timeout 14). A kick that reaches the peer once it has moved arrives
     /// ahead of the PSN it expects; its responder answers with a PSN-sequence NAK, and our
-    /// requester retransmits from there at once. Kicks are zero-length RDMA writes; no
-    /// more than `KICK_ROOM` are ever outstanding.
+    /// requester retransmits from there at once. Kicks are zero-length RDMA writes; none
+    /// is posted while `KICK_ROOM - 2` are outstanding.
     pub async fn nudge(&self) {
         let moved_at = Instant::now();
         let acked_then = self.lock().acked;

@@ -45,7 +45,7 @@ const WC_WR_FLUSH_ERR: u32 = 5;
 /// PSNs are 24 bits.
 const PSN_MASK: u32 = 0x00FF_FFFF;
 /// Send-queue entries beyond the application's depth, for kicks (a migration's, and its
-/// nudges': see `RcConn::nudge`); no more kicks than this are ever outstanding.
+/// nudges': see `RcConn::nudge`, which posts none while `KICK_ROOM - 2` are outstanding).
 const KICK_ROOM: u32 = 8;
 
 /// Errors of [`RcConn`].
