@@ -199,29 +199,34 @@ fn a_primary_that_works_again_forgets_what_killed_it() {
     assert_eq!(move_causes(&p, 'a'), [Some(Cause::Stall)]);
 }
 
+/// A pair protected in `mode` whose B side's probe session on rail 2 has expired
+/// although rail 2 works (both hosts starved for three intervals): on its own word B
+/// would refuse to move there.
+fn pair_with_b_rail_2_probe_dead(mode: MigrationMode) -> Pair {
+    let mut p = Pair::new();
+    p.protect_mode(1, mode);
+    p.run_for(1000);
+    p.input(
+        'b',
+        Input::PathDown {
+            ends: ends('b', 2, 2),
+            kind: FailureKind::Fabric,
+        },
+    );
+    assert!(!p.b.engine.path_up(&path('b', 2, 2)));
+    p
+}
+
 #[test]
 fn a_request_over_a_path_the_probes_call_dead_moves_the_connection_there() {
     for mode in [MigrationMode::Software, MigrationMode::Hardware] {
-        let mut p = Pair::new();
-        p.protect_mode(1, mode);
-        p.run_for(1000);
-        // B's session on rail 2 expired although rail 2 works (both hosts starved for
-        // three intervals): on its own word B would refuse to move there.
-        let fabric = FailureKind::Fabric;
-        p.input(
-            'b',
-            Input::PathDown {
-                ends: ends('b', 2, 2),
-                kind: fabric,
-            },
-        );
-        assert!(!p.b.engine.path_up(&path('b', 2, 2)));
+        let mut p = pair_with_b_rail_2_probe_dead(mode);
         // Rail 1 dies as A sees it; A asks B over rail 2, and B's request came over it.
         p.input(
             'a',
             Input::PathDown {
                 ends: ends('a', 1, 1),
-                kind: fabric,
+                kind: FailureKind::Fabric,
             },
         );
         p.run_for(1000);
@@ -240,17 +245,7 @@ fn a_request_over_a_path_the_probes_call_dead_moves_the_connection_there() {
 
 #[test]
 fn a_request_from_another_address_overrides_no_probe_verdict() {
-    let mut p = Pair::new();
-    p.protect_mode(1, MigrationMode::Software);
-    p.run_for(1000);
-    let fabric = FailureKind::Fabric;
-    p.input(
-        'b',
-        Input::PathDown {
-            ends: ends('b', 2, 2),
-            kind: fabric,
-        },
-    );
+    let mut p = pair_with_b_rail_2_probe_dead(MigrationMode::Software);
     // A's request names rail 2 but comes from A's rail-1 address (a control channel,
     // say): no word about rail 2, and B refuses.
     let msg = PeerMsg::Migrate(Migrate {
