@@ -379,8 +379,13 @@ impl Engine {
             Some(alt) => {
                 // A migration overrides whatever negotiation was going on.
                 self.stats.migrations_forced += 1;
-                debug!(%id, to = %alt, ?mode, "primary down: asking the peer to move first");
-                self.probe_and_move(id, alt);
+                if self.move_at_once(id, &alt) {
+                    debug!(%id, to = %alt, "primary dead, alternate probed alive: moving now, telling the peer");
+                    self.tell_and_move(id, alt);
+                } else {
+                    debug!(%id, to = %alt, ?mode, "primary down: asking the peer to move first");
+                    self.probe_and_move(id, alt);
+                }
             }
             None => {
                 warn!(%id, "primary down with no armed healthy alternate");

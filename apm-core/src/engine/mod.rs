@@ -187,6 +187,9 @@ pub struct Engine {
     remotes: Remotes,
     /// Paths whose probe session is down (module `probed`).
     dead_paths: BTreeSet<PathEnds>,
+    /// Paths whose probe session the prober reported up and has watched since (module
+    /// `probed`): both ends heard each other within a detection time.
+    alive_paths: BTreeSet<PathEnds>,
     /// Probe-dead paths a peer's request came over since, and when (module `probed`).
     heard_paths: BTreeMap<PathEnds, Time>,
     /// Paths whose session is up again but held for flapping, until when.
@@ -218,6 +221,7 @@ impl Engine {
             ports: BTreeMap::new(),
             remotes: Remotes::default(),
             dead_paths: BTreeSet::new(),
+            alive_paths: BTreeSet::new(),
             heard_paths: BTreeMap::new(),
             held_paths: BTreeMap::new(),
             gone_gids: BTreeSet::new(),

@@ -10,13 +10,23 @@
 //! for flapping ([`Input::PathHeld`](crate::Input::PathHeld)) is up but not usable until
 //! the hold ends, like a port held down: a connection whose primary is dead still moves
 //! onto it.
+//!
+//! A session that is up is evidence too: a software connection whose primary's local
+//! port or rail went down moves onto an alternate whose session is up without waiting
+//! for its peer's answer (`move_at_once`), unless the path is held for flapping or the
+//! connection moved on its own word within the last second.
 
 use super::Engine;
 use crate::engine::timers::TimerKey;
+use crate::io::{Cause, Migrate, MigrateIntent, PeerMsg};
 use crate::probe::{FailureKind, PathEnds};
-use crate::types::{Lid, Path, PortKey, Time};
+use crate::types::{ConnId, Lid, MigrationMode, Path, PeerAddr, PortKey, Time};
 use std::collections::BTreeMap;
 use tracing::info;
+
+/// How long after a move of its own a connection asks its peer before moving again
+/// ([`Engine::move_at_once`]).
+const MOVE_AT_ONCE_SETTLE: std::time::Duration = std::time::Duration::from_secs(1);
 
 impl Engine {
     /// True when a probe session says `path` is dead.
@@ -61,6 +71,7 @@ impl Engine {
     pub(super) fn probe_path_down(&mut self, ends: PathEnds, kind: FailureKind) {
         self.held_paths.remove(&ends);
         self.heard_paths.remove(&ends);
+        self.alive_paths.remove(&ends);
         if !self.dead_paths.insert(ends) {
             return;
         }
@@ -71,6 +82,7 @@ impl Engine {
 
     pub(super) fn probe_path_up(&mut self, ends: PathEnds) {
         self.heard_paths.remove(&ends);
+        self.alive_paths.insert(ends);
         let held = self.held_paths.remove(&ends).is_some();
         if !self.dead_paths.remove(&ends) && !held {
             return;
@@ -88,6 +100,8 @@ impl Engine {
         }
         let was_dead = self.dead_paths.remove(&ends);
         self.heard_paths.remove(&ends);
+        // A flapping path is no evidence to move on without the peer's word.
+        self.alive_paths.remove(&ends);
         if !was_dead && !self.held_paths.contains_key(&ends) {
             return;
         }
@@ -104,6 +118,64 @@ impl Engine {
         }
         self.held_paths.remove(&ends);
         self.path_returned(|p| ends_of(p) == ends);
+    }
+
+    /// True when `path`'s probe session is up: both ends heard each other within the
+    /// last detection time, over that path.
+    pub(super) fn probed_alive(&self, path: &Path) -> bool {
+        !self.alive_paths.is_empty() && self.alive_paths.contains(&ends_of(path))
+    }
+
+    /// Whether `id` may move onto `alt` in software before its peer answers: when this
+    /// host's own port or rail under the primary is down (a local fact, not a verdict
+    /// that a starved host can get wrong) and `alt`'s probe session is up, so both ends
+    /// heard each other over it within a detection time. The peer's answer would tell
+    /// nothing new, and waiting for it puts a message and the peer's own move in series
+    /// with ours (tens of milliseconds each on a loaded host). The peer moves on our
+    /// request as before; what we send before it has followed is dropped by its QP
+    /// (RoCE takes an RC packet only from the QP's primary address) and resent at its
+    /// first packet. Hardware mode keeps asking first: the peer's HCA follows a forced
+    /// migration by itself, and the answer guards the one armed alternate.
+    pub(super) fn move_at_once(&self, id: ConnId, alt: &Path) -> bool {
+        let Some(c) = self.conns.get(&id) else {
+            return false;
+        };
+        // Only this host's own port or rail: a probe verdict can be false (a host
+        // starved for three intervals), and the peer's answer is what checks it.
+        let known_dead = c.primary_down == Some(Cause::LocalPort);
+        // A move of our own within the settle time: this may be a flap (the VM showed
+        // false verdicts every 50-100 ms while both hosts starved for CPU, each move
+        // adding to the load), and the peer's answer is what damps it.
+        let settling = c
+            .forced_at
+            .is_some_and(|t| self.now < t.plus(MOVE_AT_ONCE_SETTLE));
+        c.mode == MigrationMode::Software && known_dead && !settling && self.probed_alive(alt)
+    }
+
+    /// Ask the peer to move `id` onto `alt` (`Migrate`, sent once: our own `Migrate`
+    /// "moved" follows our move and is retransmitted until answered) and move now.
+    pub(super) fn tell_and_move(&mut self, id: ConnId, alt: Path) {
+        let Some(c) = self.conns.get(&id) else {
+            return;
+        };
+        let msg = PeerMsg::Migrate(Migrate {
+            sender_comm_id: c.local_comm_id,
+            receiver_comm_id: c.remote_comm_id,
+            path: alt,
+            intent: MigrateIntent::Probe,
+        });
+        self.send(alt.port, PeerAddr::far_end(&alt), msg);
+        self.start_sw_migration(id, alt, None);
+    }
+
+    /// [`Engine::probe_paths`], for the prober to watch exactly those from now on. A
+    /// session the prober stops watching tells nothing more, so whatever it said about
+    /// a path left out is forgotten: watched again later, the path is alive only once
+    /// its new session comes up.
+    pub fn follow_probe_paths(&mut self) -> BTreeMap<PathEnds, (PortKey, Lid)> {
+        let paths = self.probe_paths();
+        self.alive_paths.retain(|ends| paths.contains_key(ends));
+        paths
     }
 
     /// The paths probes should watch, with what a probe needs to reach the peer: every

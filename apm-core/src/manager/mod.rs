@@ -315,13 +315,13 @@ impl<P: Provider> Manager<P> {
                         Request::Protect(spec, tx) => {
                             let _ = tx.send(self.engine.protect(now, spec));
                             if let Some(p) = probes.as_mut() {
-                                p.follow(now, self.engine.probe_paths());
+                                p.follow(now, self.engine.follow_probe_paths());
                             }
                         }
                         Request::Unprotect(id, tx) => {
                             let _ = tx.send(self.engine.unprotect(now, id));
                             if let Some(p) = probes.as_mut() {
-                                p.follow(now, self.engine.probe_paths());
+                                p.follow(now, self.engine.follow_probe_paths());
                             }
                         }
                         Request::ReportStall(id, tx) => {

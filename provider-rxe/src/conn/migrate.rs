@@ -376,8 +376,10 @@ impl RcConn {
 }
 
 /// When, after a move, [`RcConn::nudge`] looks whether the sends still wait (ms after the
-/// move).
-const NUDGE_AT_MS: [u64; 5] = [4, 8, 16, 32, 64];
+/// move): often at first, then until about two retransmit timeouts (ACK timeout 14), for
+/// a peer that moves on its own detection rather than on our word (apm moves both sides
+/// at once when it can), tens of milliseconds after us.
+const NUDGE_AT_MS: [u64; 8] = [4, 8, 16, 32, 48, 64, 96, 128];
 
 impl RcConn {
     /// After a move, while nothing sent is acknowledged: post a kick now and then, so

@@ -46,7 +46,7 @@ const WC_WR_FLUSH_ERR: u32 = 5;
 const PSN_MASK: u32 = 0x00FF_FFFF;
 /// Send-queue entries beyond the application's depth, for kicks (a migration's, and its
 /// nudges': see `RcConn::nudge`, which posts none while `KICK_ROOM - 2` are outstanding).
-const KICK_ROOM: u32 = 8;
+const KICK_ROOM: u32 = 12;
 
 /// Errors of [`RcConn`].
 #[derive(Debug, thiserror::Error)]

@@ -161,7 +161,7 @@ impl ApmController {
             return;
         };
         if std::mem::take(&mut self.follow_due) {
-            p.follow(now, self.engine.probe_paths());
+            p.follow(now, self.engine.follow_probe_paths());
         }
         for action in p.poll(now) {
             match action {

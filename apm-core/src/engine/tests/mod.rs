@@ -5,6 +5,7 @@ mod failover;
 mod harness;
 mod hostile_peer;
 mod lifecycle;
+mod move_at_once;
 mod probed;
 mod properties;
 mod rearm;
