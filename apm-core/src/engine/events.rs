@@ -442,7 +442,8 @@ impl Engine {
     /// in software onto a dead path while its peer stays stalls both. The peer's answer
     /// proves `alt` works both ways. Without an answer nothing moves: the HCA migrates
     /// on retry exhaustion as it would without apm, and the peer's first packet with
-    /// MigReq=1 on `alt` moves our QP too.
+    /// MigReq=1 on `alt` moves our QP too. (A software connection whose own rail died
+    /// under it, with `alt` probed alive, moves without waiting: `move_at_once`.)
     fn probe_and_move(&mut self, id: ConnId, alt: Path) {
         let Some(c) = self.conns.get(&id) else {
             return;

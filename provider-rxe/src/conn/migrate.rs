@@ -377,8 +377,8 @@ impl RcConn {
 
 /// When, after a move, [`RcConn::nudge`] looks whether the sends still wait (ms after the
 /// move): often at first, then until about two retransmit timeouts (ACK timeout 14), for
-/// a peer that moves on its own detection rather than on our word (apm moves both sides
-/// at once when it can), tens of milliseconds after us.
+/// a peer that follows tens of milliseconds after us (apm's side whose own rail went
+/// down moves without waiting for its peer's answer).
 const NUDGE_AT_MS: [u64; 8] = [4, 8, 16, 32, 48, 64, 96, 128];
 
 impl RcConn {
