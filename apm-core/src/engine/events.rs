@@ -7,8 +7,8 @@ use super::health::Health;
 use super::timers::TimerKey;
 use super::{live, live_mut, select, Engine, LocalPort, Pending, Subscription};
 use crate::io::{
-    Cause, CommandOp, CommandOutcome, LostReason, Migrate, MigrateIntent, NotificationKind,
-    PeerMsg, PortEvent, ProviderError, QpEvent, UnprotectedReason,
+    Cause, CommandOp, CommandOutcome, LostReason, MigrateIntent, NotificationKind, PortEvent,
+    ProviderError, QpEvent, UnprotectedReason,
 };
 use crate::policy::Policy;
 use crate::types::{
@@ -445,15 +445,9 @@ impl Engine {
     /// MigReq=1 on `alt` moves our QP too. (A software connection whose own rail died
     /// under it, with `alt` probed alive, moves without waiting: `move_at_once`.)
     fn probe_and_move(&mut self, id: ConnId, alt: Path) {
-        let Some(c) = self.conns.get(&id) else {
+        let Some(msg) = self.migrate_msg(id, alt, MigrateIntent::Probe) else {
             return;
         };
-        let msg = PeerMsg::Migrate(Migrate {
-            sender_comm_id: c.local_comm_id,
-            receiver_comm_id: c.remote_comm_id,
-            path: alt,
-            intent: MigrateIntent::Probe,
-        });
         self.replace_phase(id, Phase::Idle);
         self.await_peer(id, alt.port, PeerAddr::far_end(&alt), msg);
     }

@@ -644,15 +644,24 @@ impl Engine {
 
     /// "We run on our primary now": the `Migrate` (intent moved) naming it.
     fn moved_msg(&self, id: ConnId) -> Option<(Path, PeerMsg)> {
+        let path = self.conns.get(&id)?.primary;
+        Some((path, self.migrate_msg(id, path, MigrateIntent::Moved)?))
+    }
+
+    /// The `Migrate` of connection `id` naming `path`, with `intent`.
+    pub(super) fn migrate_msg(
+        &self,
+        id: ConnId,
+        path: Path,
+        intent: MigrateIntent,
+    ) -> Option<PeerMsg> {
         let c = self.conns.get(&id)?;
-        let path = c.primary;
-        let msg = PeerMsg::Migrate(Migrate {
+        Some(PeerMsg::Migrate(Migrate {
             sender_comm_id: c.local_comm_id,
             receiver_comm_id: c.remote_comm_id,
             path,
-            intent: MigrateIntent::Moved,
-        });
-        Some((path, msg))
+            intent,
+        }))
     }
 
     /// Send `msg` to the peer and wait for its answer (retransmitted at the deadline).

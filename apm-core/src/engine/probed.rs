@@ -18,7 +18,7 @@
 
 use super::Engine;
 use crate::engine::timers::TimerKey;
-use crate::io::{Cause, Migrate, MigrateIntent, PeerMsg};
+use crate::io::{Cause, MigrateIntent};
 use crate::probe::{FailureKind, PathEnds};
 use crate::types::{ConnId, Lid, MigrationMode, Path, PeerAddr, PortKey, Time};
 use std::collections::BTreeMap;
@@ -155,15 +155,9 @@ impl Engine {
     /// Ask the peer to move `id` onto `alt` (`Migrate`, sent once: our own `Migrate`
     /// "moved" follows our move and is retransmitted until answered) and move now.
     pub(super) fn tell_and_move(&mut self, id: ConnId, alt: Path) {
-        let Some(c) = self.conns.get(&id) else {
+        let Some(msg) = self.migrate_msg(id, alt, MigrateIntent::Probe) else {
             return;
         };
-        let msg = PeerMsg::Migrate(Migrate {
-            sender_comm_id: c.local_comm_id,
-            receiver_comm_id: c.remote_comm_id,
-            path: alt,
-            intent: MigrateIntent::Probe,
-        });
         self.send(alt.port, PeerAddr::far_end(&alt), msg);
         self.start_sw_migration(id, alt, None);
     }

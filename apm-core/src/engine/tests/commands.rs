@@ -67,10 +67,7 @@ fn override_while_loading(p: &mut Pair) {
 }
 
 fn forced(n: &Node) -> usize {
-    n.op_names()
-        .iter()
-        .filter(|o| **o == "force_migrate")
-        .count()
+    n.op_count("force_migrate")
 }
 
 #[test]

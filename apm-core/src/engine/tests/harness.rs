@@ -45,6 +45,15 @@ pub fn path(node: char, lp: u8, rp: u8) -> Path {
     )
 }
 
+/// The probe session of `path(node, lp, rp)`.
+pub fn ends(node: char, lp: u8, rp: u8) -> crate::probe::PathEnds {
+    let p = path(node, lp, rp);
+    crate::probe::PathEnds {
+        local: p.sgid,
+        remote: p.dgid,
+    }
+}
+
 pub fn all_paths(node: char) -> Vec<Path> {
     vec![
         path(node, 1, 1),
@@ -184,6 +193,11 @@ impl Node {
 
     pub fn op_names(&self) -> Vec<&'static str> {
         self.ops().iter().map(|o| o.name()).collect()
+    }
+
+    /// How many commands named `name` (`CommandOp::name`) the log holds.
+    pub fn op_count(&self, name: &str) -> usize {
+        self.ops().iter().filter(|o| o.name() == name).count()
     }
 
     pub fn sent(&self) -> Vec<PeerMsg> {

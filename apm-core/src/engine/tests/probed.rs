@@ -2,7 +2,7 @@
 //! a failure during the hold makes it dead again, and a move a verdict caused tells the
 //! application the verdict's kind.
 
-use super::harness::{path, port_event, port_info, qp_event, Pair};
+use super::harness::{ends, path, port_event, port_info, qp_event, Pair};
 use crate::io::{
     Cause, Input, Migrate, MigrateIntent, NotificationKind, PeerMsg, QpEvent, UnprotectedReason,
 };
@@ -63,14 +63,6 @@ fn a_held_path_is_up_but_unused_until_its_hold_ends() {
     // A plain Up ends everything.
     e.handle_input(t2.plus(Duration::from_secs(10)), Input::PathUp { ends });
     assert!(e.path_usable(&p));
-}
-
-fn ends(node: char, lp: u8, rp: u8) -> PathEnds {
-    let p = path(node, lp, rp);
-    PathEnds {
-        local: p.sgid,
-        remote: p.dgid,
-    }
 }
 
 /// The causes of the `Migrated` notifications `node` gave.

@@ -102,12 +102,7 @@ fn a_roce_gid_that_leaves_its_port_is_a_dead_rail_and_its_return_a_rail_back() {
     p.input('a', Input::PortInfo(roce(vec![])));
     p.input('a', Input::PortInfo(roce(vec![])));
     p.run_for(1000);
-    let moves = |n: &Node| {
-        n.op_names()
-            .iter()
-            .filter(|o| **o == "software_migrate")
-            .count()
-    };
+    let moves = |n: &Node| n.op_count("software_migrate");
     assert_eq!(
         moves(&p.a),
         1,
@@ -157,12 +152,7 @@ fn a_rails_link_down_moves_its_connections_and_a_gid_table_report_does_not_undo_
     p.input('a', link(Link::Down));
     p.input('a', link(Link::Down));
     p.run_for(1000);
-    let moves = |n: &Node| {
-        n.op_names()
-            .iter()
-            .filter(|o| **o == "software_migrate")
-            .count()
-    };
+    let moves = |n: &Node| n.op_count("software_migrate");
     assert_eq!(moves(&p.a), 1, "{:?}", p.a.op_names());
     assert_eq!(moves(&p.b), 1, "the peer followed");
     assert_eq!(p.a.status(1).primary, path('a', 2, 2));
