@@ -29,6 +29,7 @@
 #![forbid(unsafe_code)]
 
 pub mod config;
+pub mod control_runtime;
 pub mod deployment;
 pub mod ib;
 pub mod input;

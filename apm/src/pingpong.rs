@@ -32,6 +32,7 @@ use anyhow::{bail, Context as _, Result};
 use clap::Args as ClapArgs;
 use serde::Serialize;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 mod rail_channels;
 mod setup;
@@ -139,6 +140,13 @@ pub struct Args {
     /// counted in the report.
     #[arg(long, value_name = "FILE")]
     peer_key: Option<std::path::PathBuf>,
+    /// Run apm's control threads (engine, device events, probes, peer messages, moves)
+    /// in the kernel's real-time class, SCHED_FIFO at this priority (1-99), ahead of
+    /// the traffic and of every ordinary thread: on busy CPUs a failover's steps then
+    /// do not wait for time slices. Needs CAP_SYS_NICE; refused, they run at ordinary
+    /// priority and a line says so.
+    #[arg(long, value_name = "PRIORITY", value_parser = clap::value_parser!(u8).range(1..=99))]
+    realtime: Option<u8>,
 }
 
 /// `--mode`.
@@ -217,7 +225,16 @@ pub fn run(args: Args) -> Result<()> {
         .enable_all()
         .build()
         .context("starting the async runtime")?;
-    let report = rt.block_on(session(&args))?;
+    // apm's own work runs on a runtime of its own (see `control_runtime`); it is
+    // dropped after the session, outside any async context.
+    let control =
+        apm::control_runtime::start(args.realtime).context("starting apm's control runtime")?;
+    if let Some(why) = &control.priority_refused {
+        eprintln!("pingpong: apm's control threads run at ordinary priority: {why}");
+    }
+    let args = Arc::new(args);
+    let report = rt.block_on(session(Arc::clone(&args), control.runtime.handle().clone()))?;
+    drop(control);
     if args.json {
         outln!("{}", serde_json::to_string(&report)?)?;
     } else {
@@ -269,7 +286,13 @@ impl Args {
     }
 }
 
-async fn session(args: &Args) -> Result<Report> {
-    let s = setup::start(args).await?;
-    traffic::run(args, s).await
+/// Set up on the control runtime (the sockets, the device's event pumps and the Manager
+/// belong to it), then run the traffic here.
+async fn session(args: Arc<Args>, control: tokio::runtime::Handle) -> Result<Report> {
+    let setup_args = Arc::clone(&args);
+    let s = control
+        .spawn(async move { setup::start(&setup_args).await })
+        .await
+        .context("the set-up task failed")??;
+    traffic::run(&args, s).await
 }

@@ -195,8 +195,8 @@ fn json(rows: &[Row]) -> String {
 }
 
 const USAGE: &str = "\
-cargo xtask bench failover [--reps N] [--probe MS,N] [--only NAMES] [--log FILTER]
-                           [--idle] [--json]
+cargo xtask bench failover [--reps N] [--probe MS,N] [--interval MS] [--realtime P]
+                           [--only NAMES] [--log FILTER] [--idle] [--dev] [--json]
 
 apm against Linux bonding and no protection, on real rxe in the VM: one RC
 connection's numbered messages through a link down and a silent cut (netem 100%
@@ -204,11 +204,16 @@ loss) of the rail in use, then the rail back; one row per protection and fault.
 
   --reps N        runs per protection and fault (default 10)
   --probe MS,N    apm's liveness probes: interval in ms and multiplier (default 20,3)
+  --interval MS   the traffic's message interval each way, in ms (default 2)
+  --realtime P    apm's control threads in SCHED_FIFO at priority P (apm pingpong
+                  --realtime); default ordinary threads
   --only NAMES    only these protections, comma-separated (apm, apm-no-probes, none,
                   bond-miimon, bond-arp); default all
   --log FILTER    the pingpong processes' log filter (APM_LOG syntax), to trace a run;
                   their lines land in target/vm/bench-failover.out
   --idle          no fault: what each protection costs (gaps, false failovers, CPU)
+  --dev           build apm and the suite in the dev profile (unoptimised), as the
+                  test suite does; default: the release profile
   --json          the rows as JSON instead of the table
 ";
 
@@ -218,6 +223,7 @@ pub fn main(args: &[String]) -> Result<()> {
     let mut as_json = false;
     let mut probe: Option<String> = None;
     let mut idle = false;
+    let mut dev = false;
     let mut env: Vec<String> = Vec::new();
     let mut it = args.iter();
     while let Some(a) = it.next() {
@@ -230,10 +236,26 @@ pub fn main(args: &[String]) -> Result<()> {
                     .context("--reps N")?;
             }
             "--json" => as_json = true,
+            "--dev" => dev = true,
             "--idle" => idle = true,
             "--only" => {
                 let names = it.next().context("--only needs NAME[,NAME...]")?;
                 env.push(format!("APM_BENCH_ONLY={names}"));
+            }
+            "--interval" => {
+                let ms = it.next().context("--interval needs a number of ms")?;
+                let ok = ms.parse::<f64>().is_ok_and(|v| v.is_finite() && v > 0.0);
+                if !ok {
+                    bail!("--interval {ms:?}: a positive number of milliseconds");
+                }
+                env.push(format!("APM_BENCH_INTERVAL_MS={ms}"));
+            }
+            "--realtime" => {
+                let p = it.next().context("--realtime needs a priority")?;
+                if !p.parse::<u8>().is_ok_and(|v| (1..=99).contains(&v)) {
+                    bail!("--realtime {p:?}: a SCHED_FIFO priority, 1 to 99");
+                }
+                env.push(format!("APM_BENCH_REALTIME={p}"));
             }
             "--log" => {
                 let filter = it.next().context("--log needs a filter")?;
@@ -271,6 +293,9 @@ pub fn main(args: &[String]) -> Result<()> {
         "--env".to_owned(),
         format!("APM_BENCH_REPS={reps}"),
     ];
+    if !dev {
+        vm.push("--release".to_owned());
+    }
     if let Some(p) = probe {
         env.push(format!("APM_BENCH_PROBE={p}"));
     }
@@ -293,7 +318,8 @@ pub fn main(args: &[String]) -> Result<()> {
         println!("{}", json(&rows));
     } else {
         println!(
-            "failover in the VM (rxe, qemu TCG), {reps} runs per row:\n{}",
+            "failover in the VM (rxe, qemu TCG, {} build), {reps} runs per row:\n{}",
+            if dev { "dev" } else { "release" },
             table(&rows)
         );
     }

@@ -13,10 +13,12 @@ use crate::vm;
 use anyhow::{bail, Context, Result};
 use std::path::PathBuf;
 use std::process::Command;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 const HELP: &str = "\
-cargo xtask hwtest [--vm] [--timeout SECS] [--run PROGRAM [ARGS...]]
+cargo xtask hwtest [--vm] [--patched] [--timeout SECS] [--filter NAME] [--env K=V]
+                   [--release] [--run PROGRAM [ARGS...]]
 
 Runs provider-verbs' hardware suite (tests/hw.rs) on the RDMA devices of this machine,
 skipping with a message when there are none.
@@ -31,6 +33,10 @@ skipping with a message when there are none.
   --filter NAME     only the suite's tests whose names contain NAME (repeatable; in the
                     VM, in both phases)
   --env K=V         with --vm: set K=V for the suite in the guest
+  --release         build the suite, apm and its preload library optimised (cargo's
+                    release profile) instead of the dev profile: what a benchmark
+                    measures (the dev profile's unoptimised code costs every step of a
+                    failover several times over under emulation)
   --run PROGRAM ... with --vm: run this host program in the VM instead of the suite
 ";
 
@@ -58,6 +64,7 @@ pub fn main(args: &[String]) -> Result<()> {
     while let Some(a) = it.next() {
         match a.as_str() {
             "--vm" => use_vm = true,
+            "--release" => RELEASE.store(true, Ordering::Relaxed),
             "--patched" => patched = true,
             "--timeout" => {
                 let v = it.next().context("--timeout needs a number of seconds")?;
@@ -254,22 +261,34 @@ fn fixed_name(bin: &std::path::Path, vm_dir: &std::path::Path, name: &str) -> Re
     Ok(to)
 }
 
+/// `--release`: the suite, apm and the preload library in cargo's release profile.
+static RELEASE: AtomicBool = AtomicBool::new(false);
+
+/// `args`, with `--release` when `--release` was asked for.
+fn profiled<'a>(args: &[&'a str]) -> Vec<&'a str> {
+    let mut v = args.to_vec();
+    if RELEASE.load(Ordering::Relaxed) {
+        v.push("--release");
+    }
+    v
+}
+
 /// Build the suite's test binary and return its path.
 fn build_suite() -> Result<PathBuf> {
     cargo_executable(
-        &["test", "-p", "provider-verbs", "--test", "hw", "--no-run"],
+        &profiled(&["test", "-p", "provider-verbs", "--test", "hw", "--no-run"]),
         "hw",
     )
 }
 
 /// Build the `apm` command (the failover tests drive `apm pingpong`) and return its path.
 fn build_apm() -> Result<PathBuf> {
-    cargo_executable(&["build", "-p", "apm", "--bin", "apm"], "apm")
+    cargo_executable(&profiled(&["build", "-p", "apm", "--bin", "apm"]), "apm")
 }
 
 /// Build `apm run`'s interposition library beside the `apm` binary and return its path.
 fn build_preload(apm: &std::path::Path) -> Result<PathBuf> {
-    cargo(&["build", "-p", "apm-preload"])?;
+    cargo(&profiled(&["build", "-p", "apm-preload"]))?;
     let lib = apm.with_file_name("libapm_preload.so");
     if !lib.is_file() {
         bail!("cargo built no {}", lib.display());

@@ -27,6 +27,7 @@ mod netlink;
 mod qp;
 mod qp_attr;
 mod resources;
+pub mod sched;
 pub mod sys;
 
 pub use device::{

@@ -26,6 +26,8 @@ use super::rails::{
     FaultInjector,
 };
 use super::*;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 /// The protections compared.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -288,7 +290,7 @@ fn sides(v: Variant, port: u16) -> (Vec<String>, Vec<String>) {
         Variant::None => (["rxe1", "rxe0"], vec![["10.0.10.2", "10.0.10.1"]]),
         Variant::BondMiimon | Variant::BondArp => (["rxe3", "rxe2"], vec![[BOND_B, BOND_A]]),
     };
-    let mode: Vec<String> = if v == Variant::ApmNoProbes {
+    let mut mode: Vec<String> = if v == Variant::ApmNoProbes {
         vec!["--mode".into(), "software".into()]
     } else if v == Variant::Apm {
         let (interval, multiplier) = probe_setting();
@@ -306,11 +308,15 @@ fn sides(v: Variant, port: u16) -> (Vec<String>, Vec<String>) {
     } else {
         vec!["--mode".into(), "none".into()]
     };
+    if let (Some(p), Variant::Apm | Variant::ApmNoProbes) = (realtime_priority(), v) {
+        mode.extend(["--realtime".to_owned(), p.to_string()]);
+    }
+    let interval_ms = traffic_interval_ms().to_string();
     let common = [
         "--json",
         "--until-stdin-eof",
         "--interval-ms",
-        "2",
+        &interval_ms,
         "--drain-secs",
         "3",
         "--control",
@@ -420,6 +426,21 @@ fn start_pair(apm: &str, v: Variant, port: u16) -> (Pingpong, Pingpong) {
     (s, c)
 }
 
+/// apm's control threads' SCHED_FIFO priority in the apm runs: `APM_BENCH_REALTIME`,
+/// else ordinary threads.
+fn realtime_priority() -> Option<u8> {
+    std::env::var("APM_BENCH_REALTIME").ok()?.parse().ok()
+}
+
+/// The traffic's message interval (ms) each way: `APM_BENCH_INTERVAL_MS`, else 2.
+fn traffic_interval_ms() -> f64 {
+    std::env::var("APM_BENCH_INTERVAL_MS")
+        .ok()
+        .and_then(|r| r.parse().ok())
+        .filter(|ms: &f64| ms.is_finite() && *ms > 0.0)
+        .unwrap_or(2.0)
+}
+
 /// Repetitions per row: `APM_BENCH_REPS`, else `default`.
 fn bench_reps(default: u32) -> u32 {
     std::env::var("APM_BENCH_REPS")
@@ -433,11 +454,81 @@ fn argv(a: &[String]) -> Vec<&str> {
     a.iter().map(String::as_str).collect()
 }
 
+/// The guest's own pauses: a thread that sleeps 1 ms at a time, in the real-time class
+/// where it may be (ahead of every ordinary thread, the pingpongs and apm's control
+/// threads included), and notes each wake-up that came more than [`PAUSE_OVER`] late.
+/// What it notes is time in which no thread of this guest could have run, whatever its
+/// priority: the guest's kernel busy with preemption off, or the emulator not running
+/// the guest's vCPUs. A stall no shorter than the pauses inside it is the guest's, not
+/// a protection's.
+struct GuestPauses {
+    stop: Arc<AtomicBool>,
+    /// (when the pause began on the test's clock in ms, how long it was in ms).
+    pauses: Arc<Mutex<Vec<(f64, f64)>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+/// A wake-up this late is a pause.
+const PAUSE_OVER: Duration = Duration::from_millis(5);
+
+impl GuestPauses {
+    fn start(t0: Instant) -> GuestPauses {
+        let stop = Arc::new(AtomicBool::new(false));
+        let pauses = Arc::new(Mutex::new(Vec::new()));
+        let (stop2, pauses2) = (Arc::clone(&stop), Arc::clone(&pauses));
+        let thread = std::thread::spawn(move || {
+            // Ordinary priority where refused: the figure is then an upper bound.
+            let _ = provider_verbs::ffi::sched::set_thread_fifo(50);
+            let tick = Duration::from_millis(1);
+            let mut before = Instant::now();
+            while !stop2.load(Ordering::Relaxed) {
+                std::thread::sleep(tick);
+                let now = Instant::now();
+                let late = now.saturating_duration_since(before).saturating_sub(tick);
+                if late > PAUSE_OVER {
+                    let at = before.saturating_duration_since(t0).as_secs_f64() * 1e3;
+                    let ms = late.as_secs_f64() * 1e3;
+                    pauses2
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .push((at, ms));
+                }
+                before = now;
+            }
+        });
+        GuestPauses {
+            stop,
+            pauses,
+            thread: Some(thread),
+        }
+    }
+
+    /// Stop; the pauses noted.
+    fn finish(mut self) -> Vec<(f64, f64)> {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        std::mem::take(&mut *self.pauses.lock().unwrap_or_else(|p| p.into_inner()))
+    }
+}
+
+/// The longest pause and the pauses' sum within `[from, to)` (test clock, ms).
+fn pauses_within(pauses: &[(f64, f64)], from: f64, to: f64) -> (f64, f64) {
+    pauses
+        .iter()
+        .filter(|(at, ms)| at + ms > from && *at < to)
+        .fold((0.0, 0.0), |(longest, sum), &(_, ms)| {
+            (f64::max(longest, ms), sum + ms)
+        })
+}
+
 /// One run: start the pair, cut the rail in use, heal it, stop; the record as
 /// `key=value` words (xtask reads them).
 fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
     let mut inject = FaultInjector::start();
     let t0 = Instant::now();
+    let pauses = GuestPauses::start(t0);
     let t0_unix_ms = unix_ms();
     let (s, mut c) = start_pair(apm, v, port);
     std::thread::sleep(Duration::from_millis(1500));
@@ -460,6 +551,7 @@ fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
         finish(s, Duration::from_secs(20)),
     );
     heal(v, &ends);
+    let pauses = pauses.finish();
     let reports = [rc, rs];
     // Kept: every message arrived once on both sides, and traffic still flowed after the
     // rail came back (a connection that died stops arriving at the fault). Each report's
@@ -549,9 +641,23 @@ fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
         .map_or_else(Vec::new, |began| {
             moves_after(&reports, &offset, began, heal_ms)
         });
+    // The guest's own pauses within the fault's stall (from its earliest start to its
+    // latest end, both sides).
+    let window = at_fault
+        .iter()
+        .map(|&(at, ms)| (at, at + ms))
+        .reduce(|a, b| (a.0.min(b.0), a.1.max(b.1)));
+    let (pause_max, paused) = match window {
+        Some((from, to)) => {
+            let (longest, sum) = pauses_within(&pauses, from, to);
+            (Some(longest), Some(sum))
+        }
+        None => (None, None),
+    };
     format!(
         "variant={} fault={} rep={rep} outcome={outcome} stall_ms={} heal_stall_ms={:.1} \
-         lost={} duplicated={} failovers={} first_move_ms={} last_move_ms={}",
+         lost={} duplicated={} failovers={} first_move_ms={} last_move_ms={} \
+         guest_pause_max_ms={} guest_paused_ms={}",
         v.name(),
         fault.name(),
         ms(stall),
@@ -561,6 +667,8 @@ fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
         sum("failovers"),
         ms(moves.first().copied()),
         ms(moves.last().copied()),
+        ms(pause_max),
+        ms(paused),
     )
 }
 
@@ -624,7 +732,10 @@ fn bench_failover() {
     };
     let reps = bench_reps(10);
     let (interval, multiplier) = probe_setting();
-    println!("FAILOVER-BENCH-SETTING probe_interval_ms={interval} probe_multiplier={multiplier}");
+    println!(
+        "FAILOVER-BENCH-SETTING probe_interval_ms={interval} probe_multiplier={multiplier} traffic_interval_ms={}",
+        traffic_interval_ms()
+    );
     let mut port = 18700;
     let only = std::env::var("APM_BENCH_ONLY").unwrap_or_default();
     for variant in [
