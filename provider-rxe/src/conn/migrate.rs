@@ -212,6 +212,13 @@ impl RcConn {
             .params
             .ok_or(ConnError::Invalid("the connection was never connected"))?;
         self.qp.modify(&reset(), QpAttrMask::STATE)?;
+        // Flush before RTR, not only after RTS: a QP in RTR answers (ACK, NAK) and
+        // rxe sends those by the route it cached on the QP's socket, the old path's
+        // until the generation changes. A silent cut leaves that route valid, so the
+        // one sequence NAK the responder sends for the peer's next packet went down
+        // the dead rail, and the peer resent only at its retransmit timer (50-70 ms
+        // more per move in the VM). Nothing is sent between RESET and RTR.
+        crate::route::flush_route_cache();
         self.to_init()?;
         let mut g = self.lock();
         let recvs: Vec<RecvWr> = g.recvs.iter().copied().collect();
