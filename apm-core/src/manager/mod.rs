@@ -282,7 +282,15 @@ impl<P: Provider> Manager<P> {
             if let Some(p) = probes.as_mut() {
                 self.run_probes(p, elapsed());
             }
-            self.flush(&input_tx);
+            if self.flush(&input_tx) {
+                // Let the command tasks just spawned start now. A task spawned from a
+                // worker waits in that worker's LIFO slot, which no other worker may
+                // steal, until the spawner yields; with inputs queued (a link going
+                // down brings a burst: the rail, GID changes, probe verdicts) this loop
+                // does not yield at its `select!`, and the move waited behind every
+                // input that followed it (tens of ms in the VM).
+                tokio::task::yield_now().await;
+            }
             let next = [
                 self.engine.poll_timeout(),
                 probes.as_ref().and_then(|p| p.next_deadline()),
@@ -348,8 +356,6 @@ impl<P: Provider> Manager<P> {
         }
     }
 
-    /// Hand every pending output on: commands to provider tasks, notifications to
-    /// subscribers.
     /// Publish the fabric event `input` carries, if it is one. No watcher is fine: the
     /// stream is advisory.
     fn publish(&self, now: Time, input: &Input) {
@@ -393,7 +399,10 @@ impl<P: Provider> Manager<P> {
         }
     }
 
-    fn flush(&mut self, results: &InputSink) {
+    /// Hand every pending output on (commands to provider tasks, notifications to
+    /// subscribers); true when a command went to a provider task.
+    fn flush(&mut self, results: &InputSink) -> bool {
+        let mut spawned = false;
         while let Some(out) = self.engine.poll_output() {
             match out {
                 Output::Notify(n) => {
@@ -402,6 +411,7 @@ impl<P: Provider> Manager<P> {
                     let _ = self.handle.notifications.send(n);
                 }
                 Output::Command(Command { id, op }) => {
+                    spawned = true;
                     let provider = Arc::clone(&self.provider);
                     let results = results.clone();
                     let after_ms = self.engine.policy().command_timeout_ms;
@@ -418,6 +428,7 @@ impl<P: Provider> Manager<P> {
                 }
             }
         }
+        spawned
     }
 }
 
