@@ -230,7 +230,10 @@ pub fn run(args: Args) -> Result<()> {
     let control =
         apm::control_runtime::start(args.realtime).context("starting apm's control runtime")?;
     if let Some(why) = &control.priority_refused {
-        eprintln!("pingpong: apm's control threads run at ordinary priority: {why}");
+        setup::say(
+            &args,
+            format!("pingpong: apm's control threads run at ordinary priority: {why}"),
+        );
     }
     let args = Arc::new(args);
     let report = rt.block_on(session(Arc::clone(&args), control.runtime.handle().clone()))?;

@@ -28,6 +28,8 @@ struct Run {
     /// began (the last message before it; apm only).
     first_move_ms: Option<f64>,
     last_move_ms: Option<f64>,
+    /// The guest's longest pause inside the stall (no thread of the guest could run).
+    guest_pause_max_ms: Option<f64>,
 }
 
 fn parse(line: &str) -> Option<Run> {
@@ -51,6 +53,7 @@ fn parse(line: &str) -> Option<Run> {
         failovers: num("failovers")?,
         first_move_ms: kv.get("first_move_ms").and_then(|v| v.parse().ok()),
         last_move_ms: kv.get("last_move_ms").and_then(|v| v.parse().ok()),
+        guest_pause_max_ms: kv.get("guest_pause_max_ms").and_then(|v| v.parse().ok()),
     })
 }
 
@@ -69,6 +72,8 @@ struct Row {
     /// Medians over the kept runs: the first side's move done, the last side's, ms
     /// after the fault's stall began.
     moves_median: Option<(f64, f64)>,
+    /// The longest guest pause inside any kept run's stall.
+    guest_pause_max: Option<f64>,
     lost: u64,
     duplicated: u64,
     failovers: u64,
@@ -114,6 +119,10 @@ fn rows(runs: &[Run]) -> Vec<Row> {
                 stall,
                 heal_stall_median: median(&mut heal),
                 moves_median: median(&mut first).zip(median(&mut last)),
+                guest_pause_max: kept
+                    .iter()
+                    .filter_map(|r| r.guest_pause_max_ms)
+                    .reduce(f64::max),
                 lost: mine.iter().map(|r| r.lost).sum(),
                 duplicated: mine.iter().map(|r| r.duplicated).sum(),
                 failovers: mine.iter().map(|r| r.failovers).sum(),
@@ -126,7 +135,7 @@ fn rows(runs: &[Run]) -> Vec<Row> {
 
 fn table(rows: &[Row]) -> String {
     let mut out = format!(
-        "{:<13} {:<11} {:>16} {:>22} {:>14} {:>10} {:>9} {:>5}\n",
+        "{:<13} {:<11} {:>16} {:>22} {:>14} {:>10} {:>9} {:>5} {:>11}\n",
         "protection",
         "fault",
         "kept/lost/hung",
@@ -134,7 +143,8 @@ fn table(rows: &[Row]) -> String {
         "moved: med ms",
         "back: med",
         "msgs lost",
-        "dup"
+        "dup",
+        "pause: max"
     );
     for r in rows {
         let stall = r.stall.map_or("-".to_owned(), |(a, m, b)| {
@@ -146,9 +156,12 @@ fn table(rows: &[Row]) -> String {
         let moved = r
             .moves_median
             .map_or("-".to_owned(), |(a, b)| format!("{a:.0} / {b:.0}"));
+        let pause = r
+            .guest_pause_max
+            .map_or("-".to_owned(), |m| format!("{m:.0}"));
         let _ = writeln!(
             out,
-            "{:<13} {:<11} {:>16} {:>22} {:>14} {:>10} {:>9} {:>5}",
+            "{:<13} {:<11} {:>16} {:>22} {:>14} {:>10} {:>9} {:>5} {:>11}",
             r.variant,
             r.fault,
             format!("{}/{}/{} of {}", r.kept, r.lost_conns, r.hung, r.runs),
@@ -156,7 +169,8 @@ fn table(rows: &[Row]) -> String {
             moved,
             heal,
             r.lost,
-            r.duplicated
+            r.duplicated,
+            pause
         );
     }
     out
@@ -172,7 +186,7 @@ fn json(rows: &[Row]) -> String {
                  \"hung\":{},\"stall_ms\":{{\"min\":{},\"median\":{},\"max\":{}}},\
                  \"first_move_ms_median\":{},\"last_move_ms_median\":{},\
                  \"stall_after_return_ms_median\":{},\"messages_lost\":{},\
-                 \"messages_duplicated\":{},\"failovers\":{}}}",
+                 \"messages_duplicated\":{},\"failovers\":{},\"guest_pause_max_ms\":{}}}",
                 r.variant,
                 r.fault,
                 r.runs,
@@ -187,7 +201,8 @@ fn json(rows: &[Row]) -> String {
                 num(r.heal_stall_median),
                 r.lost,
                 r.duplicated,
-                r.failovers
+                r.failovers,
+                num(r.guest_pause_max)
             )
         })
         .collect();
@@ -217,27 +232,39 @@ loss) of the rail in use, then the rail back; one row per protection and fault.
   --json          the rows as JSON instead of the table
 ";
 
-/// Run the benchmark in the VM and print its table (or JSON).
-pub fn main(args: &[String]) -> Result<()> {
-    let mut reps = 10u32;
-    let mut as_json = false;
-    let mut probe: Option<String> = None;
-    let mut idle = false;
-    let mut dev = false;
-    let mut env: Vec<String> = Vec::new();
+/// `bench failover`'s options.
+struct Options {
+    reps: u32,
+    as_json: bool,
+    idle: bool,
+    dev: bool,
+    /// `K=V` settings for the suite in the guest.
+    env: Vec<String>,
+}
+
+/// The options in `args`; `None` after printing the help.
+fn options(args: &[String]) -> Result<Option<Options>> {
+    let mut o = Options {
+        reps: 10,
+        as_json: false,
+        idle: false,
+        dev: false,
+        env: Vec::new(),
+    };
+    let env = &mut o.env;
     let mut it = args.iter();
     while let Some(a) = it.next() {
         match a.as_str() {
             "--reps" => {
-                reps = it
+                o.reps = it
                     .next()
                     .context("--reps needs a number")?
                     .parse()
                     .context("--reps N")?;
             }
-            "--json" => as_json = true,
-            "--dev" => dev = true,
-            "--idle" => idle = true,
+            "--json" => o.as_json = true,
+            "--dev" => o.dev = true,
+            "--idle" => o.idle = true,
             "--only" => {
                 let names = it.next().context("--only needs NAME[,NAME...]")?;
                 env.push(format!("APM_BENCH_ONLY={names}"));
@@ -262,19 +289,31 @@ pub fn main(args: &[String]) -> Result<()> {
                 env.push(format!("APM_PINGPONG_LOG={filter}"));
             }
             "--probe" => {
-                probe = Some(
-                    it.next()
-                        .context("--probe needs INTERVAL_MS,MULTIPLIER")?
-                        .clone(),
-                );
+                let p = it.next().context("--probe needs INTERVAL_MS,MULTIPLIER")?;
+                env.push(format!("APM_BENCH_PROBE={p}"));
             }
             "-h" | "--help" => {
                 print!("{USAGE}");
-                return Ok(());
+                return Ok(None);
             }
             other => bail!("unknown `bench failover` argument {other:?}\n\n{USAGE}"),
         }
     }
+    Ok(Some(o))
+}
+
+/// Run the benchmark in the VM and print its table (or JSON).
+pub fn main(args: &[String]) -> Result<()> {
+    let Some(Options {
+        reps,
+        as_json,
+        idle,
+        dev,
+        env,
+    }) = options(args)?
+    else {
+        return Ok(());
+    };
     let out = std::env::current_dir()?.join("target/vm/bench-failover.out");
     let mut vm = vec![
         "--vm".to_owned(),
@@ -295,9 +334,6 @@ pub fn main(args: &[String]) -> Result<()> {
     ];
     if !dev {
         vm.push("--release".to_owned());
-    }
-    if let Some(p) = probe {
-        env.push(format!("APM_BENCH_PROBE={p}"));
     }
     for e in env {
         vm.extend(["--env".to_owned(), e]);
