@@ -4,13 +4,10 @@
 //!
 //! Why a runtime of its own: a failover is a chain of short steps (an event read, the
 //! engine's decision, a QP modify, a message to the peer, its answer), each a task that
-//! waits for a worker. On the application's runtime each waits behind the application's
-//! own tasks; on the same CPUs as busy threads (MPI and NCCL ranks poll their completion
-//! queues on every core) each wake-up also waits behind their time slices, and the
-//! waits add up to more than the work. With `realtime` the runtime's threads run in
-//! the kernel's `SCHED_FIFO` class, ahead of every ordinary thread: they run as soon
-//! as they are woken. They only ever wait on events and timers, never spin (see
-//! `provider_verbs::ffi::sched`).
+//! waits for a worker; on the application's runtime each waits behind the
+//! application's own tasks. With `realtime` the runtime's threads (its blocking pool's
+//! too) also run in the kernel's `SCHED_FIFO` class, ahead of every ordinary thread
+//! (why, and what that asks of them: `provider_verbs::ffi::sched`).
 
 use std::sync::{Arc, Mutex, PoisonError};
 
@@ -25,13 +22,15 @@ pub struct ControlRuntime {
     /// context.
     pub runtime: tokio::runtime::Runtime,
     /// Why the threads run at ordinary priority although `realtime` asked otherwise
-    /// (the first thread's error: `EPERM` without `CAP_SYS_NICE`), if they do.
+    /// (the first refusal seen by the time `start` returned: `EPERM` without
+    /// `CAP_SYS_NICE`; the kernel refuses every thread alike), if they do.
     pub priority_refused: Option<String>,
 }
 
 /// Start the control runtime; `realtime` is the `SCHED_FIFO` priority of its threads (1
 /// to 99), `None` for ordinary ones. A priority the kernel refuses is not an error: the
-/// runtime runs at ordinary priority and says why in `priority_refused`.
+/// runtime runs at ordinary priority and says why in `priority_refused`. Call it
+/// outside any async context: it blocks until a worker has run.
 pub fn start(realtime: Option<u8>) -> std::io::Result<ControlRuntime> {
     let refused: Arc<Mutex<Option<String>>> = Arc::default();
     let mut builder = tokio::runtime::Builder::new_multi_thread();
@@ -49,8 +48,8 @@ pub fn start(realtime: Option<u8>) -> std::io::Result<ControlRuntime> {
         });
     }
     let runtime = builder.build()?;
-    // The workers start with the runtime; wait for one task to have run so that their
-    // priority is settled (and any refusal recorded) before this returns.
+    // The workers start with the runtime; wait until one has run a task, so that its
+    // start hook has run (and recorded any refusal) before this returns.
     runtime.block_on(runtime.spawn(async {})).ok();
     let priority_refused = refused
         .lock()

@@ -772,12 +772,16 @@ mod apm_plan;
 mod apm_run;
 #[path = "hw/bench_failover.rs"]
 mod bench_failover;
+#[path = "hw/bonds.rs"]
+mod bonds;
 #[path = "hw/child.rs"]
 mod child;
 #[path = "hw/failover.rs"]
 mod failover;
 #[path = "hw/forged.rs"]
 mod forged;
+#[path = "hw/guest_pauses.rs"]
+mod guest_pauses;
 #[path = "hw/hardware_apm.rs"]
 mod hardware_apm;
 #[path = "hw/pingpong_cuts.rs"]

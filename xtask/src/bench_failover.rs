@@ -219,7 +219,9 @@ loss) of the rail in use, then the rail back; one row per protection and fault.
 
   --reps N        runs per protection and fault (default 10)
   --probe MS,N    apm's liveness probes: interval in ms and multiplier (default 20,3)
-  --interval MS   the traffic's message interval each way, in ms (default 2)
+  --interval MS   the traffic's message interval each way, in ms (default 2); a
+                  pingpong records only gaps of ten intervals or more (20 ms at
+                  least), so a longer interval hides shorter stalls
   --realtime P    apm's control threads in SCHED_FIFO at priority P (apm pingpong
                   --realtime); default ordinary threads
   --only NAMES    only these protections, comma-separated (apm, apm-no-probes, none,

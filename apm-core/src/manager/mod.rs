@@ -289,7 +289,7 @@ impl<P: Provider> Manager<P> {
                 // down brings a burst: the rail, GID changes, probe verdicts) this loop
                 // does not yield at its `select!`, and the move waited behind every
                 // input that followed it (tens of ms in the VM).
-                tokio::task::yield_now().await;
+                requeue_behind_spawned().await;
             }
             let next = [
                 self.engine.poll_timeout(),
@@ -430,6 +430,25 @@ impl<P: Provider> Manager<P> {
         }
         spawned
     }
+}
+
+/// Give the worker to the tasks just spawned, and stay where another worker can take
+/// this one: a task that wakes itself while it runs goes to the back of its worker's
+/// run queue, which the other workers steal from, while the worker runs what waits in
+/// its LIFO slot first. (`tokio::task::yield_now` parks the task on the worker's defer
+/// list instead, which no other worker takes: a command that then blocks the worker in
+/// a verb, a RoCE modify resolving a neighbour, would hold the Manager with it.)
+async fn requeue_behind_spawned() {
+    let mut woke = false;
+    std::future::poll_fn(|cx| {
+        if woke {
+            return std::task::Poll::Ready(());
+        }
+        woke = true;
+        cx.waker().wake_by_ref();
+        std::task::Poll::Pending
+    })
+    .await;
 }
 
 #[cfg(test)]

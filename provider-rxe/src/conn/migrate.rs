@@ -195,9 +195,10 @@ impl RcConn {
         Ok(Drain::Moved)
     }
 
-    /// The QP is in ERR: collect the flushes, RESET -> INIT (receives again) -> RTR (new
-    /// AV, own receive PSN) -> RTS (send PSN of the oldest unacknowledged send), flush
-    /// the route cache, replay the unacknowledged sends.
+    /// The QP is in ERR: collect the flushes, RESET, flush the route cache, INIT
+    /// (receives again) -> RTR (new AV, own receive PSN) -> RTS (send PSN of the oldest
+    /// unacknowledged send), flush the route cache again, replay the unacknowledged
+    /// sends.
     async fn reinit(&self, av: AddressVector, how: ToErr) -> Result<(), ConnError> {
         let t0 = Instant::now();
         let forced = self.settle_in_err(how).await?;
@@ -212,7 +213,7 @@ impl RcConn {
             .params
             .ok_or(ConnError::Invalid("the connection was never connected"))?;
         self.qp.modify(&reset(), QpAttrMask::STATE)?;
-        // Flush before RTR, not only after RTS: a QP in RTR answers (ACK, NAK) and
+        // Flush before INIT, not only after RTS: a QP in RTR answers (ACK, NAK) and
         // rxe sends those by the route it cached on the QP's socket, the old path's
         // until the generation changes. A silent cut leaves that route valid, so the
         // one sequence NAK the responder sends for the peer's next packet went down

@@ -20,14 +20,13 @@
 //! after, the longer side) and after the rail came back, lost and duplicated messages,
 //! failovers. A benchmark, not a test: it runs only with `APM_BENCH=1`.
 
+use super::bonds::{bond_routes, bonds_down, bonds_up, BOND_A, BOND_B};
 use super::child::Pingpong;
+use super::guest_pauses::{pauses_within, GuestPauses};
 use super::rails::{
-    has_netem, ip_quiet, link_is_down, rail_routes, setup_rails, sysctl, wait_for_rail_gids,
-    FaultInjector,
+    has_netem, ip_quiet, link_is_down, rail_routes, setup_rails, wait_for_rail_gids, FaultInjector,
 };
 use super::*;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Mutex;
 
 /// The protections compared.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -65,119 +64,6 @@ impl Fault {
             Fault::Silent => "silent-cut",
         }
     }
-}
-
-/// The bonds' addresses (one subnet: bonding keeps one address across its slaves).
-const BOND_A: &str = "10.0.30.1";
-const BOND_B: &str = "10.0.30.2";
-
-/// Make the bond layout: veth pairs vA1<->vB1 and vA2<->vB2 (rails 1 and 2), bondA and
-/// bondB active-backup over them with `monitor` (bonding's own options), rxe2 and rxe3
-/// on the bonds, and the routes that make the two local addresses talk over the wire.
-fn bonds_up(monitor: &[&str]) {
-    bonds_down();
-    for r in ["1", "2"] {
-        ip(&[
-            "link",
-            "add",
-            &format!("vA{r}"),
-            "type",
-            "veth",
-            "peer",
-            "name",
-            &format!("vB{r}"),
-        ]);
-    }
-    for (bond, side, target) in [("bondA", "A", BOND_B), ("bondB", "B", BOND_A)] {
-        let mut args = vec!["link", "add", bond, "type", "bond", "mode", "active-backup"];
-        args.extend(monitor);
-        let with_target: Vec<String> = args
-            .iter()
-            .map(|a| {
-                if *a == "TARGET" {
-                    target.to_owned()
-                } else {
-                    (*a).to_owned()
-                }
-            })
-            .collect();
-        ip(&with_target.iter().map(String::as_str).collect::<Vec<_>>());
-        for r in ["1", "2"] {
-            ip(&["link", "set", &format!("v{side}{r}"), "master", bond]);
-        }
-        let addr = if side == "A" { BOND_A } else { BOND_B };
-        ip(&["addr", "add", &format!("{addr}/24"), "dev", bond]);
-        ip(&["link", "set", bond, "up"]);
-        for r in ["1", "2"] {
-            ip(&["link", "set", &format!("v{side}{r}"), "up"]);
-        }
-    }
-    for dev in ["bondA", "bondB", "vA1", "vA2", "vB1", "vB2"] {
-        sysctl(&format!("{dev}/rp_filter"), "0");
-        sysctl(&format!("{dev}/accept_local"), "1");
-    }
-    bond_routes();
-    for (dev, netdev) in [("rxe2", "bondA"), ("rxe3", "bondB")] {
-        let ok = std::process::Command::new("/usr/bin/rdma")
-            .args(["link", "add", dev, "type", "rxe", "netdev", netdev])
-            .status()
-            .is_ok_and(|s| s.success());
-        assert!(ok, "rdma link add {dev} on {netdev}");
-    }
-    wait_bond_gid("rxe2", BOND_A);
-    wait_bond_gid("rxe3", BOND_B);
-}
-
-/// Routes through the bonds for locally sent packets to the other bond's address
-/// (dropped by a link going down; set again after). By destination, not source: the
-/// bonding ARP monitor looks its target up with no source address, and must find the
-/// bond, not the local table.
-fn bond_routes() {
-    for (dev, src, dst, table) in [
-        ("bondA", BOND_A, BOND_B, "130"),
-        ("bondB", BOND_B, BOND_A, "230"),
-    ] {
-        let _ = ip_quiet(&[
-            "route", "replace", dst, "dev", dev, "src", src, "table", table,
-        ]);
-        if !rule_to_present(dst, table) {
-            ip(&[
-                "rule", "add", "pref", "100", "to", dst, "iif", "lo", "lookup", table,
-            ]);
-        }
-    }
-}
-
-/// Whether the rule sending locally generated packets for `dst` to `table` is there.
-fn rule_to_present(dst: &str, table: &str) -> bool {
-    std::process::Command::new("/usr/bin/ip")
-        .args(["rule", "show"])
-        .output()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout).lines().any(|l| {
-                l.contains(&format!("to {dst} ")) && l.contains(&format!("lookup {table}"))
-            })
-        })
-        .unwrap_or(false)
-}
-
-fn bonds_down() {
-    for dev in ["rxe2", "rxe3"] {
-        let _ = std::process::Command::new("/usr/bin/rdma")
-            .args(["link", "delete", dev])
-            .output();
-    }
-    for dev in ["bondA", "bondB", "vA1", "vA2"] {
-        let _ = ip_quiet(&["link", "del", dev]);
-    }
-}
-
-/// Wait until `dev` lists `addr` as a RoCE v2 GID.
-fn wait_bond_gid(dev: &str, addr: &str) {
-    let ctx = verbs().open(dev).expect("open");
-    let ip: std::net::IpAddr = addr.parse().expect("ip");
-    let until = Instant::now() + Duration::from_secs(15);
-    super::rails::wait_gid(&ctx, dev, ip, until, "15 s");
 }
 
 /// The rail in use, as the two ends of it to cut (the active slaves for a bond). apm's
@@ -454,75 +340,6 @@ fn argv(a: &[String]) -> Vec<&str> {
     a.iter().map(String::as_str).collect()
 }
 
-/// The guest's own pauses: a thread that sleeps 1 ms at a time, in the real-time class
-/// where it may be (ahead of every ordinary thread, the pingpongs and apm's control
-/// threads included), and notes each wake-up that came more than [`PAUSE_OVER`] late.
-/// What it notes is time in which no thread of this guest could have run, whatever its
-/// priority: the guest's kernel busy with preemption off, or the emulator not running
-/// the guest's vCPUs. A stall no shorter than the pauses inside it is the guest's, not
-/// a protection's.
-struct GuestPauses {
-    stop: Arc<AtomicBool>,
-    /// (when the pause began on the test's clock in ms, how long it was in ms).
-    pauses: Arc<Mutex<Vec<(f64, f64)>>>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-/// A wake-up this late is a pause.
-const PAUSE_OVER: Duration = Duration::from_millis(5);
-
-impl GuestPauses {
-    fn start(t0: Instant) -> GuestPauses {
-        let stop = Arc::new(AtomicBool::new(false));
-        let pauses = Arc::new(Mutex::new(Vec::new()));
-        let (stop2, pauses2) = (Arc::clone(&stop), Arc::clone(&pauses));
-        let thread = std::thread::spawn(move || {
-            // Ordinary priority where refused: the figure is then an upper bound.
-            let _ = provider_verbs::ffi::sched::set_thread_fifo(50);
-            let tick = Duration::from_millis(1);
-            let mut before = Instant::now();
-            while !stop2.load(Ordering::Relaxed) {
-                std::thread::sleep(tick);
-                let now = Instant::now();
-                let late = now.saturating_duration_since(before).saturating_sub(tick);
-                if late > PAUSE_OVER {
-                    let at = before.saturating_duration_since(t0).as_secs_f64() * 1e3;
-                    let ms = late.as_secs_f64() * 1e3;
-                    pauses2
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .push((at, ms));
-                }
-                before = now;
-            }
-        });
-        GuestPauses {
-            stop,
-            pauses,
-            thread: Some(thread),
-        }
-    }
-
-    /// Stop; the pauses noted.
-    fn finish(mut self) -> Vec<(f64, f64)> {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
-        }
-        std::mem::take(&mut *self.pauses.lock().unwrap_or_else(|p| p.into_inner()))
-    }
-}
-
-/// The longest pause and the pauses' sum within `[from, to)` (test clock, ms).
-fn pauses_within(pauses: &[(f64, f64)], from: f64, to: f64) -> (f64, f64) {
-    pauses
-        .iter()
-        .filter(|(at, ms)| at + ms > from && *at < to)
-        .fold((0.0, 0.0), |(longest, sum), &(_, ms)| {
-            (f64::max(longest, ms), sum + ms)
-        })
-}
-
 /// One run: start the pair, cut the rail in use, heal it, stop; the record as
 /// `key=value` words (xtask reads them).
 fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
@@ -616,10 +433,15 @@ fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
             .collect()
     };
     let kept = outcome == "kept";
-    // The fault's stall began at most a message interval before it; anything that began
-    // after the rail came back is the return's. Both only over a kept connection.
+    // The fault's stall began at most a message interval before it (five of slack:
+    // 10 ms at the default 2); anything that began after the rail came back is the
+    // return's. Both only over a kept connection.
     let (at_fault, after_return) = if kept {
-        (stalls(fault_ms - 10.0, heal_ms), stalls(heal_ms, f64::MAX))
+        let before = traffic_interval_ms().max(2.0) * 5.0;
+        (
+            stalls(fault_ms - before, heal_ms),
+            stalls(heal_ms, f64::MAX),
+        )
     } else {
         (Vec::new(), Vec::new())
     };
