@@ -2,7 +2,7 @@
 //! side over them, rxe on each bond, and the routes that make the bonds' two local
 //! addresses talk over the wire.
 
-use super::rails::{ip_quiet, sysctl};
+use super::rails::{ip_quiet, rule_listed, sysctl};
 use super::*;
 
 /// The bonds' addresses (one subnet: bonding keeps one address across its slaves).
@@ -88,15 +88,7 @@ pub(crate) fn bond_routes() {
 
 /// Whether the rule sending locally generated packets for `dst` to `table` is there.
 fn rule_to_present(dst: &str, table: &str) -> bool {
-    std::process::Command::new("/usr/bin/ip")
-        .args(["rule", "show"])
-        .output()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout).lines().any(|l| {
-                l.contains(&format!("to {dst} ")) && l.contains(&format!("lookup {table}"))
-            })
-        })
-        .unwrap_or(false)
+    rule_listed(table, |l| l.contains(&format!("to {dst} ")))
 }
 
 pub(crate) fn bonds_down() {

@@ -59,13 +59,18 @@ pub(crate) fn rail_routes(vlan: u16, a: &str, b: &str) {
 }
 
 pub(crate) fn rule_present(src: &str, table: &str) -> bool {
+    rule_listed(table, |l| l.contains(&format!("from {src} ")))
+}
+
+/// Whether `ip rule show` lists a rule into `table` whose line also satisfies `which`.
+pub(crate) fn rule_listed(table: &str, which: impl Fn(&str) -> bool) -> bool {
     std::process::Command::new("/usr/bin/ip")
         .args(["rule", "show"])
         .output()
         .map(|o| {
-            String::from_utf8_lossy(&o.stdout).lines().any(|l| {
-                l.contains(&format!("from {src} ")) && l.contains(&format!("lookup {table}"))
-            })
+            String::from_utf8_lossy(&o.stdout)
+                .lines()
+                .any(|l| which(l) && l.contains(&format!("lookup {table}")))
         })
         .unwrap_or(false)
 }
@@ -108,15 +113,7 @@ pub(crate) fn setup_rails() {
 }
 
 pub(crate) fn rule_present_pref(pref: &str, table: &str) -> bool {
-    std::process::Command::new("/usr/bin/ip")
-        .args(["rule", "show"])
-        .output()
-        .map(|o| {
-            String::from_utf8_lossy(&o.stdout).lines().any(|l| {
-                l.starts_with(&format!("{pref}:")) && l.contains(&format!("lookup {table}"))
-            })
-        })
-        .unwrap_or(false)
+    rule_listed(table, |l| l.starts_with(&format!("{pref}:")))
 }
 
 pub(crate) fn tc(args: &[&str]) {
