@@ -187,6 +187,20 @@ pub enum CommandOp {
         conn: ConnId,
         /// The path to move to.
         path: Path,
+        /// The peer already runs on `path` (it moved first and said so). When false it
+        /// follows only once it hears of this move, and drops what reaches it before
+        /// (RoCE takes an RC packet only from the QP's primary address): a provider
+        /// may hold the sends it replays until [`CommandOp::PeerThere`] or the peer's
+        /// first packet on `path`, rather than send them into that drop.
+        #[serde(default)]
+        peer_there: bool,
+    },
+    /// The peer now runs on the connection's primary too: sends a provider held back
+    /// after a `SoftwareMigrate` with `peer_there: false` may go. A hint, not a QP
+    /// operation: answered at once, and ignored where nothing is held.
+    PeerThere {
+        /// The connection.
+        conn: ConnId,
     },
     /// Read back the QP's state, migration state and primary path.
     QueryQp {
@@ -236,6 +250,7 @@ impl CommandOp {
             CommandOp::SetRearm { .. } => "set_rearm",
             CommandOp::ForceMigrate { .. } => "force_migrate",
             CommandOp::SoftwareMigrate { .. } => "software_migrate",
+            CommandOp::PeerThere { .. } => "peer_there",
             CommandOp::QueryQp { .. } => "query_qp",
             CommandOp::SendPeer { .. } => "send_peer",
             CommandOp::ResolvePaths { .. } => "resolve_paths",

@@ -43,8 +43,8 @@ pub trait Provider: Send + Sync + 'static {
     /// time: when it overrides what a connection was doing (a migration replacing a
     /// re-arm, say), the new command waits until the one in flight is answered, so
     /// commands on one QP never run concurrently and take effect in the order the
-    /// engine decided them. Sends, path queries and subscriptions may run
-    /// concurrently. A call not answered within `Policy::command_timeout_ms` is
+    /// engine decided them. Sends, path queries, subscriptions and `PeerThere` hints
+    /// (which change no QP state of their own) may run concurrently. A call not answered within `Policy::command_timeout_ms` is
     /// treated as failed ([`ProviderError::NoAnswer`]) and the driver drops it; a
     /// provider should bound its own operations well within that.
     async fn execute(&self, op: CommandOp) -> Result<CommandOutcome, ProviderError>;
@@ -63,8 +63,16 @@ pub trait QpControl: Send + Sync + 'static {
     async fn set_rearm(&self, conn: ConnId) -> Result<MigState, ProviderError>;
     /// Force MIGRATED.
     async fn force_migrate(&self, conn: ConnId) -> Result<(), ProviderError>;
-    /// Move the primary address vector to `path` (software migration).
-    async fn software_migrate(&self, conn: ConnId, path: Path) -> Result<(), ProviderError>;
+    /// Move the primary address vector to `path` (software migration); `peer_there`
+    /// as in [`CommandOp::SoftwareMigrate`].
+    async fn software_migrate(
+        &self,
+        conn: ConnId,
+        path: Path,
+        peer_there: bool,
+    ) -> Result<(), ProviderError>;
+    /// The peer runs on the connection's primary now ([`CommandOp::PeerThere`]).
+    async fn peer_there(&self, conn: ConnId) -> Result<(), ProviderError>;
     /// Read the QP back.
     async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError>;
 }
@@ -136,9 +144,18 @@ impl<Q: QpControl, C: PeerChannel, F: FabricService> Provider for Stack<Q, C, F>
                 .force_migrate(conn)
                 .await
                 .map(|()| CommandOutcome::Done),
-            CommandOp::SoftwareMigrate { conn, path } => self
+            CommandOp::SoftwareMigrate {
+                conn,
+                path,
+                peer_there,
+            } => self
                 .qp
-                .software_migrate(conn, path)
+                .software_migrate(conn, path, peer_there)
+                .await
+                .map(|()| CommandOutcome::Done),
+            CommandOp::PeerThere { conn } => self
+                .qp
+                .peer_there(conn)
                 .await
                 .map(|()| CommandOutcome::Done),
             CommandOp::QueryQp { conn } => self.qp.query_qp(conn).await.map(CommandOutcome::Qp),
@@ -177,8 +194,16 @@ impl<T: QpControl + ?Sized> QpControl for std::sync::Arc<T> {
     async fn force_migrate(&self, conn: ConnId) -> Result<(), ProviderError> {
         (**self).force_migrate(conn).await
     }
-    async fn software_migrate(&self, conn: ConnId, path: Path) -> Result<(), ProviderError> {
-        (**self).software_migrate(conn, path).await
+    async fn software_migrate(
+        &self,
+        conn: ConnId,
+        path: Path,
+        peer_there: bool,
+    ) -> Result<(), ProviderError> {
+        (**self).software_migrate(conn, path, peer_there).await
+    }
+    async fn peer_there(&self, conn: ConnId) -> Result<(), ProviderError> {
+        (**self).peer_there(conn).await
     }
     async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError> {
         (**self).query_qp(conn).await

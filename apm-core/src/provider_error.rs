@@ -106,6 +106,8 @@ pub enum Operation {
     ForceMigrate,
     /// [`CommandOp::SoftwareMigrate`] (the SQ-drain move).
     SoftwareMigrate,
+    /// [`CommandOp::PeerThere`] (releasing sends held for the peer).
+    PeerThere,
     /// [`CommandOp::QueryQp`].
     QueryQp,
     /// [`CommandOp::SendPeer`].
@@ -137,6 +139,7 @@ impl From<&CommandOp> for Operation {
             CommandOp::SetRearm { .. } => Operation::SetRearm,
             CommandOp::ForceMigrate { .. } => Operation::ForceMigrate,
             CommandOp::SoftwareMigrate { .. } => Operation::SoftwareMigrate,
+            CommandOp::PeerThere { .. } => Operation::PeerThere,
             CommandOp::QueryQp { .. } => Operation::QueryQp,
             CommandOp::SendPeer { .. } => Operation::SendPeer,
             CommandOp::ResolvePaths { .. } => Operation::ResolvePaths,
@@ -152,6 +155,7 @@ impl fmt::Display for Operation {
             Operation::SetRearm => "set REARM",
             Operation::ForceMigrate => "force MIGRATED",
             Operation::SoftwareMigrate => "software path migration",
+            Operation::PeerThere => "release sends held for the peer",
             Operation::QueryQp => "query QP",
             Operation::SendPeer => "send peer message",
             Operation::ResolvePaths => "PathRecord query",

@@ -237,11 +237,20 @@ impl QpControl for FakeQp {
         Ok(())
     }
 
-    async fn software_migrate(&self, _conn: ConnId, _path: Path) -> Result<(), ProviderError> {
+    async fn software_migrate(
+        &self,
+        _conn: ConnId,
+        _path: Path,
+        _peer_there: bool,
+    ) -> Result<(), ProviderError> {
         Err(ProviderError::unsupported(
             "fake QP",
             Operation::SoftwareMigrate,
         ))
+    }
+
+    async fn peer_there(&self, _conn: ConnId) -> Result<(), ProviderError> {
+        Ok(())
     }
 
     async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError> {
@@ -415,7 +424,7 @@ mod tests {
             );
             qp.add_qp(ConnId(1), path(1, 1));
             assert!(matches!(
-                qp.software_migrate(ConnId(1), path(2, 2)).await,
+                qp.software_migrate(ConnId(1), path(2, 2), true).await,
                 Err(ProviderError::Unsupported { .. })
             ));
         });

@@ -26,7 +26,7 @@
 //! (`apm_core::ManagerHandle::report_stall`), which raises the same `PrimaryStalled`.
 
 use crate::adopt::AdoptedQp;
-use crate::conn::RcConn;
+use crate::conn::{RcConn, Replay};
 use apm_core::{
     ConnId, Gid, Input, InputSink, MigState, Operation, Path, ProviderError, QpControl, QpEvent,
     QpSnapshot, Reason,
@@ -374,7 +374,12 @@ impl QpControl for RxeQpControl {
         Err(no_hw_apm(Operation::ForceMigrate))
     }
 
-    async fn software_migrate(&self, conn: ConnId, path: Path) -> Result<(), ProviderError> {
+    async fn software_migrate(
+        &self,
+        conn: ConnId,
+        path: Path,
+        peer_there: bool,
+    ) -> Result<(), ProviderError> {
         let started = Instant::now();
         let managed = self.conn(conn)?;
         let av = address_vector(managed.context(), &path)?;
@@ -397,7 +402,12 @@ impl QpControl for RxeQpControl {
                 };
             }
         };
-        match rc.migrate(av, self.config.drain_grace).await {
+        let replay = if peer_there {
+            Replay::Now
+        } else {
+            Replay::WhenPeerThere
+        };
+        match rc.migrate(av, self.config.drain_grace, replay).await {
             Ok(reinit) => {
                 info!(%conn, to = %path, reinit, took = ?started.elapsed(), "software migration done");
                 tokio::spawn(async move { rc.nudge().await });
@@ -412,6 +422,14 @@ impl QpControl for RxeQpControl {
                 ))
             }
         }
+    }
+
+    async fn peer_there(&self, conn: ConnId) -> Result<(), ProviderError> {
+        // An adopted QP replays nothing, so holds nothing.
+        if let Managed::Own(rc) = self.conn(conn)? {
+            rc.peer_there();
+        }
+        Ok(())
     }
 
     async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError> {
@@ -468,7 +486,7 @@ mod tests {
         }
         // Unknown connections are named, not guessed.
         assert_eq!(
-            facet.software_migrate(conn, path).await,
+            facet.software_migrate(conn, path, true).await,
             Err(ProviderError::UnknownConnection(conn))
         );
         assert_eq!(path.dlid, Lid::from_wire(0));

@@ -48,7 +48,7 @@ pub mod facet;
 pub mod route;
 
 pub use adopt::{AdoptedQp, KICK_WR_ID};
-pub use conn::{Completion, ConnError, ConnStats, ConnectParams, RcConn};
+pub use conn::{Completion, ConnError, ConnStats, ConnectParams, RcConn, Replay};
 pub use facet::{address_vector, gid_index, RxeConfig, RxeQpControl};
 
 use apm_core::{Gid, Path, PortKey};

@@ -175,10 +175,23 @@ impl QpControl for SimProvider {
             .map(|_| ())
     }
 
-    async fn software_migrate(&self, conn: ConnId, path: Path) -> Result<(), ProviderError> {
-        self.exec(CommandOp::SoftwareMigrate { conn, path })
-            .await
-            .map(|_| ())
+    async fn software_migrate(
+        &self,
+        conn: ConnId,
+        path: Path,
+        peer_there: bool,
+    ) -> Result<(), ProviderError> {
+        self.exec(CommandOp::SoftwareMigrate {
+            conn,
+            path,
+            peer_there,
+        })
+        .await
+        .map(|_| ())
+    }
+
+    async fn peer_there(&self, conn: ConnId) -> Result<(), ProviderError> {
+        self.exec(CommandOp::PeerThere { conn }).await.map(|_| ())
     }
 
     async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError> {

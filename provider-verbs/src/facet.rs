@@ -388,12 +388,22 @@ impl QpControl for VerbsQpControl {
         .await
     }
 
-    async fn software_migrate(&self, _conn: ConnId, _path: Path) -> Result<(), ProviderError> {
+    async fn software_migrate(
+        &self,
+        _conn: ConnId,
+        _path: Path,
+        _peer_there: bool,
+    ) -> Result<(), ProviderError> {
         Err(ProviderError::Unsupported {
             provider: NAME,
             operation: Operation::SoftwareMigrate,
             why: Some(Reason::Because("provider-rxe does it on RoCE")),
         })
+    }
+
+    async fn peer_there(&self, _conn: ConnId) -> Result<(), ProviderError> {
+        // Nothing is ever held here: the HCA's own APM moves the QP.
+        Ok(())
     }
 
     async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError> {

@@ -110,6 +110,19 @@ pub(crate) enum LapWait {
     Waited,
 }
 
+/// Where the peer is, for a software migration: on the path already, or following.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PeerOnPath {
+    /// It moved first and said so: the provider may send there at once.
+    There,
+    /// It follows once it hears of our move, and drops what reaches it before: the
+    /// provider may hold its replay until told (`CommandOp::PeerThere`).
+    Follows,
+    /// It said it had moved while our move was under way: tell the provider once ours
+    /// is done.
+    ArrivedMeanwhile,
+}
+
 /// What the engine is doing for a connection. Only one thing at a time: a second reason
 /// to act is remembered in `Conn::chores` / `Conn::deferred_lap` and handled when the
 /// phase returns to `Idle`.
@@ -166,6 +179,7 @@ pub(crate) enum Phase {
         cmd: CommandId,
         path: Path,
         responder: Option<Responder>,
+        peer: PeerOnPath,
     },
     /// `QueryQp` outstanding.
     Querying { cmd: CommandId },
@@ -226,9 +240,16 @@ impl Phase {
             }
             Phase::Arming { cmd, .. } => (cmd, CommandOp::SetRearm { conn }),
             Phase::Migrating { cmd, .. } => (cmd, CommandOp::ForceMigrate { conn }),
-            Phase::SwMigrating { cmd, path, .. } => {
-                (cmd, CommandOp::SoftwareMigrate { conn, path })
-            }
+            Phase::SwMigrating {
+                cmd, path, peer, ..
+            } => (
+                cmd,
+                CommandOp::SoftwareMigrate {
+                    conn,
+                    path,
+                    peer_there: peer != PeerOnPath::Follows,
+                },
+            ),
             Phase::Querying { cmd } => (cmd, CommandOp::QueryQp { conn }),
             _ => return None,
         };

@@ -2,7 +2,7 @@
 //! GIDs (SA traps 64/65), device and QP events, and what a failure or a recovery means
 //! for each connection.
 
-use super::conn::{Chore, Chores, Conn, MoveReason, Moved, Phase, Responder, Told};
+use super::conn::{Chore, Chores, Conn, MoveReason, Moved, PeerOnPath, Phase, Responder, Told};
 use super::health::Health;
 use super::timers::TimerKey;
 use super::{live, live_mut, select, Engine, LocalPort, Pending, Subscription};
@@ -12,7 +12,7 @@ use crate::io::{
 };
 use crate::policy::Policy;
 use crate::types::{
-    ConnId, Gid, Lid, LinkLayer, MigState, Path, PeerAddr, PortInfo, PortKey, Time,
+    ConnId, Gid, Lid, LinkLayer, MigState, MigrationMode, Path, PeerAddr, PortInfo, PortKey, Time,
 };
 use tracing::{debug, info, warn};
 
@@ -459,16 +459,36 @@ impl Engine {
         id: ConnId,
         path: Path,
         responder: Option<Responder>,
+        peer: PeerOnPath,
     ) {
-        let cmd = self.issue_qp(id, CommandOp::SoftwareMigrate { conn: id, path });
+        let op = CommandOp::SoftwareMigrate {
+            conn: id,
+            path,
+            peer_there: peer != PeerOnPath::Follows,
+        };
+        let cmd = self.issue_qp(id, op);
         self.replace_phase(
             id,
             Phase::SwMigrating {
                 cmd,
                 path,
                 responder,
+                peer,
             },
         );
+    }
+
+    /// The peer of software connection `id` runs on our primary now: the provider may
+    /// send what it held back for it (`CommandOp::PeerThere`). A hint, sent without
+    /// waiting on the connection's QP commands; hardware QPs need none.
+    pub(super) fn tell_peer_there(&mut self, id: ConnId) {
+        if self
+            .conns
+            .get(&id)
+            .is_some_and(|c| c.mode == MigrationMode::Software)
+        {
+            self.issue(CommandOp::PeerThere { conn: id }, Pending::Hint);
+        }
     }
 
     /// The alternate of `id` is dead: look for a better one.

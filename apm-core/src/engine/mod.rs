@@ -166,6 +166,8 @@ impl Subscription {
 enum Pending {
     Conn(ConnId),
     Send,
+    /// A hint to the provider (`CommandOp::PeerThere`): nothing waits for its answer.
+    Hint,
     Resolve(PortKey, Gid),
     Subscribe(PortKey),
     /// A PathRecord query checking whether an out-of-service remote GID is back, and

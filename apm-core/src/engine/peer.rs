@@ -18,7 +18,7 @@
 //! 8. Otherwise: load it, set REARM, answer "success".
 
 use super::conn::{lap_digest, Phase, Responder};
-use super::conn::{Chore, LapWait, MoveReason, Moved};
+use super::conn::{Chore, LapWait, MoveReason, Moved, PeerOnPath};
 use super::Engine;
 use crate::io::{
     ApStatus, Apr, CommandOp, Lap, Migrate, MigrateAck, MigrateIntent, Mra, PeerMsg,
@@ -512,15 +512,29 @@ impl Engine {
             // Already there (the HCA followed the peer's MigReq, or a retransmission).
             self.answer_moved(id, r);
             if m.intent == MigrateIntent::Moved {
-                // The peer runs where we do: what `AwaitFollow` waits for.
+                // The peer runs where we do: what `AwaitFollow` waits for, and what
+                // a provider holding its replay for the peer waits for.
                 self.peer_followed(id);
+                self.tell_peer_there(id);
             }
             return;
         }
         match c.phase() {
-            Phase::SwMigrating { path: p, .. } | Phase::LoadingToFollow { path: p, .. }
-                if p.same_route(&path) =>
-            {
+            Phase::SwMigrating { path: p, .. } if p.same_route(&path) => {
+                if m.intent == MigrateIntent::Moved {
+                    // The peer is there before our move is done: tell the provider
+                    // once it is (`sw_migration_done`).
+                    if let Some(Phase::SwMigrating { peer, .. }) =
+                        self.conns.get_mut(&id).and_then(|c| c.phase_mut())
+                    {
+                        if *peer == PeerOnPath::Follows {
+                            *peer = PeerOnPath::ArrivedMeanwhile;
+                        }
+                    }
+                }
+                return; // Moving there already; the answer follows.
+            }
+            Phase::LoadingToFollow { path: p, .. } if p.same_route(&path) => {
                 return; // Moving there already; the answer follows.
             }
             Phase::Migrating {
@@ -552,7 +566,14 @@ impl Engine {
                     return;
                 }
                 self.stats.migrations_forced += 1;
-                self.start_sw_migration(id, path, Some(r));
+                // A "moved" comes from a peer already on the path; a request, from
+                // one that moves only once we answer.
+                let peer = if m.intent == MigrateIntent::Moved {
+                    PeerOnPath::There
+                } else {
+                    PeerOnPath::Follows
+                };
+                self.start_sw_migration(id, path, Some(r), peer);
             }
             MigrationMode::Hardware => self.follow_peer(id, path, r),
         }
@@ -693,6 +714,7 @@ impl Engine {
                 // "I am on the path" from the peer we moved for: it followed.
                 if a.ok {
                     self.peer_followed(id);
+                    self.tell_peer_there(id);
                 }
                 return;
             }
@@ -734,9 +756,15 @@ impl Engine {
             // The peer moved onto our alternate, which therefore works: follow it.
             match c.mode {
                 MigrationMode::Hardware => self.force_migration(id, MoveReason::PeerMoved),
-                MigrationMode::Software => self.start_sw_migration(id, m.path, None),
+                MigrationMode::Software => {
+                    self.start_sw_migration(id, m.path, None, PeerOnPath::There)
+                }
             }
             return;
+        }
+        if !probe && a.ok {
+            // The answer to our "moved": the peer runs on our primary.
+            self.tell_peer_there(id);
         }
         self.set_phase(id, Phase::Idle);
         self.after_phase(id);

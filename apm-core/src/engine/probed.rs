@@ -16,6 +16,7 @@
 //! for its peer's answer (`move_at_once`), unless the path is held for flapping or the
 //! connection moved on its own word within the last second.
 
+use super::conn::PeerOnPath;
 use super::Engine;
 use crate::engine::timers::TimerKey;
 use crate::io::{Cause, MigrateIntent};
@@ -159,7 +160,7 @@ impl Engine {
             return;
         };
         self.send(alt.port, PeerAddr::far_end(&alt), msg);
-        self.start_sw_migration(id, alt, None);
+        self.start_sw_migration(id, alt, None, PeerOnPath::Follows);
     }
 
     /// [`Engine::probe_paths`], for the prober to watch exactly those from now on. A

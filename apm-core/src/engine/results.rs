@@ -1,7 +1,9 @@
 //! Results of commands: the next step of whatever phase awaited them, reconciling the
 //! engine's view with a queried QP, and SA subscription bookkeeping.
 
-use super::conn::{Alternate, InFlight, InFlightKind, MoveReason, Moved, Phase, Responder};
+use super::conn::{
+    Alternate, InFlight, InFlightKind, MoveReason, Moved, PeerOnPath, Phase, Responder,
+};
 use super::timers::TimerKey;
 use super::{Engine, Pending, Subscription};
 use crate::io::{
@@ -32,6 +34,12 @@ impl Engine {
                 if let Err(e) = result {
                     // Retransmission timers cover lost sends; nothing else to do.
                     debug!(error = %e, "peer send failed");
+                }
+            }
+            Pending::Hint => {
+                if let Err(e) = result {
+                    // The provider's own deadline releases what it held.
+                    debug!(error = %e, "hint to the provider failed");
                 }
             }
             Pending::Subscribe(port) => {
@@ -151,8 +159,11 @@ impl Engine {
                 path, responder, ..
             } => self.loaded_to_follow(id, path, responder, result),
             Phase::SwMigrating {
-                path, responder, ..
-            } => self.sw_migration_done(id, path, responder, result),
+                path,
+                responder,
+                peer,
+                ..
+            } => self.sw_migration_done(id, path, responder, peer, result),
             Phase::Querying { .. } => match result {
                 Ok(CommandOutcome::Qp(snap)) => {
                     self.set_phase(id, Phase::Idle);
@@ -283,10 +294,14 @@ impl Engine {
         id: ConnId,
         path: Path,
         responder: Option<Responder>,
+        peer: PeerOnPath,
         result: Result<CommandOutcome, ProviderError>,
     ) {
         let Err(e) = result else {
             self.sw_migrated(id, path, responder);
+            if peer == PeerOnPath::ArrivedMeanwhile {
+                self.tell_peer_there(id);
+            }
             return;
         };
         warn!(%id, error = %e, "software migration failed");

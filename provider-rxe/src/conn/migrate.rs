@@ -36,11 +36,22 @@ enum Drain {
 impl RcConn {
     /// Move the primary path to `av`. A live QP drains (SQD) for at most `grace`, or not
     /// at all when its sends have already made no progress for that long; otherwise, or
-    /// when it is in ERR, it is re-initialised (see the module docs). Returns true when
-    /// the QP was re-initialised.
-    pub async fn migrate(&self, av: AddressVector, grace: Duration) -> Result<bool, ConnError> {
+    /// when it is in ERR, it is re-initialised (see the module docs), its replay sent
+    /// as `replay` says. Returns true when the QP was re-initialised.
+    pub async fn migrate(
+        &self,
+        av: AddressVector,
+        grace: Duration,
+        replay: Replay,
+    ) -> Result<bool, ConnError> {
         let t0 = Instant::now();
         let _one = self.migration.lock().await;
+        {
+            // Still holding for the peer of the last move: post it, and this move
+            // flushes and replays it with everything else.
+            let mut g = self.lock();
+            self.release_held(&mut g, Released::Migration);
+        }
         let waited_for_lock = t0.elapsed();
         if waited_for_lock > Duration::from_millis(50) {
             info!(
@@ -61,7 +72,7 @@ impl RcConn {
         let state = self.qp.query(QpAttrMask::STATE)?.qp_state;
         debug!(qpn = self.qp_num(), ?state, ?stuck_for, query = ?t_query.elapsed(), "migration starts");
         let result = if matches!(state, QpState::Err | QpState::Sqe) || self.lock().failed {
-            self.reinit(av, ToErr::Wait).await.map(|()| true)
+            self.reinit(av, ToErr::Wait, replay).await.map(|()| true)
         } else if stuck_for.is_some_and(|d| d >= grace) {
             // The old path has acknowledged nothing for a grace already: a drain would
             // wait for the retransmit timer.
@@ -70,21 +81,26 @@ impl RcConn {
                 ?stuck_for,
                 "no acknowledgement on the old path: re-initialising"
             );
-            self.reinit(av, ToErr::Force).await.map(|()| true)
+            self.reinit(av, ToErr::Force, replay).await.map(|()| true)
         } else {
-            self.drain_or_reinit(av, grace).await
+            self.drain_or_reinit(av, grace, replay).await
         };
         self.end_migration(result)
     }
 
     /// Drain and move; re-initialise when the drain does not end within `grace`, or
     /// failed with the QP in ERR; resume on the old path when the new one was refused.
-    async fn drain_or_reinit(&self, av: AddressVector, grace: Duration) -> Result<bool, ConnError> {
+    async fn drain_or_reinit(
+        &self,
+        av: AddressVector,
+        grace: Duration,
+        replay: Replay,
+    ) -> Result<bool, ConnError> {
         match self.drain_and_move(av, grace).await {
             Ok(Drain::Moved) => Ok(false),
             Ok(Drain::NotInTime) => {
                 info!(qpn = self.qp_num(), ?grace, "not drained within the grace: the old path does not acknowledge; re-initialising");
-                self.reinit(av, ToErr::Force).await.map(|()| true)
+                self.reinit(av, ToErr::Force, replay).await.map(|()| true)
             }
             Err(e) => {
                 // The QP may have failed under the drain: re-initialising still works.
@@ -104,7 +120,7 @@ impl RcConn {
                     Err(e)
                 } else if matches!(now, Ok(QpState::Err)) {
                     warn!(qpn = self.qp_num(), error = %e, "drain failed with the QP in ERR: re-initialising");
-                    self.reinit(av, ToErr::Wait).await.map(|()| true)
+                    self.reinit(av, ToErr::Wait, replay).await.map(|()| true)
                 } else {
                     Err(e)
                 }
@@ -112,15 +128,21 @@ impl RcConn {
         }
     }
 
-    /// Back to running after a migration: sends held meanwhile go out now, in order.
+    /// Back to running after a migration: sends held meanwhile go out now, in order,
+    /// unless the replay is held for the peer (they wait behind it).
     fn end_migration(&self, result: Result<bool, ConnError>) -> Result<bool, ConnError> {
         let mut g = self.lock();
-        g.mode = Mode::Running;
+        let for_peer = result.is_ok() && matches!(g.mode, Mode::AwaitingPeer { .. });
+        if !for_peer {
+            g.mode = Mode::Running;
+        }
         g.last_progress = Instant::now();
         g.reported_at = None;
         g.migrated_at = Some(Instant::now());
         if result.is_ok() {
             g.failed = false;
+        }
+        if result.is_ok() && !for_peer {
             while let Some(wr) = g.held.pop_front() {
                 if let Err(e) = self.post_now(&mut g, wr) {
                     g.held.push_front(wr);
@@ -198,8 +220,8 @@ impl RcConn {
     /// The QP is in ERR: collect the flushes, RESET, flush the route cache, INIT
     /// (receives again) -> RTR (new AV, own receive PSN) -> RTS (send PSN of the oldest
     /// unacknowledged send), flush the route cache again, replay the unacknowledged
-    /// sends.
-    async fn reinit(&self, av: AddressVector, how: ToErr) -> Result<(), ConnError> {
+    /// sends, or hold them for the peer (`Replay::WhenPeerThere`, see [`super::hold`]).
+    async fn reinit(&self, av: AddressVector, how: ToErr, when: Replay) -> Result<(), ConnError> {
         let t0 = Instant::now();
         let forced = self.settle_in_err(how).await?;
         let t_err = t0.elapsed();
@@ -253,6 +275,7 @@ impl RcConn {
         g.stats.flushed_sends += replay.iter().filter(|w| !w.kick).count() as u64;
         g.next_psn = first_psn;
         g.failed = false;
+        let hold = when == Replay::WhenPeerThere && !replay.is_empty();
         info!(
             qpn = self.qp_num(),
             err_sq_psn = q.sq_psn,
@@ -260,12 +283,24 @@ impl RcConn {
             rq_psn = q.rq_psn,
             first_psn,
             replayed = replay.len(),
+            held_for_peer = hold,
             reposted_recvs = recvs.len(),
             ?t_err,
             ?t_flushed,
             took = ?t0.elapsed(),
             "re-initialised the QP on the new path"
         );
+        if hold {
+            // In PSN order ahead of the sends held during the move; nothing else is
+            // posted until they go (`release_held`).
+            for wr in replay.iter().rev() {
+                g.held.push_front(*wr);
+            }
+            g.mode = Mode::AwaitingPeer {
+                since: Instant::now(),
+            };
+            return Ok(());
+        }
         // Kicks too: each took a PSN, and every later send must keep its own.
         for wr in &replay {
             self.post_now(&mut g, *wr)?;
@@ -379,7 +414,8 @@ impl RcConn {
     pub async fn repair(&self, grace: Duration) -> Result<(), ConnError> {
         let av = self.qp.query(QpAttrMask::AV)?.ah_attr;
         self.lock().failed = true;
-        self.migrate(av, grace).await.map(|_| ())
+        // The peer is on this path already.
+        self.migrate(av, grace, Replay::Now).await.map(|_| ())
     }
 }
 
@@ -399,6 +435,8 @@ impl RcConn {
     /// requester retransmits from there at once. Kicks are zero-length RDMA writes; none
     /// is posted while `KICK_ROOM - 2` are outstanding.
     pub async fn nudge(&self) {
+        // A replay held for the peer goes when it is there: nudges start after.
+        self.await_release().await;
         let moved_at = Instant::now();
         let acked_then = self.lock().acked;
         for ms in NUDGE_AT_MS {

@@ -14,7 +14,10 @@
 //! - flush completions of that work are swallowed and counted ([`ConnStats`]): the
 //!   application sees each message's completion once, or not at all if it never
 //!   completed, and learns what was flushed and replayed from the stats;
-//! - while a migration runs, new sends are held and posted right after it.
+//! - while a migration runs, new sends are held and posted right after it;
+//! - a re-initialisation that moves before the peer does (`Replay::WhenPeerThere`) holds
+//!   its replay, and new sends behind it, until the peer is there: see
+//!   [`RcConn::peer_there`].
 //!
 //! It also feeds the progress monitor ([`crate::facet`]): when outstanding sends stop
 //! completing for longer than the stall timeout, or a send fails, the path is reported
@@ -31,6 +34,7 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
 
+mod hold;
 mod migrate;
 mod stall;
 
@@ -148,6 +152,35 @@ enum Mode {
     Running,
     /// A migration runs: sends are held.
     Migrating,
+    /// Re-initialised on a path the peer has not moved to yet: the replay waits at the
+    /// front of `held`, new sends behind it, until the peer is there.
+    AwaitingPeer { since: Instant },
+}
+
+/// When a re-initialisation's replay goes out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Replay {
+    /// At once: the peer runs on the new path already.
+    Now,
+    /// Once the peer runs there too (see [`RcConn::peer_there`]). Sent before, it would
+    /// be dropped by the peer's QP, and rxe would send it again only at its retransmit
+    /// timer: a PSN-sequence NAK does not make it retransmit once that timer has fired
+    /// since the last acknowledgement, not even across a RESET.
+    WhenPeerThere,
+}
+
+/// Why sends held for the peer were released.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Released {
+    /// The engine heard from the peer that it runs on our path.
+    PeerSaid,
+    /// A message from the peer arrived over the new path (rxe takes RC packets only
+    /// from the QP's primary address, so the peer has moved).
+    PeerSent,
+    /// No word within the follow wait.
+    Deadline,
+    /// Another migration starts: it replays them itself.
+    Migration,
 }
 
 #[derive(Debug)]
@@ -193,6 +226,8 @@ pub struct RcConn {
     /// `IBV_EVENT_SQ_DRAINED` count, bumped by the facet's event hook.
     drained: AtomicU64,
     drained_notify: tokio::sync::Notify,
+    /// Woken when sends held for the peer are released.
+    released_notify: tokio::sync::Notify,
     /// One migration (or repair) at a time.
     migration: tokio::sync::Mutex<()>,
 }
@@ -271,6 +306,7 @@ impl RcConn {
             pending: Mutex::new(Vec::new()),
             drained: AtomicU64::new(0),
             drained_notify: tokio::sync::Notify::new(),
+            released_notify: tokio::sync::Notify::new(),
             migration: tokio::sync::Mutex::new(()),
         })
     }
@@ -444,7 +480,7 @@ impl RcConn {
             kick: false,
             flushed: false,
         };
-        if g.mode == Mode::Migrating || g.failed {
+        if g.mode != Mode::Running || g.failed {
             g.stats.held_sends += 1;
             g.held.push_back(wr);
             return Ok(());
@@ -538,6 +574,7 @@ impl RcConn {
                 if let Some(p) = g.recvs.iter().position(|r| r.wr_id == wc.wr_id) {
                     g.recvs.remove(p);
                 }
+                self.release_held(&mut g, Released::PeerSent);
                 out.push(Completion {
                     wr_id: wc.wr_id,
                     recv: true,
@@ -558,7 +595,8 @@ impl RcConn {
         let mut g = self.lock();
         let g = &mut *g;
         let view = StallView {
-            migrating: g.mode == Mode::Migrating,
+            // Held for the peer counts as moving: bounded by the follow wait.
+            migrating: g.mode != Mode::Running,
             failed: g.failed,
             outstanding: !g.outstanding.is_empty(),
             last_progress: g.last_progress,

@@ -22,7 +22,7 @@ impl QpOp {
             CommandOp::LoadAlternate { conn, path } => QpOp::Load(conn, path),
             CommandOp::SetRearm { conn } => QpOp::Rearm(conn),
             CommandOp::ForceMigrate { conn } => QpOp::Force(conn),
-            CommandOp::SoftwareMigrate { conn, path } => QpOp::Software(conn, path),
+            CommandOp::SoftwareMigrate { conn, path, .. } => QpOp::Software(conn, path),
             CommandOp::QueryQp { conn } => QpOp::Query(conn),
             _ => return None,
         })
@@ -238,6 +238,9 @@ impl Sim {
                 self.send_peer(host, port, to, msg);
                 self.complete(host, reply, Ok(CommandOutcome::Done));
             }
+            // The simulated QP moves at once and drops nothing, so it never holds
+            // sends for a peer: the hint has nothing to release.
+            CommandOp::PeerThere { .. } => self.complete(host, reply, Ok(CommandOutcome::Done)),
             CommandOp::ResolvePaths { port, dgid } => {
                 self.sa_request(host, reply, port, Some(dgid))
             }

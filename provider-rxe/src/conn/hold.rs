@@ -1,0 +1,128 @@
+//! Holding a re-initialisation's replay until the peer has followed.
+//!
+//! A QP that moves first, before its peer has heard of the move, sends its replay into
+//! a drop: the peer's QP takes RC packets only from its own primary address, still the
+//! old path's. What the peer dropped goes again only when our requester retries, and on
+//! rxe the peer's PSN-sequence NAK, which would make it retry at once, is ignored while
+//! a retry the retransmit timer started is unanswered (`comp.started_retry`, which
+//! neither an ACK-less RESET nor a modify clears). After any silent cut longer than one
+//! ACK timeout that is the case, and the replay waited a whole ACK timeout more (67 ms
+//! at 14). So the first mover holds its replay, and the sends posted after it, until
+//! the peer is there:
+//! - the engine says so ([`RcConn::peer_there`]: the peer's "moved", or its answer to
+//!   ours);
+//! - or a message from the peer arrives over the new path (the peer's own replay: it
+//!   has moved);
+//! - or, failing both, one ACK timeout after the move, when rxe's timer would have
+//!   retried anyway (so a lost word costs no more than not holding did).
+//!
+//! The side that moves second (the peer asked, or said it had moved) replays at once.
+
+use super::*;
+
+/// The shortest and longest wait for the peer, whatever the ACK timeout says.
+const FOLLOW_WAIT_MIN: Duration = Duration::from_millis(10);
+const FOLLOW_WAIT_MAX: Duration = Duration::from_millis(500);
+
+impl RcConn {
+    /// The peer runs on our primary path now: send what was held for it. A no-op when
+    /// nothing is held.
+    pub fn peer_there(&self) {
+        let mut g = self.lock();
+        self.release_held(&mut g, Released::PeerSaid);
+    }
+
+    /// True while a re-initialisation's replay waits for the peer.
+    pub fn holding_for_peer(&self) -> bool {
+        matches!(self.lock().mode, Mode::AwaitingPeer { .. })
+    }
+
+    /// Post what was held for the peer, replay first, if anything is; true if it was.
+    pub(super) fn release_held(&self, g: &mut Inner, why: Released) -> bool {
+        let Mode::AwaitingPeer { since } = g.mode else {
+            return false;
+        };
+        g.mode = Mode::Running;
+        let now = Instant::now();
+        // The wait was ours, not the path's: the stall monitor starts again.
+        g.last_progress = now;
+        g.migrated_at = Some(now);
+        let held = g.held.len();
+        while let Some(wr) = g.held.pop_front() {
+            if let Err(e) = self.post_now(g, wr) {
+                // The QP failed under us: the monitor sees the failed send and moves
+                // or repairs it, replaying what is outstanding and held.
+                g.held.push_front(wr);
+                g.failed = true;
+                warn!(qpn = self.qp_num(), error = %e, "posting the held sends failed");
+                break;
+            }
+        }
+        let level_info = why != Released::Migration;
+        if level_info {
+            info!(qpn = self.qp_num(), ?why, held, waited = ?now.saturating_duration_since(since), "sends held for the peer released");
+        } else {
+            debug!(qpn = self.qp_num(), held, "sends held for the peer released for another migration");
+        }
+        self.released_notify.notify_waiters();
+        true
+    }
+
+    /// While the replay is held for the peer, wait for it to be released; release it
+    /// at the follow wait's end.
+    pub(super) async fn await_release(&self) {
+        let deadline = {
+            let g = self.lock();
+            let Mode::AwaitingPeer { since } = g.mode else {
+                return;
+            };
+            since + follow_wait(g.params.as_ref())
+        };
+        loop {
+            // Created before the check, so a release in between still wakes it.
+            let released = self.released_notify.notified();
+            {
+                let mut g = self.lock();
+                if !matches!(g.mode, Mode::AwaitingPeer { .. }) {
+                    return;
+                }
+                if Instant::now() >= deadline {
+                    self.release_held(&mut g, Released::Deadline);
+                    return;
+                }
+            }
+            let _ = tokio::time::timeout_at(deadline.into(), released).await;
+        }
+    }
+}
+
+/// How long a first mover holds its replay without word from the peer: one ACK timeout
+/// (4.096 us x 2^timeout: docs/iba-facts.md, section 7), the time rxe's own retry
+/// would have taken.
+fn follow_wait(params: Option<&ConnectParams>) -> Duration {
+    let timeout = params.map_or(14, |p| p.timeout).min(31);
+    Duration::from_nanos(4096u64 << timeout).clamp(FOLLOW_WAIT_MIN, FOLLOW_WAIT_MAX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn follow_wait_is_one_ack_timeout_within_bounds() {
+        let p = |timeout| ConnectParams {
+            remote_qpn: 1,
+            remote_psn: 0,
+            local_psn: 0,
+            mtu: Mtu::Mtu1024,
+            timeout,
+            retry_cnt: 7,
+            rnr_retry: 7,
+        };
+        assert_eq!(follow_wait(Some(&p(14))), Duration::from_nanos(4096 << 14));
+        assert_eq!(follow_wait(Some(&p(1))), FOLLOW_WAIT_MIN);
+        assert_eq!(follow_wait(Some(&p(20))), FOLLOW_WAIT_MAX);
+        assert_eq!(follow_wait(Some(&p(255))), FOLLOW_WAIT_MAX);
+        assert_eq!(follow_wait(None), Duration::from_nanos(4096 << 14));
+    }
+}
