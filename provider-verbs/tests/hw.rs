@@ -722,7 +722,7 @@ fn facet_reports_ports_and_events_and_refuses_hw_apm_on_roce() {
                 }
             }
             assert!(matches!(
-                facet.software_migrate(conn, path).await,
+                facet.software_migrate(conn, path, true).await,
                 Err(ProviderError::Unsupported { .. })
             ));
         }

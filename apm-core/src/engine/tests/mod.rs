@@ -6,6 +6,7 @@ mod harness;
 mod hostile_peer;
 mod lifecycle;
 mod move_at_once;
+mod peer_there;
 mod probed;
 mod properties;
 mod rearm;

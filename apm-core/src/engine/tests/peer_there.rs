@@ -1,0 +1,93 @@
+//! The word that the peer is there: a software move made before the peer has followed
+//! (`SoftwareMigrate` with `peer_there: false`: the provider may hold its replay) is
+//! always followed by `PeerThere` once the engine hears that the peer runs on the
+//! path; a move made after the peer's needs no word, and hardware QPs get none.
+
+use super::harness::{ends, qp_event, Node, Pair};
+use crate::io::{CommandOp, Input, QpEvent};
+use crate::probe::FailureKind;
+use crate::types::MigrationMode;
+
+/// A software pair armed on rail 2, both sides' rail-2 sessions up.
+fn software_pair() -> Pair {
+    let mut p = Pair::new();
+    p.protect_mode(1, MigrationMode::Software);
+    p.run_for(1000);
+    for node in ['a', 'b'] {
+        p.input(
+            node,
+            Input::PathUp {
+                ends: ends(node, 2, 2),
+            },
+        );
+    }
+    p.a.clear_log();
+    p.b.clear_log();
+    p
+}
+
+/// The `peer_there` of each software move of `n`, in order, and whether a `PeerThere`
+/// came after the last move made before the peer.
+fn moves(n: &Node) -> (Vec<bool>, bool) {
+    let ops = n.ops();
+    let flags = ops
+        .iter()
+        .filter_map(|o| match o {
+            CommandOp::SoftwareMigrate { peer_there, .. } => Some(*peer_there),
+            _ => None,
+        })
+        .collect();
+    let last_early = ops
+        .iter()
+        .rposition(|o| matches!(o, CommandOp::SoftwareMigrate { peer_there: false, .. }));
+    let told = last_early.is_none_or(|i| {
+        ops[i..]
+            .iter()
+            .any(|o| matches!(o, CommandOp::PeerThere { .. }))
+    });
+    (flags, told)
+}
+
+#[test]
+fn the_side_asked_to_move_first_holds_and_hears_when_the_asker_followed() {
+    // A stall asks first: B moves on A's request, A follows B's answer.
+    let mut p = software_pair();
+    qp_event(&mut p, 'a', 1, QpEvent::PrimaryStalled);
+    p.run_for(1000);
+    assert_eq!(moves(&p.b), (vec![false], true), "{:?}", p.b.op_names());
+    assert_eq!(moves(&p.a), (vec![true], true), "{:?}", p.a.op_names());
+}
+
+#[test]
+fn a_side_moving_at_once_and_its_peer_both_hear() {
+    // A's own rail died with rail 2 probed alive: A moves at once and asks B in the
+    // same breath, so neither is on rail 2 when the other's move starts.
+    let mut p = software_pair();
+    p.input(
+        'a',
+        Input::PathDown {
+            ends: ends('a', 1, 1),
+            kind: FailureKind::LocalPort,
+        },
+    );
+    p.run_for(1000);
+    for n in [&p.a, &p.b] {
+        let (flags, told) = moves(n);
+        assert_eq!(flags.len(), 1, "{:?}", n.op_names());
+        assert!(told, "{:?}", n.op_names());
+    }
+    assert_eq!(moves(&p.a).0, vec![false]);
+}
+
+#[test]
+fn hardware_connections_get_no_word() {
+    let mut p = Pair::new();
+    p.protect_mode(1, MigrationMode::Hardware);
+    p.run_for(1000);
+    qp_event(&mut p, 'a', 1, QpEvent::PrimaryStalled);
+    p.run_for(1000);
+    assert!(p.a.op_count("force_migrate") > 0, "{:?}", p.a.op_names());
+    for n in [&p.a, &p.b] {
+        assert_eq!(n.op_count("peer_there"), 0, "{:?}", n.op_names());
+    }
+}
