@@ -44,8 +44,11 @@ impl QpControl for FakeQp {
     async fn force_migrate(&self, _: ConnId) -> Result<(), ProviderError> {
         Err(ProviderError::unsupported("fake", Operation::ForceMigrate))
     }
-    async fn software_migrate(&self, _: ConnId, path: Path) -> Result<(), ProviderError> {
+    async fn software_migrate(&self, _: ConnId, path: Path, _: bool) -> Result<(), ProviderError> {
         self.moved_to.lock().expect("not poisoned").push(path);
+        Ok(())
+    }
+    async fn peer_there(&self, _: ConnId) -> Result<(), ProviderError> {
         Ok(())
     }
     async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError> {

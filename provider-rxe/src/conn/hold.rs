@@ -7,8 +7,9 @@
 //! a retry the retransmit timer started is unanswered (`comp.started_retry`, which
 //! neither an ACK-less RESET nor a modify clears). After any silent cut longer than one
 //! ACK timeout that is the case, and the replay waited a whole ACK timeout more (67 ms
-//! at 14). So the first mover holds its replay, and the sends posted after it, until
-//! the peer is there:
+//! at 14). So a first mover whose sends have waited that long (rxe's timer has fired:
+//! [`retry_marked`]) holds its replay, and the sends posted after it, until the peer
+//! is there:
 //! - the engine says so ([`RcConn::peer_there`]: the peer's "moved", or its answer to
 //!   ours);
 //! - or a message from the peer arrives over the new path (the peer's own replay: it
@@ -16,7 +17,10 @@
 //! - or, failing both, one ACK timeout after the move, when rxe's timer would have
 //!   retried anyway (so a lost word costs no more than not holding did).
 //!
-//! The side that moves second (the peer asked, or said it had moved) replays at once.
+//! The side that moves second (the peer asked, or said it had moved) replays at once, and
+//! so does a first mover whose timer has not fired (a link down found within an ACK
+//! timeout): the peer's NAK, drawn by the nudges once it has followed, is quicker than
+//! any word.
 
 use super::*;
 
@@ -96,12 +100,23 @@ impl RcConn {
     }
 }
 
-/// How long a first mover holds its replay without word from the peer: one ACK timeout
-/// (4.096 us x 2^timeout: docs/iba-facts.md, section 7), the time rxe's own retry
-/// would have taken.
+/// How long a first mover holds its replay without word from the peer: one ACK timeout,
+/// the time rxe's own retry would have taken.
 fn follow_wait(params: Option<&ConnectParams>) -> Duration {
-    let timeout = params.map_or(14, |p| p.timeout).min(31);
-    Duration::from_nanos(4096u64 << timeout).clamp(FOLLOW_WAIT_MIN, FOLLOW_WAIT_MAX)
+    ack_timeout(params.map_or(14, |p| p.timeout)).clamp(FOLLOW_WAIT_MIN, FOLLOW_WAIT_MAX)
+}
+
+/// True when rxe ignores PSN-sequence NAKs on this QP until an acknowledgement: sends
+/// unacknowledged for `waited`, one ACK timeout or more, mean its retransmit timer has
+/// fired since the last ACK, and that marks a retry as started (docs/iba-facts.md,
+/// section 4). `None`: nothing was outstanding.
+pub(super) fn retry_marked(params: &ConnectParams, waited: Option<Duration>) -> bool {
+    waited.is_some_and(|w| w >= ack_timeout(params.timeout))
+}
+
+/// The local ACK timeout, 4.096 us x 2^timeout (docs/iba-facts.md, section 7).
+fn ack_timeout(timeout: u8) -> Duration {
+    Duration::from_nanos(4096u64 << timeout.min(31))
 }
 
 #[cfg(test)]
@@ -124,5 +139,21 @@ mod tests {
         assert_eq!(follow_wait(Some(&p(20))), FOLLOW_WAIT_MAX);
         assert_eq!(follow_wait(Some(&p(255))), FOLLOW_WAIT_MAX);
         assert_eq!(follow_wait(None), Duration::from_nanos(4096 << 14));
+    }
+
+    #[test]
+    fn the_retry_mark_needs_one_ack_timeout_without_progress() {
+        let p = ConnectParams {
+            remote_qpn: 1,
+            remote_psn: 0,
+            local_psn: 0,
+            mtu: Mtu::Mtu1024,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+        };
+        assert!(!retry_marked(&p, None));
+        assert!(!retry_marked(&p, Some(Duration::from_millis(40))));
+        assert!(retry_marked(&p, Some(Duration::from_millis(68))));
     }
 }

@@ -223,6 +223,10 @@ impl RcConn {
     /// sends, or hold them for the peer (`Replay::WhenPeerThere`, see [`super::hold`]).
     async fn reinit(&self, av: AddressVector, how: ToErr, when: Replay) -> Result<(), ConnError> {
         let t0 = Instant::now();
+        let waited = {
+            let g = self.lock();
+            (!g.outstanding.is_empty()).then(|| g.last_progress.elapsed())
+        };
         let forced = self.settle_in_err(how).await?;
         let t_err = t0.elapsed();
         self.collect_flushes().await?;
@@ -275,7 +279,9 @@ impl RcConn {
         g.stats.flushed_sends += replay.iter().filter(|w| !w.kick).count() as u64;
         g.next_psn = first_psn;
         g.failed = false;
-        let hold = when == Replay::WhenPeerThere && !replay.is_empty();
+        let hold = when == Replay::WhenPeerThere
+            && !replay.is_empty()
+            && super::hold::retry_marked(&params, waited);
         info!(
             qpn = self.qp_num(),
             err_sq_psn = q.sq_psn,

@@ -162,10 +162,11 @@ enum Mode {
 pub enum Replay {
     /// At once: the peer runs on the new path already.
     Now,
-    /// Once the peer runs there too (see [`RcConn::peer_there`]). Sent before, it would
-    /// be dropped by the peer's QP, and rxe would send it again only at its retransmit
-    /// timer: a PSN-sequence NAK does not make it retransmit once that timer has fired
-    /// since the last acknowledgement, not even across a RESET.
+    /// Once the peer runs there too (see [`RcConn::peer_there`]), if rxe's retransmit
+    /// timer has fired since the last acknowledgement. Sent before, the replay would be
+    /// dropped by the peer's QP, and rxe would send it again only at its next timer: a
+    /// PSN-sequence NAK does not make it retransmit after such a timer, not even across
+    /// a RESET. Otherwise as `Now`: the nudges draw the peer's NAK once it follows.
     WhenPeerThere,
 }
 
