@@ -66,7 +66,10 @@ impl RcConn {
         if level_info {
             info!(qpn = self.qp_num(), ?why, held, waited = ?now.saturating_duration_since(since), "sends held for the peer released");
         } else {
-            debug!(qpn = self.qp_num(), held, "sends held for the peer released for another migration");
+            debug!(
+                qpn = self.qp_num(),
+                held, "sends held for the peer released for another migration"
+            );
         }
         self.released_notify.notify_waiters();
         true
@@ -106,12 +109,17 @@ fn follow_wait(params: Option<&ConnectParams>) -> Duration {
     ack_timeout(params.map_or(14, |p| p.timeout)).clamp(FOLLOW_WAIT_MIN, FOLLOW_WAIT_MAX)
 }
 
-/// True when rxe ignores PSN-sequence NAKs on this QP until an acknowledgement: sends
-/// unacknowledged for `waited`, one ACK timeout or more, mean its retransmit timer has
-/// fired since the last ACK, and that marks a retry as started (docs/iba-facts.md,
-/// section 4). `None`: nothing was outstanding.
+/// True when rxe may ignore PSN-sequence NAKs on this QP until an acknowledgement:
+/// sends unacknowledged for `waited`, about one ACK timeout or more, mean its
+/// retransmit timer has fired since the last ACK, and that marks a retry as started
+/// (docs/iba-facts.md, section 4). `None`: nothing was outstanding. The timer cannot
+/// have fired sooner than one timeout after the last acknowledgement, as rxe arms it in
+/// whole jiffies rounded down (64 ms for the 67 ms of timeout 14 at 250 Hz, 60 at
+/// 100 Hz): an eighth off covers that. A hold not needed costs a message from the peer;
+/// a replay not held when it was, a whole ACK timeout.
 pub(super) fn retry_marked(params: &ConnectParams, waited: Option<Duration>) -> bool {
-    waited.is_some_and(|w| w >= ack_timeout(params.timeout))
+    let timer = ack_timeout(params.timeout);
+    waited.is_some_and(|w| w >= timer - timer / 8)
 }
 
 /// The local ACK timeout, 4.096 us x 2^timeout (docs/iba-facts.md, section 7).
@@ -154,6 +162,8 @@ mod tests {
         };
         assert!(!retry_marked(&p, None));
         assert!(!retry_marked(&p, Some(Duration::from_millis(40))));
+        assert!(!retry_marked(&p, Some(Duration::from_millis(55))));
+        assert!(retry_marked(&p, Some(Duration::from_millis(59))));
         assert!(retry_marked(&p, Some(Duration::from_millis(68))));
     }
 }

@@ -154,7 +154,9 @@ enum Mode {
     Migrating,
     /// Re-initialised on a path the peer has not moved to yet: the replay waits at the
     /// front of `held`, new sends behind it, until the peer is there.
-    AwaitingPeer { since: Instant },
+    AwaitingPeer {
+        since: Instant,
+    },
 }
 
 /// When a re-initialisation's replay goes out.

@@ -37,9 +37,15 @@ fn moves(n: &Node) -> (Vec<bool>, bool) {
             _ => None,
         })
         .collect();
-    let last_early = ops
-        .iter()
-        .rposition(|o| matches!(o, CommandOp::SoftwareMigrate { peer_there: false, .. }));
+    let last_early = ops.iter().rposition(|o| {
+        matches!(
+            o,
+            CommandOp::SoftwareMigrate {
+                peer_there: false,
+                ..
+            }
+        )
+    });
     let told = last_early.is_none_or(|i| {
         ops[i..]
             .iter()
