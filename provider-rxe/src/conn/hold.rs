@@ -36,11 +36,6 @@ impl RcConn {
         self.release_held(&mut g, Released::PeerSaid);
     }
 
-    /// True while a re-initialisation's replay waits for the peer.
-    pub fn holding_for_peer(&self) -> bool {
-        matches!(self.lock().mode, Mode::AwaitingPeer { .. })
-    }
-
     /// Post what was held for the peer, replay first, if anything is; true if it was.
     pub(super) fn release_held(&self, g: &mut Inner, why: Released) -> bool {
         let Mode::AwaitingPeer { since } = g.mode else {
@@ -131,9 +126,9 @@ fn ack_timeout(timeout: u8) -> Duration {
 mod tests {
     use super::*;
 
-    #[test]
-    fn follow_wait_is_one_ack_timeout_within_bounds() {
-        let p = |timeout| ConnectParams {
+    /// A connection's parameters with ACK timeout `timeout`.
+    fn p(timeout: u8) -> ConnectParams {
+        ConnectParams {
             remote_qpn: 1,
             remote_psn: 0,
             local_psn: 0,
@@ -141,7 +136,11 @@ mod tests {
             timeout,
             retry_cnt: 7,
             rnr_retry: 7,
-        };
+        }
+    }
+
+    #[test]
+    fn follow_wait_is_one_ack_timeout_within_bounds() {
         assert_eq!(follow_wait(Some(&p(14))), Duration::from_nanos(4096 << 14));
         assert_eq!(follow_wait(Some(&p(1))), FOLLOW_WAIT_MIN);
         assert_eq!(follow_wait(Some(&p(20))), FOLLOW_WAIT_MAX);
@@ -151,15 +150,7 @@ mod tests {
 
     #[test]
     fn the_retry_mark_needs_one_ack_timeout_without_progress() {
-        let p = ConnectParams {
-            remote_qpn: 1,
-            remote_psn: 0,
-            local_psn: 0,
-            mtu: Mtu::Mtu1024,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-        };
+        let p = p(14);
         assert!(!retry_marked(&p, None));
         assert!(!retry_marked(&p, Some(Duration::from_millis(40))));
         assert!(!retry_marked(&p, Some(Duration::from_millis(55))));

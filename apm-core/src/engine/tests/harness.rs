@@ -431,6 +431,26 @@ impl Pair {
 }
 
 /// Both sides protect connection 1 and are armed; the bench with logs cleared.
+/// A software pair, armed on rail 2; with `alive`, both sides' rail-2 sessions are up.
+pub fn software_pair(alive: bool) -> Pair {
+    let mut p = Pair::new();
+    p.protect_mode(1, MigrationMode::Software);
+    p.run_for(1000);
+    if alive {
+        for node in ['a', 'b'] {
+            p.input(
+                node,
+                Input::PathUp {
+                    ends: ends(node, 2, 2),
+                },
+            );
+        }
+    }
+    p.a.clear_log();
+    p.b.clear_log();
+    p
+}
+
 pub fn armed_pair() -> Pair {
     let mut p = Pair::new();
     p.protect(1);

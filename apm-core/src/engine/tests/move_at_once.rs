@@ -3,30 +3,10 @@
 //! peer in the same breath; without that evidence, for a probe verdict or for a stall,
 //! it asks first.
 
-use super::harness::{ends, path, qp_event, spec, Pair};
+use super::harness::{ends, path, qp_event, software_pair, spec, Pair};
 use crate::io::{CommandOp, Input, Migrate, MigrateIntent, PeerMsg, QpEvent};
 use crate::probe::FailureKind;
 use crate::types::{ConnId, MigrationMode};
-
-/// A software pair, armed on rail 2; with `alive`, both sides' rail-2 sessions are up.
-fn pair(alive: bool) -> Pair {
-    let mut p = Pair::new();
-    p.protect_mode(1, MigrationMode::Software);
-    p.run_for(1000);
-    if alive {
-        for node in ['a', 'b'] {
-            p.input(
-                node,
-                Input::PathUp {
-                    ends: ends(node, 2, 2),
-                },
-            );
-        }
-    }
-    p.a.clear_log();
-    p.b.clear_log();
-    p
-}
 
 fn rail_1_dies_at_a(p: &mut Pair, kind: FailureKind) {
     p.input(
@@ -62,7 +42,7 @@ fn both_on_rail_2(p: &Pair) -> bool {
 
 #[test]
 fn a_dead_local_rail_with_a_probed_alternate_moves_at_once_and_the_peer_follows() {
-    let mut p = pair(true);
+    let mut p = software_pair(true);
     rail_1_dies_at_a(&mut p, FailureKind::LocalPort);
     assert_eq!(before_an_answer(&p), (1, true), "{:?}", p.a.op_names());
     p.run_for(1000);
@@ -74,7 +54,7 @@ fn a_dead_local_rail_with_a_probed_alternate_moves_at_once_and_the_peer_follows(
 
 #[test]
 fn both_sides_finding_the_failure_together_each_move_once() {
-    let mut p = pair(true);
+    let mut p = software_pair(true);
     rail_1_dies_at_a(&mut p, FailureKind::LocalPort);
     p.input(
         'b',
@@ -93,20 +73,20 @@ fn both_sides_finding_the_failure_together_each_move_once() {
 #[test]
 fn without_probe_evidence_or_for_a_stall_the_peer_is_asked_first() {
     // No session up on rail 2: ask, move when B answers.
-    let mut p = pair(false);
+    let mut p = software_pair(false);
     rail_1_dies_at_a(&mut p, FailureKind::LocalPort);
     assert_eq!(before_an_answer(&p), (0, true));
     p.run_for(1000);
     assert!(both_on_rail_2(&p));
     // A stall proves nothing about the primary, and a probe verdict may be a starved
     // host's mistake: ask first even with rail 2 probed.
-    let mut p = pair(true);
+    let mut p = software_pair(true);
     qp_event(&mut p, 'a', 1, QpEvent::PrimaryStalled);
     assert_eq!(before_an_answer(&p), (0, true));
     p.run_for(1000);
     assert!(both_on_rail_2(&p));
     for kind in [FailureKind::Fabric, FailureKind::PeerPort] {
-        let mut p = pair(true);
+        let mut p = software_pair(true);
         rail_1_dies_at_a(&mut p, kind);
         assert_eq!(before_an_answer(&p), (0, true), "{kind:?}");
         p.run_for(1000);
@@ -133,7 +113,7 @@ fn without_probe_evidence_or_for_a_stall_the_peer_is_asked_first() {
 
 #[test]
 fn a_session_the_prober_stopped_watching_is_no_evidence() {
-    let mut p = pair(true);
+    let mut p = software_pair(true);
     // The only connection goes, and the prober follows the engine's paths: none.
     let now = p.now;
     p.a.engine.unprotect(now, ConnId(1)).expect("unprotect");
@@ -152,7 +132,7 @@ fn a_session_the_prober_stopped_watching_is_no_evidence() {
 
 #[test]
 fn a_second_move_within_a_second_and_a_held_alternate_wait_for_the_peer() {
-    let mut p = pair(true);
+    let mut p = software_pair(true);
     rail_1_dies_at_a(&mut p, FailureKind::LocalPort);
     p.run_for(200);
     assert!(both_on_rail_2(&p));
@@ -176,7 +156,7 @@ fn a_second_move_within_a_second_and_a_held_alternate_wait_for_the_peer() {
     p.run_for(1000);
     assert!(p.a.status(1).primary.same_route(&path('a', 1, 1)));
     // Held for flapping: up enough to move onto when the primary dies, but asked first.
-    let mut p = pair(true);
+    let mut p = software_pair(true);
     let until = p.now.plus(std::time::Duration::from_secs(5));
     p.input(
         'a',

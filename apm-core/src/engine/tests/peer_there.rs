@@ -3,28 +3,10 @@
 //! always followed by `PeerThere` once the engine hears that the peer runs on the
 //! path; a move made after the peer's needs no word, and hardware QPs get none.
 
-use super::harness::{ends, qp_event, Node, Pair};
+use super::harness::{ends, qp_event, software_pair, Node, Pair};
 use crate::io::{CommandOp, Input, QpEvent};
 use crate::probe::FailureKind;
 use crate::types::MigrationMode;
-
-/// A software pair armed on rail 2, both sides' rail-2 sessions up.
-fn software_pair() -> Pair {
-    let mut p = Pair::new();
-    p.protect_mode(1, MigrationMode::Software);
-    p.run_for(1000);
-    for node in ['a', 'b'] {
-        p.input(
-            node,
-            Input::PathUp {
-                ends: ends(node, 2, 2),
-            },
-        );
-    }
-    p.a.clear_log();
-    p.b.clear_log();
-    p
-}
 
 /// The `peer_there` of each software move of `n`, in order, and whether a `PeerThere`
 /// came after the last move made before the peer.
@@ -57,7 +39,7 @@ fn moves(n: &Node) -> (Vec<bool>, bool) {
 #[test]
 fn the_side_asked_to_move_first_holds_and_hears_when_the_asker_followed() {
     // A stall asks first: B moves on A's request, A follows B's answer.
-    let mut p = software_pair();
+    let mut p = software_pair(true);
     qp_event(&mut p, 'a', 1, QpEvent::PrimaryStalled);
     p.run_for(1000);
     assert_eq!(moves(&p.b), (vec![false], true), "{:?}", p.b.op_names());
@@ -68,7 +50,7 @@ fn the_side_asked_to_move_first_holds_and_hears_when_the_asker_followed() {
 fn a_side_moving_at_once_and_its_peer_both_hear() {
     // A's own rail died with rail 2 probed alive: A moves at once and asks B in the
     // same breath, so neither is on rail 2 when the other's move starts.
-    let mut p = software_pair();
+    let mut p = software_pair(true);
     p.input(
         'a',
         Input::PathDown {
