@@ -238,6 +238,10 @@ impl RcConn {
             .lock()
             .params
             .ok_or(ConnError::Invalid("the connection was never connected"))?;
+        // The connection's lock from RESET until the receives are back: rxe refuses a
+        // receive posted to a QP below INIT (EINVAL), and the application posts its
+        // receives from its own thread while the move runs.
+        let mut g = self.lock();
         self.qp.modify(&reset(), QpAttrMask::STATE)?;
         // Flush before INIT, not only after RTS: a QP in RTR answers (ACK, NAK) and
         // rxe sends those by the route it cached on the QP's socket, the old path's
@@ -247,7 +251,6 @@ impl RcConn {
         // more per move in the VM). Nothing is sent between RESET and RTR.
         crate::route::flush_route_cache();
         self.to_init()?;
-        let mut g = self.lock();
         let recvs: Vec<RecvWr> = g.recvs.iter().copied().collect();
         self.repost(&recvs)?;
         let replay: Vec<SendWr> = g.outstanding.drain(..).collect();
@@ -394,6 +397,8 @@ impl RcConn {
         replay: &[SendWr],
         first_psn: u32,
     ) -> Result<(), ConnError> {
+        // Locked from RESET on, as in `reinit`: no receive may reach the QP below INIT.
+        let mut g = self.lock();
         let back = self
             .qp
             .modify(&reset(), QpAttrMask::STATE)
@@ -401,7 +406,6 @@ impl RcConn {
             .and_then(|()| self.to_init())
             .and_then(|()| self.to_rtr(params, q.ah_attr, q.rq_psn))
             .and_then(|()| self.to_rts(params, first_psn));
-        let mut g = self.lock();
         if back.is_ok() {
             self.repost(recvs)?;
             g.next_psn = first_psn;
