@@ -207,6 +207,11 @@ fn stage_share(spec: &RunSpec, share: &Path) -> Result<()> {
 /// qemu booting `image` with the share mounted, console on stdout.
 fn qemu_command(image: &Image, spec: &RunSpec, share: &Path) -> Command {
     let mut cmd = Command::new("qemu-system-x86_64");
+    // TCG, not KVM: the build machines are themselves guests with a `/dev/kvm` that
+    // creates VMs and vCPUs, but a guest kernel on it never got past its decompressor
+    // (90 s, with `-cpu host` and `-cpu max` alike), and an accelerator that hangs the
+    // boot costs the whole boot timeout. A probe that starts an empty KVM machine passes
+    // there, so it cannot tell.
     cmd.args([
         "-accel",
         "tcg,thread=multi",
