@@ -234,14 +234,13 @@ impl RcConn {
         let q = self
             .qp
             .query(QpAttrMask::STATE | QpAttrMask::RQ_PSN | QpAttrMask::SQ_PSN | QpAttrMask::AV)?;
-        let params = self
-            .lock()
-            .params
-            .ok_or(ConnError::Invalid("the connection was never connected"))?;
         // The connection's lock from RESET until the receives are back: rxe refuses a
         // receive posted to a QP below INIT (EINVAL), and the application posts its
         // receives from its own thread while the move runs.
         let mut g = self.lock();
+        let params = g
+            .params
+            .ok_or(ConnError::Invalid("the connection was never connected"))?;
         self.qp.modify(&reset(), QpAttrMask::STATE)?;
         // Flush before INIT, not only after RTS: a QP in RTR answers (ACK, NAK) and
         // rxe sends those by the route it cached on the QP's socket, the old path's
