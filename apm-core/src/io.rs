@@ -187,16 +187,13 @@ pub enum CommandOp {
         conn: ConnId,
         /// The path to move to.
         path: Path,
-        /// The peer already runs on `path` (it moved first and said so). When false it
-        /// follows only once it hears of this move, and drops what reaches it before
-        /// (RoCE takes an RC packet only from the QP's primary address): a provider
-        /// may hold the sends it replays until [`CommandOp::PeerThere`] or the peer's
-        /// first packet on `path`, rather than send them into that drop.
+        /// Where the peer is as the move starts: what the provider may do with the
+        /// sends it replays.
         #[serde(default)]
-        peer_there: bool,
+        peer: PeerMove,
     },
     /// The peer now runs on the connection's primary too: sends a provider held back
-    /// after a `SoftwareMigrate` with `peer_there: false` may go. A hint, not a QP
+    /// after a `SoftwareMigrate` whose peer had not moved yet may go. A hint, not a QP
     /// operation: answered at once, and ignored where nothing is held.
     PeerThere {
         /// The connection.
@@ -362,8 +359,9 @@ pub struct Mra {
     pub service_timeout: u8,
 }
 
-/// Path migration between peers: "I moved to `path`, follow me", or (hardware APM,
-/// before a forced migration) "move to `path` first, I follow on your answer".
+/// Path migration between peers: "I moved to `path`, follow me", "move to `path`
+/// first, I follow on your answer", or (software, own port dead) "I am moving to `path`
+/// now, follow me".
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Migrate {
     /// The sender's comm id.
@@ -372,7 +370,7 @@ pub struct Migrate {
     pub receiver_comm_id: u32,
     /// The path, from the sender's point of view.
     pub path: Path,
-    /// Whether the sender runs on `path` already.
+    /// Whether the sender runs on `path` already, moves there now, or waits for us.
     pub intent: MigrateIntent,
 }
 
@@ -384,6 +382,29 @@ pub enum MigrateIntent {
     /// The sender's primary died and the path is its armed alternate: move there
     /// first (which proves the path works), and the sender follows on the answer.
     Probe,
+    /// The sender's own port under the primary died and the path is probed alive: it
+    /// is moving there now, without waiting for an answer, and says "moved" once there.
+    /// Follow it; the answer says we are there.
+    Moving,
+}
+
+/// Where the peer of a software migration is as the move starts. RoCE takes an RC
+/// packet only from the QP's primary address, so what reaches a peer that has not moved
+/// yet is dropped; a provider may hold the sends it replays rather than send them into
+/// that drop, until [`CommandOp::PeerThere`] or the peer's first packet on the new path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub enum PeerMove {
+    /// The peer runs on the path already (it moved first and said so, or answered our
+    /// request by moving): send at once.
+    Done,
+    /// The peer moves only once it hears of this move (it asked us to move first).
+    #[default]
+    After,
+    /// The peer is moving there now as well ([`MigrateIntent::Moving`], ours or its
+    /// own), and either may finish first: hold the replay until
+    /// [`CommandOp::PeerThere`] or the peer's first packet on the path, whatever the
+    /// provider's own reasons to hold or not.
+    Alongside,
 }
 
 /// Software migration answer.

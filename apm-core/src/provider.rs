@@ -63,13 +63,13 @@ pub trait QpControl: Send + Sync + 'static {
     async fn set_rearm(&self, conn: ConnId) -> Result<MigState, ProviderError>;
     /// Force MIGRATED.
     async fn force_migrate(&self, conn: ConnId) -> Result<(), ProviderError>;
-    /// Move the primary address vector to `path` (software migration); `peer_there`
-    /// as in [`CommandOp::SoftwareMigrate`].
+    /// Move the primary address vector to `path` (software migration); `peer` as in
+    /// [`CommandOp::SoftwareMigrate`].
     async fn software_migrate(
         &self,
         conn: ConnId,
         path: Path,
-        peer_there: bool,
+        peer: PeerMove,
     ) -> Result<(), ProviderError>;
     /// The peer runs on the connection's primary now ([`CommandOp::PeerThere`]).
     async fn peer_there(&self, conn: ConnId) -> Result<(), ProviderError>;
@@ -144,13 +144,9 @@ impl<Q: QpControl, C: PeerChannel, F: FabricService> Provider for Stack<Q, C, F>
                 .force_migrate(conn)
                 .await
                 .map(|()| CommandOutcome::Done),
-            CommandOp::SoftwareMigrate {
-                conn,
-                path,
-                peer_there,
-            } => self
+            CommandOp::SoftwareMigrate { conn, path, peer } => self
                 .qp
-                .software_migrate(conn, path, peer_there)
+                .software_migrate(conn, path, peer)
                 .await
                 .map(|()| CommandOutcome::Done),
             CommandOp::PeerThere { conn } => self
@@ -198,9 +194,9 @@ impl<T: QpControl + ?Sized> QpControl for std::sync::Arc<T> {
         &self,
         conn: ConnId,
         path: Path,
-        peer_there: bool,
+        peer: PeerMove,
     ) -> Result<(), ProviderError> {
-        (**self).software_migrate(conn, path, peer_there).await
+        (**self).software_migrate(conn, path, peer).await
     }
     async fn peer_there(&self, conn: ConnId) -> Result<(), ProviderError> {
         (**self).peer_there(conn).await

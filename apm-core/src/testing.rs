@@ -241,7 +241,7 @@ impl QpControl for FakeQp {
         &self,
         _conn: ConnId,
         _path: Path,
-        _peer_there: bool,
+        _peer: PeerMove,
     ) -> Result<(), ProviderError> {
         Err(ProviderError::unsupported(
             "fake QP",
@@ -424,7 +424,8 @@ mod tests {
             );
             qp.add_qp(ConnId(1), path(1, 1));
             assert!(matches!(
-                qp.software_migrate(ConnId(1), path(2, 2), true).await,
+                qp.software_migrate(ConnId(1), path(2, 2), PeerMove::Done)
+                    .await,
                 Err(ProviderError::Unsupported { .. })
             ));
         });

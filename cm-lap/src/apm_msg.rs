@@ -28,10 +28,14 @@
 //! | 51     | 1    | PacketRate (low 6 bits, IBA encoding)                        |
 //! | 52     | 1    | PathMTU (IBA encoding, 1 = 256 .. 5 = 4096)                  |
 //! | 53     | 1    | LocalAckTimeout (low 5 bits)                                 |
-//! | 54     | 1    | Intent: 0 = moved (the sender runs on the path), 1 = probe   |
+//! | 54     | 1    | Intent: 0 = moved (the sender runs on the path), 1 = probe,  |
+//! |        |      | 2 = moving                                                   |
 //!
-//! A probe is sent by hardware-APM engines before a forced migration: the receiver
-//! moves first (which proves the path works) and the sender follows on its answer.
+//! A probe is sent before a forced migration or a software move: the receiver moves
+//! first (which proves the path works) and the sender follows on its answer. "Moving"
+//! is sent by a software engine whose own port under the primary died: it moves now
+//! and says "moved" once there; the receiver follows, and each side holds what it
+//! replays until it hears that the other is there.
 //! **MigrateAck** (attribute [`MIGRATE_ACK_ATTR`] = 0xA002): SenderCommID @0 (4),
 //! ReceiverCommID @4 (4), Status @8 (1): 0 = moved (or already there), 1 = refused.
 //!
@@ -185,6 +189,7 @@ pub fn decode_attribute(attr: AttributeId, d: &[u8], port: PortKey) -> Option<Pe
             intent: match *d.get(54)? {
                 0 => MigrateIntent::Moved,
                 1 => MigrateIntent::Probe,
+                2 => MigrateIntent::Moving,
                 _ => return None,
             },
         }),
@@ -299,6 +304,7 @@ fn migrate_data(m: &Migrate) -> Result<Vec<u8>, EncodeError> {
     d[54] = match m.intent {
         MigrateIntent::Moved => 0,
         MigrateIntent::Probe => 1,
+        MigrateIntent::Moving => 2,
     };
     Ok(d)
 }
@@ -383,6 +389,12 @@ mod tests {
                 receiver_comm_id: 2,
                 path: path(),
                 intent: apm_core::MigrateIntent::Moved,
+            }),
+            PeerMsg::Migrate(Migrate {
+                sender_comm_id: 1,
+                receiver_comm_id: 2,
+                path: path(),
+                intent: apm_core::MigrateIntent::Moving,
             }),
             PeerMsg::MigrateAck(MigrateAck {
                 sender_comm_id: 2,

@@ -44,7 +44,12 @@ impl QpControl for FakeQp {
     async fn force_migrate(&self, _: ConnId) -> Result<(), ProviderError> {
         Err(ProviderError::unsupported("fake", Operation::ForceMigrate))
     }
-    async fn software_migrate(&self, _: ConnId, path: Path, _: bool) -> Result<(), ProviderError> {
+    async fn software_migrate(
+        &self,
+        _: ConnId,
+        path: Path,
+        _: apm_core::PeerMove,
+    ) -> Result<(), ProviderError> {
         self.moved_to.lock().expect("not poisoned").push(path);
         Ok(())
     }

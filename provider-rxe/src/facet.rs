@@ -28,8 +28,8 @@
 use crate::adopt::AdoptedQp;
 use crate::conn::{RcConn, Replay};
 use apm_core::{
-    ConnId, Gid, Input, InputSink, MigState, Operation, Path, ProviderError, QpControl, QpEvent,
-    QpSnapshot, Reason,
+    ConnId, Gid, Input, InputSink, MigState, Operation, Path, PeerMove, ProviderError, QpControl,
+    QpEvent, QpSnapshot, Reason,
 };
 use async_trait::async_trait;
 use provider_verbs::facet::reason as verbs_reason;
@@ -378,7 +378,7 @@ impl QpControl for RxeQpControl {
         &self,
         conn: ConnId,
         path: Path,
-        peer_there: bool,
+        peer: PeerMove,
     ) -> Result<(), ProviderError> {
         let started = Instant::now();
         let managed = self.conn(conn)?;
@@ -402,10 +402,10 @@ impl QpControl for RxeQpControl {
                 };
             }
         };
-        let replay = if peer_there {
-            Replay::Now
-        } else {
-            Replay::WhenPeerThere
+        let replay = match peer {
+            PeerMove::Done => Replay::Now,
+            PeerMove::After => Replay::WhenPeerThere,
+            PeerMove::Alongside => Replay::WhenPeerSends,
         };
         match rc.migrate(av, self.config.drain_grace, replay).await {
             Ok(reinit) => {
@@ -486,7 +486,7 @@ mod tests {
         }
         // Unknown connections are named, not guessed.
         assert_eq!(
-            facet.software_migrate(conn, path, true).await,
+            facet.software_migrate(conn, path, PeerMove::Done).await,
             Err(ProviderError::UnknownConnection(conn))
         );
         assert_eq!(path.dlid, Lid::from_wire(0));

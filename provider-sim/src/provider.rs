@@ -11,8 +11,8 @@
 use crate::sim::Sim;
 use apm_core::{
     CommandOp, CommandOutcome, ConnId, FabricService, Gid, Input, InputSink, MigState, Operation,
-    Path, PeerAddr, PeerChannel, PeerMsg, PortKey, ProviderError, QpControl, QpSnapshot, Reason,
-    Stack, Time,
+    Path, PeerAddr, PeerChannel, PeerMove, PeerMsg, PortKey, ProviderError, QpControl, QpSnapshot,
+    Reason, Stack, Time,
 };
 use async_trait::async_trait;
 use std::sync::{Arc, Mutex};
@@ -179,15 +179,11 @@ impl QpControl for SimProvider {
         &self,
         conn: ConnId,
         path: Path,
-        peer_there: bool,
+        peer: PeerMove,
     ) -> Result<(), ProviderError> {
-        self.exec(CommandOp::SoftwareMigrate {
-            conn,
-            path,
-            peer_there,
-        })
-        .await
-        .map(|_| ())
+        self.exec(CommandOp::SoftwareMigrate { conn, path, peer })
+            .await
+            .map(|_| ())
     }
 
     async fn peer_there(&self, conn: ConnId) -> Result<(), ProviderError> {

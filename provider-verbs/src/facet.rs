@@ -392,7 +392,7 @@ impl QpControl for VerbsQpControl {
         &self,
         _conn: ConnId,
         _path: Path,
-        _peer_there: bool,
+        _peer: apm_core::PeerMove,
     ) -> Result<(), ProviderError> {
         Err(ProviderError::Unsupported {
             provider: NAME,

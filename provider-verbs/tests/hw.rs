@@ -722,7 +722,9 @@ fn facet_reports_ports_and_events_and_refuses_hw_apm_on_roce() {
                 }
             }
             assert!(matches!(
-                facet.software_migrate(conn, path, true).await,
+                facet
+                    .software_migrate(conn, path, apm_core::PeerMove::Done)
+                    .await,
                 Err(ProviderError::Unsupported { .. })
             ));
         }

@@ -1,7 +1,7 @@
 //! Per-connection state: the paths as the engine believes the QP holds them, and the
 //! phase of whatever the engine is doing for the connection.
 
-use crate::io::{Cause, Command, CommandId, CommandOp, Lap, PeerMsg, UnprotectedReason};
+use crate::io::{Cause, Command, CommandId, CommandOp, Lap, PeerMove, PeerMsg, UnprotectedReason};
 use crate::types::{
     ConnId, ConnSpec, Gid, MigState, MigrationMode, Path, PeerAddr, PortKey, Qpn, Role, Time,
 };
@@ -118,9 +118,32 @@ pub(crate) enum PeerOnPath {
     /// It follows once it hears of our move, and drops what reaches it before: the
     /// provider may hold its replay until told (`CommandOp::PeerThere`).
     Follows,
+    /// It moves there now as we do (one side's `Migrate` "moving",
+    /// `Engine::tell_and_move`), and either may finish first: the provider holds its
+    /// replay until the peer is there (its "moved", its answer to our "moving", or its
+    /// first packet on the path).
+    Alongside,
     /// It said it had moved while our move was under way: tell the provider once ours
     /// is done.
     ArrivedMeanwhile,
+}
+
+impl PeerOnPath {
+    /// What the provider is told of the peer ([`CommandOp::SoftwareMigrate`]).
+    pub(crate) fn as_command(self) -> PeerMove {
+        match self {
+            PeerOnPath::There | PeerOnPath::ArrivedMeanwhile => PeerMove::Done,
+            PeerOnPath::Follows => PeerMove::After,
+            PeerOnPath::Alongside => PeerMove::Alongside,
+        }
+    }
+
+    /// Still moving when the peer said it had arrived: it is `ArrivedMeanwhile` now.
+    pub(crate) fn peer_arrived(&mut self) {
+        if matches!(self, PeerOnPath::Follows | PeerOnPath::Alongside) {
+            *self = PeerOnPath::ArrivedMeanwhile;
+        }
+    }
 }
 
 /// What the engine is doing for a connection. Only one thing at a time: a second reason
@@ -247,7 +270,7 @@ impl Phase {
                 CommandOp::SoftwareMigrate {
                     conn,
                     path,
-                    peer_there: peer != PeerOnPath::Follows,
+                    peer: peer.as_command(),
                 },
             ),
             Phase::Querying { cmd } => (cmd, CommandOp::QueryQp { conn }),

@@ -464,7 +464,7 @@ impl Engine {
         let op = CommandOp::SoftwareMigrate {
             conn: id,
             path,
-            peer_there: peer != PeerOnPath::Follows,
+            peer: peer.as_command(),
         };
         let cmd = self.issue_qp(id, op);
         self.replace_phase(

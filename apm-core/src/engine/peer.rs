@@ -511,11 +511,17 @@ impl Engine {
         if path.same_route(&c.primary) {
             // Already there (the HCA followed the peer's MigReq, or a retransmission).
             self.answer_moved(id, r);
-            if m.intent == MigrateIntent::Moved {
-                // The peer runs where we do: what `AwaitFollow` waits for, and what
-                // a provider holding its replay for the peer waits for.
-                self.peer_followed(id);
-                self.tell_peer_there(id);
+            match m.intent {
+                MigrateIntent::Moved => {
+                    // The peer runs where we do: what `AwaitFollow` waits for, and
+                    // what a provider holding its replay for the peer waits for.
+                    self.peer_followed(id);
+                    self.tell_peer_there(id);
+                }
+                // The peer is on its way, not there: what we replay still waits for
+                // its "moved" or its first packet. Our answer tells it that we are
+                // there, so its own replay goes as soon as its move is done.
+                MigrateIntent::Moving | MigrateIntent::Probe => {}
             }
             return;
         }
@@ -523,13 +529,12 @@ impl Engine {
             Phase::SwMigrating { path: p, .. } if p.same_route(&path) => {
                 if m.intent == MigrateIntent::Moved {
                     // The peer is there before our move is done: tell the provider
-                    // once it is (`sw_migration_done`).
+                    // once it is (`sw_migration_done`). A "moving" says only that it
+                    // is on its way too: its "moved" follows its move.
                     if let Some(Phase::SwMigrating { peer, .. }) =
                         self.conns.get_mut(&id).and_then(|c| c.phase_mut())
                     {
-                        if *peer == PeerOnPath::Follows {
-                            *peer = PeerOnPath::ArrivedMeanwhile;
-                        }
+                        peer.peer_arrived();
                     }
                 }
                 return; // Moving there already; the answer follows.
@@ -566,12 +571,15 @@ impl Engine {
                     return;
                 }
                 self.stats.migrations_forced += 1;
-                // A "moved" comes from a peer already on the path; a request, from
-                // one that moves only once we answer.
-                let peer = if m.intent == MigrateIntent::Moved {
-                    PeerOnPath::There
-                } else {
-                    PeerOnPath::Follows
+                // A "moved" comes from a peer already on the path; a "moving" from one
+                // moving there as we do, which may finish after us (our replay would go
+                // into its drop), so we hold ours as it holds its own, each until the
+                // other is there; a request comes from one that moves only once we
+                // answer.
+                let peer = match m.intent {
+                    MigrateIntent::Moved => PeerOnPath::There,
+                    MigrateIntent::Moving => PeerOnPath::Alongside,
+                    MigrateIntent::Probe => PeerOnPath::Follows,
                 };
                 self.start_sw_migration(id, path, Some(r), peer);
             }
@@ -715,6 +723,19 @@ impl Engine {
                 if a.ok {
                     self.peer_followed(id);
                     self.tell_peer_there(id);
+                }
+                return;
+            }
+            Phase::SwMigrating {
+                peer: PeerOnPath::Alongside,
+                ..
+            } if a.ok => {
+                // The answer to our "moving": the peer runs on the path we are moving
+                // to. Tell the provider once our move is done (`sw_migration_done`).
+                if let Some(Phase::SwMigrating { peer, .. }) =
+                    self.conns.get_mut(&id).and_then(|c| c.phase_mut())
+                {
+                    peer.peer_arrived();
                 }
                 return;
             }

@@ -153,14 +153,19 @@ impl Engine {
         c.mode == MigrationMode::Software && known_dead && !settling && self.probed_alive(alt)
     }
 
-    /// Ask the peer to move `id` onto `alt` (`Migrate`, sent once: our own `Migrate`
-    /// "moved" follows our move and is retransmitted until answered) and move now.
+    /// Tell the peer that `id` is moving onto `alt` now (`Migrate` "moving", sent once:
+    /// our own `Migrate` "moved" follows our move and is retransmitted until answered)
+    /// and move. The peer moves on it and sends at once when there; our provider holds
+    /// its replay until that first packet (`PeerMove::Alongside`), so neither side's
+    /// replay goes into the other's drop: rxe's retransmit timer armed before the move
+    /// still runs after it, and once it fires on a replay sent too early, the peer's
+    /// sequence NAK is ignored until the next (docs/iba-facts.md, section 4).
     pub(super) fn tell_and_move(&mut self, id: ConnId, alt: Path) {
-        let Some(msg) = self.migrate_msg(id, alt, MigrateIntent::Probe) else {
+        let Some(msg) = self.migrate_msg(id, alt, MigrateIntent::Moving) else {
             return;
         };
         self.send(alt.port, PeerAddr::far_end(&alt), msg);
-        self.start_sw_migration(id, alt, None, PeerOnPath::Follows);
+        self.start_sw_migration(id, alt, None, PeerOnPath::Alongside);
     }
 
     /// [`Engine::probe_paths`], for the prober to watch exactly those from now on. A

@@ -9,11 +9,17 @@
 //! ACK timeout that is the case, and the replay waited a whole ACK timeout more (67 ms
 //! at 14). So a first mover whose sends have waited that long (rxe's timer has fired:
 //! [`retry_marked`]) holds its replay, and the sends posted after it, until the peer
-//! is there:
+//! is there. So does a side whose peer moves at the same time (`Replay::WhenPeerSends`),
+//! whatever the timer did: rxe's timer armed before the move survives the RESET and
+//! fires at its old expiry, starting that retry if a replay sent too early is still
+//! outstanding then, and firing harmlessly on an empty send queue if it is held. The
+//! hold ends when:
 //! - the engine says so ([`RcConn::peer_there`]: the peer's "moved", or its answer to
 //!   ours);
 //! - or a message from the peer arrives over the new path (the peer's own replay: it
-//!   has moved);
+//!   has moved), or any packet of its in sequence, seen as the QP's receive PSN moving
+//!   (an RDMA write or a kick completes no receive; the PSN is read every
+//!   [`PSN_WATCH`]);
 //! - or, failing both, one ACK timeout after the move, when rxe's timer would have
 //!   retried anyway (so a lost word costs no more than not holding did).
 //!
@@ -28,6 +34,10 @@ use super::*;
 const FOLLOW_WAIT_MIN: Duration = Duration::from_millis(10);
 const FOLLOW_WAIT_MAX: Duration = Duration::from_millis(500);
 
+/// How often a held replay's QP is asked for its receive PSN: a query is a system call,
+/// and the peer's sends, when it has any, release the hold at once anyway.
+const PSN_WATCH: Duration = Duration::from_millis(4);
+
 impl RcConn {
     /// The peer runs on our primary path now: send what was held for it. A no-op when
     /// nothing is held.
@@ -38,7 +48,7 @@ impl RcConn {
 
     /// Post what was held for the peer, replay first, if anything is; true if it was.
     pub(super) fn release_held(&self, g: &mut Inner, why: Released) -> bool {
-        let Mode::AwaitingPeer { since } = g.mode else {
+        let Mode::AwaitingPeer { since, .. } = g.mode else {
             return false;
         };
         g.mode = Mode::Running;
@@ -71,21 +81,30 @@ impl RcConn {
     }
 
     /// While the replay is held for the peer, wait for it to be released; release it
-    /// at the follow wait's end.
+    /// when the QP's receive PSN moves, or at the follow wait's end.
     pub(super) async fn await_release(&self) {
-        let deadline = {
+        let (deadline, rq_psn) = {
             let g = self.lock();
-            let Mode::AwaitingPeer { since } = g.mode else {
+            let Mode::AwaitingPeer { since, rq_psn } = g.mode else {
                 return;
             };
-            since + follow_wait(g.params.as_ref())
+            (since + follow_wait(g.params.as_ref()), rq_psn)
         };
         loop {
             // Created before the check, so a release in between still wakes it.
             let released = self.released_notify.notified();
+            // Asked outside the lock: the application's posts do not wait on the query.
+            let arrived = self
+                .qp
+                .query(QpAttrMask::RQ_PSN)
+                .is_ok_and(|a| a.rq_psn != rq_psn);
             {
                 let mut g = self.lock();
                 if !matches!(g.mode, Mode::AwaitingPeer { .. }) {
+                    return;
+                }
+                if arrived {
+                    self.release_held(&mut g, Released::PeerPacket);
                     return;
                 }
                 if Instant::now() >= deadline {
@@ -93,7 +112,8 @@ impl RcConn {
                     return;
                 }
             }
-            let _ = tokio::time::timeout_at(deadline.into(), released).await;
+            let wake = deadline.min(Instant::now() + PSN_WATCH);
+            let _ = tokio::time::timeout_at(wake.into(), released).await;
         }
     }
 }
@@ -102,6 +122,16 @@ impl RcConn {
 /// the time rxe's own retry would have taken.
 fn follow_wait(params: Option<&ConnectParams>) -> Duration {
     ack_timeout(params.map_or(14, |p| p.timeout)).clamp(FOLLOW_WAIT_MIN, FOLLOW_WAIT_MAX)
+}
+
+/// Whether a re-initialisation holds its (non-empty) replay for the peer, `waited` being
+/// how long its sends had gone unacknowledged (see the module docs).
+pub(super) fn holds_replay(when: Replay, params: &ConnectParams, waited: Option<Duration>) -> bool {
+    match when {
+        Replay::Now => false,
+        Replay::WhenPeerThere => retry_marked(params, waited),
+        Replay::WhenPeerSends => true,
+    }
 }
 
 /// True when rxe may ignore PSN-sequence NAKs on this QP until an acknowledgement:
@@ -156,5 +186,22 @@ mod tests {
         assert!(!retry_marked(&p, Some(Duration::from_millis(55))));
         assert!(retry_marked(&p, Some(Duration::from_millis(59))));
         assert!(retry_marked(&p, Some(Duration::from_millis(68))));
+    }
+
+    #[test]
+    fn a_move_alongside_the_peer_holds_whatever_the_timer_did() {
+        let p = p(14);
+        for waited in [
+            None,
+            Some(Duration::from_millis(5)),
+            Some(Duration::from_millis(68)),
+        ] {
+            assert!(holds_replay(Replay::WhenPeerSends, &p, waited));
+            assert!(!holds_replay(Replay::Now, &p, waited));
+            assert_eq!(
+                holds_replay(Replay::WhenPeerThere, &p, waited),
+                retry_marked(&p, waited)
+            );
+        }
     }
 }

@@ -281,9 +281,7 @@ impl RcConn {
         g.stats.flushed_sends += replay.iter().filter(|w| !w.kick).count() as u64;
         g.next_psn = first_psn;
         g.failed = false;
-        let hold = when == Replay::WhenPeerThere
-            && !replay.is_empty()
-            && super::hold::retry_marked(&params, waited);
+        let hold = !replay.is_empty() && super::hold::holds_replay(when, &params, waited);
         info!(
             qpn = self.qp_num(),
             err_sq_psn = q.sq_psn,
@@ -306,6 +304,7 @@ impl RcConn {
             }
             g.mode = Mode::AwaitingPeer {
                 since: Instant::now(),
+                rq_psn: q.rq_psn,
             };
             return Ok(());
         }

@@ -15,9 +15,9 @@
 //!   application sees each message's completion once, or not at all if it never
 //!   completed, and learns what was flushed and replayed from the stats;
 //! - while a migration runs, new sends are held and posted right after it;
-//! - a re-initialisation that moves before the peer does (`Replay::WhenPeerThere`) holds
-//!   its replay, and new sends behind it, until the peer is there: see
-//!   [`RcConn::peer_there`].
+//! - a re-initialisation that moves before the peer does (`Replay::WhenPeerThere`,
+//!   `Replay::WhenPeerSends`) holds its replay, and new sends behind it, until the peer
+//!   is there: see [`RcConn::peer_there`].
 //!
 //! It also feeds the progress monitor ([`crate::facet`]): when outstanding sends stop
 //! completing for longer than the stall timeout, or a send fails, the path is reported
@@ -156,6 +156,9 @@ enum Mode {
     /// front of `held`, new sends behind it, until the peer is there.
     AwaitingPeer {
         since: Instant,
+        /// The receive PSN the QP was given at RTR: once it moves, a packet of the
+        /// peer's arrived in sequence over the new path.
+        rq_psn: u32,
     },
 }
 
@@ -170,6 +173,12 @@ pub enum Replay {
     /// PSN-sequence NAK does not make it retransmit after such a timer, not even across
     /// a RESET. Otherwise as `Now`: the nudges draw the peer's NAK once it follows.
     WhenPeerThere,
+    /// Once the peer runs there too, whatever the timer did: the peer moves at the same
+    /// time and may finish after us, and rxe's retransmit timer armed before the move
+    /// (a RESET leaves it running) would fire on a replay sent into the peer's drop,
+    /// start a retry and make rxe ignore the peer's NAK until the next timer. Held, the
+    /// timer fires on an empty send queue and does nothing.
+    WhenPeerSends,
 }
 
 /// Why sends held for the peer were released.
@@ -180,6 +189,9 @@ enum Released {
     /// A message from the peer arrived over the new path (rxe takes RC packets only
     /// from the QP's primary address, so the peer has moved).
     PeerSent,
+    /// The QP's receive PSN moved: the peer's packet arrived over the new path, one
+    /// that completes no receive (an RDMA write, a kick).
+    PeerPacket,
     /// No word within the follow wait.
     Deadline,
     /// Another migration starts: it replays them itself.

@@ -18,9 +18,9 @@ fn rail_1_dies_at_a(p: &mut Pair, kind: FailureKind) {
     );
 }
 
-/// What A did before any message of B's reached it: its software moves, and whether it
-/// asked B to move onto rail 2.
-fn before_an_answer(p: &Pair) -> (usize, bool) {
+/// What A did before any message of B's reached it: its software moves, and how it
+/// told B of rail 2 (`Probe`: move first; `Moving`: A moves now), if it did.
+fn before_an_answer(p: &Pair) -> (usize, Option<MigrateIntent>) {
     let rail_2 = path('a', 2, 2);
     let ops = p.a.ops();
     let moves = ops
@@ -29,8 +29,14 @@ fn before_an_answer(p: &Pair) -> (usize, bool) {
             |o| matches!(o, CommandOp::SoftwareMigrate { path: to, .. } if to.same_route(&rail_2)),
         )
         .count();
-    let asked = ops.iter().any(|o| {
-        matches!(o, CommandOp::SendPeer { msg: PeerMsg::Migrate(Migrate { path: to, intent: MigrateIntent::Probe, .. }), .. } if to.same_route(&rail_2))
+    let asked = ops.iter().find_map(|o| match o {
+        CommandOp::SendPeer {
+            msg: PeerMsg::Migrate(Migrate {
+                path: to, intent, ..
+            }),
+            ..
+        } if to.same_route(&rail_2) && *intent != MigrateIntent::Moved => Some(*intent),
+        _ => None,
     });
     (moves, asked)
 }
@@ -44,7 +50,12 @@ fn both_on_rail_2(p: &Pair) -> bool {
 fn a_dead_local_rail_with_a_probed_alternate_moves_at_once_and_the_peer_follows() {
     let mut p = software_pair(true);
     rail_1_dies_at_a(&mut p, FailureKind::LocalPort);
-    assert_eq!(before_an_answer(&p), (1, true), "{:?}", p.a.op_names());
+    assert_eq!(
+        before_an_answer(&p),
+        (1, Some(MigrateIntent::Moving)),
+        "{:?}",
+        p.a.op_names()
+    );
     p.run_for(1000);
     assert!(both_on_rail_2(&p));
     assert_eq!(p.a.op_count("software_migrate"), 1, "A moved once");
@@ -75,20 +86,24 @@ fn without_probe_evidence_or_for_a_stall_the_peer_is_asked_first() {
     // No session up on rail 2: ask, move when B answers.
     let mut p = software_pair(false);
     rail_1_dies_at_a(&mut p, FailureKind::LocalPort);
-    assert_eq!(before_an_answer(&p), (0, true));
+    assert_eq!(before_an_answer(&p), (0, Some(MigrateIntent::Probe)));
     p.run_for(1000);
     assert!(both_on_rail_2(&p));
     // A stall proves nothing about the primary, and a probe verdict may be a starved
     // host's mistake: ask first even with rail 2 probed.
     let mut p = software_pair(true);
     qp_event(&mut p, 'a', 1, QpEvent::PrimaryStalled);
-    assert_eq!(before_an_answer(&p), (0, true));
+    assert_eq!(before_an_answer(&p), (0, Some(MigrateIntent::Probe)));
     p.run_for(1000);
     assert!(both_on_rail_2(&p));
     for kind in [FailureKind::Fabric, FailureKind::PeerPort] {
         let mut p = software_pair(true);
         rail_1_dies_at_a(&mut p, kind);
-        assert_eq!(before_an_answer(&p), (0, true), "{kind:?}");
+        assert_eq!(
+            before_an_answer(&p),
+            (0, Some(MigrateIntent::Probe)),
+            "{kind:?}"
+        );
         p.run_for(1000);
         assert!(both_on_rail_2(&p), "{kind:?}");
     }

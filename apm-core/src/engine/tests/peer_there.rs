@@ -1,21 +1,22 @@
 //! The word that the peer is there: a software move made before the peer has followed
-//! (`SoftwareMigrate` with `peer_there: false`: the provider may hold its replay) is
-//! always followed by `PeerThere` once the engine hears that the peer runs on the
-//! path; a move made after the peer's needs no word, and hardware QPs get none.
+//! (`SoftwareMigrate` with `peer` `After` or `Alongside`: the provider may hold its
+//! replay) is always followed by `PeerThere` once the engine hears that the peer runs
+//! on the path; a move made after the peer's needs no word, and hardware QPs get none.
+//! A side told "moving" by a peer that moves at once sends at once (`Done`).
 
 use super::harness::{ends, qp_event, software_pair, Node, Pair};
-use crate::io::{CommandOp, Input, QpEvent};
+use crate::io::{CommandOp, Input, PeerMove, QpEvent};
 use crate::probe::FailureKind;
 use crate::types::MigrationMode;
 
-/// The `peer_there` of each software move of `n`, in order, and whether a `PeerThere`
-/// came after the last move made before the peer.
-fn moves(n: &Node) -> (Vec<bool>, bool) {
+/// The `peer` of each software move of `n`, in order, and whether a `PeerThere` came
+/// after the last move made before the peer.
+fn moves(n: &Node) -> (Vec<PeerMove>, bool) {
     let ops = n.ops();
     let flags = ops
         .iter()
         .filter_map(|o| match o {
-            CommandOp::SoftwareMigrate { peer_there, .. } => Some(*peer_there),
+            CommandOp::SoftwareMigrate { peer, .. } => Some(*peer),
             _ => None,
         })
         .collect();
@@ -23,7 +24,7 @@ fn moves(n: &Node) -> (Vec<bool>, bool) {
         matches!(
             o,
             CommandOp::SoftwareMigrate {
-                peer_there: false,
+                peer: PeerMove::After | PeerMove::Alongside,
                 ..
             }
         )
@@ -42,14 +43,25 @@ fn the_side_asked_to_move_first_holds_and_hears_when_the_asker_followed() {
     let mut p = software_pair(true);
     qp_event(&mut p, 'a', 1, QpEvent::PrimaryStalled);
     p.run_for(1000);
-    assert_eq!(moves(&p.b), (vec![false], true), "{:?}", p.b.op_names());
-    assert_eq!(moves(&p.a), (vec![true], true), "{:?}", p.a.op_names());
+    assert_eq!(
+        moves(&p.b),
+        (vec![PeerMove::After], true),
+        "{:?}",
+        p.b.op_names()
+    );
+    assert_eq!(
+        moves(&p.a),
+        (vec![PeerMove::Done], true),
+        "{:?}",
+        p.a.op_names()
+    );
 }
 
 #[test]
 fn a_side_moving_at_once_and_its_peer_both_hear() {
-    // A's own rail died with rail 2 probed alive: A moves at once and asks B in the
-    // same breath, so neither is on rail 2 when the other's move starts.
+    // A's own rail died with rail 2 probed alive: A moves at once and tells B in the
+    // same breath ("moving"), so neither is on rail 2 when the other's move starts, and
+    // either may finish first: both hold their replay until told the other is there.
     let mut p = software_pair(true);
     p.input(
         'a',
@@ -64,7 +76,33 @@ fn a_side_moving_at_once_and_its_peer_both_hear() {
         assert_eq!(flags.len(), 1, "{:?}", n.op_names());
         assert!(told, "{:?}", n.op_names());
     }
-    assert_eq!(moves(&p.a).0, vec![false]);
+    assert_eq!(moves(&p.a).0, vec![PeerMove::Alongside]);
+    assert_eq!(moves(&p.b).0, vec![PeerMove::Alongside]);
+}
+
+#[test]
+fn both_sides_seeing_their_rail_die_move_once_and_both_hear() {
+    // A link down seen at both ends (one cable): each moves at once and says "moving";
+    // the other's "moving" is no sign that it is there, its "moved" or answer is.
+    let mut p = software_pair(true);
+    for side in ['a', 'b'] {
+        p.input(
+            side,
+            Input::PathDown {
+                ends: ends(side, 1, 1),
+                kind: FailureKind::LocalPort,
+            },
+        );
+    }
+    p.run_for(1000);
+    for n in [&p.a, &p.b] {
+        assert_eq!(
+            moves(n),
+            (vec![PeerMove::Alongside], true),
+            "{:?}",
+            n.op_names()
+        );
+    }
 }
 
 #[test]
