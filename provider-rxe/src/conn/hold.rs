@@ -83,12 +83,12 @@ impl RcConn {
     /// While the replay is held for the peer, wait for it to be released; release it
     /// when the QP's receive PSN moves, or at the follow wait's end.
     pub(super) async fn await_release(&self) {
-        let (deadline, rq_psn) = {
+        let (since, deadline, rq_psn) = {
             let g = self.lock();
             let Mode::AwaitingPeer { since, rq_psn } = g.mode else {
                 return;
             };
-            (since + follow_wait(g.params.as_ref()), rq_psn)
+            (since, since + follow_wait(g.params.as_ref()), rq_psn)
         };
         loop {
             // Created before the check, so a release in between still wakes it.
@@ -100,7 +100,9 @@ impl RcConn {
                 .is_ok_and(|a| a.rq_psn != rq_psn);
             {
                 let mut g = self.lock();
-                if !matches!(g.mode, Mode::AwaitingPeer { .. }) {
+                // Released, or released and held again by a later move, which has a
+                // watch of its own (with its own PSN and deadline).
+                if !matches!(g.mode, Mode::AwaitingPeer { since: s, .. } if s == since) {
                     return;
                 }
                 if arrived {
