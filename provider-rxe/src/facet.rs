@@ -405,7 +405,7 @@ impl QpControl for RxeQpControl {
         let replay = match peer {
             PeerMove::Done => Replay::Now,
             PeerMove::After => Replay::WhenPeerThere,
-            PeerMove::Alongside => Replay::WhenPeerSends,
+            PeerMove::Alongside => Replay::HeldUntilPeerThere,
         };
         match rc.migrate(av, self.config.drain_grace, replay).await {
             Ok(reinit) => {

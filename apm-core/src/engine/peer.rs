@@ -531,11 +531,7 @@ impl Engine {
                     // The peer is there before our move is done: tell the provider
                     // once it is (`sw_migration_done`). A "moving" says only that it
                     // is on its way too: its "moved" follows its move.
-                    if let Some(Phase::SwMigrating { peer, .. }) =
-                        self.conns.get_mut(&id).and_then(|c| c.phase_mut())
-                    {
-                        peer.peer_arrived();
-                    }
+                    self.peer_arrived_during_move(id);
                 }
                 return; // Moving there already; the answer follows.
             }
@@ -617,6 +613,16 @@ impl Engine {
                 responder: r,
             },
         );
+    }
+
+    /// The peer runs on the path our software move of `id` goes to: tell the provider
+    /// once the move is done (`sw_migration_done`).
+    fn peer_arrived_during_move(&mut self, id: ConnId) {
+        if let Some(Phase::SwMigrating { peer, .. }) =
+            self.conns.get_mut(&id).and_then(|c| c.phase_mut())
+        {
+            peer.peer_arrived();
+        }
     }
 
     /// Answer the peer's `Migrate`: we run on the path it named.
@@ -732,11 +738,7 @@ impl Engine {
             } if a.ok => {
                 // The answer to our "moving": the peer runs on the path we are moving
                 // to. Tell the provider once our move is done (`sw_migration_done`).
-                if let Some(Phase::SwMigrating { peer, .. }) =
-                    self.conns.get_mut(&id).and_then(|c| c.phase_mut())
-                {
-                    peer.peer_arrived();
-                }
+                self.peer_arrived_during_move(id);
                 return;
             }
             Phase::Migrating {

@@ -155,10 +155,10 @@ impl Engine {
 
     /// Tell the peer that `id` is moving onto `alt` now (`Migrate` "moving", sent once:
     /// our own `Migrate` "moved" follows our move and is retransmitted until answered)
-    /// and move. The peer moves on it and sends at once when there; our provider holds
-    /// its replay until that first packet (`PeerMove::Alongside`), so neither side's
-    /// replay goes into the other's drop: rxe's retransmit timer armed before the move
-    /// still runs after it, and once it fires on a replay sent too early, the peer's
+    /// and move. The peer moves on it, and either may finish first: both providers hold
+    /// their replay until the other side is there (`PeerMove::Alongside`), so neither
+    /// side's replay goes into the other's drop: rxe's retransmit timer armed before the
+    /// move still runs after it, and once it fires on a replay sent too early, the peer's
     /// sequence NAK is ignored until the next (docs/iba-facts.md, section 4).
     pub(super) fn tell_and_move(&mut self, id: ConnId, alt: Path) {
         let Some(msg) = self.migrate_msg(id, alt, MigrateIntent::Moving) else {

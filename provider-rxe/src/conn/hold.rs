@@ -9,11 +9,11 @@
 //! ACK timeout that is the case, and the replay waited a whole ACK timeout more (67 ms
 //! at 14). So a first mover whose sends have waited that long (rxe's timer has fired:
 //! [`retry_marked`]) holds its replay, and the sends posted after it, until the peer
-//! is there. So does a side whose peer moves at the same time (`Replay::WhenPeerSends`),
-//! whatever the timer did: rxe's timer armed before the move survives the RESET and
-//! fires at its old expiry, starting that retry if a replay sent too early is still
-//! outstanding then, and firing harmlessly on an empty send queue if it is held. The
-//! hold ends when:
+//! is there. So does a side whose peer moves at the same time
+//! (`Replay::HeldUntilPeerThere`), whatever the timer did: rxe's timer armed before the
+//! move survives the RESET and fires at its old expiry, starting that retry if a replay
+//! sent too early is still outstanding then, and firing harmlessly on an empty send
+//! queue if it is held. The hold ends when:
 //! - the engine says so ([`RcConn::peer_there`]: the peer's "moved", or its answer to
 //!   ours);
 //! - or a message from the peer arrives over the new path (the peer's own replay: it
@@ -132,7 +132,7 @@ pub(super) fn holds_replay(when: Replay, params: &ConnectParams, waited: Option<
     match when {
         Replay::Now => false,
         Replay::WhenPeerThere => retry_marked(params, waited),
-        Replay::WhenPeerSends => true,
+        Replay::HeldUntilPeerThere => true,
     }
 }
 
@@ -198,7 +198,7 @@ mod tests {
             Some(Duration::from_millis(5)),
             Some(Duration::from_millis(68)),
         ] {
-            assert!(holds_replay(Replay::WhenPeerSends, &p, waited));
+            assert!(holds_replay(Replay::HeldUntilPeerThere, &p, waited));
             assert!(!holds_replay(Replay::Now, &p, waited));
             assert_eq!(
                 holds_replay(Replay::WhenPeerThere, &p, waited),

@@ -16,8 +16,8 @@
 //!   completed, and learns what was flushed and replayed from the stats;
 //! - while a migration runs, new sends are held and posted right after it;
 //! - a re-initialisation that moves before the peer does (`Replay::WhenPeerThere`,
-//!   `Replay::WhenPeerSends`) holds its replay, and new sends behind it, until the peer
-//!   is there: see [`RcConn::peer_there`].
+//!   `Replay::HeldUntilPeerThere`) holds its replay, and new sends behind it, until the
+//!   peer is there: see [`RcConn::peer_there`].
 //!
 //! It also feeds the progress monitor ([`crate::facet`]): when outstanding sends stop
 //! completing for longer than the stall timeout, or a send fails, the path is reported
@@ -178,7 +178,7 @@ pub enum Replay {
     /// (a RESET leaves it running) would fire on a replay sent into the peer's drop,
     /// start a retry and make rxe ignore the peer's NAK until the next timer. Held, the
     /// timer fires on an empty send queue and does nothing.
-    WhenPeerSends,
+    HeldUntilPeerThere,
 }
 
 /// Why sends held for the peer were released.

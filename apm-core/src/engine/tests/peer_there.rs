@@ -2,7 +2,8 @@
 //! (`SoftwareMigrate` with `peer` `After` or `Alongside`: the provider may hold its
 //! replay) is always followed by `PeerThere` once the engine hears that the peer runs
 //! on the path; a move made after the peer's needs no word, and hardware QPs get none.
-//! A side told "moving" by a peer that moves at once sends at once (`Done`).
+//! A move made alongside the peer's ("moving", `Alongside`) holds on both sides, and
+//! both sides hear.
 
 use super::harness::{ends, qp_event, software_pair, Node, Pair};
 use crate::io::{CommandOp, Input, PeerMove, QpEvent};
