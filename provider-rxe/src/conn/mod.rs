@@ -145,6 +145,8 @@ struct RecvWr {
     wr_id: u64,
     offset: usize,
     len: usize,
+    /// Its completion was a flush: it stays in `recvs`, to be posted again.
+    flushed: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -464,7 +466,12 @@ impl RcConn {
             let mr = self.mr.lock().unwrap_or_else(PoisonError::into_inner);
             self.qp.post_recv(wr_id, &mr, offset, len)?;
         }
-        g.recvs.push_back(RecvWr { wr_id, offset, len });
+        g.recvs.push_back(RecvWr {
+            wr_id,
+            offset,
+            len,
+            flushed: false,
+        });
         Ok(())
     }
 
@@ -585,7 +592,12 @@ impl RcConn {
                         imm: wc.imm,
                     });
                 }
-            } else if ok {
+            } else if !ok {
+                // A flushed receive stays in `recvs`: it is posted again after re-init.
+                if let Some(r) = g.recvs.iter_mut().find(|r| r.wr_id == wc.wr_id) {
+                    r.flushed = true;
+                }
+            } else {
                 if let Some(p) = g.recvs.iter().position(|r| r.wr_id == wc.wr_id) {
                     g.recvs.remove(p);
                 }
@@ -597,7 +609,6 @@ impl RcConn {
                     imm: wc.imm,
                 });
             }
-            // A flushed receive stays in `recvs`: it is posted again after re-init.
         }
         Ok((out, raw))
     }
