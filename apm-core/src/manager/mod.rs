@@ -415,7 +415,11 @@ impl<P: Provider> Manager<P> {
                     let provider = Arc::clone(&self.provider);
                     let results = results.clone();
                     let after_ms = self.engine.policy().command_timeout_ms;
+                    let (command, handed) = (op.name(), Instant::now());
                     tokio::spawn(async move {
+                        // How long a command waited for a worker is the first thing to
+                        // read when a failover is slower than its steps.
+                        let queued = handed.elapsed();
                         // The engine fails the command at its deadline too; dropping the
                         // call here ends this task, so a provider that never answers
                         // holds no task and no part of the command window.
@@ -423,6 +427,8 @@ impl<P: Provider> Manager<P> {
                         let result = tokio::time::timeout(limit, provider.execute(op))
                             .await
                             .unwrap_or(Err(ProviderError::NoAnswer { after_ms }));
+                        let ran = handed.elapsed().saturating_sub(queued);
+                        debug!(?id, command, ?queued, ?ran, "command done");
                         let _ = results.send(Input::CommandDone { id, result });
                     });
                 }

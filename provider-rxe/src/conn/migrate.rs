@@ -23,6 +23,18 @@ enum ToErr {
     Force,
 }
 
+/// How the collection of a re-initialisation's completions ended, and after how many
+/// polls of the CQ (for the trace: a move slower than its steps shows why here).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Collected {
+    /// Every outstanding send and posted receive had its completion.
+    Everything { polls: u32 },
+    /// Some never came; the CQ was quiet for a moment.
+    Quiet { polls: u32 },
+    /// The CQ was never quiet for long enough.
+    TimedOut { polls: u32 },
+}
+
 /// What became of a drain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Drain {
@@ -229,7 +241,7 @@ impl RcConn {
         };
         let forced = self.settle_in_err(how).await?;
         let t_err = t0.elapsed();
-        self.collect_flushes().await?;
+        let collected = self.collect_flushes().await?;
         let t_flushed = t0.elapsed();
         let q = self
             .qp
@@ -293,6 +305,7 @@ impl RcConn {
             reposted_recvs = recvs.len(),
             ?t_err,
             ?t_flushed,
+            ?collected,
             took = ?t0.elapsed(),
             "re-initialised the QP on the new path"
         );
@@ -353,10 +366,12 @@ impl RcConn {
     /// move in the VM, every poll being a sleep of a few ms there. Should a completion
     /// never come, it ends once the CQ has been quiet for a moment (2 ms when every
     /// send has its completion, 10 otherwise); at most 500 ms.
-    async fn collect_flushes(&self) -> Result<(), ConnError> {
+    async fn collect_flushes(&self) -> Result<Collected, ConnError> {
         let until = Instant::now() + Duration::from_millis(500);
         let mut quiet_since = Instant::now();
+        let mut polls = 0;
         while Instant::now() < until {
+            polls += 1;
             let (got, raw) = self.poll_cq(64)?;
             if raw > 0 {
                 quiet_since = Instant::now();
@@ -371,7 +386,7 @@ impl RcConn {
                 (sends, sends && g.recvs.iter().all(|r| r.flushed))
             };
             if all_settled {
-                break;
+                return Ok(Collected::Everything { polls });
             }
             let quiet_for = if sends_settled {
                 Duration::from_millis(2)
@@ -379,11 +394,11 @@ impl RcConn {
                 Duration::from_millis(10)
             };
             if quiet_since.elapsed() > quiet_for {
-                break;
+                return Ok(Collected::Quiet { polls });
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        Ok(())
+        Ok(Collected::TimedOut { polls })
     }
 
     /// Post the remembered receives again; `g` is the connection's state, locked by
