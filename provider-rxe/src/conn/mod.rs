@@ -10,7 +10,9 @@
 //!   one MTU: see [`RcConn::post_send`]), kept until its completion, and replayed after a
 //!   re-initialisation with its original PSN, so the peer's responder delivers what it
 //!   has not seen and acknowledges (without delivering again) what it has;
-//! - every posted receive is remembered, and reposted after a re-initialisation;
+//! - every posted receive is remembered, and reposted after a re-initialisation, which
+//!   collects the old QP's completions until each send and each receive has its own
+//!   (rxe flushes both queues on ERR);
 //! - flush completions of that work are swallowed and counted ([`ConnStats`]): the
 //!   application sees each message's completion once, or not at all if it never
 //!   completed, and learns what was flushed and replayed from the stats;
