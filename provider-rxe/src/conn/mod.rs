@@ -594,12 +594,7 @@ impl RcConn {
                         imm: wc.imm,
                     });
                 }
-            } else if !ok {
-                // A flushed receive stays in `recvs`: it is posted again after re-init.
-                if let Some(r) = g.recvs.iter_mut().find(|r| r.wr_id == wc.wr_id) {
-                    r.flushed = true;
-                }
-            } else {
+            } else if ok {
                 if let Some(p) = g.recvs.iter().position(|r| r.wr_id == wc.wr_id) {
                     g.recvs.remove(p);
                 }
@@ -610,6 +605,9 @@ impl RcConn {
                     byte_len: wc.byte_len,
                     imm: wc.imm,
                 });
+            } else if let Some(r) = g.recvs.iter_mut().find(|r| r.wr_id == wc.wr_id) {
+                // A flushed receive stays in `recvs`: it is posted again after re-init.
+                r.flushed = true;
             }
         }
         Ok((out, raw))
