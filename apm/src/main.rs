@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 mod config_cmd;
+mod log_writer;
 mod mad;
 mod out;
 mod pingpong;
@@ -56,12 +57,19 @@ const ERROR_LINE_MAX: usize = 400;
 
 fn main() {
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
+    let logs = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
-        .with_writer(std::io::stderr)
         // Colours for a person at a terminal, plain text for a pipe or a file.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    // Lines go out from a writer thread, so that a slow or stuck standard error never
+    // holds up a failover (see `log_writer`); written in place if it cannot start.
+    match log_writer::LogWriter::start() {
+        Ok(writer) => {
+            log_writer::set_global(&writer);
+            logs.with_writer(writer).init();
+        }
+        Err(_) => logs.with_writer(std::io::stderr).init(),
+    }
     let result = match cli.command {
         Command::Simulate(args) => simulate::run(args),
         Command::Mad(cmd) => mad::run(cmd),
@@ -71,6 +79,8 @@ fn main() {
         Command::Run(args) => run::run(args),
         Command::Agent(args) => run::agent(args),
     };
+    // What was logged comes out before anything said below, and before exit.
+    log_writer::flush();
     if let Err(err) = result {
         if out::is_stdout_closed(&err) {
             out::die_of_sigpipe();

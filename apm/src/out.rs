@@ -30,6 +30,8 @@ pub fn write_out(args: fmt::Arguments<'_>) -> anyhow::Result<()> {
 /// Write `args` to standard error, best effort: with standard error gone there is
 /// nowhere left to complain to.
 pub fn write_err(args: fmt::Arguments<'_>) {
+    // After what was logged before it, as it happened.
+    crate::log_writer::flush();
     let mut err = std::io::stderr().lock();
     let _ = err.write_fmt(args).and_then(|()| err.flush());
 }
@@ -41,6 +43,7 @@ pub fn is_stdout_closed(err: &anyhow::Error) -> bool {
 
 /// End the process as a closed pipe ends any Unix filter: by SIGPIPE's default action.
 pub fn die_of_sigpipe() -> ! {
+    crate::log_writer::flush();
     // Rust ignores SIGPIPE at start-up; restoring the default and raising it ends the
     // process the way `yes | head -1` ends `yes`. Should that not happen, the status a
     // shell would have shown.

@@ -329,6 +329,7 @@ pub fn run(args: Args) -> Result<()> {
         let json = serde_json::to_vec_pretty(&report)?;
         std::fs::write(path, json).with_context(|| format!("writing {}", path.display()))?;
     }
+    crate::log_writer::flush();
     std::process::exit(status);
 }
 

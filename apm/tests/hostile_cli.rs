@@ -105,6 +105,42 @@ fn a_closed_stderr_does_not_panic_an_error_path() {
     assert_eq!(status.code(), Some(1), "{status}");
 }
 
+/// A standard error nobody reads (a supervisor that stopped draining it, `2>&1 | less`
+/// left paused) fills its pipe; apm then drops log lines and says so, and its work goes
+/// on. Before the log writer had a thread of its own the first write past the pipe's
+/// 64 KiB blocked whichever thread logged, the Manager's among them, for good.
+#[test]
+fn a_standard_error_nobody_reads_holds_up_nothing() {
+    let quiet = Command::new(APM)
+        .args(["watch", "--sim", "--json"])
+        .output()
+        .expect("apm runs");
+    assert!(quiet.status.success(), "{}", quiet.status);
+    // The reader holds the read end open and never reads it.
+    let mut child = Command::new(APM)
+        .args(["watch", "--sim", "--json", "--log", "debug,apm_core=trace"])
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("apm runs");
+    let unread = child.stderr.take().expect("piped");
+    let mut stdout = child.stdout.take().expect("piped");
+    let events = std::thread::spawn(move || {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut stdout, &mut text).map(|_| text)
+    });
+    let status = wait_bounded(&mut child);
+    drop(unread);
+    assert!(status.success(), "{status}");
+    let text = events.join().expect("reader").expect("stdout");
+    assert_eq!(
+        text,
+        String::from_utf8_lossy(&quiet.stdout),
+        "the events of a run whose log went nowhere differ from a quiet run's"
+    );
+}
+
 #[test]
 fn endless_input_stops_at_the_named_limit() {
     let cases: &[(&[&str], &str)] = &[

@@ -73,6 +73,7 @@ impl Stop {
 /// After a clean stop by `signal`: end the process the way that signal would have, so
 /// a calling shell sees a watch interrupted (status 130 or 143), not one that finished.
 pub(super) fn die_of(signal: i32) -> ! {
+    crate::log_writer::flush();
     let _ = signal_hook::low_level::emulate_default_handler(signal);
     std::process::exit(128 + signal)
 }

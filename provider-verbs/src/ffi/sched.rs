@@ -35,6 +35,27 @@ pub fn set_thread_fifo(priority: u8) -> io::Result<()> {
     }
 }
 
+/// Give the calling thread the `nice` value `nice` (-20 to 19; higher yields more): for
+/// a helper thread whose work may wait (apm's log writer) so that it takes a CPU from
+/// apm's own threads only when they do not need it. Raising the value needs no
+/// privilege. On Linux `setpriority(PRIO_PROCESS, 0, ..)` names the calling thread
+/// alone, not the whole process.
+pub fn set_thread_nice(nice: i8) -> io::Result<()> {
+    if !(-20..=19).contains(&nice) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("nice value {nice}: must be -20 to 19"),
+        ));
+    }
+    // SAFETY: plain integers; who 0 is the calling thread on Linux.
+    let rc = unsafe { libc::setpriority(libc::PRIO_PROCESS, 0, i32::from(nice)) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -45,5 +66,24 @@ mod tests {
             let e = set_thread_fifo(p).expect_err("refused");
             assert_eq!(e.kind(), io::ErrorKind::InvalidInput, "{p}: {e}");
         }
+    }
+
+    #[test]
+    fn a_thread_made_nicer_leaves_the_rest_of_the_process_as_it_was() {
+        // SAFETY: plain integer calls; who 0 is the calling thread.
+        let nice_here = || unsafe { libc::getpriority(libc::PRIO_PROCESS, 0) };
+        let before = nice_here();
+        let theirs = std::thread::spawn(move || {
+            set_thread_nice(19).expect("raising a thread's nice value needs no privilege");
+            nice_here()
+        })
+        .join()
+        .unwrap();
+        assert_eq!(theirs, 19);
+        assert_eq!(nice_here(), before);
+        assert_eq!(
+            set_thread_nice(20).unwrap_err().kind(),
+            io::ErrorKind::InvalidInput
+        );
     }
 }
