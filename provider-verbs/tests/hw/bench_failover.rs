@@ -291,13 +291,19 @@ fn unix_ms() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64() * 1e3)
 }
 
+/// The pingpongs' log filter unless `--log` traces a run: apm's own default, what a
+/// deployment runs with. The suite's filter logs every step of a failover, for reading
+/// a failing test; under emulation each line costs the guest CPU that the failover
+/// shares, which is not what the figures are about.
+const BENCH_LOG: &str = "warn";
+
 /// Start the pair of variant `v` on `port` and wait until it exchanges traffic (and,
 /// under apm, until both sides are protected): (server, client).
 fn start_pair(apm: &str, v: Variant, port: u16) -> (Pingpong, Pingpong) {
     let (server, client) = sides(v, port);
-    let mut s = Pingpong::start(apm, "server", &argv(&server));
+    let mut s = Pingpong::start_logging(apm, "server", &argv(&server), BENCH_LOG);
     std::thread::sleep(Duration::from_millis(300));
-    let mut c = Pingpong::start(apm, "client", &argv(&client));
+    let mut c = Pingpong::start_logging(apm, "client", &argv(&client), BENCH_LOG);
     let protected = matches!(v, Variant::Apm | Variant::ApmNoProbes);
     let ready = if protected {
         "software migration mode"

@@ -141,11 +141,26 @@ impl ChildLines {
 pub(crate) struct Pingpong(pub(crate) ChildLines);
 
 impl Pingpong {
+    /// Start `apm pingpong` with the suite's log filter: every step of a failover, for
+    /// reading a failing test.
     pub(crate) fn start(apm: &str, name: &'static str, args: &[&str]) -> Pingpong {
+        Self::start_logging(
+            apm,
+            name,
+            args,
+            "warn,provider_rxe=info,apm_core=info,apm_core::engine::peer=debug,apm_core::engine::rearm=debug",
+        )
+    }
+
+    /// Start `apm pingpong` logging with `filter`.
+    pub(crate) fn start_logging(
+        apm: &str,
+        name: &'static str,
+        args: &[&str],
+        filter: &str,
+    ) -> Pingpong {
         // `APM_PINGPONG_LOG` (the benchmark's `--log`) replaces the filter, to trace a run.
-        let log = std::env::var("APM_PINGPONG_LOG").unwrap_or_else(|_| {
-            "warn,provider_rxe=info,apm_core=info,apm_core::engine::peer=debug,apm_core::engine::rearm=debug".to_owned()
-        });
+        let log = std::env::var("APM_PINGPONG_LOG").unwrap_or_else(|_| filter.to_owned());
         let mut cmd = std::process::Command::new(apm);
         cmd.arg("pingpong").args(args).env("APM_LOG", log);
         Pingpong(ChildLines::spawn(cmd, name, true))
