@@ -262,8 +262,7 @@ impl RcConn {
         // more per move in the VM). Nothing is sent between RESET and RTR.
         crate::route::flush_route_cache();
         self.to_init()?;
-        let recvs: Vec<RecvWr> = g.recvs.iter().copied().collect();
-        self.repost(&mut g, &recvs)?;
+        let reposted = self.repost(&mut g)?;
         let replay: Vec<SendWr> = g.outstanding.drain(..).collect();
         let counted = replay.first().map_or(g.next_psn, |w| w.psn);
         let first_psn = replay_psn(forced, replay.len(), q.sq_psn, counted);
@@ -283,13 +282,13 @@ impl RcConn {
             // The new path is unusable (e.g. no route): put the QP back on the old one
             // rather than leave it half-initialised, then report the failure.
             warn!(qpn = self.qp_num(), error = %e, "re-initialisation on the new path failed: back to the old path");
-            self.back_to_old_path(&params, &q, &recvs, &replay, first_psn)?;
+            self.back_to_old_path(&params, &q, &replay, first_psn)?;
             return Err(e);
         }
         crate::route::flush_route_cache();
         let mut g = self.lock();
         g.stats.reinit_migrations += 1;
-        g.stats.flushed_recvs += recvs.len() as u64;
+        g.stats.flushed_recvs += reposted as u64;
         g.stats.flushed_sends += replay.iter().filter(|w| !w.kick).count() as u64;
         g.next_psn = first_psn;
         g.failed = false;
@@ -302,7 +301,7 @@ impl RcConn {
             first_psn,
             replayed = replay.len(),
             held_for_peer = hold,
-            reposted_recvs = recvs.len(),
+            reposted_recvs = reposted,
             ?t_err,
             ?t_flushed,
             ?collected,
@@ -401,17 +400,18 @@ impl RcConn {
         Ok(Collected::TimedOut { polls })
     }
 
-    /// Post the remembered receives again; `g` is the connection's state, locked by
-    /// the caller, whose receives are marked posted (no longer flushed).
-    fn repost(&self, g: &mut Inner, recvs: &[RecvWr]) -> Result<(), ConnError> {
+    /// Post every remembered receive again, right after a RESET and INIT (which leave
+    /// the QP with none), and mark them posted (no longer flushed); returns how many.
+    /// `g` is the connection's state, locked by the caller since the RESET. Every one,
+    /// not a list taken earlier: a receive the application posted since (between the
+    /// two RESETs of a move that goes back to the old path) is wiped by the RESET too.
+    fn repost(&self, g: &mut Inner) -> Result<usize, ConnError> {
         let mr = self.mr.lock().unwrap_or_else(PoisonError::into_inner);
-        for r in recvs {
-            self.qp.post_recv(r.wr_id, &mr, r.offset, r.len)?;
-        }
         for r in &mut g.recvs {
+            self.qp.post_recv(r.wr_id, &mr, r.offset, r.len)?;
             r.flushed = false;
         }
-        Ok(())
+        Ok(g.recvs.len())
     }
 
     /// The new path failed: re-initialise on the old one (`q`, as queried in ERR) and
@@ -420,7 +420,6 @@ impl RcConn {
         &self,
         params: &ConnectParams,
         q: &QpAttr,
-        recvs: &[RecvWr],
         replay: &[SendWr],
         first_psn: u32,
     ) -> Result<(), ConnError> {
@@ -434,7 +433,7 @@ impl RcConn {
             .and_then(|()| self.to_rtr(params, q.ah_attr, q.rq_psn))
             .and_then(|()| self.to_rts(params, first_psn));
         if back.is_ok() {
-            self.repost(&mut g, recvs)?;
+            self.repost(&mut g)?;
             g.next_psn = first_psn;
             // Kicks too: each took a PSN, and every later send must keep its own.
             for wr in replay {
