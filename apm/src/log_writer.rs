@@ -3,17 +3,20 @@
 //! Why: apm logs from the threads that carry a failover out (the Manager, the moves,
 //! the peer channel). A write to standard error is a system call that can take long,
 //! or block outright: a pipe whose reader is slow (a supervisor, `journald`, a test
-//! harness), a terminal over a slow link. Traced in the VM, each line logged cost the
-//! thread that logged it milliseconds, and a move logs several. So a thread formats its
+//! harness), a terminal over a slow link; a full pipe blocks it until the reader reads.
+//! Traced in the VM, consecutive lines of one synchronous step of the Manager lay
+//! milliseconds apart, and a move logs several. So a thread formats its
 //! line into a buffer and hands it over; one writer thread, at a lower priority
 //! (`nice` 10: it runs when apm's work does not), writes the lines in order.
 //!
 //! Bounded: at most [`QUEUED_LINES`] lines wait. A line that finds the queue full is
-//! dropped and counted, and the writer says how many it dropped before its next line,
-//! so memory stays bounded when standard error stops draining and nothing is dropped
+//! dropped and counted, and the writer says how many it dropped before its next line
+//! (or at the next flush), so memory stays bounded when standard error stops draining and nothing is dropped
 //! unsaid. A closed standard error ends the writing quietly (there is nowhere left to
-//! complain to). [`LogWriter::flush`] waits, for a bounded time (a few seconds), until what was queued
-//! is written: before an error message, and at exit.
+//! complain to). [`LogWriter::flush`] waits, for a bounded time (a few seconds), until what
+//! was queued is written: before a message of apm's own on stderr, and at exit. With
+//! nothing queued it returns at once, so such a message costs no wait while the log is
+//! quiet.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -40,7 +43,18 @@ enum Item {
 #[derive(Clone, Debug)]
 pub struct LogWriter {
     queue: SyncSender<Item>,
-    dropped: Arc<AtomicU64>,
+    counts: Arc<Counts>,
+}
+
+/// What the loggers and the writer count together.
+#[derive(Debug, Default)]
+struct Counts {
+    /// Lines dropped on a full queue and not yet said.
+    dropped: AtomicU64,
+    /// Lines queued and not yet written (or discarded): a flush with none waits for
+    /// nothing, so a message on stderr (`errln!`, `apm pingpong --json`'s notes, some
+    /// during a failover) costs no round trip to the writer while the log is quiet.
+    unwritten: AtomicU64,
 }
 
 impl LogWriter {
@@ -52,8 +66,8 @@ impl LogWriter {
 
     fn start_on(out: impl Write + Send + 'static) -> Result<LogWriter, std::io::Error> {
         let (queue, lines) = mpsc::sync_channel(QUEUED_LINES);
-        let dropped = Arc::new(AtomicU64::new(0));
-        let counted = Arc::clone(&dropped);
+        let counts = Arc::new(Counts::default());
+        let counted = Arc::clone(&counts);
         std::thread::Builder::new()
             .name("apm-log".into())
             .spawn(move || {
@@ -61,12 +75,17 @@ impl LogWriter {
                 let _ = provider_verbs::ffi::sched::set_thread_nice(10);
                 write_lines(&lines, &counted, out);
             })?;
-        Ok(LogWriter { queue, dropped })
+        Ok(LogWriter { queue, counts })
     }
 
     /// Wait until every line queued so far is written, or [`FLUSH_WAIT`] has passed.
     pub fn flush(&self) {
         const RETRY: Duration = Duration::from_millis(1);
+        if self.counts.unwritten.load(Ordering::Acquire) == 0
+            && self.counts.dropped.load(Ordering::Relaxed) == 0
+        {
+            return;
+        }
         let (done, written) = mpsc::sync_channel(1);
         let mut ask = Item::Flush(done);
         // A full queue takes the request once the writer has made room; a writer gone
@@ -89,32 +108,46 @@ impl LogWriter {
 }
 
 /// The writer thread: each line in order, after a note of lines dropped before it.
-fn write_lines(lines: &Receiver<Item>, dropped: &AtomicU64, mut out: impl Write) {
+fn write_lines(lines: &Receiver<Item>, counts: &Counts, mut out: impl Write) {
     while let Ok(item) = lines.recv() {
-        let line = match item {
-            Item::Line(l) => l,
+        let written = match item {
+            Item::Line(line) => {
+                let w = say_dropped(counts, &mut out).and_then(|()| out.write_all(&line));
+                counts.unwritten.fetch_sub(1, Ordering::Release);
+                w
+            }
             Item::Flush(done) => {
-                let _ = out.flush();
+                // Lines dropped with none after them are said here, at the latest.
+                let w = say_dropped(counts, &mut out).and_then(|()| out.flush());
                 let _ = done.send(());
-                continue;
+                w
             }
         };
-        let lost = dropped.swap(0, Ordering::Relaxed);
-        let note = (lost > 0)
-            .then(|| format!("apm: {lost} log line(s) dropped: standard error did not keep up\n"));
-        let written = note
-            .map_or(Ok(()), |n| out.write_all(n.as_bytes()))
-            .and_then(|()| out.write_all(&line));
         if written.is_err() {
             // Closed or broken: drain what comes (so no logging thread ever waits on
             // a full queue) without writing it.
             for item in lines.iter() {
-                if let Item::Flush(done) = item {
-                    let _ = done.send(());
+                match item {
+                    Item::Line(_) => {
+                        counts.unwritten.fetch_sub(1, Ordering::Release);
+                    }
+                    Item::Flush(done) => {
+                        let _ = done.send(());
+                    }
                 }
             }
             return;
         }
+    }
+}
+
+/// Say how many lines were dropped since the last time, if any were.
+fn say_dropped(counts: &Counts, out: &mut impl Write) -> std::io::Result<()> {
+    match counts.dropped.swap(0, Ordering::Relaxed) {
+        0 => Ok(()),
+        lost => out.write_all(
+            format!("apm: {lost} log line(s) dropped: standard error did not keep up\n").as_bytes(),
+        ),
     }
 }
 
@@ -142,10 +175,17 @@ impl Drop for Line {
             return;
         }
         let line = std::mem::take(&mut self.buf);
+        let counts = &self.writer.counts;
+        // Counted before it is queued, so that the writer never counts below zero.
+        counts.unwritten.fetch_add(1, Ordering::Release);
         match self.writer.queue.try_send(Item::Line(line)) {
-            Ok(()) | Err(TrySendError::Disconnected(_)) => {}
+            Ok(()) => {}
+            Err(TrySendError::Disconnected(_)) => {
+                counts.unwritten.fetch_sub(1, Ordering::Release);
+            }
             Err(TrySendError::Full(_)) => {
-                self.writer.dropped.fetch_add(1, Ordering::Relaxed);
+                counts.unwritten.fetch_sub(1, Ordering::Release);
+                counts.dropped.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
@@ -230,19 +270,52 @@ mod tests {
         let (queue, lines) = mpsc::sync_channel(QUEUED_LINES);
         let w = LogWriter {
             queue,
-            dropped: Arc::default(),
+            counts: Arc::default(),
         };
         for i in 0..QUEUED_LINES + 5 {
             log(&w, &format!("line {i}\n"));
         }
-        assert_eq!(w.dropped.load(Ordering::Relaxed), 5);
+        let counts = Arc::clone(&w.counts);
+        assert_eq!(counts.dropped.load(Ordering::Relaxed), 5);
+        assert_eq!(
+            counts.unwritten.load(Ordering::Relaxed),
+            QUEUED_LINES as u64
+        );
         let sink = Sink::default();
         let got = Arc::clone(&sink.got);
         drop(w);
-        write_lines(&lines, &AtomicU64::new(5), sink);
+        write_lines(&lines, &counts, sink);
         let text = String::from_utf8(got.lock().unwrap().clone()).unwrap();
         assert!(text.starts_with("apm: 5 log line(s) dropped"), "{text:.80}");
         assert_eq!(text.lines().count(), QUEUED_LINES + 1);
+        assert_eq!(counts.unwritten.load(Ordering::Relaxed), 0);
+    }
+
+    #[test]
+    #[allow(clippy::disallowed_methods)] // measures how long the flush took
+    fn a_flush_with_nothing_queued_waits_for_no_writer() {
+        // A writer that never runs: a flush that asked it would wait its whole bound.
+        let (queue, _lines) = mpsc::sync_channel(QUEUED_LINES);
+        let w = LogWriter {
+            queue,
+            counts: Arc::default(),
+        };
+        let before = std::time::Instant::now();
+        w.flush();
+        assert!(before.elapsed() < FLUSH_WAIT / 4, "{:?}", before.elapsed());
+    }
+
+    #[test]
+    fn lines_dropped_with_none_after_them_are_said_at_the_flush() {
+        let sink = Sink::default();
+        let w = LogWriter::start_on(sink.clone()).unwrap();
+        w.counts.dropped.store(3, Ordering::Relaxed);
+        w.flush();
+        let text = String::from_utf8(sink.got.lock().unwrap().clone()).unwrap();
+        assert_eq!(
+            text,
+            "apm: 3 log line(s) dropped: standard error did not keep up\n"
+        );
     }
 
     #[test]
