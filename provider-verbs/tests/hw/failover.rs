@@ -191,9 +191,9 @@ fn c_example_connects_its_own_qps_and_hands_them_to_apm() {
     ]);
     c.write_line("");
     c.wait_for("reporting a stall to apm", Duration::from_secs(30));
-    let mark = c.mark();
+    let since_stall = c.mark();
     c.wait_for_all_since(
-        mark,
+        since_stall,
         &[
             "apm rxe0: conn 1 migrated, primary now 10.0.20.1 -> 10.0.20.2",
             "apm rxe1: conn 2 migrated, primary now 10.0.20.2 -> 10.0.20.1",
@@ -206,12 +206,13 @@ fn c_example_connects_its_own_qps_and_hands_them_to_apm() {
 
     // (b) Rail 10 returns: both sides re-arm it as the alternate (the re-arm may have
     // come already, before the pause: apm cannot see a RoCE rail die, so it re-arms a
-    // path once its hold-down ends); then rail 20 is cut and the connection moves back.
-    let mark = c.mark();
+    // path once its hold-down ends, even before the other side's "migrated" line was
+    // read, so the re-arms are looked for since the stall report, not since the moves);
+    // then rail 20 is cut and the connection moves back.
     c.wait_for("paused at 2000", Duration::from_secs(120));
     tc(&["qdisc", "del", "dev", "vA.10", "root"]);
     c.wait_for_all_since(
-        mark,
+        since_stall,
         &[
             "apm rxe0: conn 1 rearmed, alternate 10.0.10.1 -> 10.0.10.2",
             "apm rxe1: conn 2 rearmed, alternate 10.0.10.2 -> 10.0.10.1",
