@@ -784,6 +784,10 @@ mod failover;
 mod forged;
 #[path = "hw/guest_pauses.rs"]
 mod guest_pauses;
+#[path = "hw/guest_perf.rs"]
+mod guest_perf;
+#[path = "hw/guest_sched.rs"]
+mod guest_sched;
 #[path = "hw/hardware_apm.rs"]
 mod hardware_apm;
 #[path = "hw/pingpong_cuts.rs"]

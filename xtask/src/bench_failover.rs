@@ -211,7 +211,8 @@ fn json(rows: &[Row]) -> String {
 
 const USAGE: &str = "\
 cargo xtask bench failover [--reps N] [--probe MS,N] [--interval MS] [--realtime P]
-                           [--only NAMES] [--log FILTER] [--idle] [--dev] [--json]
+                           [--only NAMES] [--log FILTER] [--sched-trace] [--perf]
+                           [--idle] [--dev] [--json]
 
 apm against Linux bonding and no protection, on real rxe in the VM: one RC
 connection's numbered messages through a link down and a silent cut (netem 100%
@@ -228,6 +229,14 @@ loss) of the rail in use, then the rail back; one row per protection and fault.
                   bond-miimon, bond-arp); default all
   --log FILTER    the pingpong processes' log filter (APM_LOG syntax), to trace a run;
                   their lines land in target/vm/bench-failover.out
+  --sched-trace   trace the guest's scheduler, softirqs and system calls from the
+                  fault on (tracefs) and print, per run, what ran on each CPU during
+                  the stall, how long the pingpongs' threads waited for one, and
+                  what their time on one went to (bench-failover.out); the tracing
+                  costs the guest CPU, so its stalls are not the table's
+  --perf          profile both pingpongs for 400 ms from the fault (perf record, the
+                  CPU clock sampled; in the VM when the host has linux-perf) and print
+                  the report per run (bench-failover.out); not the table's stalls either
   --idle          no fault: what each protection costs (gaps, false failovers, CPU)
   --dev           build apm and the suite in the dev profile (unoptimised), as the
                   test suite does; default: the release profile
@@ -286,6 +295,8 @@ fn options(args: &[String]) -> Result<Option<Options>> {
                 }
                 env.push(format!("APM_BENCH_REALTIME={p}"));
             }
+            "--sched-trace" => env.push("APM_BENCH_SCHED_TRACE=1".to_owned()),
+            "--perf" => env.push("APM_BENCH_PERF=1".to_owned()),
             "--log" => {
                 let filter = it.next().context("--log needs a filter")?;
                 env.push(format!("APM_PINGPONG_LOG={filter}"));
@@ -300,6 +311,12 @@ fn options(args: &[String]) -> Result<Option<Options>> {
             }
             other => bail!("unknown `bench failover` argument {other:?}\n\n{USAGE}"),
         }
+    }
+    let has = |k: &str| o.env.iter().any(|e| e.starts_with(k));
+    if has("APM_BENCH_PERF=") && has("APM_BENCH_SCHED_TRACE=") {
+        // Together they hung the guest in a trial (each alone runs), and each would
+        // measure the other's cost anyway.
+        bail!("--perf and --sched-trace: one at a time");
     }
     Ok(Some(o))
 }

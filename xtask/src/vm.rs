@@ -77,6 +77,10 @@ const GUEST_PROGRAMS: &[&str] = &[
     "/usr/bin/ucx_perftest",
 ];
 
+/// Host programs copied into the guest when the host has them: diagnostics that no test
+/// needs (`perf` for `bench failover --perf`).
+const GUEST_PROGRAMS_IF_PRESENT: &[&str] = &["/usr/bin/perf"];
+
 /// Shared objects that are loaded with `dlopen` and so do not show in `ldd`: libibverbs
 /// itself (apm loads it at run time) and the rxe provider it loads.
 const GUEST_DLOPENED: &[&str] = &[
@@ -178,6 +182,12 @@ pub fn prepare_image(
     files.insert(PathBuf::from("bin/busybox"), busybox);
     let mut objects: Vec<PathBuf> = GUEST_PROGRAMS.iter().map(PathBuf::from).collect();
     objects.extend(GUEST_DLOPENED.iter().map(PathBuf::from));
+    objects.extend(
+        GUEST_PROGRAMS_IF_PRESENT
+            .iter()
+            .map(PathBuf::from)
+            .filter(|p| p.exists()),
+    );
     let mut symlinks: BTreeMap<PathBuf, PathBuf> = BTreeMap::new();
     for obj in &objects {
         add_with_closure(obj, &mut files, &mut symlinks)?;

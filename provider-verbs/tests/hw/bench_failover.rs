@@ -23,10 +23,13 @@
 use super::bonds::{bond_routes, bonds_down, bonds_up, BOND_A, BOND_B};
 use super::child::Pingpong;
 use super::guest_pauses::{pauses_within, GuestPauses};
+use super::guest_perf::GuestPerf;
+use super::guest_sched::{self, summarise, threads_of, SchedTrace};
 use super::rails::{
     has_netem, ip_quiet, link_is_down, rail_routes, setup_rails, wait_for_rail_gids, FaultInjector,
 };
 use super::*;
+use std::collections::BTreeMap;
 
 /// The protections compared.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -354,13 +357,39 @@ fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
     let pauses = GuestPauses::start(t0);
     let t0_unix_ms = unix_ms();
     let (s, mut c) = start_pair(apm, v, port);
+    // perf starts long before the fault (its start costs the guest CPU seconds), its
+    // events off until the fault.
+    let perf = (std::env::var("APM_BENCH_PERF").as_deref() == Ok("1"))
+        .then(|| GuestPerf::start(&[c.0.child.id(), s.0.child.id()]))
+        .flatten();
     std::thread::sleep(Duration::from_millis(1500));
     let ends = rail_in_use(v, &mut c);
     prepare(&mut inject, fault, &ends);
+    let sched = guest_sched::wanted().then(|| SchedTrace::start(t0));
     let fault_ms = t0.elapsed().as_secs_f64() * 1e3;
     println!("  fault {} at unix ms {:.1}", fault.name(), unix_ms());
     cut(&mut inject, fault, &ends);
-    std::thread::sleep(Duration::from_millis(2500));
+    if let Some(p) = perf {
+        p.control("enable");
+        std::thread::sleep(Duration::from_millis(400));
+        p.control("disable");
+        p.report();
+        std::thread::sleep(Duration::from_millis(2100));
+    } else {
+        std::thread::sleep(Duration::from_millis(2500));
+    }
+    // The trace ends before the heal; the pingpongs' threads are named while they run.
+    let sched = sched.map(|t| {
+        let names = [(&c, "client"), (&s, "server")]
+            .into_iter()
+            .flat_map(|(p, name)| {
+                threads_of(p.0.child.id())
+                    .into_iter()
+                    .map(move |t| (t, name))
+            })
+            .collect::<BTreeMap<u32, &str>>();
+        (t.and_then(SchedTrace::finish), names)
+    });
     assert!(
         fault_in_place(fault, &ends),
         "the {} of {ends:?} did not take (see ip/tc above)",
@@ -475,6 +504,17 @@ fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
         .iter()
         .map(|&(at, ms)| (at, at + ms))
         .reduce(|a, b| (a.0.min(b.0), a.1.max(b.1)));
+    if let Some((trace, names)) = &sched {
+        let (from, to) = window.unwrap_or((fault_ms, fault_ms + 500.0));
+        match trace {
+            Ok(text) => {
+                for line in summarise(text, from, to, names) {
+                    println!("  sched: {line}");
+                }
+            }
+            Err(e) => println!("  sched: no trace: {e}"),
+        }
+    }
     let (pause_max, paused) = match window {
         Some((from, to)) => {
             let (longest, sum) = pauses_within(&pauses, from, to);
