@@ -511,6 +511,12 @@ fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
                 for line in summarise(text, from, to, names) {
                     println!("  sched: {line}");
                 }
+                // The same length of time later, on the new path with nothing moving:
+                // what the traffic and apm's steady work cost alone.
+                let (from, to) = (fault_ms + 1500.0, fault_ms + 1500.0 + (to - from));
+                for line in summarise(text, from, to, names) {
+                    println!("  sched, steady: {line}");
+                }
             }
             Err(e) => println!("  sched: no trace: {e}"),
         }

@@ -16,24 +16,38 @@ use std::time::Instant;
 const TRACING: &str = "/sys/kernel/tracing";
 
 /// The events read: switches and wake-ups for the CPUs' owners and the waits, softirq
-/// entry and exit for the time rxe's packet work and the network stack take there,
-/// system calls for what a thread's time on a CPU went to (rxe's verbs and its packet
-/// work run in the caller's system calls).
-const EVENTS: [&str; 6] = [
+/// entry and exit for the time rxe's packet work and the network stack take there.
+const EVENTS: [&str; 4] = [
     "sched/sched_switch",
     "sched/sched_wakeup",
     "irq/softirq_entry",
     "irq/softirq_exit",
-    "raw_syscalls/sys_enter",
-    "raw_syscalls/sys_exit",
 ];
+
+/// With `APM_BENCH_SCHED_SYSCALLS=1` also the system calls, for what a thread's time on
+/// a CPU went to (rxe's verbs and its packet work run in the caller's calls). Not by
+/// default: they multiply the events (every verb, datagram and wait of every thread),
+/// and the tracing's own cost with them.
+const SYSCALL_EVENTS: [&str; 2] = ["raw_syscalls/sys_enter", "raw_syscalls/sys_exit"];
+
+/// The events this run traces.
+fn events() -> Vec<&'static str> {
+    let syscalls = std::env::var("APM_BENCH_SCHED_SYSCALLS").is_ok_and(|v| v == "1");
+    let extra = if syscalls { &SYSCALL_EVENTS[..] } else { &[] };
+    EVENTS.iter().chain(extra).copied().collect()
+}
 
 /// The marker's word; the caller's clock in ms follows it.
 const ORIGIN: &str = "apm-bench-origin";
 
-/// Tracing while it lives (stopped on drop). Start with [`SchedTrace::start`].
+/// The trace instance each run gets: a buffer of its own, made empty and removed with
+/// the run, so that no buffer is reset (a new clock, a clear) while events flow.
+const INSTANCE: &str = "instances/apm-bench";
+
+/// Tracing while it lives (stopped, its instance removed, on drop). Start with
+/// [`SchedTrace::start`].
 pub(crate) struct SchedTrace {
-    stopped: bool,
+    removed: bool,
 }
 
 /// Whether the benchmark was asked to trace (`APM_BENCH_SCHED_TRACE=1`).
@@ -41,15 +55,39 @@ pub(crate) fn wanted() -> bool {
     std::env::var("APM_BENCH_SCHED_TRACE").is_ok_and(|v| v == "1")
 }
 
+/// Turn the events on once for the whole boot, in the top instance with its own
+/// recording off, so that a run's instance turning them on and off changes no
+/// tracepoint's static key: each change patches the kernel's code on every CPU, and
+/// runs that did so each time stalled the guest's kernel (RCU stalls) within a few.
+fn hold_tracepoints_on() -> Result<(), String> {
+    static HELD: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    HELD.get_or_init(|| {
+        let top = |file: &str, value: &str| {
+            let path = format!("{TRACING}/{file}");
+            std::fs::write(&path, value).map_err(|e| format!("{path}: {e}"))
+        };
+        top("tracing_on", "0")?;
+        top("buffer_size_kb", "4")?;
+        for e in events() {
+            top(&format!("events/{e}/enable"), "1")?;
+        }
+        Ok(())
+    })
+    .clone()
+}
+
+/// Write `value` to the instance's `file`.
 fn write(file: &str, value: &str) -> Result<(), String> {
-    std::fs::write(format!("{TRACING}/{file}"), value).map_err(|e| format!("{TRACING}/{file}: {e}"))
+    let path = format!("{TRACING}/{INSTANCE}/{file}");
+    std::fs::write(&path, value).map_err(|e| format!("{path}: {e}"))
 }
 
 impl SchedTrace {
-    /// Clear the buffer and start tracing; `t0` is the caller's clock origin. An error
-    /// says what could not be set (no tracefs in the kernel, not root).
+    /// Make a fresh trace instance and start tracing into it; `t0` is the caller's clock
+    /// origin. An error says what could not be set (no tracefs in the kernel, not
+    /// root).
     pub(crate) fn start(t0: Instant) -> Result<SchedTrace, String> {
-        if !std::path::Path::new(&format!("{TRACING}/trace")).exists() {
+        if !std::path::Path::new(&format!("{TRACING}/instances")).exists() {
             let st = std::process::Command::new("mount")
                 .args(["-t", "tracefs", "nodev", TRACING])
                 .status()
@@ -58,35 +96,44 @@ impl SchedTrace {
                 return Err(format!("mount -t tracefs on {TRACING}: {st}"));
             }
         }
+        hold_tracepoints_on()?;
+        let dir = format!("{TRACING}/{INSTANCE}");
+        // A run that died midway may have left its instance.
+        let _ = std::fs::remove_dir(&dir);
+        std::fs::create_dir(&dir).map_err(|e| format!("{dir}: {e}"))?;
+        let trace = SchedTrace { removed: false };
         write("tracing_on", "0")?;
         write("trace_clock", "mono")?;
-        write("buffer_size_kb", "16384")?;
-        for e in EVENTS {
+        write("buffer_size_kb", "4096")?;
+        // Full, it keeps the oldest events: the fault's, which come first.
+        write("options/overwrite", "0")?;
+        for e in events() {
             write(&format!("events/{e}/enable"), "1")?;
         }
-        write("trace", "")?;
         write("tracing_on", "1")?;
         let now_ms = t0.elapsed().as_secs_f64() * 1e3;
         write("trace_marker", &format!("{ORIGIN} {now_ms:.3}\n"))?;
-        Ok(SchedTrace { stopped: false })
+        Ok(trace)
     }
 
     /// Stop and read what was traced.
     pub(crate) fn finish(mut self) -> Result<String, String> {
-        self.stop();
-        let text = std::fs::read_to_string(format!("{TRACING}/trace"))
-            .map_err(|e| format!("{TRACING}/trace: {e}"));
-        write("trace", "")?;
+        let _ = write("tracing_on", "0");
+        let path = format!("{TRACING}/{INSTANCE}/trace");
+        let text = std::fs::read_to_string(&path).map_err(|e| format!("{path}: {e}"));
+        self.remove();
         text
     }
 
-    fn stop(&mut self) {
-        if !self.stopped {
-            self.stopped = true;
+    /// Stop the events and remove the instance (its buffer with it).
+    fn remove(&mut self) {
+        if !self.removed {
+            self.removed = true;
             let _ = write("tracing_on", "0");
-            for e in EVENTS {
+            for e in events() {
                 let _ = write(&format!("events/{e}/enable"), "0");
             }
+            let _ = std::fs::remove_dir(format!("{TRACING}/{INSTANCE}"));
         }
     }
 }
@@ -94,7 +141,7 @@ impl SchedTrace {
 impl Drop for SchedTrace {
     /// A run that panics midway stops the tracing too.
     fn drop(&mut self) {
-        self.stop();
+        self.remove();
     }
 }
 
