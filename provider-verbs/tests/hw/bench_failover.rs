@@ -511,8 +511,9 @@ fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
                 for line in summarise(text, from, to, names) {
                     println!("  sched: {line}");
                 }
-                // The same length of time later, on the new path with nothing moving:
-                // what the traffic and apm's steady work cost alone.
+                // As long a window 1.5 s after the fault, on the new path with nothing
+                // moving: what the traffic and apm's steady work cost alone (for a
+                // protection whose stall lasts seconds it is still the stall).
                 let (from, to) = (fault_ms + 1500.0, fault_ms + 1500.0 + (to - from));
                 for line in summarise(text, from, to, names) {
                     println!("  sched, steady: {line}");

@@ -2,7 +2,8 @@
 //! kernel's scheduler and softirq trace events (tracefs), summed per CPU over the
 //! stall's window (each task's time on the CPU, softirq time apart from the task it
 //! interrupted, idle), and how long each pingpong's threads waited for a CPU once woken
-//! or preempted. The Manager's traces show steps with nothing asynchronous between them
+//! or preempted (and, on request, what each thread's time went to, system call by
+//! system call). The Manager's traces show steps with nothing asynchronous between them
 //! lying milliseconds apart; this says whether apm's threads were waiting for a CPU
 //! then, and what ran instead.
 //!
