@@ -231,6 +231,7 @@ pub(crate) fn summarise(
         waits: BTreeMap::new(),
         in_syscall: BTreeMap::new(),
         split: BTreeMap::new(),
+        saw_syscalls: false,
     };
     for &(n, seconds, event, details) in &lines {
         let at = seconds * 1e3 - origin;
@@ -260,6 +261,9 @@ struct Tally<'a> {
     in_syscall: BTreeMap<u32, u32>,
     /// The named threads' time on a CPU, per system call (or outside one).
     split: BTreeMap<String, BTreeMap<&'static str, f64>>,
+    /// Whether system calls were traced at all (without them, the split is only a
+    /// total).
+    saw_syscalls: bool,
 }
 
 impl Tally<'_> {
@@ -322,6 +326,7 @@ impl Tally<'_> {
 
     /// CPU `n`'s task enters system call `nr` (`Some`) or leaves it (`None`).
     fn syscall(&mut self, n: usize, at: f64, nr: Option<u32>) {
+        self.saw_syscalls = true;
         self.credit(n, at);
         self.cpu(n).syscall = nr;
     }
@@ -427,7 +432,11 @@ impl Tally<'_> {
                 by.sort_by(|a, b| b.1.total_cmp(a.1).then(a.0.cmp(b.0)));
                 let total: f64 = by.iter().map(|(_, ms)| **ms).sum();
                 let by: Vec<String> = by.iter().map(|(k, ms)| format!("{k} {ms:.1}")).collect();
-                let line = format!("{thread} on a CPU {total:.1} ms: {}", by.join(", "));
+                let line = if self.saw_syscalls {
+                    format!("{thread} on a CPU {total:.1} ms: {}", by.join(", "))
+                } else {
+                    format!("{thread} on a CPU {total:.1} ms")
+                };
                 (total, line)
             })
             .collect();
@@ -493,5 +502,16 @@ fn a_trace_is_summed_per_cpu_and_the_waits_per_thread() {
             "client:apm-control/42 waited for a CPU 1 times, 10.0 ms in all, longest 10.0",
             "client:apm-control/42 on a CPU 15.0 ms: ioctl 8.0, outside syscalls 7.0",
         ]
+    );
+    // Without system calls traced, a thread's time is a total, not "outside" them.
+    let without: String = trace
+        .lines()
+        .filter(|l| !l.contains(": sys_"))
+        .map(|l| format!("{l}\n"))
+        .collect();
+    let lines = summarise(&without, 105.0, 150.0, &names);
+    assert_eq!(
+        lines.last().map(String::as_str),
+        Some("client:apm-control/42 on a CPU 15.0 ms")
     );
 }
