@@ -11,12 +11,12 @@
 //!
 //! Bounded: at most [`QUEUED_LINES`] lines wait. A line that finds the queue full is
 //! dropped and counted, and the writer says how many it dropped before its next line
-//! (or at the next flush), so memory stays bounded when standard error stops draining and nothing is dropped
-//! unsaid. A closed standard error ends the writing quietly (there is nowhere left to
-//! complain to). [`LogWriter::flush`] waits, for a bounded time (a few seconds), until what
-//! was queued is written: before a message of apm's own on stderr, and at exit. With
-//! nothing queued it returns at once, so such a message costs no wait while the log is
-//! quiet.
+//! (or at the next flush), so memory stays bounded when standard error stops draining
+//! and nothing is dropped unsaid. A closed standard error ends the writing quietly
+//! (there is nowhere left to complain to). [`LogWriter::flush`] waits, for a bounded
+//! time (a few seconds), until what was queued is written: before a message of apm's
+//! own on stderr, and at exit. With nothing queued it returns at once, so such a
+//! message costs no wait while the log is quiet.
 
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
