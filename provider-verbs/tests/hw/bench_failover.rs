@@ -24,7 +24,7 @@ use super::bonds::{bond_routes, bonds_down, bonds_up, BOND_A, BOND_B};
 use super::child::Pingpong;
 use super::guest_pauses::{pauses_within, GuestPauses};
 use super::guest_perf::GuestPerf;
-use super::guest_sched::{self, summarise, threads_of, SchedTrace};
+use super::guest_sched::{self, read_events, summarise, threads_of, SchedTrace};
 use super::rails::{
     has_netem, ip_quiet, link_is_down, rail_routes, setup_rails, wait_for_rail_gids, FaultInjector,
 };
@@ -506,16 +506,20 @@ fn one_run(apm: &str, v: Variant, fault: Fault, rep: u32, port: u16) -> String {
         .reduce(|a, b| (a.0.min(b.0), a.1.max(b.1)));
     if let Some((trace, names)) = &sched {
         let (from, to) = window.unwrap_or((fault_ms, fault_ms + 500.0));
-        match trace {
-            Ok(text) => {
-                for line in summarise(text, from, to, names) {
+        match trace
+            .as_ref()
+            .map_err(String::clone)
+            .and_then(|t| read_events(t))
+        {
+            Ok(events) => {
+                for line in summarise(&events, from, to, names) {
                     println!("  sched: {line}");
                 }
                 // As long a window 1.5 s after the fault, on the new path with nothing
                 // moving: what the traffic and apm's steady work cost alone (for a
                 // protection whose stall lasts seconds it is still the stall).
                 let (from, to) = (fault_ms + 1500.0, fault_ms + 1500.0 + (to - from));
-                for line in summarise(text, from, to, names) {
+                for line in summarise(&events, from, to, names) {
                     println!("  sched, steady: {line}");
                 }
             }

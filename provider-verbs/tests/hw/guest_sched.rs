@@ -63,24 +63,25 @@ pub(crate) fn wanted() -> bool {
 fn hold_tracepoints_on() -> Result<(), String> {
     static HELD: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
     HELD.get_or_init(|| {
-        let top = |file: &str, value: &str| {
-            let path = format!("{TRACING}/{file}");
-            std::fs::write(&path, value).map_err(|e| format!("{path}: {e}"))
-        };
-        top("tracing_on", "0")?;
-        top("buffer_size_kb", "4")?;
+        tracefs_write("tracing_on", "0")?;
+        tracefs_write("buffer_size_kb", "4")?;
         for e in events() {
-            top(&format!("events/{e}/enable"), "1")?;
+            tracefs_write(&format!("events/{e}/enable"), "1")?;
         }
         Ok(())
     })
     .clone()
 }
 
-/// Write `value` to the instance's `file`.
-fn write(file: &str, value: &str) -> Result<(), String> {
-    let path = format!("{TRACING}/{INSTANCE}/{file}");
+/// Write `value` to tracefs' `file` (a path under its root).
+fn tracefs_write(file: &str, value: &str) -> Result<(), String> {
+    let path = format!("{TRACING}/{file}");
     std::fs::write(&path, value).map_err(|e| format!("{path}: {e}"))
+}
+
+/// Write `value` to the run's instance's `file`.
+fn write(file: &str, value: &str) -> Result<(), String> {
+    tracefs_write(&format!("{INSTANCE}/{file}"), value)
 }
 
 impl SchedTrace {
@@ -206,22 +207,36 @@ struct Waits {
     longest: f64,
 }
 
-/// A summary of `trace` over `[from, to]` ms of the caller's clock: a line per CPU
+/// A trace's events, read once for any number of windows: (CPU, ms on the caller's
+/// clock, event name, details).
+pub(crate) struct Events<'a>(Vec<(usize, f64, &'a str, &'a str)>);
+
+/// The events of `trace`, their times put on the caller's clock by the origin marker;
+/// an error when the trace has no marker.
+pub(crate) fn read_events<'a>(trace: &'a str) -> Result<Events<'a>, String> {
+    let lines: Vec<(usize, f64, &str, &str)> = trace.lines().filter_map(parse_line).collect();
+    let origin = lines
+        .iter()
+        .find_map(|&(_, s, event, details)| {
+            let ms: f64 = details.strip_prefix(ORIGIN)?.trim().parse().ok()?;
+            (event == "tracing_mark_write").then_some(s * 1e3 - ms)
+        })
+        .ok_or("no origin marker in the trace")?;
+    let on_our_clock = |(n, s, event, details): (usize, f64, &'a str, &'a str)| {
+        (n, s * 1e3 - origin, event, details)
+    };
+    Ok(Events(lines.into_iter().map(on_our_clock).collect()))
+}
+
+/// A summary of `events` over `[from, to]` ms of the caller's clock: a line per CPU
 /// (owners, longest first) and a line per named process's thread (its waits for a CPU
 /// that ended within the window). `names` maps thread ids to a process's name.
 pub(crate) fn summarise(
-    trace: &str,
+    events: &Events<'_>,
     from: f64,
     to: f64,
     names: &BTreeMap<u32, &str>,
 ) -> Vec<String> {
-    let lines: Vec<(usize, f64, &str, &str)> = trace.lines().filter_map(parse_line).collect();
-    let Some(origin) = lines.iter().find_map(|&(_, s, event, details)| {
-        let ms: f64 = details.strip_prefix(ORIGIN)?.trim().parse().ok()?;
-        (event == "tracing_mark_write").then_some(s * 1e3 - ms)
-    }) else {
-        return vec!["no origin marker in the trace".to_owned()];
-    };
     let mut tally = Tally {
         from,
         to,
@@ -233,8 +248,7 @@ pub(crate) fn summarise(
         split: BTreeMap::new(),
         saw_syscalls: false,
     };
-    for &(n, seconds, event, details) in &lines {
-        let at = seconds * 1e3 - origin;
+    for &(n, at, event, details) in &events.0 {
         match event {
             "sched_switch" => tally.switch(n, at, details),
             "sched_wakeup" => tally.wakeup(at, details),
@@ -302,12 +316,12 @@ impl Tally<'_> {
         let Some(owner) = owner.filter(|_| inside > 0.0) else {
             return;
         };
-        let in_task = cpu.softirq.is_none();
         // Outside a system call is user code, and the kernel's work for it that is not a
         // call: page faults, interrupts, preemption (softirqs are counted apart).
         let bucket = cpu.syscall.map_or("outside syscalls", syscall_name);
         *cpu.owners.entry(owner.clone()).or_default() += inside;
-        if in_task && self.is_named(&owner) {
+        // A softirq's time is its own ("softirq X"), never a named thread's.
+        if self.is_named(&owner) {
             *self
                 .split
                 .entry(owner)
@@ -494,7 +508,7 @@ fn a_trace_is_summed_per_cpu_and_the_waits_per_thread() {
      apm-control-42      [000] d..2.  10.040000: sched_switch: prev_comm=apm-control prev_pid=42 prev_prio=120 prev_state=S ==> next_comm=kworker/0:1 next_pid=9 next_prio=120
 ";
     let names = BTreeMap::from([(42, "client")]);
-    let lines = summarise(trace, 105.0, 150.0, &names);
+    let lines = summarise(&read_events(trace).unwrap(), 105.0, 150.0, &names);
     assert_eq!(
         lines,
         [
@@ -509,7 +523,7 @@ fn a_trace_is_summed_per_cpu_and_the_waits_per_thread() {
         .filter(|l| !l.contains(": sys_"))
         .map(|l| format!("{l}\n"))
         .collect();
-    let lines = summarise(&without, 105.0, 150.0, &names);
+    let lines = summarise(&read_events(&without).unwrap(), 105.0, 150.0, &names);
     assert_eq!(
         lines.last().map(String::as_str),
         Some("client:apm-control/42 on a CPU 15.0 ms")
