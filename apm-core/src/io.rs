@@ -191,6 +191,13 @@ pub enum CommandOp {
         /// sends it replays.
         #[serde(default)]
         peer: PeerMove,
+        /// The word the engine will send the peer once this move has succeeded (its
+        /// answer to the peer's request, or "moved"). A driver may send it the moment the
+        /// move is done, ahead of the engine hearing of it, and then not again when the
+        /// engine asks (the `Manager` does: the peer, holding its own replay for ours,
+        /// waits for exactly this word); one that leaves it to the engine loses nothing.
+        #[serde(default)]
+        announce: Option<Box<PeerWord>>,
     },
     /// The peer now runs on the connection's primary too: sends a provider held back
     /// after a `SoftwareMigrate` whose peer had not moved yet may go. A hint, not a QP
@@ -372,6 +379,28 @@ pub struct Migrate {
     pub path: Path,
     /// Whether the sender runs on `path` already, moves there now, or waits for us.
     pub intent: MigrateIntent,
+}
+
+/// A message for a peer and where it goes, as [`CommandOp::SendPeer`] carries it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct PeerWord {
+    /// The local port to send from.
+    pub port: PortKey,
+    /// The destination.
+    pub to: PeerAddr,
+    /// The message.
+    pub msg: PeerMsg,
+}
+
+impl PeerWord {
+    /// The command that sends it.
+    pub fn send(self) -> CommandOp {
+        CommandOp::SendPeer {
+            port: self.port,
+            to: self.to,
+            msg: self.msg,
+        }
+    }
 }
 
 /// Whether the sender of a [`Migrate`] has moved yet.

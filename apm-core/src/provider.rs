@@ -144,7 +144,10 @@ impl<Q: QpControl, C: PeerChannel, F: FabricService> Provider for Stack<Q, C, F>
                 .force_migrate(conn)
                 .await
                 .map(|()| CommandOutcome::Done),
-            CommandOp::SoftwareMigrate { conn, path, peer } => self
+            // The word after the move is the driver's to send (`Manager`), not the QP's.
+            CommandOp::SoftwareMigrate {
+                conn, path, peer, ..
+            } => self
                 .qp
                 .software_migrate(conn, path, peer)
                 .await

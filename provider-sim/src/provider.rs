@@ -181,9 +181,16 @@ impl QpControl for SimProvider {
         path: Path,
         peer: PeerMove,
     ) -> Result<(), ProviderError> {
-        self.exec(CommandOp::SoftwareMigrate { conn, path, peer })
-            .await
-            .map(|_| ())
+        // The Manager above sends the word after the move itself.
+        let announce = None;
+        self.exec(CommandOp::SoftwareMigrate {
+            conn,
+            path,
+            peer,
+            announce,
+        })
+        .await
+        .map(|_| ())
     }
 
     async fn peer_there(&self, conn: ConnId) -> Result<(), ProviderError> {

@@ -271,6 +271,9 @@ impl Phase {
                     conn,
                     path,
                     peer: peer.as_command(),
+                    // Filled in by the engine, which knows the connection's comm ids
+                    // (`Engine::dispatch_waiting`).
+                    announce: None,
                 },
             ),
             Phase::Querying { cmd } => (cmd, CommandOp::QueryQp { conn }),

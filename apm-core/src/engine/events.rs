@@ -465,6 +465,7 @@ impl Engine {
             conn: id,
             path,
             peer: peer.as_command(),
+            announce: self.word_after_move(id, path, responder),
         };
         let cmd = self.issue_qp(id, op);
         self.replace_phase(

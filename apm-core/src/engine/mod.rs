@@ -381,13 +381,24 @@ impl Engine {
         if c.in_flight.is_some() {
             return;
         }
-        let Some(cmd) = c.phase().command(conn) else {
+        let Some(mut cmd) = c.phase().command(conn) else {
             return;
         };
         if !self.pending.is_outstanding(cmd.id) {
             return;
         }
         c.in_flight = Some(InFlight::of(cmd.id, &cmd.op));
+        let move_to = match c.phase() {
+            Phase::SwMigrating {
+                path, responder, ..
+            } => Some((*path, *responder)),
+            _ => None,
+        };
+        if let (CommandOp::SoftwareMigrate { announce, .. }, Some((path, responder))) =
+            (&mut cmd.op, move_to)
+        {
+            *announce = self.word_after_move(conn, path, responder);
+        }
         self.emit(cmd);
     }
 

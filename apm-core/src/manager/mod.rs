@@ -18,7 +18,7 @@ use crate::policy::{Policy, PolicyError};
 use crate::probe::{PathEnds, PathVerdict, ProbeAction, ProbeDriver};
 use crate::provider::{InputSink, Provider};
 use crate::types::*;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use tokio::sync::{broadcast, mpsc, oneshot};
 use tokio::time::Instant;
 use tracing::debug;
@@ -222,6 +222,9 @@ pub struct Manager<P: Provider> {
     handle: ManagerHandle,
     /// The seed of the prober's jitter; the process id when `None`.
     probe_seed: Option<u64>,
+    /// Words the tasks of software moves sent ahead of the engine, and when
+    /// ([`Manager::said_already`]).
+    said_ahead: Arc<Mutex<Vec<(Instant, PeerWord)>>>,
 }
 
 impl<P: Provider> Manager<P> {
@@ -246,6 +249,7 @@ impl<P: Provider> Manager<P> {
                 requests: req_rx,
                 handle: handle.clone(),
                 probe_seed: None,
+                said_ahead: Arc::default(),
             },
             handle,
         ))
@@ -411,30 +415,88 @@ impl<P: Provider> Manager<P> {
                     let _ = self.handle.notifications.send(n);
                 }
                 Output::Command(Command { id, op }) => {
-                    spawned = true;
-                    let provider = Arc::clone(&self.provider);
-                    let results = results.clone();
-                    let after_ms = self.engine.policy().command_timeout_ms;
-                    let (command, handed) = (op.name(), Instant::now());
-                    tokio::spawn(async move {
-                        // How long a command waited for a worker is the first thing to
-                        // read when a failover is slower than its steps.
-                        let queued = handed.elapsed();
-                        // The engine fails the command at its deadline too; dropping the
-                        // call here ends this task, so a provider that never answers
-                        // holds no task and no part of the command window.
-                        let limit = std::time::Duration::from_millis(after_ms);
-                        let result = tokio::time::timeout(limit, provider.execute(op))
-                            .await
-                            .unwrap_or(Err(ProviderError::NoAnswer { after_ms }));
-                        let ran = handed.elapsed().saturating_sub(queued);
-                        debug!(?id, command, ?queued, ?ran, "command done");
+                    if self.said_already(&op) {
+                        // Its result is the one the word's send had.
+                        let result = Ok(CommandOutcome::Done);
                         let _ = results.send(Input::CommandDone { id, result });
-                    });
+                        continue;
+                    }
+                    spawned = true;
+                    self.spawn_command(id, op, results);
                 }
             }
         }
         spawned
+    }
+
+    /// Whether `op` sends a word a move's task already sent the moment the move was done
+    /// ([`CommandOp::SoftwareMigrate`]'s `announce`); the engine asks for it only once
+    /// it hears of the move, and the peer needs it once. Words the engine has not asked
+    /// for within one LAP timeout are forgotten: what it sends after that is its own
+    /// retransmission.
+    fn said_already(&self, op: &CommandOp) -> bool {
+        let CommandOp::SendPeer { port, to, msg } = op else {
+            return false;
+        };
+        let mut said = self
+            .said_ahead
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if said.is_empty() {
+            return false;
+        }
+        let keep = std::time::Duration::from_millis(self.engine.policy().lap_timeout_ms);
+        said.retain(|(at, _)| at.elapsed() < keep);
+        let this = |(_, w): &(Instant, PeerWord)| w.port == *port && w.to == *to && w.msg == *msg;
+        match said.iter().position(this) {
+            Some(i) => {
+                said.swap_remove(i);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Carry out command `id` on a task of its own; its result goes to `results`. A
+    /// software move that names the word it ends with sends that word itself once the
+    /// QP runs on the new path (see [`Manager::said_already`]).
+    fn spawn_command(&self, id: CommandId, mut op: CommandOp, results: &InputSink) {
+        let provider = Arc::clone(&self.provider);
+        let results = results.clone();
+        let said_ahead = Arc::clone(&self.said_ahead);
+        let word = match &mut op {
+            CommandOp::SoftwareMigrate { announce, .. } => announce.take(),
+            _ => None,
+        };
+        let after_ms = self.engine.policy().command_timeout_ms;
+        let (command, handed) = (op.name(), Instant::now());
+        tokio::spawn(async move {
+            // How long a command waited for a worker is the first thing to read when a
+            // failover is slower than its steps.
+            let queued = handed.elapsed();
+            // The engine fails the command at its deadline too; dropping the call here
+            // ends this task, so a provider that never answers holds no task and no part
+            // of the command window.
+            let limit = std::time::Duration::from_millis(after_ms);
+            let result = tokio::time::timeout(limit, provider.execute(op))
+                .await
+                .unwrap_or(Err(ProviderError::NoAnswer { after_ms }));
+            let ran = handed.elapsed().saturating_sub(queued);
+            debug!(?id, command, ?queued, ?ran, "command done");
+            if let (Ok(_), Some(word)) = (&result, word) {
+                let send = provider.execute(word.clone().send());
+                match tokio::time::timeout(limit, send).await {
+                    Ok(Ok(_)) => said_ahead
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .push((Instant::now(), *word)),
+                    // The engine's own send of it goes out instead.
+                    Ok(Err(e)) => debug!(?id, error = %e, "the word after the move not sent"),
+                    Err(_) => debug!(?id, "the word after the move not sent in time"),
+                }
+            }
+            let _ = results.send(Input::CommandDone { id, result });
+        });
     }
 }
 

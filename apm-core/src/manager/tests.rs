@@ -49,7 +49,12 @@ fn spec() -> ConnSpec {
 
 /// A mock that hands out ports at start, keeps the sink, and records every command.
 /// Its peer answers a probe (`Migrate` asking it to move first) by moving.
-fn mock(sink: Arc<Mutex<Option<InputSink>>>, ops: Arc<Mutex<Vec<CommandOp>>>) -> MockProvider {
+/// `watch` sees every command as it is carried out.
+fn mock(
+    sink: Arc<Mutex<Option<InputSink>>>,
+    ops: Arc<Mutex<Vec<CommandOp>>>,
+    watch: impl Fn(&CommandOp) + Send + Sync + 'static,
+) -> MockProvider {
     let mut m = MockProvider::new();
     let started = sink.clone();
     m.expect_start().returning(move |s| {
@@ -62,6 +67,7 @@ fn mock(sink: Arc<Mutex<Option<InputSink>>>, ops: Arc<Mutex<Vec<CommandOp>>>) ->
     let silent = Arc::clone(&SILENT_PORT_1);
     let answers = sink.clone();
     m.expect_execute().returning(move |op| {
+        watch(&op);
         ops.lock().expect("not poisoned").push(op.clone());
         // The peer's prober: answers every probe at once (a quicker peer than BFD's
         // own schedule, which changes nothing here), except on port 1 once that path
@@ -151,9 +157,13 @@ fn start() -> Running {
 }
 
 fn start_with(policy: Policy) -> Running {
+    start_watched(policy, |_| {})
+}
+
+fn start_watched(policy: Policy, watch: impl Fn(&CommandOp) + Send + Sync + 'static) -> Running {
     let sink = Arc::new(Mutex::new(None));
     let ops = Arc::new(Mutex::new(Vec::new()));
-    let provider = Arc::new(mock(sink.clone(), ops.clone()));
+    let provider = Arc::new(mock(sink.clone(), ops.clone(), watch));
     let (manager, handle) = Manager::new(provider, policy).expect("valid");
     let notes = handle.notifications();
     let events = handle.fabric_events();
@@ -561,4 +571,82 @@ async fn deadlines_fire_in_virtual_time() {
         })
         .count();
     assert_eq!(laps, 4);
+}
+
+/// Whether `op` sends our "moved".
+fn sends_moved(op: &CommandOp) -> bool {
+    matches!(
+        op,
+        CommandOp::SendPeer {
+            msg: PeerMsg::Migrate(Migrate {
+                intent: MigrateIntent::Moved,
+                ..
+            }),
+            ..
+        }
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_software_move_sends_its_word_before_the_engine_hears_of_it_and_once() {
+    // What the application had been told when the "moved" went out: the engine tells
+    // it of the move when it hears the move's result.
+    let told: Arc<Mutex<Option<broadcast::Receiver<Notification>>>> = Arc::default();
+    let migrated_before_word: Arc<Mutex<Vec<bool>>> = Arc::default();
+    let (t, m) = (Arc::clone(&told), Arc::clone(&migrated_before_word));
+    let Running {
+        handle,
+        mut notes,
+        sink,
+        ops,
+        ..
+    } = start_watched(no_probes(), move |op| {
+        if sends_moved(op) {
+            let mut rx = t.lock().expect("ok");
+            let rx = rx.as_mut().expect("subscribed before the fault");
+            let mut migrated = false;
+            while let Ok(n) = rx.try_recv() {
+                migrated |= matches!(n.kind, NotificationKind::Migrated { .. });
+            }
+            m.lock().expect("ok").push(migrated);
+        }
+    });
+    let mut s = spec();
+    s.mode = MigrationMode::Software;
+    handle.protect(s).await.expect("accepted");
+    let n = notes.recv().await.expect("protected");
+    assert!(
+        matches!(n.kind, NotificationKind::Protected { .. }),
+        "{n:?}"
+    );
+    *told.lock().expect("ok") = Some(handle.notifications());
+    // The primary's port dies: the engine asks the peer to move first, the mock's peer
+    // moves, and our side follows it (a software move whose word is our "moved").
+    let s = sink.lock().expect("ok").clone().expect("started");
+    s.send(Input::PortEvent {
+        port: PortKey::new(0, 1),
+        event: PortEvent::Down,
+    })
+    .expect("driver listens");
+    let n = notes.recv().await.expect("migrated");
+    assert!(matches!(n.kind, NotificationKind::Migrated { .. }), "{n:?}");
+    // Let the engine ask for its own "moved" (the Announce after the move).
+    tokio::time::sleep(std::time::Duration::from_millis(1)).await;
+    let ops = ops.lock().expect("ok").clone();
+    let at = ops
+        .iter()
+        .position(|o| matches!(o, CommandOp::SoftwareMigrate { .. }))
+        .expect("a software move");
+    // The provider moves the QP and never sees the word...
+    assert!(
+        matches!(&ops[at], CommandOp::SoftwareMigrate { announce: None, path: to, .. } if to.same_route(&path(2))),
+        "{:?}",
+        ops[at]
+    );
+    // ...which goes out right behind the move, before the engine has heard of the move,
+    // and once: the engine's own copy is answered without being sent again.
+    assert!(ops.get(at + 1).is_some_and(sends_moved), "{ops:?}");
+    assert_eq!(*migrated_before_word.lock().expect("ok"), [false]);
+    let stats = handle.stats().await.expect("running");
+    assert!(stats.migrate_msgs_sent >= 2, "{stats:?}");
 }
