@@ -484,8 +484,11 @@ impl<P: Provider> Manager<P> {
             let ran = handed.elapsed().saturating_sub(queued);
             debug!(?id, command, ?queued, ?ran, "command done");
             if let (Ok(_), Some(word)) = (&result, word) {
+                // Within what is left of the command's time: the engine fails a move
+                // whose result comes after its deadline, done or not.
+                let left = limit.saturating_sub(handed.elapsed());
                 let send = provider.execute(word.clone().send());
-                match tokio::time::timeout(limit, send).await {
+                match tokio::time::timeout(left, send).await {
                     Ok(Ok(_)) => said_ahead
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
