@@ -31,6 +31,7 @@ mod results;
 mod sa_gate;
 mod select;
 pub(crate) mod timers;
+mod words;
 
 use crate::io::{
     AlternateKind, Command, CommandId, CommandOp, Input, Notification, NotificationKind, Output,

@@ -21,7 +21,7 @@ use super::conn::{lap_digest, Phase, Responder};
 use super::conn::{Chore, LapWait, MoveReason, Moved, PeerOnPath};
 use super::Engine;
 use crate::io::{
-    ApStatus, Apr, CommandOp, Lap, Migrate, MigrateAck, MigrateIntent, Mra, PeerMsg, PeerWord,
+    ApStatus, Apr, CommandOp, Lap, Migrate, MigrateAck, MigrateIntent, Mra, PeerMsg,
     UnprotectedReason,
 };
 use crate::policy::Policy;
@@ -31,7 +31,7 @@ use tracing::{debug, info, warn};
 
 /// What a `MigrateAck` tells the peer that asked us to move.
 #[derive(Clone, Copy, PartialEq, Eq)]
-enum MoveAnswer {
+pub(super) enum MoveAnswer {
     /// We run on the path it named.
     Moved,
     /// We did not move there.
@@ -639,39 +639,6 @@ impl Engine {
         if let Some(ack) = self.migrate_ack(id, answer) {
             self.send(r.port, r.to, ack);
         }
-    }
-
-    /// The `MigrateAck` of connection `id` saying `answer`.
-    fn migrate_ack(&self, id: ConnId, answer: MoveAnswer) -> Option<PeerMsg> {
-        let c = self.conns.get(&id)?;
-        Some(PeerMsg::MigrateAck(MigrateAck {
-            sender_comm_id: c.local_comm_id,
-            receiver_comm_id: c.remote_comm_id,
-            ok: answer == MoveAnswer::Moved,
-        }))
-    }
-
-    /// The word a software move of `id` to `path` ends with once it succeeds, as
-    /// `migrated` sends it: the answer to the peer that asked (`responder`), or our
-    /// "moved" over the path (the `Announce` chore). It rides on the move's command so
-    /// that a driver can send it the moment the QP runs there: a peer holding its
-    /// replay for us waits for exactly this word, and otherwise would wait as well for
-    /// our engine to hear of the move and ask for it.
-    pub(super) fn word_after_move(
-        &self,
-        id: ConnId,
-        path: Path,
-        responder: Option<Responder>,
-    ) -> Option<Box<PeerWord>> {
-        let (port, to, msg) = match responder {
-            Some(r) => (r.port, r.to, self.migrate_ack(id, MoveAnswer::Moved)?),
-            None => (
-                path.port,
-                PeerAddr::far_end(&path),
-                self.migrate_msg(id, path, MigrateIntent::Moved)?,
-            ),
-        };
-        Some(Box::new(PeerWord { port, to, msg }))
     }
 
     /// A software migration to `path` is done on our side.
