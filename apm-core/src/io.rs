@@ -382,7 +382,7 @@ pub struct Migrate {
 }
 
 /// A message for a peer and where it goes, as [`CommandOp::SendPeer`] carries it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PeerWord {
     /// The local port to send from.
     pub port: PortKey,

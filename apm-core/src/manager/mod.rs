@@ -447,8 +447,12 @@ impl<P: Provider> Manager<P> {
         }
         let keep = std::time::Duration::from_millis(self.engine.policy().lap_timeout_ms);
         said.retain(|(at, _)| at.elapsed() < keep);
-        let this = |(_, w): &(Instant, PeerWord)| w.port == *port && w.to == *to && w.msg == *msg;
-        match said.iter().position(this) {
+        let this = PeerWord {
+            port: *port,
+            to: *to,
+            msg: *msg,
+        };
+        match said.iter().position(|(_, w)| *w == this) {
             Some(i) => {
                 said.swap_remove(i);
                 true
@@ -483,16 +487,16 @@ impl<P: Provider> Manager<P> {
                 .unwrap_or(Err(ProviderError::NoAnswer { after_ms }));
             let ran = handed.elapsed().saturating_sub(queued);
             debug!(?id, command, ?queued, ?ran, "command done");
-            if let (Ok(_), Some(word)) = (&result, word) {
+            if let (Ok(_), Some(&word)) = (&result, word.as_deref()) {
                 // Within what is left of the command's time: the engine fails a move
                 // whose result comes after its deadline, done or not.
                 let left = limit.saturating_sub(handed.elapsed());
-                let send = provider.execute(word.clone().send());
+                let send = provider.execute(word.send());
                 match tokio::time::timeout(left, send).await {
                     Ok(Ok(_)) => said_ahead
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
-                        .push((Instant::now(), *word)),
+                        .push((Instant::now(), word)),
                     // The engine's own send of it goes out instead.
                     Ok(Err(e)) => debug!(?id, error = %e, "the word after the move not sent"),
                     Err(_) => debug!(?id, "the word after the move not sent in time"),
