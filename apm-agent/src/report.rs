@@ -57,6 +57,10 @@ pub struct ProcessReport {
     pub pid: u32,
     /// Its program (argv\[0\] as the kernel knows it).
     pub program: String,
+    /// When it started using apm, in ms since the Unix epoch (the system clock): the
+    /// origin of every `at_ms`, so a reader can put the moves on its own clock.
+    #[serde(default)]
+    pub started_unix_ms: f64,
     /// QPs the program moved to RTS.
     pub qps_seen: u64,
     /// QPs protected (an alternate agreed with the peer) at least once.

@@ -29,6 +29,7 @@ fn state() -> &'static Mutex<State> {
             report: ProcessReport {
                 pid: std::process::id(),
                 program,
+                started_unix_ms: unix_ms_now(),
                 ..ProcessReport::default()
             },
             said: BTreeSet::new(),
@@ -37,6 +38,13 @@ fn state() -> &'static Mutex<State> {
             start: Instant::now(),
         })
     })
+}
+
+/// The system clock now, in ms since the Unix epoch (0 if the clock is before it).
+fn unix_ms_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
 }
 
 fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
