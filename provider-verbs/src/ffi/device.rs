@@ -88,6 +88,7 @@ pub(super) fn open(verbs: &Verbs, name: &str) -> Result<Context> {
             ctx,
             name: name.to_owned(),
             roce_apm: std::sync::Mutex::new(std::collections::BTreeMap::new()),
+            roce_gid_hints: std::sync::Mutex::new(std::collections::BTreeMap::new()),
         }),
     })
 }
@@ -106,6 +107,9 @@ pub(crate) struct ContextInner {
     /// Per RoCE port: whether the kernel accepts alternate paths there
     /// ([`crate::roce_apm`], asked once).
     pub(crate) roce_apm: std::sync::Mutex<std::collections::BTreeMap<u8, bool>>,
+    /// Per (port, GID): the RoCE v2 index [`Context::roce_gid_index`] found last, tried
+    /// first next time.
+    pub(crate) roce_gid_hints: std::sync::Mutex<std::collections::BTreeMap<(u8, [u8; 16]), u32>>,
 }
 
 // SAFETY: libibverbs contexts are thread-safe (the library locks internally; rdma-core
@@ -500,9 +504,28 @@ impl Context {
     /// The index of `gid` in `port`'s GID table for a RoCE address vector: its RoCE v2
     /// entry, or where it has none the first entry of another type; `None` when the
     /// table does not hold it. Reads in index order, stops at the RoCE v2 entry and
-    /// never past index 255, as [`Context::first_gid`] does (RoCE GID indexes move when
-    /// addresses come and go: look them up each time).
+    /// never past index 255, as [`Context::first_gid`] does.
+    ///
+    /// RoCE GID indexes move when addresses come and go, so an index is never trusted
+    /// blindly; but a software migration looks one up on its critical path, where a scan
+    /// of the table costs one query per slot (milliseconds on a loaded or emulated
+    /// host). So the RoCE v2 index found last for this GID is read first, with one query,
+    /// and kept when that slot still holds the GID as RoCE v2; otherwise the table is
+    /// scanned again.
     pub fn roce_gid_index(&self, port: u8, gid: &[u8; 16]) -> Result<Option<u8>> {
+        let hints = &self.inner.roce_gid_hints;
+        let hint = hints
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&(port, *gid))
+            .copied();
+        if let Some(index) = hint {
+            if let Some(e) = self.query_gid(port, index)? {
+                if e.gid == *gid && e.gid_type == GidType::RoceV2 {
+                    return Ok(u8::try_from(index).ok());
+                }
+            }
+        }
         let mut other_type = None;
         let v2 = self.first_gid(port, |e| {
             if e.gid != *gid {
@@ -514,6 +537,13 @@ impl Context {
             other_type.get_or_insert(e.index);
             false
         })?;
+        let mut hints = hints
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match &v2 {
+            Some(e) => hints.insert((port, *gid), e.index),
+            None => hints.remove(&(port, *gid)),
+        };
         Ok(v2
             .map(|e| e.index)
             .or(other_type)
