@@ -77,7 +77,7 @@ struct State {
     probes: Option<AgentProbes>,
     /// Wakes the probe loop when a probe arrived: a session that changed state tells
     /// its peer at once (the prober queues that send for now), which must not wait for
-    /// the loop's next wake-up (up to 50 ms, near a 3 x 20 ms detection time).
+    /// the loop's next wake-up (up to 50 ms, more than the default 3 x 15 ms detection time).
     probe_arrived: Arc<tokio::sync::Notify>,
 }
 

@@ -179,7 +179,7 @@ fn bad_arguments_are_clear_errors() {
 #[test]
 fn a_silent_rail_shows_as_path_down_of_the_fabric_with_both_ends() {
     // Rail A's switch black-holes at 1 s, its ports up: no port event, no trap; the
-    // probes (on in the simulator) find it within about 60 ms.
+    // probes (on in the simulator) find it within 45 ms.
     let dir = std::env::temp_dir().join(format!("apm-watch-path-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join("events");

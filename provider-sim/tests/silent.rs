@@ -58,7 +58,7 @@ fn apm_without_probes_learns_nothing_sooner_and_with_them_moves_in_tens_of_ms() 
     assert_eq!(blind.probes_sent, 0);
     let probed = run(&s, PolicyKind::Apm, true);
     assert_eq!(probed.lost, 0);
-    // Detection is 3 x 20 ms after the last probe heard, then one exchange with the peer.
+    // Detection is 3 x 15 ms after the last probe heard, then one exchange with the peer.
     assert!(probed.restore_ms.max < 100.0, "{:?}", probed.restore_ms);
     assert!(probed.probes_sent > 0);
 }
@@ -181,7 +181,7 @@ fn move_causes(s: &Scenario, managed: usize, until_ms: u64) -> Vec<Vec<Option<Ca
 #[test]
 fn a_black_holing_switch_moves_connections_for_the_fabric() {
     let s = nccl();
-    // The black hole starts at 1 s; probes find it within about 60 ms.
+    // The black hole starts at 1 s; probes find it within 45 ms.
     let causes: Vec<Option<Cause>> = move_causes(&s, 4, 1_500).concat();
     let fabric = causes.iter().filter(|c| **c == Some(Cause::Fabric)).count();
     assert!(fabric > 0, "{causes:?}");

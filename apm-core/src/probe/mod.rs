@@ -10,8 +10,8 @@
 //! input. Jitter comes from a seeded generator: same seed, same sends.
 //!
 //! Cost is per path, never per QP: a host with `P` peers reached over `R` rails runs
-//! `P x R` sessions however many connections share them. With the default 20 ms interval
-//! a session sends 50 probes a second, so 1,000 peers on two rails would be 100,000
+//! `P x R` sessions however many connections share them. With the default 15 ms interval
+//! a session sends 67 probes a second, so 1,000 peers on two rails would be 133,000
 //! probes a second; [`ProbePolicy::max_probes_per_sec`] (default 20,000) stretches the
 //! interval instead (to 100 ms there, detection in 300 ms), and says so in
 //! [`Prober::interval`].
@@ -129,14 +129,19 @@ pub struct Probe {
 pub struct ProbePolicy {
     /// Probe on every watched path. Default false for now: in the VM suite, under
     /// load, a userspace prober at 20 ms missed its own deadlines (qemu stalls longer than
-    /// the 60 ms detection time), its sessions flapped and connections moved for nothing;
+    /// the 60 ms detection time then), its sessions flapped and connections moved for nothing;
     /// probes need flap damping and a measured default before they are on by default.
     pub enabled: bool,
-    /// Interval between probes on an Up session. Default 20 ms: with the multiplier, a
-    /// silent failure is found in 60 ms, well inside the 100 ms a stalled collective or
-    /// storage request tolerates and far below a QP's retry budget (537 ms at ACK timeout
-    /// 14, 34 s at NCCL's 20), while a lost probe or two (a scheduling hiccup of the
-    /// sender) does not end a session.
+    /// Interval between probes on an Up session. Default 15 ms: with the multiplier, a
+    /// silent failure is found 45 ms after the last probe heard (30 to 45 ms after the
+    /// failure, the sender's jitter shortening intervals by up to a quarter), so that a
+    /// connection runs again within the 50 ms a stalled collective or storage request
+    /// tolerates (the simulator's `nccl-silent` scenario: restore p99 42 ms, against 57 ms
+    /// at 20 ms), and far below a QP's retry budget (537 ms at ACK timeout 14, 34 s at
+    /// NCCL's 20); a lost probe or two (a scheduling hiccup of the sender) still does not
+    /// end a session. It costs 67 probes a second per path; at 1,000 peers on two rails
+    /// that would be 133,000 a second, above [`ProbePolicy::max_probes_per_sec`], which
+    /// stretches the interval to 100 ms there.
     pub interval_ms: u32,
     /// Probes missed in a row before a session is declared down. Default 3 (BFD's usual
     /// value: one lost packet never ends a session).
@@ -173,7 +178,7 @@ impl Default for ProbePolicy {
     fn default() -> ProbePolicy {
         ProbePolicy {
             enabled: false,
-            interval_ms: 20,
+            interval_ms: 15,
             multiplier: 3,
             down_interval_ms: 250,
             max_probes_per_sec: 20_000,

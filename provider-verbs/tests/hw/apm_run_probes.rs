@@ -11,8 +11,8 @@
 //!   return (one just after it is right: rail 20's return may be heard before rail
 //!   10's, and a connection whose primary is dead moves to the path that is up).
 //!
-//! The probes run at 100 ms x 5 here, not apm's 20 ms x 3: this is a test of what the
-//! verdicts do, and a qemu guest on a loaded host misses 60 ms deadlines (the failover
+//! The probes run at 100 ms x 5 here, not apm's 15 ms x 3: this is a test of what the
+//! verdicts do, and a qemu guest on a loaded host misses 45 ms deadlines (the failover
 //! benchmark measures the detection time itself). The "longest stall" the cases print
 //! counts the agents' probes as traffic on the rails, so it is no measure here.
 
