@@ -200,8 +200,11 @@ pub enum CommandOp {
         announce: Option<Box<PeerWord>>,
     },
     /// The peer now runs on the connection's primary too: sends a provider held back
-    /// after a `SoftwareMigrate` whose peer had not moved yet may go. A hint, not a QP
-    /// operation: answered at once, and ignored where nothing is held.
+    /// after a `SoftwareMigrate` whose peer had not moved yet may go. Issued while that
+    /// `SoftwareMigrate` is still in flight, it says the peer runs on the path the move
+    /// goes to: the provider need not hold when the move is done (the engine says it
+    /// again once it hears the move is done). A hint, not a QP operation: answered at
+    /// once, and ignored where nothing is held or moving.
     PeerThere {
         /// The connection.
         conn: ConnId,

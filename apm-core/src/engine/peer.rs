@@ -615,13 +615,20 @@ impl Engine {
         );
     }
 
-    /// The peer runs on the path our software move of `id` goes to: tell the provider
-    /// once the move is done (`sw_migration_done`).
+    /// The peer runs on the path our software move of `id` goes to: tell the provider now,
+    /// so that the move replays at once when it is done instead of holding for a word
+    /// that has come already, and again once the move is done (`sw_migration_done`), for
+    /// a provider that heard the first before its move began.
     fn peer_arrived_during_move(&mut self, id: ConnId) {
-        if let Some(Phase::SwMigrating { peer, .. }) =
+        let Some(Phase::SwMigrating { peer, .. }) =
             self.conns.get_mut(&id).and_then(|c| c.phase_mut())
-        {
-            peer.peer_arrived();
+        else {
+            return;
+        };
+        let was = *peer;
+        peer.peer_arrived();
+        if *peer != was {
+            self.tell_peer_there(id);
         }
     }
 

@@ -39,10 +39,19 @@ const FOLLOW_WAIT_MAX: Duration = Duration::from_millis(500);
 const PSN_WATCH: Duration = Duration::from_millis(4);
 
 impl RcConn {
-    /// The peer runs on our primary path now: send what was held for it. A no-op when
-    /// nothing is held.
+    /// The peer runs on our primary path now: send what was held for it. Said while a
+    /// move runs, it means the path that move goes to (the engine says it only of that
+    /// one): the move then replays at once instead of holding. A no-op otherwise.
     pub fn peer_there(&self) {
         let mut g = self.lock();
+        if let Mode::Migrating { peer_there } = &mut g.mode {
+            *peer_there = true;
+            debug!(
+                qpn = self.qp_num(),
+                "the peer is there before our move is done"
+            );
+            return;
+        }
         self.release_held(&mut g, Released::PeerSaid);
     }
 

@@ -77,7 +77,7 @@ impl RcConn {
             if g.params.is_none() {
                 return Err(ConnError::Invalid("the connection was never connected"));
             }
-            g.mode = Mode::Migrating;
+            g.mode = Mode::Migrating { peer_there: false };
             (!g.outstanding.is_empty()).then(|| g.last_progress.elapsed())
         };
         let t_query = Instant::now();
@@ -292,7 +292,10 @@ impl RcConn {
         g.stats.flushed_sends += replay.iter().filter(|w| !w.kick).count() as u64;
         g.next_psn = first_psn;
         g.failed = false;
-        let hold = !replay.is_empty() && super::hold::holds_replay(when, &params, waited);
+        // The peer's word may have come while we moved: then it is there already.
+        let peer_there = matches!(g.mode, Mode::Migrating { peer_there: true });
+        let hold =
+            !replay.is_empty() && !peer_there && super::hold::holds_replay(when, &params, waited);
         info!(
             qpn = self.qp_num(),
             err_sq_psn = q.sq_psn,
@@ -301,6 +304,7 @@ impl RcConn {
             first_psn,
             replayed = replay.len(),
             held_for_peer = hold,
+            peer_there,
             reposted_recvs = reposted,
             ?t_err,
             ?t_flushed,

@@ -154,8 +154,12 @@ struct RecvWr {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Running,
-    /// A migration runs: sends are held.
-    Migrating,
+    /// A migration runs: sends are held. `peer_there`: the engine said the peer already
+    /// runs on the path this move goes to (its word came while we moved), so the replay
+    /// goes at once when the move is done instead of waiting for the peer.
+    Migrating {
+        peer_there: bool,
+    },
     /// Re-initialised on a path the peer has not moved to yet: the replay waits at the
     /// front of `held`, new sends behind it, until the peer is there.
     AwaitingPeer {

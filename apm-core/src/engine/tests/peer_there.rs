@@ -118,3 +118,37 @@ fn hardware_connections_get_no_word() {
         assert_eq!(n.op_count("peer_there"), 0, "{:?}", n.op_names());
     }
 }
+
+#[test]
+fn a_word_that_comes_while_the_move_runs_is_passed_on_at_once_and_again_after() {
+    // A's rail dies and A moves alongside B; A's provider is slow, so B's answer
+    // ("there") comes while A's move still runs. The provider hears it at once (it may
+    // then replay as soon as the move is done, not hold for a word already come), and
+    // again once the move is done (a provider that heard it before its move began).
+    let mut p = software_pair(true);
+    p.node('a').unanswered.push("software_migrate");
+    p.input(
+        'a',
+        Input::PathDown {
+            ends: ends('a', 1, 1),
+            kind: FailureKind::LocalPort,
+        },
+    );
+    p.run_for(1000);
+    let before: Vec<&str> = p.a.op_names();
+    let move_at = before.iter().position(|o| *o == "software_migrate");
+    let told_at = before.iter().rposition(|o| *o == "peer_there");
+    assert!(
+        move_at.is_some() && told_at > move_at,
+        "told while the move runs: {before:?}"
+    );
+    assert_eq!(p.a.held.len(), 1, "the move is still in flight");
+    let told_during = p.a.op_count("peer_there");
+    p.release('a');
+    p.run_for(1000);
+    assert!(
+        p.a.op_count("peer_there") > told_during,
+        "and again once the move is done: {:?}",
+        p.a.op_names()
+    );
+}
