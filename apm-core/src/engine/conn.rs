@@ -1,7 +1,9 @@
 //! Per-connection state: the paths as the engine believes the QP holds them, and the
 //! phase of whatever the engine is doing for the connection.
 
-use crate::io::{Cause, Command, CommandId, CommandOp, Lap, PeerMove, PeerMsg, UnprotectedReason};
+use crate::io::{
+    Cause, Command, CommandId, CommandOp, Lap, MigrateIntent, PeerMove, PeerMsg, UnprotectedReason,
+};
 use crate::types::{
     ConnId, ConnSpec, Gid, MigState, MigrationMode, Path, PeerAddr, PortKey, Qpn, Role, Time,
 };
@@ -294,6 +296,16 @@ impl Phase {
     pub(crate) fn busy(&self) -> bool {
         self.awaited().is_some()
             || matches!(self, Phase::AwaitPeer { .. } | Phase::AwaitFollow { .. })
+    }
+
+    /// Whether our own request that the peer move to `path` is out (we wait for its
+    /// answer): a request of the peer's for the same path crosses ours.
+    pub(crate) fn asks_peer_to(&self, path: &Path) -> bool {
+        matches!(
+            self,
+            Phase::AwaitPeer { msg: PeerMsg::Migrate(ours), .. }
+                if ours.intent == MigrateIntent::Probe && ours.path.same_route(path)
+        )
     }
 }
 

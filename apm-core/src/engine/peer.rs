@@ -566,15 +566,18 @@ impl Engine {
                     self.refuse_move(id, r);
                     return;
                 }
+                let crossed = c.phase().asks_peer_to(&path);
                 self.stats.migrations_forced += 1;
                 // A "moved" comes from a peer already on the path; a "moving" from one
                 // moving there as we do, which may finish after us (our replay would go
                 // into its drop), so we hold ours as it holds its own, each until the
-                // other is there; a request comes from one that moves only once we
-                // answer.
+                // other is there; so does a request that crossed ours (each side saw the
+                // path die: each moves on the other's, and its answer says it is there);
+                // any other request comes from one that moves only once we answer.
                 let peer = match m.intent {
                     MigrateIntent::Moved => PeerOnPath::There,
                     MigrateIntent::Moving => PeerOnPath::Alongside,
+                    MigrateIntent::Probe if crossed => PeerOnPath::Alongside,
                     MigrateIntent::Probe => PeerOnPath::Follows,
                 };
                 self.start_sw_migration(id, path, Some(r), peer);
@@ -737,8 +740,9 @@ impl Engine {
                 peer: PeerOnPath::Alongside,
                 ..
             } if a.ok => {
-                // The answer to our "moving": the peer runs on the path we are moving
-                // to. Tell the provider once our move is done (`sw_migration_done`).
+                // The answer to our "moving", or to our request when the peer's crossed
+                // it: the peer runs on the path we are moving to. Tell the provider
+                // (`peer_arrived_during_move`).
                 self.peer_arrived_during_move(id);
                 return;
             }

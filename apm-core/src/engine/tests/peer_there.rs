@@ -152,3 +152,30 @@ fn a_word_that_comes_while_the_move_runs_is_passed_on_at_once_and_again_after() 
         p.a.op_names()
     );
 }
+
+#[test]
+fn requests_that_cross_are_moves_alongside_and_both_hear() {
+    // Both sides' probes find the path dead at once: each asks the other to move, and
+    // each request reaches a side waiting for the answer to its own. Each moves on the
+    // other's request while the other moves on its own: alongside, each holding its
+    // replay until the other's answer says it is there.
+    let mut p = software_pair(true);
+    for side in ['a', 'b'] {
+        p.input(
+            side,
+            Input::PathDown {
+                ends: ends(side, 1, 1),
+                kind: FailureKind::Fabric,
+            },
+        );
+    }
+    p.run_for(1000);
+    for n in [&p.a, &p.b] {
+        assert_eq!(
+            moves(n),
+            (vec![PeerMove::Alongside], true),
+            "{:?}",
+            n.op_names()
+        );
+    }
+}
