@@ -112,6 +112,22 @@ impl Bed {
         }
     }
 
+    /// After 100 ms of probing, rail 1 is cut silently for 200 ms: each Down seen then,
+    /// with its time since the cut.
+    fn cut_rail_1(&mut self) -> Vec<(Duration, PathEnds, FailureKind)> {
+        self.run_ms(100);
+        let t0 = self.now;
+        self.cut.push(1);
+        self.run_ms(200);
+        self.seen
+            .iter()
+            .filter_map(|(t, _, o)| match o {
+                ProbeOutput::Down { ends, kind } => Some((t.since(t0), *ends, *kind)),
+                _ => None,
+            })
+            .collect()
+    }
+
     fn downs(&self) -> Vec<(usize, PathEnds, FailureKind)> {
         self.seen
             .iter()
@@ -160,25 +176,13 @@ fn sessions_come_up_within_a_few_milliseconds_and_say_so_once() {
 #[test]
 fn a_silent_cut_is_a_fabric_failure_on_both_sides_within_the_detection_time() {
     let mut bed = Bed::new(2);
-    bed.run_ms(100);
-    let t0 = bed.now;
-    bed.cut.push(1);
-    bed.run_ms(200);
-    let downs: Vec<_> = bed
-        .seen
-        .iter()
-        .filter(|(_, _, o)| matches!(o, ProbeOutput::Down { .. }))
-        .collect();
+    let downs = bed.cut_rail_1();
     assert_eq!(downs.len(), 2, "{downs:?}");
-    for (t, _, o) in downs {
-        let ProbeOutput::Down { ends, kind } = o else {
-            unreachable!()
-        };
+    for (after, ends, kind) in downs {
         assert_eq!(ends.local.0[15], 1);
-        assert_eq!(*kind, FailureKind::Fabric);
+        assert_eq!(kind, FailureKind::Fabric);
         // Detection: 3 x 20 ms after the last probe heard, which left up to 20 ms before
         // the cut.
-        let after = t.since(t0);
         assert!(after <= Duration::from_millis(62), "{after:?}");
         assert!(after >= Duration::from_millis(40), "{after:?}");
     }
@@ -194,19 +198,9 @@ fn the_default_finds_a_silent_cut_within_45_ms_of_it() {
         ..ProbePolicy::default()
     };
     for seed in 1..=50 {
-        let mut bed = Bed::with(policy.clone(), seed);
-        bed.run_ms(100);
-        let t0 = bed.now;
-        bed.cut.push(1);
-        bed.run_ms(200);
-        let downs: Vec<Duration> = bed
-            .seen
-            .iter()
-            .filter(|(_, _, o)| matches!(o, ProbeOutput::Down { .. }))
-            .map(|(t, _, _)| t.since(t0))
-            .collect();
+        let downs = Bed::with(policy.clone(), seed).cut_rail_1();
         assert_eq!(downs.len(), 2, "seed {seed}: {downs:?}");
-        for after in downs {
+        for (after, _, _) in downs {
             assert!(
                 after <= Duration::from_millis(47) && after >= Duration::from_millis(28),
                 "seed {seed}: down {after:?} after the cut"

@@ -38,6 +38,30 @@ fn moves(n: &Node) -> (Vec<PeerMove>, bool) {
     (flags, told)
 }
 
+/// Both sides find rail 1 dead at once (`kind`): each side moves once, alongside the
+/// other, and hears that the other is there.
+fn both_sides_see_rail_1_die(kind: FailureKind) {
+    let mut p = software_pair(true);
+    for side in ['a', 'b'] {
+        p.input(
+            side,
+            Input::PathDown {
+                ends: ends(side, 1, 1),
+                kind,
+            },
+        );
+    }
+    p.run_for(1000);
+    for n in [&p.a, &p.b] {
+        assert_eq!(
+            moves(n),
+            (vec![PeerMove::Alongside], true),
+            "{:?}",
+            n.op_names()
+        );
+    }
+}
+
 #[test]
 fn the_side_asked_to_move_first_holds_and_hears_when_the_asker_followed() {
     // A stall asks first: B moves on A's request, A follows B's answer.
@@ -85,25 +109,7 @@ fn a_side_moving_at_once_and_its_peer_both_hear() {
 fn both_sides_seeing_their_rail_die_move_once_and_both_hear() {
     // A link down seen at both ends (one cable): each moves at once and says "moving";
     // the other's "moving" is no sign that it is there, its "moved" or answer is.
-    let mut p = software_pair(true);
-    for side in ['a', 'b'] {
-        p.input(
-            side,
-            Input::PathDown {
-                ends: ends(side, 1, 1),
-                kind: FailureKind::LocalPort,
-            },
-        );
-    }
-    p.run_for(1000);
-    for n in [&p.a, &p.b] {
-        assert_eq!(
-            moves(n),
-            (vec![PeerMove::Alongside], true),
-            "{:?}",
-            n.op_names()
-        );
-    }
+    both_sides_see_rail_1_die(FailureKind::LocalPort);
 }
 
 #[test]
@@ -159,23 +165,5 @@ fn requests_that_cross_are_moves_alongside_and_both_hear() {
     // each request reaches a side waiting for the answer to its own. Each moves on the
     // other's request while the other moves on its own: alongside, each holding its
     // replay until the other's answer says it is there.
-    let mut p = software_pair(true);
-    for side in ['a', 'b'] {
-        p.input(
-            side,
-            Input::PathDown {
-                ends: ends(side, 1, 1),
-                kind: FailureKind::Fabric,
-            },
-        );
-    }
-    p.run_for(1000);
-    for n in [&p.a, &p.b] {
-        assert_eq!(
-            moves(n),
-            (vec![PeerMove::Alongside], true),
-            "{:?}",
-            n.op_names()
-        );
-    }
+    both_sides_see_rail_1_die(FailureKind::Fabric);
 }
