@@ -520,7 +520,8 @@ impl Context {
             .get(&(port, *gid))
             .copied();
         if let Some(index) = hint {
-            if let Some(e) = self.query_gid(port, index)? {
+            // A failed read of the hinted slot is no answer either way: the scan decides.
+            if let Ok(Some(e)) = self.query_gid(port, index) {
                 if e.gid == *gid && e.gid_type == GidType::RoceV2 {
                     return Ok(u8::try_from(index).ok());
                 }
