@@ -208,7 +208,7 @@ async fn a_path_that_stops_answering_probes_is_reported_down_then_back() {
     }
     assert_eq!(up, [(ga, gb), (gb, ga)].into_iter().collect());
     // b's end stops probing (its connection is gone): a's session times out in about
-    // 3 x 20 ms, a fabric failure (both addresses are up).
+    // 3 x 15 ms (the default), a fabric failure (both addresses are up).
     b.unregister(2, 1).expect("unregister b");
     let t0 = tokio::time::Instant::now();
     match next(&mut a_rx).await {

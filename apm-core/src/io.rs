@@ -199,15 +199,18 @@ pub enum CommandOp {
         #[serde(default)]
         announce: Option<Box<PeerWord>>,
     },
-    /// The peer now runs on the connection's primary too: sends a provider held back
-    /// after a `SoftwareMigrate` whose peer had not moved yet may go. Issued while that
-    /// `SoftwareMigrate` is still in flight, it says the peer runs on the path the move
-    /// goes to: the provider need not hold when the move is done (the engine says it
-    /// again once it hears the move is done). A hint, not a QP operation: answered at
-    /// once, and ignored where nothing is held or moving.
+    /// The peer now runs on `path`, the connection's primary: sends a provider held
+    /// back after a `SoftwareMigrate` to it whose peer had not moved yet may go. Issued
+    /// while that `SoftwareMigrate` is still in flight, `path` is where the move goes:
+    /// the provider need not hold when the move is done (the engine says it again once
+    /// it hears the move is done). A hint, not a QP operation: answered at once, and
+    /// ignored where nothing is held for, or moving to, `path` (a hint can reach the
+    /// provider after a later move has begun).
     PeerThere {
         /// The connection.
         conn: ConnId,
+        /// Where the peer runs.
+        path: Path,
     },
     /// Read back the QP's state, migration state and primary path.
     QueryQp {

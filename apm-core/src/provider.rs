@@ -71,8 +71,9 @@ pub trait QpControl: Send + Sync + 'static {
         path: Path,
         peer: PeerMove,
     ) -> Result<(), ProviderError>;
-    /// The peer runs on the connection's primary now ([`CommandOp::PeerThere`]).
-    async fn peer_there(&self, conn: ConnId) -> Result<(), ProviderError>;
+    /// The peer runs on `path`, the connection's primary or where its move in flight
+    /// goes ([`CommandOp::PeerThere`]).
+    async fn peer_there(&self, conn: ConnId, path: Path) -> Result<(), ProviderError>;
     /// Read the QP back.
     async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError>;
 }
@@ -152,9 +153,9 @@ impl<Q: QpControl, C: PeerChannel, F: FabricService> Provider for Stack<Q, C, F>
                 .software_migrate(conn, path, peer)
                 .await
                 .map(|()| CommandOutcome::Done),
-            CommandOp::PeerThere { conn } => self
+            CommandOp::PeerThere { conn, path } => self
                 .qp
-                .peer_there(conn)
+                .peer_there(conn, path)
                 .await
                 .map(|()| CommandOutcome::Done),
             CommandOp::QueryQp { conn } => self.qp.query_qp(conn).await.map(CommandOutcome::Qp),
@@ -201,8 +202,8 @@ impl<T: QpControl + ?Sized> QpControl for std::sync::Arc<T> {
     ) -> Result<(), ProviderError> {
         (**self).software_migrate(conn, path, peer).await
     }
-    async fn peer_there(&self, conn: ConnId) -> Result<(), ProviderError> {
-        (**self).peer_there(conn).await
+    async fn peer_there(&self, conn: ConnId, path: Path) -> Result<(), ProviderError> {
+        (**self).peer_there(conn, path).await
     }
     async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError> {
         (**self).query_qp(conn).await

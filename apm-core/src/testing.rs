@@ -249,7 +249,7 @@ impl QpControl for FakeQp {
         ))
     }
 
-    async fn peer_there(&self, _conn: ConnId) -> Result<(), ProviderError> {
+    async fn peer_there(&self, _conn: ConnId, _path: Path) -> Result<(), ProviderError> {
         Ok(())
     }
 

@@ -53,7 +53,7 @@ impl QpControl for FakeQp {
         self.moved_to.lock().expect("not poisoned").push(path);
         Ok(())
     }
-    async fn peer_there(&self, _: ConnId) -> Result<(), ProviderError> {
+    async fn peer_there(&self, _: ConnId, _: Path) -> Result<(), ProviderError> {
         Ok(())
     }
     async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError> {

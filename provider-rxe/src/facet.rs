@@ -424,10 +424,10 @@ impl QpControl for RxeQpControl {
         }
     }
 
-    async fn peer_there(&self, conn: ConnId) -> Result<(), ProviderError> {
+    async fn peer_there(&self, conn: ConnId, path: Path) -> Result<(), ProviderError> {
         // An adopted QP replays nothing, so holds nothing.
         if let Managed::Own(rc) = self.conn(conn)? {
-            rc.peer_there();
+            rc.peer_there(&path.dgid.0);
         }
         Ok(())
     }

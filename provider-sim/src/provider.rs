@@ -193,8 +193,10 @@ impl QpControl for SimProvider {
         .map(|_| ())
     }
 
-    async fn peer_there(&self, conn: ConnId) -> Result<(), ProviderError> {
-        self.exec(CommandOp::PeerThere { conn }).await.map(|_| ())
+    async fn peer_there(&self, conn: ConnId, path: Path) -> Result<(), ProviderError> {
+        self.exec(CommandOp::PeerThere { conn, path })
+            .await
+            .map(|_| ())
     }
 
     async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError> {

@@ -401,7 +401,7 @@ impl QpControl for VerbsQpControl {
         })
     }
 
-    async fn peer_there(&self, _conn: ConnId) -> Result<(), ProviderError> {
+    async fn peer_there(&self, _conn: ConnId, _path: Path) -> Result<(), ProviderError> {
         // Nothing is ever held here: the HCA's own APM moves the QP.
         Ok(())
     }

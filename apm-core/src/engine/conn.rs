@@ -121,12 +121,12 @@ pub(crate) enum PeerOnPath {
     /// provider may hold its replay until told (`CommandOp::PeerThere`).
     Follows,
     /// It moves there now as we do (one side's `Migrate` "moving",
-    /// `Engine::tell_and_move`), and either may finish first: the provider holds its
-    /// replay until the peer is there (its "moved", its answer to our "moving", or its
-    /// first packet on the path).
+    /// `Engine::tell_and_move`, or requests that crossed), and either may finish first:
+    /// the provider holds its replay until the peer is there (its "moved", its answer
+    /// to our "moving" or request, or its first packet on the path).
     Alongside,
-    /// It said it had moved while our move was under way: tell the provider once ours
-    /// is done.
+    /// It said it had moved while our move was under way: the provider was told then,
+    /// and is told again once ours is done.
     ArrivedMeanwhile,
 }
 

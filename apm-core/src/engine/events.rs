@@ -479,16 +479,17 @@ impl Engine {
         );
     }
 
-    /// The peer of software connection `id` runs on our primary now: the provider may
-    /// send what it held back for it (`CommandOp::PeerThere`). A hint, sent without
-    /// waiting on the connection's QP commands; hardware QPs need none.
-    pub(super) fn tell_peer_there(&mut self, id: ConnId) {
+    /// The peer of software connection `id` runs on `path` (our primary, or where our
+    /// software move in flight goes): the provider may send what it held back for it
+    /// there (`CommandOp::PeerThere`). A hint, sent without waiting on the connection's
+    /// QP commands; hardware QPs need none.
+    pub(super) fn tell_peer_there(&mut self, id: ConnId, path: Path) {
         if self
             .conns
             .get(&id)
             .is_some_and(|c| c.mode == MigrationMode::Software)
         {
-            self.issue(CommandOp::PeerThere { conn: id }, Pending::Hint);
+            self.issue(CommandOp::PeerThere { conn: id, path }, Pending::Hint);
         }
     }
 

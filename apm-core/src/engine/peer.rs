@@ -516,7 +516,7 @@ impl Engine {
                     // The peer runs where we do: what `AwaitFollow` waits for, and
                     // what a provider holding its replay for the peer waits for.
                     self.peer_followed(id);
-                    self.tell_peer_there(id);
+                    self.tell_peer_there(id, path);
                 }
                 // The peer is on its way, not there: what we replay still waits for
                 // its "moved" or its first packet. Our answer tells it that we are
@@ -528,9 +528,9 @@ impl Engine {
         match c.phase() {
             Phase::SwMigrating { path: p, .. } if p.same_route(&path) => {
                 if m.intent == MigrateIntent::Moved {
-                    // The peer is there before our move is done: tell the provider
-                    // once it is (`sw_migration_done`). A "moving" says only that it
-                    // is on its way too: its "moved" follows its move.
+                    // The peer is there before our move is done: tell the provider now
+                    // and again once it is. A "moving" says only that it is on its way
+                    // too: its "moved" follows its move.
                     self.peer_arrived_during_move(id);
                 }
                 return; // Moving there already; the answer follows.
@@ -571,9 +571,8 @@ impl Engine {
                 // A "moved" comes from a peer already on the path; a "moving" from one
                 // moving there as we do, which may finish after us (our replay would go
                 // into its drop), so we hold ours as it holds its own, each until the
-                // other is there; so does a request that crossed ours (each side saw the
-                // path die: each moves on the other's, and its answer says it is there);
-                // any other request comes from one that moves only once we answer.
+                // other is there, as for a request that crossed ours (each moves on the
+                // other's); any other request comes from one that moves once we answer.
                 let peer = match m.intent {
                     MigrateIntent::Moved => PeerOnPath::There,
                     MigrateIntent::Moving => PeerOnPath::Alongside,
@@ -623,15 +622,15 @@ impl Engine {
     /// that has come already, and again once the move is done (`sw_migration_done`), for
     /// a provider that heard the first before its move began.
     fn peer_arrived_during_move(&mut self, id: ConnId) {
-        let Some(Phase::SwMigrating { peer, .. }) =
+        let Some(Phase::SwMigrating { peer, path, .. }) =
             self.conns.get_mut(&id).and_then(|c| c.phase_mut())
         else {
             return;
         };
-        let was = *peer;
+        let (was, path) = (*peer, *path);
         peer.peer_arrived();
         if *peer != was {
-            self.tell_peer_there(id);
+            self.tell_peer_there(id, path);
         }
     }
 
@@ -731,8 +730,9 @@ impl Engine {
             Phase::AwaitFollow { .. } => {
                 // "I am on the path" from the peer we moved for: it followed.
                 if a.ok {
+                    let primary = c.primary;
                     self.peer_followed(id);
-                    self.tell_peer_there(id);
+                    self.tell_peer_there(id, primary);
                 }
                 return;
             }
@@ -792,7 +792,7 @@ impl Engine {
         }
         if !probe && a.ok {
             // The answer to our "moved": the peer runs on our primary.
-            self.tell_peer_there(id);
+            self.tell_peer_there(id, c.primary);
         }
         self.set_phase(id, Phase::Idle);
         self.after_phase(id);

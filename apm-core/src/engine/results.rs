@@ -300,7 +300,7 @@ impl Engine {
         let Err(e) = result else {
             self.sw_migrated(id, path, responder);
             if peer == PeerOnPath::ArrivedMeanwhile {
-                self.tell_peer_there(id);
+                self.tell_peer_there(id, path);
             }
             return;
         };

@@ -300,7 +300,7 @@ async fn probes_run_per_path_and_a_silent_primary_moves_the_connection() {
         .collect();
     assert_eq!(probed, [path(1).dgid, path(2).dgid].into_iter().collect());
 
-    // The primary's path goes silent with both ports up: found within 3 x 20 ms
+    // The primary's path goes silent with both ports up: found within 3 x 15 ms
     // (plus one interval), a fabric failure, and the connection moves.
     SILENT_PORT_1.store(true, std::sync::atomic::Ordering::SeqCst);
     let cut = tokio::time::Instant::now();

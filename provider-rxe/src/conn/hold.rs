@@ -39,20 +39,25 @@ const FOLLOW_WAIT_MAX: Duration = Duration::from_millis(500);
 const PSN_WATCH: Duration = Duration::from_millis(4);
 
 impl RcConn {
-    /// The peer runs on our primary path now: send what was held for it. Said while a
-    /// move runs, it means the path that move goes to (the engine says it only of that
-    /// one): the move then replays at once instead of holding. A no-op otherwise.
-    pub fn peer_there(&self) {
+    /// The peer runs on the path to its GID `dgid`: if that is where our replay waits
+    /// for it, send what was held; if it is where the move in flight goes, that move
+    /// replays at once instead of holding. A no-op otherwise: a word about another path
+    /// (one that reached us after a later move began) releases nothing.
+    pub fn peer_there(&self, dgid: &[u8; 16]) {
         let mut g = self.lock();
-        if let Mode::Migrating { peer_there } = &mut g.mode {
-            *peer_there = true;
-            debug!(
-                qpn = self.qp_num(),
-                "the peer is there before our move is done"
-            );
-            return;
+        match &mut g.mode {
+            Mode::Migrating { to, peer_there } if to == dgid => {
+                *peer_there = true;
+                debug!(
+                    qpn = self.qp_num(),
+                    "the peer is there before our move is done"
+                );
+            }
+            Mode::AwaitingPeer { on, .. } if on == dgid => {
+                self.release_held(&mut g, Released::PeerSaid);
+            }
+            _ => debug!(qpn = self.qp_num(), "word that the peer is on a path we are not moving to or waiting on: nothing to release"),
         }
-        self.release_held(&mut g, Released::PeerSaid);
     }
 
     /// Post what was held for the peer, replay first, if anything is; true if it was.
@@ -94,7 +99,7 @@ impl RcConn {
     pub(super) async fn await_release(&self) {
         let (since, deadline, rq_psn) = {
             let g = self.lock();
-            let Mode::AwaitingPeer { since, rq_psn } = g.mode else {
+            let Mode::AwaitingPeer { since, rq_psn, .. } = g.mode else {
                 return;
             };
             (since, since + follow_wait(g.params.as_ref()), rq_psn)

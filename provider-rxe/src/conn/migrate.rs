@@ -45,6 +45,29 @@ enum Drain {
     NotInTime,
 }
 
+/// A migration under way: dropped before [`Unfinished::finished`] (its future abandoned
+/// midway), it ends the migration as failed, so that the connection's sends are no
+/// longer held for a move nobody finishes.
+struct Unfinished<'a>(Option<&'a RcConn>);
+
+impl Unfinished<'_> {
+    fn finished(mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Unfinished<'_> {
+    fn drop(&mut self) {
+        if let Some(conn) = self.0.take() {
+            warn!(
+                qpn = conn.qp_num(),
+                "migration abandoned midway: sends are no longer held for it"
+            );
+            let _ = conn.end_migration(Err(ConnError::Invalid("the migration was abandoned")));
+        }
+    }
+}
+
 impl RcConn {
     /// Move the primary path to `av`. A live QP drains (SQD) for at most `grace`, or not
     /// at all when its sends have already made no progress for that long; otherwise, or
@@ -77,13 +100,32 @@ impl RcConn {
             if g.params.is_none() {
                 return Err(ConnError::Invalid("the connection was never connected"));
             }
-            g.mode = Mode::Migrating { peer_there: false };
+            g.mode = Mode::Migrating {
+                to: av.dgid,
+                peer_there: false,
+            };
             (!g.outstanding.is_empty()).then(|| g.last_progress.elapsed())
         };
+        // Every way out of the move ends it: a failed query, or the driver dropping this
+        // future at its command timeout, would otherwise leave every later send held.
+        let unfinished = Unfinished(Some(self));
+        let result = self.move_by_state(av, grace, replay, stuck_for).await;
+        unfinished.finished();
+        self.end_migration(result)
+    }
+
+    /// The move itself, chosen by the QP's state and how long its sends have waited.
+    async fn move_by_state(
+        &self,
+        av: AddressVector,
+        grace: Duration,
+        replay: Replay,
+        stuck_for: Option<Duration>,
+    ) -> Result<bool, ConnError> {
         let t_query = Instant::now();
         let state = self.qp.query(QpAttrMask::STATE)?.qp_state;
         debug!(qpn = self.qp_num(), ?state, ?stuck_for, query = ?t_query.elapsed(), "migration starts");
-        let result = if matches!(state, QpState::Err | QpState::Sqe) || self.lock().failed {
+        if matches!(state, QpState::Err | QpState::Sqe) || self.lock().failed {
             self.reinit(av, ToErr::Wait, replay).await.map(|()| true)
         } else if stuck_for.is_some_and(|d| d >= grace) {
             // The old path has acknowledged nothing for a grace already: a drain would
@@ -96,8 +138,7 @@ impl RcConn {
             self.reinit(av, ToErr::Force, replay).await.map(|()| true)
         } else {
             self.drain_or_reinit(av, grace, replay).await
-        };
-        self.end_migration(result)
+        }
     }
 
     /// Drain and move; re-initialise when the drain does not end within `grace`, or
@@ -292,8 +333,7 @@ impl RcConn {
         g.stats.flushed_sends += replay.iter().filter(|w| !w.kick).count() as u64;
         g.next_psn = first_psn;
         g.failed = false;
-        // The peer's word may have come while we moved: then it is there already.
-        let peer_there = matches!(g.mode, Mode::Migrating { peer_there: true });
+        let peer_there = g.mode.peer_there_during_move_to(&av.dgid);
         let hold =
             !replay.is_empty() && !peer_there && super::hold::holds_replay(when, &params, waited);
         info!(
@@ -319,6 +359,7 @@ impl RcConn {
                 g.held.push_front(*wr);
             }
             g.mode = Mode::AwaitingPeer {
+                on: av.dgid,
                 since: Instant::now(),
                 rq_psn: q.rq_psn,
             };

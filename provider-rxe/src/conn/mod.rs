@@ -154,20 +154,31 @@ struct RecvWr {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Mode {
     Running,
-    /// A migration runs: sends are held. `peer_there`: the engine said the peer already
-    /// runs on the path this move goes to (its word came while we moved), so the replay
-    /// goes at once when the move is done instead of waiting for the peer.
+    /// A migration runs, to the peer's GID `to`: sends are held. `peer_there`: the
+    /// engine said the peer already runs on that path (its word came while we moved), so
+    /// the replay goes at once when the move is done instead of waiting for the peer.
     Migrating {
+        to: [u8; 16],
         peer_there: bool,
     },
     /// Re-initialised on a path the peer has not moved to yet: the replay waits at the
     /// front of `held`, new sends behind it, until the peer is there.
     AwaitingPeer {
+        /// The peer's GID on the path the replay waits for it on.
+        on: [u8; 16],
         since: Instant,
         /// The receive PSN the QP was given at RTR: once it moves, a packet of the
         /// peer's arrived in sequence over the new path.
         rq_psn: u32,
     },
+}
+
+impl Mode {
+    /// Whether the engine said, while this move to the peer's GID `dgid` ran, that the
+    /// peer is there already (its word came during the move): then nothing is held.
+    fn peer_there_during_move_to(&self, dgid: &[u8; 16]) -> bool {
+        matches!(self, Mode::Migrating { to, peer_there: true } if to == dgid)
+    }
 }
 
 /// When a re-initialisation's replay goes out.

@@ -149,6 +149,18 @@ fn a_word_that_comes_while_the_move_runs_is_passed_on_at_once_and_again_after() 
         "told while the move runs: {before:?}"
     );
     assert_eq!(p.a.held.len(), 1, "the move is still in flight");
+    // The word names the path the move goes to: a provider moving elsewhere by the time
+    // it arrives releases nothing.
+    let ops = p.a.ops();
+    let to = ops.iter().find_map(|o| match o {
+        CommandOp::SoftwareMigrate { path, .. } => Some(*path),
+        _ => None,
+    });
+    let told = ops.iter().rev().find_map(|o| match o {
+        CommandOp::PeerThere { path, .. } => Some(*path),
+        _ => None,
+    });
+    assert!(to.is_some() && told == to, "{told:?} against {to:?}");
     let told_during = p.a.op_count("peer_there");
     p.release('a');
     p.run_for(1000);
