@@ -47,13 +47,6 @@ fn failover_times(path: &str) -> Vec<f64> {
     times
 }
 
-/// The system clock now, in ms since the Unix epoch (the clock the reports state).
-fn unix_ms_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64() * 1e3)
-}
-
 /// One end's `--report`: (failovers with their causes, connection-ms unprotected, lost).
 fn report(path: &str) -> (Vec<String>, f64, usize) {
     let text = std::fs::read_to_string(path).unwrap_or_default();
@@ -164,7 +157,7 @@ fn apm_run_probes_down_on_both_rails_leave_the_qp_unprotected_not_moved() {
     netem(&["vA.10", "vB.10"]);
     std::thread::sleep(Duration::from_millis(2000));
     let qps = qp_table();
-    let healed_unix_ms = unix_ms_now();
+    let healed_unix_ms = crate::child::unix_ms();
     heal(&["vA.10", "vB.10", "vA.20", "vB.20"]);
     let deadline = Instant::now() + Duration::from_secs(180);
     let status: Vec<Option<i32>> = ends.iter_mut().map(|e| e.wait(deadline)).collect();

@@ -21,7 +21,7 @@
 //! failovers. A benchmark, not a test: it runs only with `APM_BENCH=1`.
 
 use super::bonds::{bond_routes, bonds_down, bonds_up, BOND_A, BOND_B};
-use super::child::Pingpong;
+use super::child::{unix_ms, Pingpong};
 use super::guest_pauses::{pauses_within, GuestPauses};
 use super::guest_perf::GuestPerf;
 use super::guest_sched::{self, read_events, summarise, threads_of, SchedTrace};
@@ -285,13 +285,6 @@ fn longest_stall_in(report: &serde_json::Value, from_ms: f64, to_ms: f64) -> Opt
         .filter_map(|s| Some((s["at_ms"].as_f64()?, s["ms"].as_f64()?)))
         .filter(|(at, ms)| at + ms > from_ms && *at < to_ms)
         .max_by(|a, b| a.1.total_cmp(&b.1))
-}
-
-/// Now on the wall clock, in ms since the Unix epoch (as `apm pingpong` states its origin).
-fn unix_ms() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64() * 1e3)
 }
 
 /// The pingpongs' log filter unless `--log` traces a run: apm's own default, what a

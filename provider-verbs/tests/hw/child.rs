@@ -1,6 +1,16 @@
-//! Child processes read line by line (`apm pingpong`, `apm watch`, the C example).
+//! Child processes read line by line (`apm pingpong`, `apm watch`, the C example), and
+//! the clock their reports state their times on.
 
 use super::*;
+
+/// Now on the wall clock, in ms since the Unix epoch: the clock `apm pingpong` and
+/// `apm run --report` state the origin of their times on, which children and tests
+/// share.
+pub(crate) fn unix_ms() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1e3)
+}
 
 /// A child process whose stdout or stderr is read line by line on a thread, so that a
 /// test can wait for lines while the process runs. Every line is echoed with the
