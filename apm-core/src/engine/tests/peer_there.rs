@@ -38,18 +38,23 @@ fn moves(n: &Node) -> (Vec<PeerMove>, bool) {
     (flags, told)
 }
 
+/// `side` finds its path over rail 1 dead (`kind`).
+fn rail_1_dies(p: &mut Pair, side: char, kind: FailureKind) {
+    p.input(
+        side,
+        Input::PathDown {
+            ends: ends(side, 1, 1),
+            kind,
+        },
+    );
+}
+
 /// Both sides find rail 1 dead at once (`kind`): each side moves once, alongside the
 /// other, and hears that the other is there.
 fn both_sides_see_rail_1_die(kind: FailureKind) {
     let mut p = software_pair(true);
     for side in ['a', 'b'] {
-        p.input(
-            side,
-            Input::PathDown {
-                ends: ends(side, 1, 1),
-                kind,
-            },
-        );
+        rail_1_dies(&mut p, side, kind);
     }
     p.run_for(1000);
     for n in [&p.a, &p.b] {
@@ -88,13 +93,7 @@ fn a_side_moving_at_once_and_its_peer_both_hear() {
     // same breath ("moving"), so neither is on rail 2 when the other's move starts, and
     // either may finish first: both hold their replay until told the other is there.
     let mut p = software_pair(true);
-    p.input(
-        'a',
-        Input::PathDown {
-            ends: ends('a', 1, 1),
-            kind: FailureKind::LocalPort,
-        },
-    );
+    rail_1_dies(&mut p, 'a', FailureKind::LocalPort);
     p.run_for(1000);
     for n in [&p.a, &p.b] {
         let (flags, told) = moves(n);
@@ -133,13 +132,7 @@ fn a_word_that_comes_while_the_move_runs_is_passed_on_at_once_and_again_after() 
     // again once the move is done (a provider that heard it before its move began).
     let mut p = software_pair(true);
     p.node('a').unanswered.push("software_migrate");
-    p.input(
-        'a',
-        Input::PathDown {
-            ends: ends('a', 1, 1),
-            kind: FailureKind::LocalPort,
-        },
-    );
+    rail_1_dies(&mut p, 'a', FailureKind::LocalPort);
     p.run_for(1000);
     let before: Vec<&str> = p.a.op_names();
     let move_at = before.iter().position(|o| *o == "software_migrate");
