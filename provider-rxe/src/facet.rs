@@ -27,6 +27,7 @@
 
 use crate::adopt::AdoptedQp;
 use crate::conn::{RcConn, Replay};
+use crate::warm::{Warm, WARM_EVERY};
 use apm_core::{
     ConnId, Gid, Input, InputSink, MigState, Operation, Path, PeerMove, ProviderError, QpControl,
     QpEvent, QpSnapshot, Reason,
@@ -36,7 +37,6 @@ use provider_verbs::facet::reason as verbs_reason;
 use provider_verbs::ffi::{AddressVector, AsyncEventKind, Context, EventElement, Qp};
 use provider_verbs::VerbsQpControl;
 use std::collections::BTreeMap;
-use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 use tracing::{debug, info, warn};
@@ -97,8 +97,8 @@ pub struct RxeQpControl {
     conns: Conns,
     config: RxeConfig,
     monitor: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    /// Local/remote address pairs whose neighbour entries are kept resolved.
-    warm: Arc<Mutex<std::collections::BTreeSet<(IpAddr, IpAddr)>>>,
+    /// The paths kept ready for a move onto them ([`crate::warm`]).
+    warm: Arc<Mutex<Warm>>,
 }
 
 impl std::fmt::Debug for RxeQpControl {
@@ -155,23 +155,21 @@ impl RxeQpControl {
             conns,
             config,
             monitor: Mutex::new(None),
-            warm: Arc::new(Mutex::new(std::collections::BTreeSet::new())),
+            warm: Arc::default(),
         }
     }
 
-    /// Keep the neighbour (ARP/ND) entries of `paths` resolved, refreshed every
-    /// [`WARM_EVERY`] while the facet runs: a migration onto a path whose peer address
-    /// is not resolved waits for ARP inside the address-vector change (about a second
-    /// on rxe). IPv6 link-local GIDs are skipped (no interface scope in a GID).
+    /// Keep `paths` ready for a move onto them, now and every [`WARM_EVERY`] while the
+    /// facet runs: the peer's neighbour (ARP/ND) entry resolved, the source GID's index
+    /// known ([`crate::warm`]). Looks up what is new now, on the caller's thread (one
+    /// GID table scan per new source GID).
     pub fn keep_warm(&self, paths: impl IntoIterator<Item = Path>) {
-        let mut warm = self.warm.lock().unwrap_or_else(PoisonError::into_inner);
-        for p in paths {
-            if let (Some(l), Some(r)) = (ip_of_gid(&p.sgid), ip_of_gid(&p.dgid)) {
-                if warm.insert((l, r)) {
-                    crate::route::warm_neighbour(l, r);
-                }
-            }
-        }
+        let fresh = self
+            .warm
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .add(paths);
+        fresh.make_ready(self.verbs.contexts());
     }
 
     /// Put `rc` under this facet as connection `conn`.
@@ -231,23 +229,6 @@ impl RxeQpControl {
     }
 }
 
-/// How often [`RxeQpControl::keep_warm`] refreshes neighbour entries (well inside
-/// Linux's default reachable time of ~30 s).
-pub const WARM_EVERY: Duration = Duration::from_secs(5);
-
-/// The IP address of a RoCE v2 GID (`::ffff:a.b.c.d` is IPv4); `None` for the zero GID
-/// and IPv6 link-local GIDs.
-fn ip_of_gid(gid: &Gid) -> Option<IpAddr> {
-    let v6 = std::net::Ipv6Addr::from(gid.0);
-    if let Some(v4) = v6.to_ipv4_mapped() {
-        return Some(IpAddr::V4(v4));
-    }
-    if v6.is_unspecified() || (v6.segments()[0] & 0xffc0) == 0xfe80 {
-        return None;
-    }
-    Some(IpAddr::V6(v6))
-}
-
 /// The error for every hardware-APM operation.
 fn no_hw_apm(operation: Operation) -> ProviderError {
     ProviderError::Unsupported {
@@ -304,21 +285,15 @@ impl QpControl for RxeQpControl {
         let grace = self.config.drain_grace;
         let tick = (stall / 4).max(Duration::from_millis(5));
         let warm = self.warm.clone();
+        let contexts = self.verbs.contexts().to_vec();
         let task = tokio::spawn(async move {
             let mut warmed_at = Instant::now();
             loop {
                 tokio::time::sleep(tick).await;
                 let now = Instant::now();
                 if now.saturating_duration_since(warmed_at) >= WARM_EVERY {
-                    let pairs: Vec<(IpAddr, IpAddr)> = warm
-                        .lock()
-                        .unwrap_or_else(PoisonError::into_inner)
-                        .iter()
-                        .copied()
-                        .collect();
-                    for (l, r) in pairs {
-                        crate::route::warm_neighbour(l, r);
-                    }
+                    let all = warm.lock().unwrap_or_else(PoisonError::into_inner).all();
+                    all.make_ready(&contexts);
                     warmed_at = now;
                 }
                 // Only apm's own connections: it sees their completions.
@@ -441,21 +416,6 @@ impl QpControl for RxeQpControl {
 mod tests {
     use super::*;
     use apm_core::{Lid, PortKey};
-
-    #[test]
-    fn neighbours_are_kept_for_ip_gids_only() {
-        let ip = |s: &str| s.parse::<IpAddr>().expect("ip");
-        assert_eq!(
-            ip_of_gid(&crate::gid_of_ip(ip("10.0.20.2"))),
-            Some(ip("10.0.20.2"))
-        );
-        assert_eq!(
-            ip_of_gid(&crate::gid_of_ip(ip("2001:db8::7"))),
-            Some(ip("2001:db8::7"))
-        );
-        assert_eq!(ip_of_gid(&crate::gid_of_ip(ip("fe80::1"))), None);
-        assert_eq!(ip_of_gid(&Gid::default()), None);
-    }
 
     #[tokio::test]
     async fn hardware_apm_is_refused_with_a_reason() {

@@ -35,9 +35,12 @@
 //!   [`RxeQpControl::adopt`]): no replay, no monitor, a kick that posts nothing (the
 //!   send-queue doorbell); a QP already in ERR is lost.
 //! - [`route`]: the route cache flush rxe needs after an address vector moves.
+//! - [`warm`]: what a move onto a path needs ready before it (the peer's neighbour
+//!   entry, the source GID's index), made ready when a connection is protected.
 //! - [`roce_path`]: an engine path between two IP addresses (RoCE v2 GIDs).
 //!
-//! GID indexes are looked up by address at every use: they move when addresses change.
+//! GID indexes are looked up by address at every use: they move when addresses change
+//! (the index found last is checked first, one query, see [`warm`]).
 // A provider, not the engine: it times real devices (stall detection, drain timeouts).
 #![allow(clippy::disallowed_methods)]
 #![forbid(unsafe_code)]
@@ -46,6 +49,7 @@ pub mod adopt;
 pub mod conn;
 pub mod facet;
 pub mod route;
+pub mod warm;
 
 pub use adopt::{AdoptedQp, KICK_WR_ID};
 pub use conn::{Completion, ConnError, ConnStats, ConnectParams, RcConn, Replay};

@@ -219,7 +219,8 @@ connection's numbered messages through a link down and a silent cut (netem 100%
 loss) of the rail in use, then the rail back; one row per protection and fault.
 
   --reps N        runs per protection and fault (default 10)
-  --probe MS,N    apm's liveness probes: interval in ms and multiplier (default 20,3)
+  --probe MS,N    apm's liveness probes: interval in ms and multiplier (default:
+                  apm's policy default, 15,3)
   --interval MS   the traffic's message interval each way, in ms (default 2); a
                   pingpong records only gaps of ten intervals or more (20 ms at
                   least), so a longer interval hides shorter stalls

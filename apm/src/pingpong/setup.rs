@@ -318,7 +318,7 @@ fn start_manager(
     udp: RailChannels,
     paths: Vec<Path>,
 ) -> Result<(ManagerHandle, ManagerTask)> {
-    let fabric = StaticPaths::new(paths);
+    let fabric = StaticPaths::new(paths.clone());
     let policy = args.policy()?;
     if hardware {
         let facet = provider_verbs::VerbsQpControl::new(vec![ctx.clone()]);
@@ -338,6 +338,9 @@ fn start_manager(
     facet
         .register(conn, rc.clone())
         .map_err(|e| anyhow::anyhow!("{e}"))?;
+    // Each path's source GID index known before a move needs it (a scan of the table
+    // otherwise, on the move's critical path).
+    facet.keep_warm(paths);
     let (m, h) = Manager::new(Arc::new(apm_core::Stack::new(facet, udp, fabric)), policy)?;
     Ok((h, tokio::spawn(m.run())))
 }
