@@ -319,6 +319,10 @@ fn roce_av(
 impl QpControl for VerbsQpControl {
     async fn start(&self, sink: InputSink) -> Result<(), ProviderError> {
         *self.sink.lock().unwrap_or_else(PoisonError::into_inner) = Some(sink.clone());
+        // The devices are open, so libibverbs' provider is loaded: map in the code a
+        // failover runs before one needs it (page faults on the way cost a first move
+        // as much as the move's own work in an emulated guest).
+        let _ = tokio::task::spawn_blocking(code_resident).await;
         for (i, ctx) in self.devices.iter().enumerate() {
             let device = u16::try_from(i).map_err(|_| {
                 ProviderError::io(Operation::Start, Reason::Because("more than 65535 devices"))
@@ -426,6 +430,26 @@ impl QpControl for VerbsQpControl {
             })
         })
         .await
+    }
+}
+
+/// Make apm's failover path resident ([`crate::ffi::resident`]) and say what came of it.
+fn code_resident() {
+    match crate::ffi::resident::make_code_resident() {
+        Ok(r) if r.refused == 0 => tracing::debug!(
+            mappings = r.mappings,
+            kib = r.bytes / 1024,
+            "apm's failover path is resident"
+        ),
+        Ok(r) => tracing::info!(
+            refused = r.refused,
+            resident = r.mappings,
+            "the kernel did not map in all of apm's failover path ahead of time \
+             (MADV_POPULATE_READ needs Linux 5.14): a first failover pays its page faults"
+        ),
+        Err(e) => {
+            tracing::info!(error = %e, "cannot list this process's mappings: apm's failover path is not made resident")
+        }
     }
 }
 

@@ -26,6 +26,7 @@ mod events;
 mod netlink;
 mod qp;
 mod qp_attr;
+pub mod resident;
 mod resources;
 pub mod sched;
 pub mod sys;
