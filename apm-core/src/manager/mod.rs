@@ -274,6 +274,9 @@ impl<P: Provider> Manager<P> {
         // (the jitter is what keeps them apart).
         let seed = self.probe_seed.unwrap_or(std::process::id().into());
         let mut probes = ProbeDriver::new(&self.engine.policy().probe, seed);
+        let probe_out = probes
+            .as_ref()
+            .map(|_| ProbeSender::start(Arc::clone(&self.provider)));
         self.provider
             .start(input_tx.clone())
             .await
@@ -283,8 +286,8 @@ impl<P: Provider> Manager<P> {
             self.take_input(probes.as_mut(), elapsed(), input);
         }
         loop {
-            if let Some(p) = probes.as_mut() {
-                self.run_probes(p, elapsed());
+            if let (Some(p), Some(out)) = (probes.as_mut(), probe_out.as_ref()) {
+                self.run_probes(p, out, elapsed());
             }
             if self.flush(&input_tx) {
                 // Let the command tasks just spawned start now. A task spawned from a
@@ -380,21 +383,13 @@ impl<P: Provider> Manager<P> {
         }
     }
 
-    /// Run the prober's due timers: its sends go out on their own tasks (a lost probe
-    /// is what probes are for: results are only logged), its verdicts go to the engine
-    /// and to the fabric event stream.
-    fn run_probes(&mut self, probes: &mut ProbeDriver, now: Time) {
+    /// Run the prober's due timers: its sends go to `out`, in order (a lost probe is
+    /// what probes are for: results are only logged), its verdicts to the engine and to
+    /// the fabric event stream.
+    fn run_probes(&mut self, probes: &mut ProbeDriver, out: &ProbeSender, now: Time) {
         for action in probes.poll(now) {
             match action {
-                ProbeAction::Send { port, to, msg } => {
-                    let provider = Arc::clone(&self.provider);
-                    tokio::spawn(async move {
-                        let op = CommandOp::SendPeer { port, to, msg };
-                        if let Err(e) = provider.execute(op).await {
-                            debug!(error = %e, "probe not sent");
-                        }
-                    });
-                }
+                ProbeAction::Send { port, to, msg } => out.send(port, to, msg),
                 ProbeAction::Engine(input) => {
                     self.publish(now, &input);
                     self.engine.handle_input(now, input);
@@ -504,6 +499,44 @@ impl<P: Provider> Manager<P> {
             }
             let _ = results.send(Input::CommandDone { id, result });
         });
+    }
+}
+
+/// The prober's sends, made one after the other by one task, in the order the prober
+/// made them. A task per probe (as commands have) lets two probes of one session
+/// overtake each other on a multi-threaded runtime: a session that says Down then Init
+/// as it comes up was heard saying Init then Down, and its peer, Up by then, took the
+/// late Down for the session going down (RFC 5880 6.8.6) and moved its connections off
+/// a healthy path (seen in the VM: a false move on both sides right after protection in
+/// a third of the benchmark's runs).
+struct ProbeSender {
+    queue: mpsc::Sender<(PortKey, PeerAddr, PeerMsg)>,
+}
+
+impl ProbeSender {
+    /// Probes waiting to go out at most: at the prober's cap of sends a second, far more
+    /// than a send's time's worth; beyond it the newest are dropped, as a full socket
+    /// buffer would.
+    const QUEUE: usize = 4096;
+
+    fn start<P: Provider>(provider: Arc<P>) -> ProbeSender {
+        let (queue, mut rx) = mpsc::channel::<(PortKey, PeerAddr, PeerMsg)>(Self::QUEUE);
+        // Ends when the Manager drops the sender.
+        tokio::spawn(async move {
+            while let Some((port, to, msg)) = rx.recv().await {
+                let op = CommandOp::SendPeer { port, to, msg };
+                if let Err(e) = provider.execute(op).await {
+                    debug!(error = %e, "probe not sent");
+                }
+            }
+        });
+        ProbeSender { queue }
+    }
+
+    fn send(&self, port: PortKey, to: PeerAddr, msg: PeerMsg) {
+        if self.queue.try_send((port, to, msg)).is_err() {
+            debug!("probe not sent: the send queue is full");
+        }
     }
 }
 
