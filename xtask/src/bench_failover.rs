@@ -4,7 +4,8 @@
 //! the traffic and the faults there and prints one `FAILOVER-BENCH key=value ...` line
 //! per run); this gathers the runs into one row per protection and fault: what became
 //! of the connections, the stall at the fault (min / median / max over the runs that kept
-//! the connection), when each side's move was done (medians, from the last message
+//! the connection; a run with no gap as long as the pingpong records, 20 ms at the
+//! default interval, counts as that long, and the minimum then reads `<20`), when each side's move was done (medians, from the last message
 //! before the fault), the stall after the rail came back, messages lost and duplicated.
 //! `--idle` runs the same traffic with no fault under no protection, apm without probes
 //! and apm with them, and prints what each costs: gaps in arrivals, false failovers, CPU.
@@ -20,6 +21,9 @@ struct Run {
     fault: String,
     outcome: String,
     stall_ms: Option<f64>,
+    /// The connection was kept and neither side saw a gap as long as the pingpong
+    /// records (`stall_ms` then holds that threshold: the stall was shorter).
+    stall_below: bool,
     heal_stall_ms: f64,
     lost: u64,
     duplicated: u64,
@@ -43,7 +47,10 @@ fn parse(line: &str) -> Option<Run> {
         variant: (*kv.get("variant")?).to_owned(),
         fault: (*kv.get("fault")?).to_owned(),
         outcome: (*kv.get("outcome")?).to_owned(),
-        stall_ms: kv.get("stall_ms").and_then(|v| v.parse().ok()),
+        stall_ms: kv
+            .get("stall_ms")
+            .and_then(|v| v.strip_prefix("below:").unwrap_or(v).parse().ok()),
+        stall_below: kv.get("stall_ms").is_some_and(|v| v.starts_with("below:")),
         heal_stall_ms: kv
             .get("heal_stall_ms")
             .and_then(|v| v.parse().ok())
@@ -66,8 +73,11 @@ struct Row {
     kept: usize,
     lost_conns: usize,
     hung: usize,
-    /// Stall at the fault over the kept runs: min, median, max.
+    /// Stall at the fault over the kept runs: min, median, max; a run whose stall was
+    /// below the recording threshold counts as the threshold (an upper bound).
     stall: Option<(f64, f64, f64)>,
+    /// Kept runs whose stall was below the recording threshold.
+    stall_below: usize,
     heal_stall_median: Option<f64>,
     /// Medians over the kept runs: the first side's move done, the last side's, ms
     /// after the fault's stall began.
@@ -117,6 +127,7 @@ fn rows(runs: &[Run]) -> Vec<Row> {
                 lost_conns: count("lost"),
                 hung: count("hung"),
                 stall,
+                stall_below: kept.iter().filter(|r| r.stall_below).count(),
                 heal_stall_median: median(&mut heal),
                 moves_median: median(&mut first).zip(median(&mut last)),
                 guest_pause_max: kept
@@ -147,8 +158,9 @@ fn table(rows: &[Row]) -> String {
         "pause: max"
     );
     for r in rows {
+        let below = if r.stall_below > 0 { "<" } else { "" };
         let stall = r.stall.map_or("-".to_owned(), |(a, m, b)| {
-            format!("{a:.0} / {m:.0} / {b:.0}")
+            format!("{below}{a:.0} / {m:.0} / {b:.0}")
         });
         let heal = r
             .heal_stall_median
@@ -184,6 +196,7 @@ fn json(rows: &[Row]) -> String {
             format!(
                 "{{\"protection\":\"{}\",\"fault\":\"{}\",\"runs\":{},\"kept\":{},\"lost\":{},\
                  \"hung\":{},\"stall_ms\":{{\"min\":{},\"median\":{},\"max\":{}}},\
+                 \"stalls_below_threshold\":{},\
                  \"first_move_ms_median\":{},\"last_move_ms_median\":{},\
                  \"stall_after_return_ms_median\":{},\"messages_lost\":{},\
                  \"messages_duplicated\":{},\"failovers\":{},\"guest_pause_max_ms\":{}}}",
@@ -196,6 +209,7 @@ fn json(rows: &[Row]) -> String {
                 num(r.stall.map(|s| s.0)),
                 num(r.stall.map(|s| s.1)),
                 num(r.stall.map(|s| s.2)),
+                r.stall_below,
                 num(r.moves_median.map(|m| m.0)),
                 num(r.moves_median.map(|m| m.1)),
                 num(r.heal_stall_median),
@@ -442,26 +456,31 @@ mod tests {
             FAILOVER-BENCH variant=apm fault=link-down rep=0 outcome=kept stall_ms=40.0 heal_stall_ms=0.0 lost=0 duplicated=0 failovers=2 first_move_ms=20.0 last_move_ms=30.0\n\
             FAILOVER-BENCH variant=apm fault=link-down rep=1 outcome=kept stall_ms=60.0 heal_stall_ms=10.0 lost=0 duplicated=0 failovers=2 first_move_ms=40.0 last_move_ms=50.0\n\
             FAILOVER-BENCH variant=apm fault=link-down rep=2 outcome=kept stall_ms=50.0 heal_stall_ms=0.0 lost=0 duplicated=0 failovers=2\n\
+            FAILOVER-BENCH variant=apm fault=link-down rep=3 outcome=kept stall_ms=below:20 heal_stall_ms=0.0 lost=0 duplicated=0 failovers=2\n\
             FAILOVER-BENCH variant=none fault=link-down rep=0 outcome=lost stall_ms=- heal_stall_ms=0.0 lost=900 duplicated=0 failovers=0\n";
         let runs: Vec<Run> = lines.lines().filter_map(parse).collect();
-        assert_eq!(runs.len(), 4);
+        assert_eq!(runs.len(), 5);
         let r = rows(&runs);
         assert_eq!(r.len(), 2);
-        assert_eq!((r[0].kept, r[0].runs), (3, 3));
-        assert_eq!(r[0].stall, Some((40.0, 50.0, 60.0)));
+        assert_eq!((r[0].kept, r[0].runs), (4, 4));
+        // The run below the threshold counts as the threshold, and the table says so.
+        assert_eq!(r[0].stall, Some((20.0, 45.0, 60.0)));
+        assert_eq!(r[0].stall_below, 1);
         // Over the runs that state their moves (a record without them still counts).
         assert_eq!(r[0].moves_median, Some((30.0, 40.0)));
         assert_eq!(r[1].lost_conns, 1);
         assert_eq!(r[1].moves_median, None);
-        assert_eq!(r[1].stall, None);
+        assert_eq!((r[1].stall, r[1].stall_below), (None, 0));
         let t = table(&r);
         assert!(
-            t.contains("3/0/0 of 3") && t.contains("40 / 50 / 60") && t.contains("30 / 40"),
+            t.contains("4/0/0 of 4") && t.contains("<20 / 45 / 60") && t.contains("30 / 40"),
             "{t}"
         );
         let j = json(&r);
         assert!(
-            j.contains("\"median\":50.0") && j.contains("\"messages_lost\":900"),
+            j.contains("\"median\":45.0")
+                && j.contains("\"stalls_below_threshold\":1")
+                && j.contains("\"messages_lost\":900"),
             "{j}"
         );
     }
