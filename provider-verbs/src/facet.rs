@@ -435,10 +435,12 @@ impl QpControl for VerbsQpControl {
 
 /// Make apm's failover path resident ([`crate::ffi::resident`]) and say what came of it.
 fn code_resident() {
+    let started = tokio::time::Instant::now();
     match crate::ffi::resident::make_code_resident() {
         Ok(r) if r.refused == 0 => tracing::debug!(
             mappings = r.mappings,
             kib = r.bytes / 1024,
+            took = ?started.elapsed(),
             "apm's failover path is resident"
         ),
         Ok(r) => tracing::info!(
