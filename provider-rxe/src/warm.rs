@@ -4,9 +4,9 @@
 //!
 //! Both lie on the critical path of a move. A cold neighbour makes the address-vector
 //! change wait for ARP inside `ibv_modify_qp` (about a second on rxe under emulation). A
-//! GID index not looked up before costs a scan of the table, one query per slot: 3 to
-//! 16 ms per side in the VM, traced on the first move of a process, against 0.2 ms for
-//! one query of a known slot ([`Context::roce_gid_index`]). So each path a connection
+//! GID index never looked up costs a scan of the table, one query per slot up to the
+//! GID's, where a known one is checked with a single query ([`Context::roce_gid_index`]:
+//! 0.1 to 0.4 ms in the VM). So each path a connection
 //! may move onto is made ready when it is protected ([`crate::RxeQpControl::keep_warm`]),
 //! and again every [`WARM_EVERY`] while the facet runs (neighbour entries expire; GID
 //! indexes move when addresses come and go, and a stale index costs the scan again, not

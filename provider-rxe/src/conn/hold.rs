@@ -9,7 +9,8 @@
 //! ACK timeout that is the case, and the replay waited a whole ACK timeout more (67 ms
 //! at 14). So a first mover whose sends have waited that long, or so nearly that the
 //! timer fires before the peer can have followed ([`retry_due`]), holds its replay,
-//! and the sends posted after it, until the peer is there. So does a side whose peer moves at the same time
+//! and the sends posted after it, until the peer is there. So does a side whose peer
+//! moves at the same time
 //! (`Replay::HeldUntilPeerThere`), whatever the timer did: rxe's timer armed before the
 //! move survives the RESET and fires at its old expiry, starting that retry if a replay
 //! sent too early is still outstanding then, and firing harmlessly on an empty send
