@@ -292,8 +292,12 @@ impl QpControl for RxeQpControl {
                 tokio::time::sleep(tick).await;
                 let now = Instant::now();
                 if now.saturating_duration_since(warmed_at) >= WARM_EVERY {
+                    // Off the workers: a GID the table no longer holds is a scan of it.
                     let all = warm.lock().unwrap_or_else(PoisonError::into_inner).all();
-                    all.make_ready(&contexts);
+                    let contexts = contexts.clone();
+                    drop(tokio::task::spawn_blocking(move || {
+                        all.make_ready(&contexts)
+                    }));
                     warmed_at = now;
                 }
                 // Only apm's own connections: it sees their completions.

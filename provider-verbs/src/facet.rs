@@ -440,14 +440,16 @@ fn code_resident() {
         Ok(r) if r.refused == 0 => tracing::debug!(
             mappings = r.mappings,
             kib = r.bytes / 1024,
+            over_budget = r.over_budget,
             took = ?started.elapsed(),
             "apm's failover path is resident"
         ),
         Ok(r) => tracing::info!(
             refused = r.refused,
             resident = r.mappings,
+            error = %std::io::Error::from_raw_os_error(r.first_refusal.unwrap_or(0)),
             "the kernel did not map in all of apm's failover path ahead of time \
-             (MADV_POPULATE_READ needs Linux 5.14): a first failover pays its page faults"
+             (EINVAL: MADV_POPULATE_READ needs Linux 5.14): a first failover pays its page faults"
         ),
         Err(e) => {
             tracing::info!(error = %e, "cannot list this process's mappings: apm's failover path is not made resident")

@@ -274,9 +274,7 @@ impl<P: Provider> Manager<P> {
         // (the jitter is what keeps them apart).
         let seed = self.probe_seed.unwrap_or(std::process::id().into());
         let mut probes = ProbeDriver::new(&self.engine.policy().probe, seed);
-        let probe_out = probes
-            .as_ref()
-            .map(|_| ProbeSender::start(Arc::clone(&self.provider)));
+        let mut probe_out = probes.as_ref().map(|_| self.probe_sender());
         self.provider
             .start(input_tx.clone())
             .await
@@ -286,7 +284,7 @@ impl<P: Provider> Manager<P> {
             self.take_input(probes.as_mut(), elapsed(), input);
         }
         loop {
-            if let (Some(p), Some(out)) = (probes.as_mut(), probe_out.as_ref()) {
+            if let (Some(p), Some(out)) = (probes.as_mut(), probe_out.as_mut()) {
                 self.run_probes(p, out, elapsed());
             }
             if self.flush(&input_tx) {
@@ -383,10 +381,16 @@ impl<P: Provider> Manager<P> {
         }
     }
 
-    /// Run the prober's due timers: its sends go to `out`, in order (a lost probe is
+    /// Where the prober's sends go (see [`ProbeSender`]).
+    fn probe_sender(&self) -> ProbeSender<P> {
+        let limit = self.engine.policy().command_timeout_ms;
+        ProbeSender::new(Arc::clone(&self.provider), limit)
+    }
+
+    /// Run the prober's due timers: its sends go to `out`, in order per destination (a lost probe is
     /// what probes are for: results are only logged), its verdicts to the engine and to
     /// the fabric event stream.
-    fn run_probes(&mut self, probes: &mut ProbeDriver, out: &ProbeSender, now: Time) {
+    fn run_probes(&mut self, probes: &mut ProbeDriver, out: &mut ProbeSender<P>, now: Time) {
         for action in probes.poll(now) {
             match action {
                 ProbeAction::Send { port, to, msg } => out.send(port, to, msg),
@@ -502,42 +506,67 @@ impl<P: Provider> Manager<P> {
     }
 }
 
-/// The prober's sends, made one after the other by one task, in the order the prober
-/// made them. A task per probe (as commands have) lets two probes of one session
-/// overtake each other on a multi-threaded runtime: a session coming up that said Down
-/// and, on hearing its peer, Up at once was heard saying Up then Down, and its peer, Up
-/// by then, took the late Down for the session going down (RFC 5880 6.8.6) and moved
-/// its connections off a healthy path (seen in the VM: a false move on both sides right
-/// after protection in 7 of 16 benchmark runs, none of 16 since).
-struct ProbeSender {
-    queue: mpsc::Sender<(PortKey, PeerAddr, PeerMsg)>,
+/// The prober's sends, in the order the prober made them for each destination: one
+/// queue and task per (port, peer address), so a session's probes go out one after the
+/// other. A task per probe (as commands have) let two probes of one session overtake
+/// each other on a multi-threaded runtime: a session coming up that said Down and, on
+/// hearing its peer, Up at once was heard saying Up then Down, and its peer, Up by then,
+/// took the late Down for the session going down (RFC 5880 6.8.6) and moved its
+/// connections off a healthy path (seen in the VM: a false move on both sides right
+/// after protection in 7 of 16 benchmark runs, none in the 80 since). One queue per
+/// destination rather than one for all: a rail whose socket stops taking datagrams
+/// (its send buffer full) holds only that rail's probes, and each send is abandoned at
+/// the command timeout, as every provider call is.
+struct ProbeSender<P: Provider> {
+    provider: Arc<P>,
+    limit: std::time::Duration,
+    queues: std::collections::BTreeMap<(PortKey, PeerAddr), mpsc::Sender<PeerMsg>>,
 }
 
-impl ProbeSender {
-    /// Probes waiting to go out at most: at the prober's cap of sends a second, far more
-    /// than a send's time's worth; beyond it the newest are dropped, as a full socket
-    /// buffer would.
-    const QUEUE: usize = 4096;
+impl<P: Provider> ProbeSender<P> {
+    /// Probes waiting for one destination at most: a session's probes for several
+    /// detection times; beyond it the newest are dropped, as a full socket buffer would.
+    const QUEUE: usize = 64;
 
-    fn start<P: Provider>(provider: Arc<P>) -> ProbeSender {
-        let (queue, mut rx) = mpsc::channel::<(PortKey, PeerAddr, PeerMsg)>(Self::QUEUE);
-        // Ends when the Manager drops the sender.
-        tokio::spawn(async move {
-            while let Some((port, to, msg)) = rx.recv().await {
-                let op = CommandOp::SendPeer { port, to, msg };
-                if let Err(e) = provider.execute(op).await {
-                    debug!(error = %e, "probe not sent");
-                }
-            }
-        });
-        ProbeSender { queue }
-    }
-
-    fn send(&self, port: PortKey, to: PeerAddr, msg: PeerMsg) {
-        if self.queue.try_send((port, to, msg)).is_err() {
-            debug!("probe not sent: the send queue is full");
+    fn new(provider: Arc<P>, command_timeout_ms: u64) -> ProbeSender<P> {
+        ProbeSender {
+            provider,
+            limit: std::time::Duration::from_millis(command_timeout_ms.max(1)),
+            queues: std::collections::BTreeMap::new(),
         }
     }
+
+    fn send(&mut self, port: PortKey, to: PeerAddr, msg: PeerMsg) {
+        let queue = self
+            .queues
+            .entry((port, to))
+            .or_insert_with(|| spawn_probe_queue(Arc::clone(&self.provider), port, to, self.limit));
+        if queue.try_send(msg).is_err() {
+            debug!(%port, ?to, "probe not sent: its destination's queue is full");
+        }
+    }
+}
+
+/// The task that sends one destination's probes in order; it ends when the Manager
+/// (its [`ProbeSender`]) drops the queue.
+fn spawn_probe_queue<P: Provider>(
+    provider: Arc<P>,
+    port: PortKey,
+    to: PeerAddr,
+    limit: std::time::Duration,
+) -> mpsc::Sender<PeerMsg> {
+    let (queue, mut rx) = mpsc::channel::<PeerMsg>(ProbeSender::<P>::QUEUE);
+    tokio::spawn(async move {
+        while let Some(msg) = rx.recv().await {
+            let op = CommandOp::SendPeer { port, to, msg };
+            match tokio::time::timeout(limit, provider.execute(op)).await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => debug!(error = %e, "probe not sent"),
+                Err(_) => debug!(%port, ?to, "probe not sent: the send did not return in time"),
+            }
+        }
+    });
+    queue
 }
 
 /// Give the worker to the tasks just spawned, and stay where another worker can take

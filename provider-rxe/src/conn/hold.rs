@@ -25,8 +25,10 @@
 //!   retried anyway (so a lost word costs no more than not holding did).
 //!
 //! The side that moves second (the peer asked, or said it had moved) replays at once, and
-//! so does a first mover whose timer is far from firing (a larger ACK timeout): the
-//! peer's NAK, drawn by the nudges once it has followed, is quicker than any word.
+//! so does a first mover whose timer is far from firing (its sends unacknowledged for
+//! less than 7/8 of an ACK timeout less [`FOLLOW_ALLOWANCE`]: 18.7 ms at timeout 14;
+//! at timeout 13 or less every first mover with sends outstanding holds): the peer's
+//! NAK, drawn by the nudges once it has followed, is quicker than any word.
 
 use super::*;
 
@@ -40,7 +42,9 @@ const FOLLOW_WAIT_MAX: Duration = Duration::from_millis(500);
 /// could fire within this after its replay holds as if it had fired: in a silent cut
 /// the first mover had waited 54 ms at ACK timeout 14 (58.7 ms counts as fired), its
 /// replay went out unheld, the timer fired before the peer followed 25 ms later, and
-/// the stall took a whole ACK timeout more (162 ms against 80 to 95).
+/// the stall took a whole ACK timeout more (162 ms against 80 to 95). `waited` is taken
+/// as the re-initialisation starts, so the allowance also covers the move's own steps
+/// before the replay.
 const FOLLOW_ALLOWANCE: Duration = Duration::from_millis(40);
 
 /// How often a held replay's QP is asked for its receive PSN: a query is a system call,
