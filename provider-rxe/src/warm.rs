@@ -6,11 +6,11 @@
 //! change wait for ARP inside `ibv_modify_qp` (about a second on rxe under emulation). A
 //! GID index never looked up costs a scan of the table, one query per slot up to the
 //! GID's, where a known one is checked with a single query ([`Context::roce_gid_index`]:
-//! 0.1 to 0.4 ms in the VM). So each path a connection
-//! may move onto is made ready when it is protected ([`crate::RxeQpControl::keep_warm`]),
-//! and again every [`WARM_EVERY`] while the facet runs (neighbour entries expire; GID
-//! indexes move when addresses come and go, and a stale index costs the scan again, not
-//! a wrong address: the move checks its slot first).
+//! 0.1 to 0.4 ms in the VM). So each path a connection may move onto is made ready when
+//! it is protected ([`crate::RxeQpControl::keep_warm`]), and again every [`WARM_EVERY`]
+//! while the facet runs (neighbour entries expire; GID indexes move when addresses come
+//! and go, and a stale index costs the scan again, not a wrong address: the move checks
+//! its slot first).
 
 use apm_core::{Gid, Path};
 use provider_verbs::ffi::Context;

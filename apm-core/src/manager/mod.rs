@@ -387,9 +387,9 @@ impl<P: Provider> Manager<P> {
         ProbeSender::new(Arc::clone(&self.provider), limit)
     }
 
-    /// Run the prober's due timers: its sends go to `out`, in order per destination (a lost probe is
-    /// what probes are for: results are only logged), its verdicts to the engine and to
-    /// the fabric event stream.
+    /// Run the prober's due timers: its sends go to `out`, in order per destination (a
+    /// lost probe is what probes are for: results are only logged), its verdicts to the
+    /// engine and to the fabric event stream.
     fn run_probes(&mut self, probes: &mut ProbeDriver, out: &mut ProbeSender<P>, now: Time) {
         for action in probes.poll(now) {
             match action {
