@@ -234,7 +234,9 @@ fn watch_stdin() -> Arc<AtomicBool> {
 }
 
 /// Keeps the peer's MAC resolved on every rail (RoCE), so a migration does not wait
-/// for ARP.
+/// for ARP: under hardware APM. Under software migration provider-rxe's facet keeps the
+/// same rails warm itself (`keep_warm`, handed the paths at set-up, protected or not),
+/// so this warms nothing then.
 struct Neighbours {
     pairs: Vec<(IpAddr, IpAddr)>,
     warmed_at: Option<Instant>,
@@ -242,7 +244,7 @@ struct Neighbours {
 
 impl Neighbours {
     fn of(args: &Args, s: &Session) -> Neighbours {
-        let pairs = if s.infiniband {
+        let pairs = if s.infiniband || !s.hardware {
             Vec::new()
         } else {
             args.rails
