@@ -3,9 +3,15 @@
 //!
 //! What arrives from the agent goes to one receiver the process owns (`events`): peer
 //! messages (to be handed to the engine of the connection's device through
-//! [`AgentPeer::deliver`]), rail-down verdicts, and the end of the stream when the
-//! agent goes away.
-
+//! [`AgentPeer::deliver`]), rail-down verdicts, refusals, and the end of the stream
+//! when the agent goes away.
+//!
+//! A client believes nothing before it has checked whom it reached: the socket's
+//! directory must be writable by nobody but its owner, and the process listening on it
+//! must run as root, as this user, or as the configured agent user
+//! ([`AgentSocket::trusts`]); otherwise [`AgentClient::connect`] fails with
+//! [`AgentError::Untrusted`].
+use crate::access::{AccessError, AgentSocket};
 use crate::wire::{self, FromAgent, Route, ToAgent};
 use crate::AgentError;
 use apm_core::{
@@ -14,7 +20,6 @@ use apm_core::{
 };
 use async_trait::async_trait;
 use std::collections::BTreeMap;
-use std::os::linux::net::SocketAddrExt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -53,6 +58,22 @@ impl<T> Waiters<T> {
 
 type Candidates = Waiters<Result<Vec<(Gid, Gid)>, String>>;
 
+/// Why no alternate rails came back from [`AgentClient::candidates`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum CandidatesError {
+    /// The agent could not be asked (gone, ...).
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+    /// The agent did not answer in time.
+    #[error("the apm agent did not answer within {0:?}")]
+    TimedOut(Duration),
+    /// The agent answered that there are none, and why (no apm at the peer, no
+    /// address in a common subnet, ...).
+    #[error("{0}")]
+    NoneThere(String),
+}
+
 /// How long a candidates request may take (the agent asks the peer's agent, with retries).
 const CANDIDATES_TIMEOUT: Duration = Duration::from_secs(15);
 
@@ -70,24 +91,15 @@ pub struct AgentClient {
 }
 
 impl AgentClient {
-    /// Connect to the agent of `peer_port`. Everything the agent sends but the answers
-    /// to [`AgentClient::candidates`] and [`AgentClient::synced`] goes to `events`, which closes when the agent goes away. Call inside a
-    /// tokio runtime.
+    /// Connect to the agent at `socket`, once its directory and the agent's credentials
+    /// are checked. Everything the agent sends but the answers to
+    /// [`AgentClient::candidates`] and [`AgentClient::synced`] goes to `events`, which
+    /// closes when the agent goes away. Call inside a tokio runtime.
     pub async fn connect(
-        peer_port: u16,
+        socket: &AgentSocket,
         events: mpsc::UnboundedSender<FromAgent>,
     ) -> Result<AgentClient, AgentError> {
-        let name = crate::socket_name(peer_port);
-        let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes())?;
-        let stream = match std::os::unix::net::UnixStream::connect_addr(&addr) {
-            Ok(s) => s,
-            Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
-                return Err(AgentError::NotRunning(name))
-            }
-            Err(e) => return Err(e.into()),
-        };
-        stream.set_nonblocking(true)?;
-        let stream = tokio::net::UnixStream::from_std(stream)?;
+        let stream = connect_checked(socket)?;
         let (read, mut write) = stream.into_split();
         let (tx, mut rx) = mpsc::unbounded_channel::<ToAgent>();
         tokio::spawn(async move {
@@ -138,7 +150,7 @@ impl AgentClient {
         sgid: Gid,
         dgid: Gid,
         local_gids: Vec<Gid>,
-    ) -> Result<Vec<(Gid, Gid)>, String> {
+    ) -> Result<Vec<(Gid, Gid)>, CandidatesError> {
         let req = self.next.fetch_add(1, Ordering::Relaxed);
         let rx = self.candidates.wait(req);
         self.put(ToAgent::Candidates {
@@ -146,12 +158,11 @@ impl AgentClient {
             sgid,
             dgid,
             local_gids,
-        })
-        .map_err(|e| e.to_string())?;
+        })?;
         match tokio::time::timeout(CANDIDATES_TIMEOUT, rx).await {
-            Ok(Ok(r)) => r,
-            Ok(Err(_)) => Err(AgentError::Gone.to_string()),
-            Err(_) => Err("the apm agent did not answer in time".into()),
+            Ok(Ok(r)) => r.map_err(CandidatesError::NoneThere),
+            Ok(Err(_)) => Err(AgentError::Gone.into()),
+            Err(_) => Err(CandidatesError::TimedOut(CANDIDATES_TIMEOUT)),
         }
     }
 
@@ -193,6 +204,33 @@ impl AgentClient {
     }
 }
 
+/// A non-blocking stream to the agent at `socket`, its directory and the agent's
+/// credentials checked.
+fn connect_checked(socket: &AgentSocket) -> Result<tokio::net::UnixStream, AgentError> {
+    use std::io::ErrorKind;
+    let path = socket.path().to_owned();
+    let stream = match std::os::unix::net::UnixStream::connect(&path) {
+        Ok(s) => s,
+        Err(e) if matches!(e.kind(), ErrorKind::ConnectionRefused | ErrorKind::NotFound) => {
+            return Err(AgentError::NotRunning(path))
+        }
+        Err(e) if e.kind() == ErrorKind::PermissionDenied => {
+            return Err(AgentError::NotAllowed(path))
+        }
+        Err(e) => return Err(e.into()),
+    };
+    socket.check_dir()?;
+    let stream = tokio::net::UnixStream::from_std({
+        stream.set_nonblocking(true)?;
+        stream
+    })?;
+    let uid = stream.peer_cred()?.uid();
+    if !socket.trusts(uid) {
+        return Err(AccessError::Impostor { path, uid }.into());
+    }
+    Ok(stream)
+}
+
 /// How long a watcher waits for the agent to answer [`ToAgent::Watch`]: an agent of
 /// another apm version drops the line it cannot read and never answers.
 const WATCH_TIMEOUT: Duration = Duration::from_secs(3);
@@ -213,10 +251,11 @@ pub struct AgentWatch {
 }
 
 impl AgentWatch {
-    /// Attach to the agent of `peer_port` as a watcher. Call inside a tokio runtime.
-    pub async fn attach(peer_port: u16) -> Result<AgentWatch, AgentError> {
+    /// Attach to the agent at `socket` as a watcher (operators only). Call inside a
+    /// tokio runtime.
+    pub async fn attach(socket: &AgentSocket) -> Result<AgentWatch, AgentError> {
         let (tx, mut events) = mpsc::unbounded_channel();
-        let client = AgentClient::connect(peer_port, tx).await?;
+        let client = AgentClient::connect(socket, tx).await?;
         client.put(ToAgent::Watch)?;
         let answer = tokio::time::timeout(WATCH_TIMEOUT, async {
             // Verdicts sent before the answer cannot come: the agent answers first.
@@ -225,6 +264,7 @@ impl AgentWatch {
                     Some(FromAgent::Watching { probing, sessions }) => {
                         return Ok((probing, sessions))
                     }
+                    Some(FromAgent::Refused { what }) => return Err(AgentError::Refused(what)),
                     Some(_) => continue,
                     None => return Err(AgentError::Gone),
                 }
@@ -312,9 +352,12 @@ impl PeerChannel for AgentPeer {
         self.client.send(from, to.gid, msg).map_err(|e| {
             let why = match &e {
                 AgentError::Io(io) => Reason::of_io(io),
-                AgentError::NotRunning(_) | AgentError::Gone | AgentError::NoWatch(_) => {
-                    Reason::Closed
-                }
+                AgentError::NotRunning(_)
+                | AgentError::NotAllowed(_)
+                | AgentError::Untrusted(_)
+                | AgentError::Refused(_)
+                | AgentError::Gone
+                | AgentError::NoWatch(_) => Reason::Closed,
                 AgentError::NoAnswer(_) => Reason::TimedOut("the apm agent"),
             };
             ProviderError::io(Operation::SendPeer, why)

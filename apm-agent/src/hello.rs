@@ -7,6 +7,14 @@
 //! Answers are public facts (a host's RoCE addresses): nothing here changes a QP, and a
 //! forged answer can at most propose an alternate that the peer's engine then refuses
 //! (its LAP checks that a path's ends are its own addresses).
+//!
+//! Everything kept is bounded, whoever asks: answers by asked address ([`TtlMap`],
+//! capped and pruned as they age), askers waiting (an ask given up on leaves nothing
+//! behind), and this host's own answers (looked up by at most two tasks at once; an
+//! ask that finds both busy is dropped, and its asker asks again). The addresses that
+//! some host's agent answered for are *vouched* ([`HelloSocket::vouched`]): the agent
+//! probes only those for a client that is not an operator, so a registration cannot
+//! aim probes at a host that runs no apm.
 
 use crate::local::{ip_of, Addr};
 use apm_core::Gid;
@@ -29,6 +37,9 @@ pub enum HelloError {
     /// The question could not be encoded.
     #[error("encoding the hello: {0}")]
     Encode(String),
+    /// Too many addresses are being asked about at once.
+    #[error("too many hellos under way")]
+    Busy,
     /// Nobody answered at the agent's address.
     #[error("no apm agent answered at {0} (the peer runs no apm, or its agent is not reachable)")]
     NoAnswer(SocketAddr),
@@ -64,10 +75,72 @@ type Waiters = Arc<Mutex<BTreeMap<Gid, Vec<oneshot::Sender<Option<Vec<Addr>>>>>>
 /// a host's addresses change rarely.
 const ANSWER_TTL: Duration = Duration::from_secs(10);
 
-type Answers = Arc<Mutex<BTreeMap<Gid, (tokio::time::Instant, Option<Vec<Addr>>)>>>;
+type Answers = Arc<Mutex<TtlMap<Option<Vec<Addr>>>>>;
 
 /// How long this host's own answer is reused (many processes ask at once at start).
 const OWN_TTL: Duration = Duration::from_secs(2);
+
+/// How long an address stays vouched for after the last answer that listed it.
+const VOUCHED_TTL: Duration = Duration::from_secs(3600);
+
+/// Entries of each map at most (answers, own answers, vouched addresses, addresses
+/// being asked about).
+const MAP_MAX: usize = 4096;
+
+/// This host's answers looked up at once, at most (each reads sysfs).
+const LOOKUPS_AT_ONCE: usize = 2;
+
+/// Values by address, each with the time it was put, at most [`MAP_MAX`] of them: an
+/// expired entry reads as absent, and a full map drops its expired entries, then its
+/// oldest, before it takes another.
+#[derive(Debug)]
+pub struct TtlMap<V> {
+    ttl: Duration,
+    entries: BTreeMap<Gid, (tokio::time::Instant, V)>,
+}
+
+impl<V: Clone> TtlMap<V> {
+    /// An empty map whose entries live `ttl`.
+    pub fn new(ttl: Duration) -> TtlMap<V> {
+        TtlMap {
+            ttl,
+            entries: BTreeMap::new(),
+        }
+    }
+
+    /// The live value of `gid`.
+    pub fn get(&self, gid: &Gid) -> Option<V> {
+        self.entries
+            .get(gid)
+            .filter(|(at, _)| at.elapsed() < self.ttl)
+            .map(|(_, v)| v.clone())
+    }
+
+    /// Put `v` for `gid`, making room when full.
+    pub fn put(&mut self, gid: Gid, v: V) {
+        if !self.entries.contains_key(&gid) && self.entries.len() >= MAP_MAX {
+            let ttl = self.ttl;
+            self.entries.retain(|_, (at, _)| at.elapsed() < ttl);
+            if self.entries.len() >= MAP_MAX {
+                if let Some(oldest) = self.entries.iter().min_by_key(|(_, (at, _))| *at) {
+                    let k = *oldest.0;
+                    self.entries.remove(&k);
+                }
+            }
+        }
+        self.entries.insert(gid, (tokio::time::Instant::now(), v));
+    }
+
+    /// Entries held (live or not yet dropped).
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// Whether it holds nothing.
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+}
 
 /// The hello socket of one agent: serves asks and asks others.
 #[derive(Debug, Clone)]
@@ -78,6 +151,10 @@ pub struct HelloSocket {
     answers: Answers,
     /// This host's answers, by asked GID.
     mine: Answers,
+    /// Addresses some host's agent answered for.
+    vouched: Arc<Mutex<TtlMap<()>>>,
+    /// Permits for this host's lookups.
+    lookups: Arc<tokio::sync::Semaphore>,
 }
 
 impl HelloSocket {
@@ -91,8 +168,10 @@ impl HelloSocket {
             socket: Arc::new(socket),
             port,
             waiters: Arc::default(),
-            answers: Arc::default(),
-            mine: Arc::default(),
+            answers: Arc::new(Mutex::new(TtlMap::new(ANSWER_TTL))),
+            mine: Arc::new(Mutex::new(TtlMap::new(OWN_TTL))),
+            vouched: Arc::new(Mutex::new(TtlMap::new(VOUCHED_TTL))),
+            lookups: Arc::new(tokio::sync::Semaphore::new(LOOKUPS_AT_ONCE)),
         })
     }
 
@@ -122,29 +201,34 @@ impl HelloSocket {
             };
             match msg {
                 Hello::Ask { gid } => {
-                    // Answered on a task of its own: a lookup reads sysfs, and the loop
-                    // must keep receiving the answers to this agent's own asks.
+                    let cached = self
+                        .mine
+                        .lock()
+                        .unwrap_or_else(PoisonError::into_inner)
+                        .get(&gid);
+                    if let Some(addrs) = cached {
+                        if let Ok(bytes) = serde_json::to_vec(&Hello::Answer { gid, addrs }) {
+                            let _ = self.socket.send_to(&bytes, from).await;
+                        }
+                        continue;
+                    }
+                    // Looked up on a task of its own (it reads sysfs, and the loop must
+                    // keep receiving the answers to this agent's own asks), by at most
+                    // LOOKUPS_AT_ONCE tasks: a flood of asks is dropped, not queued.
+                    let Ok(permit) = self.lookups.clone().try_acquire_owned() else {
+                        debug!(%from, "hello asks faster than they can be looked up: dropped");
+                        continue;
+                    };
                     let (lookup, socket, mine) =
                         (lookup.clone(), self.socket.clone(), self.mine.clone());
                     tokio::spawn(async move {
-                        let cached = mine
-                            .lock()
+                        let addrs = tokio::task::spawn_blocking(move || lookup(gid))
+                            .await
+                            .unwrap_or(None);
+                        drop(permit);
+                        mine.lock()
                             .unwrap_or_else(PoisonError::into_inner)
-                            .get(&gid)
-                            .filter(|(at, _)| at.elapsed() < OWN_TTL)
-                            .map(|(_, a)| a.clone());
-                        let addrs = match cached {
-                            Some(a) => a,
-                            None => {
-                                let a = tokio::task::spawn_blocking(move || lookup(gid))
-                                    .await
-                                    .unwrap_or(None);
-                                mine.lock()
-                                    .unwrap_or_else(PoisonError::into_inner)
-                                    .insert(gid, (tokio::time::Instant::now(), a.clone()));
-                                a
-                            }
-                        };
+                            .put(gid, addrs.clone());
                         if let Ok(bytes) = serde_json::to_vec(&Hello::Answer { gid, addrs }) {
                             let _ = socket.send_to(&bytes, from).await;
                         }
@@ -155,8 +239,17 @@ impl HelloSocket {
                         .waiters
                         .lock()
                         .unwrap_or_else(PoisonError::into_inner)
-                        .remove(&gid)
-                        .unwrap_or_default();
+                        .remove(&gid);
+                    // Only an answer somebody here waits for counts (a stranger's
+                    // unasked answers vouch for nothing).
+                    let Some(waiting) = waiting else { continue };
+                    if let Some(list) = &addrs {
+                        let mut v = self.vouched.lock().unwrap_or_else(PoisonError::into_inner);
+                        v.put(gid, ());
+                        for a in list.iter().take(MAP_MAX / 16) {
+                            v.put(a.gid, ());
+                        }
+                    }
                     for w in waiting {
                         let _ = w.send(addrs.clone());
                     }
@@ -172,39 +265,76 @@ impl HelloSocket {
         let Some(ip) = ip_of(&gid) else {
             return Err(HelloError::NotIp(gid));
         };
-        if let Some((at, a)) = self
+        let cached = self
             .answers
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(&gid)
-        {
-            if at.elapsed() < ANSWER_TTL {
-                return Ok(a.clone());
-            }
+            .get(&gid);
+        if let Some(a) = cached {
+            return Ok(a);
         }
         let to = self.dest(ip);
         let bytes = serde_json::to_vec(&Hello::Ask { gid })
             .map_err(|e| HelloError::Encode(e.to_string()))?;
         for attempt in 0..TRIES {
             let (tx, rx) = oneshot::channel();
-            self.waiters
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner)
-                .entry(gid)
-                .or_default()
-                .push(tx);
+            {
+                let mut waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
+                if !waiters.contains_key(&gid) && waiters.len() >= MAP_MAX {
+                    return Err(HelloError::Busy);
+                }
+                waiters.entry(gid).or_default().push(tx);
+            }
             if let Err(e) = self.socket.send_to(&bytes, to).await {
                 debug!(%to, error = %e, "hello send failed");
             }
-            if let Ok(Ok(answer)) = tokio::time::timeout(WAIT * (1 << attempt), rx).await {
+            let answer = tokio::time::timeout(WAIT * (1 << attempt), rx).await;
+            // An ask given up on leaves nothing behind.
+            {
+                let mut waiters = self.waiters.lock().unwrap_or_else(PoisonError::into_inner);
+                if let Some(list) = waiters.get_mut(&gid) {
+                    list.retain(|w| !w.is_closed());
+                    if list.is_empty() {
+                        waiters.remove(&gid);
+                    }
+                }
+            }
+            if let Ok(Ok(answer)) = answer {
                 self.answers
                     .lock()
                     .unwrap_or_else(PoisonError::into_inner)
-                    .insert(gid, (tokio::time::Instant::now(), answer.clone()));
+                    .put(gid, answer.clone());
                 return Ok(answer);
             }
         }
         Err(HelloError::NoAnswer(to))
+    }
+
+    /// Whether some host's agent answered for `gid` (within the last hour).
+    pub fn vouched(&self, gid: &Gid) -> bool {
+        self.vouched
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(gid)
+            .is_some()
+    }
+
+    /// Entries held in its maps (answers, own answers, vouched addresses, addresses
+    /// being asked about): what a flood of asks could grow, and cannot past a bound.
+    pub fn held(&self) -> usize {
+        let n = |m: &Answers| m.lock().unwrap_or_else(PoisonError::into_inner).len();
+        n(&self.answers)
+            + n(&self.mine)
+            + self
+                .vouched
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .len()
+            + self
+                .waiters
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .len()
     }
 
     /// `ip`'s hello address in the socket's family (IPv4 as mapped IPv6 on a dual-stack

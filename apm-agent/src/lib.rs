@@ -34,15 +34,27 @@
 //! The agent holds no connection state a process could not re-register, and it never
 //! touches a QP. When it dies, every process says so once and runs on unprotected.
 //!
+//! **A security boundary.** The agent runs as root beside every protected process and
+//! holds the deployment's peer key: its socket is a file only root places, each end
+//! checks the other's credentials, a process acts only on QPs the kernel says are its
+//! own, operators' requests need root or the operator group, and every queue and table
+//! a client or a stranger could fill is bounded ([`access`], [`server`]).
+//!
 //! Modules: [`wire`] (process <-> agent messages), [`hello`] (agent <-> agent), [`local`]
-//! (this host's RoCE addresses and subnets, pairing), [`server`] (the agent), [`client`]
-//! (the process side and its `PeerChannel`).
+//! (this host's RoCE addresses and subnets, pairing), [`access`] (the socket's place
+//! and the credentials at each end), [`host`] (this host's addresses and QP owners, as
+//! [`rdma_nl`] asks the kernel), [`outbox`] (a client's bounded outgoing lines),
+//! [`server`] (the agent), [`client`] (the process side and its `PeerChannel`).
 #![forbid(unsafe_code)]
 
+pub mod access;
 pub mod client;
 pub mod hello;
+pub mod host;
 pub mod local;
+pub mod outbox;
 mod probes;
+pub mod rdma_nl;
 pub mod report;
 pub mod server;
 pub mod wire;
@@ -53,19 +65,22 @@ pub const DEFAULT_PEER_PORT: u16 = 47_910;
 /// The hello port is the peer port plus this.
 pub const HELLO_OFFSET: u16 = 1;
 
-/// The agent's local socket: an abstract Unix socket named after the peer port (one
-/// agent per port and network namespace, the same scope as the UDP port).
-pub fn socket_name(peer_port: u16) -> String {
-    format!("apm-agent-{peer_port}")
-}
-
 /// Why talking to the agent failed.
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum AgentError {
     /// No agent listens on this host (for this port).
-    #[error("no apm agent on this host (abstract socket @{0}): start `apm agent`, or run the program under `apm run`")]
-    NotRunning(String),
+    #[error("no apm agent on this host ({}): start `apm agent`, or run the program under `apm run`", .0.display())]
+    NotRunning(std::path::PathBuf),
+    /// The agent's socket refuses this user (its group and mode).
+    #[error("the apm agent's socket {} refuses this user: ask for membership of its group, or run under root's agent", .0.display())]
+    NotAllowed(std::path::PathBuf),
+    /// The socket or the agent behind it is not one to trust.
+    #[error(transparent)]
+    Untrusted(#[from] access::AccessError),
+    /// The agent refused a request (see [`wire::FromAgent::Refused`]).
+    #[error("the apm agent refused: {0}")]
+    Refused(String),
     /// The agent went away.
     #[error("the apm agent closed the connection")]
     Gone,

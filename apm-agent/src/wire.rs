@@ -171,6 +171,12 @@ pub enum FromAgent {
         /// What the probes say of it.
         verdict: PathVerdict,
     },
+    /// The agent refused a request of this client (it was not its to make, or a cap
+    /// was reached); nothing of it was done.
+    Refused {
+        /// What was refused, and why.
+        what: String,
+    },
     /// The answer to [`ToAgent::Watch`]: what the agent watches now.
     Watching {
         /// Whether the agent probes at all (`apm agent --probes`); without, only
@@ -254,6 +260,9 @@ mod tests {
                 )],
             },
             FromAgent::Synced { req: 4 },
+            FromAgent::Refused {
+                what: "reporting a rail down (operators only)".into(),
+            },
         ];
         for m in msgs {
             let l = line(&m);

@@ -16,6 +16,7 @@
 use crate::ledger::{Element, Event, Object};
 use crate::mode::{is_soft_roce, migration, srq_refusal, Facet, Migration};
 use crate::report;
+use apm_agent::access::AgentSocket;
 use apm_agent::client::{AgentClient, AgentPeer};
 use apm_agent::local::ip_of;
 use apm_agent::report::MovedBy;
@@ -146,12 +147,27 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The agent's UDP port (`APM_RUN_PORT`, else apm's default).
-fn peer_port() -> u16 {
-    std::env::var("APM_RUN_PORT")
+/// The agent's socket: `APM_RUN_AGENT_SOCKET` (where `apm run` found or started it),
+/// else the one of the agent of `APM_RUN_PORT` (or apm's default port) that this user
+/// reaches; its agent is trusted when it runs as root, as this user, or as
+/// `APM_RUN_AGENT_UID`.
+fn agent_socket() -> AgentSocket {
+    let port = std::env::var("APM_RUN_PORT")
         .ok()
         .and_then(|p| p.parse().ok())
-        .unwrap_or(apm_agent::DEFAULT_PEER_PORT)
+        .unwrap_or(apm_agent::DEFAULT_PEER_PORT);
+    let socket = match std::env::var_os("APM_RUN_AGENT_SOCKET") {
+        Some(path) => {
+            let path = std::path::PathBuf::from(path);
+            AgentSocket::in_dir(path.parent().unwrap_or(std::path::Path::new("/")), port)
+        }
+        None => AgentSocket::locate(port, None),
+    };
+    socket.trust_uid(
+        std::env::var("APM_RUN_AGENT_UID")
+            .ok()
+            .and_then(|u| u.parse().ok()),
+    )
 }
 
 fn protector() -> Result<&'static Protector, &'static str> {
@@ -186,9 +202,9 @@ impl Protector {
             .map_err(|e| format!("cannot start apm's threads: {e}"))?;
         let (events_tx, events) = mpsc::unbounded_channel();
         let (tx, rx) = std::sync::mpsc::channel();
-        let port = peer_port();
+        let socket = agent_socket();
         rt.spawn(async move {
-            let _ = tx.send(AgentClient::connect(port, events_tx).await);
+            let _ = tx.send(AgentClient::connect(&socket, events_tx).await);
         });
         let client = rx
             .recv_timeout(Duration::from_secs(5))
@@ -476,7 +492,11 @@ async fn qp_paths(p: &Protector, dev: &Device, attr: &QpAttr) -> Result<QpPaths,
         .gid_table(port)
         .map(|t| t.into_iter().map(|e| Gid(e.gid)).collect())
         .unwrap_or_default();
-    let rails = p.client.candidates(sgid, dgid, local_gids).await?;
+    let rails = p
+        .client
+        .candidates(sgid, dgid, local_gids)
+        .await
+        .map_err(|e| e.to_string())?;
     let key = PortKey::new(0, port);
     let mtu = attr.path_mtu.code();
     let path = |l: Gid, r: Gid| -> Option<Path> {
@@ -774,6 +794,10 @@ async fn dispatch(mut events: mpsc::UnboundedReceiver<FromAgent>) {
                 for d in &devices {
                     let _ = d.handle.path_health(ends, verdict);
                 }
+            }
+            FromAgent::Refused { what } => {
+                warn!(%what, "the apm agent refused a request");
+                report::note(&format!("the apm agent refused: {what}"));
             }
             // The client keeps the answers to its own requests.
             FromAgent::Candidates { .. }

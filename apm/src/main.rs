@@ -13,6 +13,7 @@ mod mad;
 mod out;
 mod pingpong;
 mod run;
+mod signals;
 mod simulate;
 mod values;
 mod watch;

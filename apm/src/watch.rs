@@ -125,6 +125,10 @@ pub struct Args {
     /// With `--agent`: the agent's peer port (`apm agent --port`, or `[lap] udp_listen`'s).
     #[arg(long, value_name = "PORT", default_value_t = apm_agent::DEFAULT_PEER_PORT, requires = "agent")]
     agent_port: u16,
+    /// With `--agent`: the directory of the agent's socket (`[agent] runtime_dir`;
+    /// default /run/apm, or this user's own when root's agent is not there).
+    #[arg(long, value_name = "DIR", env = "APM_RUNTIME_DIR", requires = "agent")]
+    runtime_dir: Option<std::path::PathBuf>,
     /// Do not subscribe for SA notices (traps 64/65).
     #[arg(long)]
     no_sa: bool,

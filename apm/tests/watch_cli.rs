@@ -280,14 +280,15 @@ fn watch_in_background(args: &[String]) -> (std::process::Child, std::thread::Jo
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_agent_watch_prints_the_probes_verdicts_with_their_kind() {
     let port = 20_000 + ((std::process::id() + 5_309) % 20_000) as u16;
+    let dir = tempfile::tempdir().expect("runtime dir");
+    let socket = apm_agent::access::AgentSocket::in_dir(dir.path(), port);
     let agent = Agent::bind(AgentConfig {
-        peer_port: port,
-        idle_exit: None,
         probe: ProbePolicy {
             enabled: true,
             ..ProbePolicy::default()
         },
-        peer_auth: cm_lap::auth::Mode::Off,
+        host: std::sync::Arc::new(apm_agent::host::LoopbackHost::default()),
+        ..AgentConfig::new(port, Some(dir.path()))
     })
     .await
     .expect("agent");
@@ -297,6 +298,8 @@ async fn an_agent_watch_prints_the_probes_verdicts_with_their_kind() {
         "--agent",
         "--agent-port",
         &port.to_string(),
+        "--runtime-dir",
+        &dir.path().display().to_string(),
         "--json",
         "--count",
         "3",
@@ -321,8 +324,8 @@ async fn an_agent_watch_prints_the_probes_verdicts_with_their_kind() {
     };
     let (a_tx, _a_rx) = tokio::sync::mpsc::unbounded_channel();
     let (b_tx, _b_rx) = tokio::sync::mpsc::unbounded_channel();
-    let a = AgentClient::connect(port, a_tx).await.expect("a");
-    let b = AgentClient::connect(port, b_tx).await.expect("b");
+    let a = AgentClient::connect(&socket, a_tx).await.expect("a");
+    let b = AgentClient::connect(&socket, b_tx).await.expect("b");
     a.register(route(ga, gb, 1, 2)).expect("register a");
     b.register(route(gb, ga, 2, 1)).expect("register b");
     tokio::time::sleep(Duration::from_millis(300)).await;

@@ -162,6 +162,15 @@ impl UdpPeerChannel {
         self
     }
 
+    /// Authenticate with an authenticator shared with other channels (before
+    /// [`PeerChannel::start`]): one replay window per sender across all of them, so a
+    /// datagram one channel accepted is a replay on every other (an agent's channels,
+    /// one per rail, take a capture replayed to another rail for what it is).
+    pub fn with_authenticator(mut self, auth: Arc<Authenticator>) -> UdpPeerChannel {
+        self.auth = auth;
+        self
+    }
+
     /// Datagrams accepted and dropped by the authentication so far.
     pub fn auth_counters(&self) -> CounterValues {
         self.auth.counters().get()

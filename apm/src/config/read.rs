@@ -4,12 +4,12 @@
 //! module knows the shape of the file, not what the values mean: the semantic checks
 //! are [`super::Config::check`]'s.
 
-use super::{Config, DeviceConfig, LapConfig, SaConfig, SimConfig, UdpPeer};
+use super::{AgentSection, Config, DeviceConfig, LapConfig, SaConfig, SimConfig, UdpPeer};
 use apm_core::Policy;
 use toml_located::{Collector, Tab};
 
 /// The top-level tables a configuration has.
-const TOP: [&str; 5] = ["device", "sa", "lap", "policy", "sim"];
+const TOP: [&str; 6] = ["device", "sa", "lap", "policy", "sim", "agent"];
 
 /// Read `text` into a [`Config`] with every problem of shape or type in `errors`. A
 /// syntax error stops the reading (nothing after it can be trusted).
@@ -22,8 +22,8 @@ pub(super) fn read(text: &str, errors: &mut Collector<'_>) -> Option<(Config, bo
             errors.push(
                 root.key_span(key),
                 key,
-                "unknown table or key; a configuration has [[device]], [sa], [lap], [policy] \
-                 and [sim]",
+                "unknown table or key; a configuration has [[device]], [sa], [lap], [policy], \
+                 [sim] and [agent]",
             );
         }
     }
@@ -42,6 +42,10 @@ pub(super) fn read(text: &str, errors: &mut Collector<'_>) -> Option<(Config, bo
         .and_then(|t| t.read_as::<SimConfig>("sim", &[], errors))
         .unwrap_or_default();
     let lap = read_lap(root, errors);
+    let agent = root
+        .table_at("agent", "agent", errors)
+        .and_then(|t| t.read_as::<AgentSection>("agent", &[], errors))
+        .unwrap_or_default();
     let policy = root
         .table_at("policy", "policy", errors)
         .and_then(|t| read_policy(t, errors));
@@ -51,6 +55,7 @@ pub(super) fn read(text: &str, errors: &mut Collector<'_>) -> Option<(Config, bo
         lap,
         policy,
         sim,
+        agent,
     };
     Some((config, declared))
 }

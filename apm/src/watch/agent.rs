@@ -28,7 +28,9 @@ const NO_DEVICE: &str = "agent";
 /// `--agent`: print the agent's verdicts until `--count`, `--timeout`, a signal, or the
 /// agent going away (an error: nothing will come any more).
 pub(super) async fn watch(args: &Args, stop: Stop) -> anyhow::Result<()> {
-    let mut attached = AgentWatch::attach(args.agent_port)
+    let socket =
+        apm_agent::access::AgentSocket::locate(args.agent_port, args.runtime_dir.as_deref());
+    let mut attached = AgentWatch::attach(&socket)
         .await
         .context("apm watch --agent")?;
     say_attached(args.agent_port, &attached);

@@ -234,16 +234,15 @@ impl End {
 
     /// Under apm run: the program's own report so far (written by the library).
     fn protected(&self) -> u64 {
-        let dir = format!("/tmp/apm-run-{}", self.child.id());
-        std::fs::read_dir(dir)
-            .map(|d| {
-                d.filter_map(|e| e.ok())
-                    .filter_map(|e| std::fs::read_to_string(e.path()).ok())
-                    .filter_map(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-                    .filter_map(|v| v.get("protected").and_then(|p| p.as_u64()))
-                    .sum()
-            })
-            .unwrap_or(0)
+        child::run_report_dirs(Some(self.child.id()))
+            .into_iter()
+            .filter_map(|dir| std::fs::read_dir(dir).ok())
+            .flatten()
+            .filter_map(|e| e.ok())
+            .filter_map(|e| std::fs::read_to_string(e.path()).ok())
+            .filter_map(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
+            .filter_map(|v| v.get("protected").and_then(|p| p.as_u64()))
+            .sum()
     }
 }
 

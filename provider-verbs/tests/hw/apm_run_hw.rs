@@ -152,7 +152,7 @@ impl Drop for Flap {
 }
 
 /// How many running `apm run`s report a failover made by the device (the library writes
-/// its process's report under `/tmp/apm-run-PID/` after every change, `apm run`'s PID).
+/// its process's report in its `apm run`'s directory after every change).
 fn moved_by_device() -> usize {
     let moved = |report: &serde_json::Value| {
         report["failovers"]
@@ -160,18 +160,10 @@ fn moved_by_device() -> usize {
             .is_some_and(|f| f.iter().any(|f| f["by"] == "hardware"))
     };
     // Counted per `apm run` (one per end), whatever files its directory holds.
-    std::fs::read_dir("/tmp")
+    child::run_report_dirs(None)
         .into_iter()
-        .flatten()
-        .filter_map(|e| e.ok())
-        .filter(|e| {
-            // Of a running `apm run` only: one killed earlier leaves its directory.
-            let name = e.file_name().to_string_lossy().into_owned();
-            name.strip_prefix("apm-run-")
-                .is_some_and(|pid| std::path::Path::new(&format!("/proc/{pid}")).exists())
-        })
         .filter(|d| {
-            std::fs::read_dir(d.path())
+            std::fs::read_dir(d)
                 .into_iter()
                 .flatten()
                 .filter_map(|e| std::fs::read_to_string(e.ok()?.path()).ok())

@@ -20,7 +20,7 @@ use super::*;
 
 /// The agent's port for these tests: a fresh agent, started with probes by the first
 /// `apm run` (an agent keeps the probe setting it was started with).
-const PROBE_PORT: &str = "47951";
+const PROBE_PORT: &str = "47953";
 
 fn probe_config() {
     std::fs::write(

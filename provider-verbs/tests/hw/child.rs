@@ -12,6 +12,33 @@ pub(crate) fn unix_ms() -> f64 {
         .map_or(0.0, |d| d.as_secs_f64() * 1e3)
 }
 
+/// The report directories of running `apm run`s (each makes a private one,
+/// `$TMPDIR/apm-run-PID-XXXXXX`, and its processes write their reports there after every
+/// change): of the `apm run` whose PID is `pid`, or of every one still running.
+pub(crate) fn run_report_dirs(pid: Option<u32>) -> Vec<std::path::PathBuf> {
+    std::fs::read_dir(std::env::temp_dir())
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok())
+        .filter(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(owner) = name
+                .strip_prefix("apm-run-")
+                .and_then(|rest| rest.split('-').next())
+                .and_then(|p| p.parse::<u32>().ok())
+            else {
+                return false;
+            };
+            // Of a running `apm run` only: one killed earlier leaves its directory.
+            pid.map_or(
+                std::path::Path::new(&format!("/proc/{owner}")).exists(),
+                |p| p == owner,
+            )
+        })
+        .map(|e| e.path())
+        .collect()
+}
+
 /// A child process whose stdout or stderr is read line by line on a thread, so that a
 /// test can wait for lines while the process runs. Every line is echoed with the
 /// child's name and kept in `log`.

@@ -1,0 +1,231 @@
+//! `apm agent`: this host's agent for `apm run` in the foreground, and `apm agent
+//! --rail-down ADDR`, an operator's word that an address is unreachable (every process
+//! moves the connections whose primary uses it): the hook through which a path-down
+//! verdict from outside the programs (a probe, an operator) reaches them.
+//!
+//! Its settings come from `--config FILE` (`[lap] udp_listen`'s port, `[lap] key_file`
+//! and `require_auth`, `[policy.probe]`, `[agent]`), each overridden by its flag.
+
+use crate::out::outln;
+use anyhow::{bail, Context, Result};
+use apm::Config;
+use apm_agent::access::{AgentSocket, SocketPerms};
+use apm_agent::server::{Agent, AgentConfig, StartError};
+use apm_core::probe::ProbePolicy;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+/// What `apm agent` exits with.
+pub const AGENT_EXIT_STATUS_HELP: &str = "\
+Exit status:
+  0  the agent exited when idle (--idle-exit-secs), or --rail-down was told to every
+     process;
+  1  it could not start (another agent serves the port, the ports overlap a running
+     agent's, an unsafe runtime directory, a bad key or configuration), or the agent
+     refused or could not be reached (--rail-down).
+Signals that end it (HUP, INT, TERM, ...) end it as they end any process; it removes
+its socket when it exits by itself.";
+
+/// `apm agent` arguments.
+#[derive(Debug, clap::Args)]
+#[command(after_help = AGENT_EXIT_STATUS_HELP)]
+pub struct AgentArgs {
+    /// Deployment configuration: its `[lap] udp_listen` port, `[lap] key_file` and
+    /// `require_auth`, `[policy.probe]` and `[agent]` (the flags below override them).
+    #[arg(long, value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The UDP port of apm's peer messages (the hello port is the next one): 1 to
+    /// 65534, and at least 2 away from another agent's.
+    #[arg(long)]
+    pub port: Option<u16>,
+    /// The directory of the agent's socket (`[agent] runtime_dir`; default /run/apm for
+    /// root, else this user's own).
+    #[arg(long, value_name = "DIR", env = "APM_RUNTIME_DIR")]
+    pub runtime_dir: Option<PathBuf>,
+    /// Exit after this many seconds without a protected process (default: never).
+    #[arg(long, value_name = "SECS")]
+    pub idle_exit_secs: Option<u64>,
+    /// Tell the running agent that this address (a local or peer rail's IP) is
+    /// unreachable, and exit (root or the operator group only).
+    #[arg(long, value_name = "ADDR")]
+    pub rail_down: Option<std::net::IpAddr>,
+    /// Interval between liveness probes on each path (`[policy.probe] interval_ms`).
+    #[arg(long, value_name = "MS")]
+    pub probe_interval_ms: Option<u32>,
+    /// Probes missed in a row before a path is declared down.
+    #[arg(long, value_name = "N")]
+    pub probe_multiplier: Option<u8>,
+    /// Probe the processes' paths (off by default: see `[policy.probe] enabled`).
+    #[arg(long)]
+    pub probes: bool,
+    /// Authenticate peer datagrams with the shared secret in this file (`[lap]
+    /// key_file`; readable by its owner only): every datagram sent carries a MAC and a
+    /// sequence number, and unauthenticated, forged or replayed ones are dropped.
+    #[arg(long, value_name = "FILE")]
+    pub peer_key: Option<PathBuf>,
+    /// With a key: accept unauthenticated datagrams too (`[lap] require_auth =
+    /// false`, while a deployment moves to keys host by host).
+    #[arg(long)]
+    pub accept_unauthenticated: bool,
+}
+
+/// Read and check the configuration at `path` (a bad one is refused whole); with its
+/// text, which its spans refer to.
+pub(super) fn read_config(path: &Path) -> Result<(Config, String)> {
+    let text = apm::input::read_file(path, apm::input::CONFIG_LIMIT, "a configuration file")?;
+    // Devices are the program's: a configuration without `[[device]]` is fine here.
+    let config = match Config::parse(&text) {
+        Ok(c) => c,
+        Err(errors) => {
+            let real: Vec<String> = errors
+                .iter()
+                .filter(|e| !e.message.starts_with("no [[device]] table"))
+                .map(|e| format!("{}: {e}", path.display()))
+                .collect();
+            if !real.is_empty() {
+                bail!("the configuration is refused:\n  {}", real.join("\n  "));
+            }
+            toml::from_str::<Config>(&text).context("the configuration")?
+        }
+    };
+    Ok((config, text))
+}
+
+/// The agent's port a configuration says (`[lap] udp_listen`), else the default.
+pub(super) fn config_port(config: &Config) -> u16 {
+    config
+        .lap
+        .udp_listen
+        .as_ref()
+        .map_or(apm_agent::DEFAULT_PEER_PORT, |a| a.get_ref().port())
+}
+
+/// Whether an agent this user trusts serves `socket`: connected and checked, then
+/// left (an agent counts a process only once it registers).
+pub(super) fn reach(socket: &AgentSocket) -> Result<(), apm_agent::AgentError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async {
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        apm_agent::client::AgentClient::connect(socket, tx)
+            .await
+            .map(drop)
+    })
+}
+
+impl AgentArgs {
+    /// The agent's configuration these arguments and `--config` say, checked (the key
+    /// read, groups and users looked up).
+    fn agent_config(&self) -> Result<AgentConfig> {
+        let file = self.config.as_deref().map(read_config).transpose()?;
+        let config = file.as_ref().map(|(c, _)| c);
+        let port = self
+            .port
+            .unwrap_or_else(|| config.map_or(apm_agent::DEFAULT_PEER_PORT, config_port));
+        let access = match &file {
+            Some((c, text)) => Some(c.agent_access(text).map_err(|e| {
+                anyhow::anyhow!(
+                    "{}: {e}",
+                    self.config.as_deref().unwrap_or(Path::new("")).display()
+                )
+            })?),
+            None => None,
+        };
+        let dir = self
+            .runtime_dir
+            .clone()
+            .or_else(|| access.as_ref().and_then(|a| a.runtime_dir.clone()));
+        let mut agent = AgentConfig::new(port, dir.as_deref());
+        if let Some(a) = &access {
+            agent.socket = agent.socket.trust_uid(a.agent_uid);
+            agent.perms = a.perms;
+            agent.operator_gid = a.operator_gid;
+        } else {
+            agent.perms = SocketPerms::default_for_host();
+        }
+        agent.idle_exit = self.idle_exit_secs.map(Duration::from_secs);
+        agent.probe = self.probe_policy(config)?;
+        agent.peer_auth = self.peer_auth(config)?;
+        Ok(agent)
+    }
+
+    /// The probe policy: `[policy.probe]` with the flags over it, checked.
+    fn probe_policy(&self, config: Option<&Config>) -> Result<ProbePolicy> {
+        let mut p = config.map_or_else(ProbePolicy::default, |c| c.engine_policy().probe);
+        p.enabled |= self.probes;
+        if let Some(ms) = self.probe_interval_ms {
+            p.interval_ms = ms;
+            p.down_interval_ms = p.down_interval_ms.max(ms);
+        }
+        if let Some(n) = self.probe_multiplier {
+            p.multiplier = n;
+        }
+        p.validate().map_err(|e| anyhow::anyhow!("{e}"))?;
+        Ok(p)
+    }
+
+    /// The peer channels' authentication: `--peer-key` or `[lap] key_file`, the key
+    /// read and its file checked.
+    fn peer_auth(&self, config: Option<&Config>) -> Result<cm_lap::auth::Mode> {
+        use cm_lap::auth::{Key, Mode};
+        let Some(file) = &self.peer_key else {
+            let mode = match config {
+                Some(c) => c.peer_auth().context("[lap] key_file")?,
+                None => Mode::Off,
+            };
+            return Ok(match mode {
+                Mode::Require(k) if self.accept_unauthenticated => Mode::AcceptUnauthenticated(k),
+                other => other,
+            });
+        };
+        let key = Key::from_file(file).with_context(|| format!("--peer-key {}", file.display()))?;
+        Ok(if self.accept_unauthenticated {
+            Mode::AcceptUnauthenticated(key)
+        } else {
+            Mode::Require(key)
+        })
+    }
+}
+
+/// `apm agent`.
+pub fn agent(args: AgentArgs) -> Result<()> {
+    let config = args.agent_config()?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        if let Some(ip) = args.rail_down {
+            return rail_down(&config.socket, ip).await;
+        }
+        let port = config.peer_port;
+        let agent = match Agent::bind(config).await {
+            Ok(a) => a,
+            Err(StartError::AlreadyRunning(p)) => {
+                bail!("an apm agent already runs on this host for port {p}")
+            }
+            Err(e) => return Err(e.into()),
+        };
+        tracing::info!(port, socket = %agent.socket().path().display(), "apm agent started");
+        agent.run().await?;
+        Ok(())
+    })
+}
+
+/// `apm agent --rail-down ADDR`.
+async fn rail_down(socket: &AgentSocket, ip: std::net::IpAddr) -> Result<()> {
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let client = apm_agent::client::AgentClient::connect(socket, tx).await?;
+    client.rail_down(apm_agent::local::gid_of(ip))?;
+    // The line goes out on the client's writer task: done once the agent has handled
+    // it (told every process), or refused it.
+    client.synced().await?;
+    while let Ok(m) = rx.try_recv() {
+        if let apm_agent::wire::FromAgent::Refused { what } = m {
+            bail!("the apm agent refused: {what}");
+        }
+    }
+    outln!("apm agent: {ip} reported unreachable to every protected process")?;
+    Ok(())
+}
