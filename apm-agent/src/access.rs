@@ -143,6 +143,11 @@ impl AgentSocket {
         self
     }
 
+    /// The user trusted besides root and this one, if any.
+    pub fn trusted_uid(&self) -> Option<u32> {
+        self.trusted_uid
+    }
+
     /// The socket's path.
     pub fn path(&self) -> &Path {
         &self.path

@@ -90,7 +90,7 @@ const MAP_MAX: usize = 4096;
 /// This host's answers looked up at once, at most (each reads sysfs).
 const LOOKUPS_AT_ONCE: usize = 2;
 
-/// Values by address, each with the time it was put, at most [`MAP_MAX`] of them: an
+/// Values by address, each with the time it was put, at most 4,096 of them: an
 /// expired entry reads as absent, and a full map drops its expired entries, then its
 /// oldest, before it takes another.
 #[derive(Debug)]

@@ -40,9 +40,10 @@
 //! event read from the kernel is acked).
 //!
 //! **Settings** come from the environment `apm run` sets: `APM_RUN_PORT` (the agent's
-//! UDP port), `APM_RUN_POLICY` (the engine policy as JSON), `APM_RUN_REPORT_DIR` (where
-//! each process writes its report, [`report`]), `APM_LOG` (a tracing filter for apm's
-//! own logs, off by default).
+//! UDP port), `APM_RUN_AGENT_SOCKET` (the agent's socket) and `APM_RUN_AGENT_UID` (an
+//! agent user to trust besides root and this user; `settings`), `APM_RUN_POLICY` (the
+//! engine policy as JSON), `APM_RUN_REPORT_DIR` (where each process writes its report,
+//! [`report`]), `APM_LOG` (a tracing filter for apm's own logs, off by default).
 #![deny(unsafe_code)]
 // A driver inside the program: it times real moves and unprotected intervals.
 #![allow(clippy::disallowed_methods)]
@@ -52,4 +53,5 @@ mod ledger;
 pub mod mode;
 pub mod protect;
 pub mod report;
+mod settings;
 mod tee;

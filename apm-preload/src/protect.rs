@@ -16,7 +16,6 @@
 use crate::ledger::{Element, Event, Object};
 use crate::mode::{is_soft_roce, migration, srq_refusal, Facet, Migration};
 use crate::report;
-use apm_agent::access::AgentSocket;
 use apm_agent::client::{AgentClient, AgentPeer};
 use apm_agent::local::ip_of;
 use apm_agent::report::MovedBy;
@@ -147,29 +146,6 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The agent's socket: `APM_RUN_AGENT_SOCKET` (where `apm run` found or started it),
-/// else the one of the agent of `APM_RUN_PORT` (or apm's default port) that this user
-/// reaches; its agent is trusted when it runs as root, as this user, or as
-/// `APM_RUN_AGENT_UID`.
-fn agent_socket() -> AgentSocket {
-    let port = std::env::var("APM_RUN_PORT")
-        .ok()
-        .and_then(|p| p.parse().ok())
-        .unwrap_or(apm_agent::DEFAULT_PEER_PORT);
-    let socket = match std::env::var_os("APM_RUN_AGENT_SOCKET") {
-        Some(path) => {
-            let path = std::path::PathBuf::from(path);
-            AgentSocket::in_dir(path.parent().unwrap_or(std::path::Path::new("/")), port)
-        }
-        None => AgentSocket::locate(port, None),
-    };
-    socket.trust_uid(
-        std::env::var("APM_RUN_AGENT_UID")
-            .ok()
-            .and_then(|u| u.parse().ok()),
-    )
-}
-
 fn protector() -> Result<&'static Protector, &'static str> {
     PROTECTOR
         .get_or_init(Protector::start)
@@ -202,7 +178,7 @@ impl Protector {
             .map_err(|e| format!("cannot start apm's threads: {e}"))?;
         let (events_tx, events) = mpsc::unbounded_channel();
         let (tx, rx) = std::sync::mpsc::channel();
-        let socket = agent_socket();
+        let socket = crate::settings::agent_socket();
         rt.spawn(async move {
             let _ = tx.send(AgentClient::connect(&socket, events_tx).await);
         });

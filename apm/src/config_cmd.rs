@@ -88,6 +88,10 @@ pub fn run(cmd: ConfigCommand) -> anyhow::Result<()> {
                     "errors": errors,
                 });
                 outln!("{doc}")?;
+                // The document says it all: no second JSON object (main's error) after it.
+                errln!("apm: {} problem(s) in {}", errors.len(), file.display());
+                crate::log_writer::flush();
+                std::process::exit(1);
             } else {
                 for e in &errors {
                     errln!("{}:{e}", file.display());

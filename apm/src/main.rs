@@ -20,9 +20,21 @@ mod watch;
 
 use clap::{Parser, Subcommand};
 
+/// How every subcommand exits (`apm run` and `apm agent` say more in their help).
+const EXIT_STATUS_HELP: &str = "\
+Exit status (every subcommand):
+  0        success (`apm config check`: the file is valid);
+  1        a failure, said on stderr (with --json, also as {\"error\": ..., \"exit_status\": 1}
+           on stdout): a refused file or option, a missing device or library, an
+           invalid configuration;
+  2        a usage error (an unknown option, a missing argument);
+  128 + N  ended by signal N (`apm watch` ends its --exec hooks first), 141 for a
+           closed standard output (SIGPIPE).
+`apm run` exits with its program's status (and 1, 126, 127 of its own: `apm run --help`).";
+
 /// Keeps InfiniBand and RoCE RC connections alive when a path fails.
 #[derive(Debug, Parser)]
-#[command(name = "apm", version, about, long_about = None)]
+#[command(name = "apm", version, about, long_about = None, after_help = EXIT_STATUS_HELP)]
 struct Cli {
     /// Log filter (tracing `EnvFilter` syntax), e.g. `apm_core=debug`. Logs go to stderr.
     #[arg(long, global = true, env = "APM_LOG", default_value = "warn")]
@@ -35,17 +47,21 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a fault scenario on the built-in simulated fabric, apm against baselines.
+    #[command(after_help = EXIT_STATUS_HELP)]
     Simulate(simulate::Args),
     /// Decode or encode management datagrams (SA, CM LAP/APR/MRA, vendor class).
     #[command(subcommand)]
+    #[command(after_help = EXIT_STATUS_HELP)]
     Mad(mad::MadCommand),
     /// Check a deployment configuration file.
     #[command(subcommand)]
+    #[command(after_help = EXIT_STATUS_HELP)]
     Config(config_cmd::ConfigCommand),
     /// RC ping-pong protected by apm: counts what a path failure costs (real devices).
-    #[command(long_about = pingpong::LONG_ABOUT)]
+    #[command(long_about = pingpong::LONG_ABOUT, after_help = EXIT_STATUS_HELP)]
     Pingpong(pingpong::Args),
     /// Watch port and fabric events (port up/down, LID/SM changes, SA traps 64/65).
+    #[command(after_help = EXIT_STATUS_HELP)]
     Watch(watch::Args),
     /// Run an unmodified verbs program with its RC connections protected (LD_PRELOAD).
     Run(run::Args),
@@ -56,8 +72,34 @@ enum Command {
 /// The longest line of an error message printed (characters).
 const ERROR_LINE_MAX: usize = 400;
 
+/// Whether the command line asks for JSON output (`--json` before any `--`; `apm mad
+/// encode --json` names its input, not its output): then every error is also one JSON
+/// object on standard output, so that a machine reading it learns of the failure.
+fn json_output() -> bool {
+    let args: Vec<std::ffi::OsString> = std::env::args_os()
+        .skip(1)
+        .take_while(|a| a != "--")
+        .collect();
+    let encode = args.windows(2).any(|w| w[0] == "mad" && w[1] == "encode");
+    !encode && args.iter().any(|a| a == "--json")
+}
+
+/// Say `message` as the JSON error object `--json` commands end with.
+fn json_error(message: &str, exit_status: i32) {
+    let object = serde_json::json!({ "error": message, "exit_status": exit_status });
+    let _ = out::outln!("{object}");
+}
+
 fn main() {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            if json_output() && e.use_stderr() {
+                json_error(e.to_string().trim_end(), e.exit_code());
+            }
+            e.exit()
+        }
+    };
     let logs = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
         // Colours for a person at a terminal, plain text for a pipe or a file.
@@ -88,8 +130,12 @@ fn main() {
         }
         // An error may quote its input (a TOML line, a value): each line is cut so that
         // a megabyte of input does not come back as a megabyte of message.
-        for line in format!("apm: {}", message(&err)).lines() {
+        let text = message(&err);
+        for line in format!("apm: {text}").lines() {
             out::errln!("{}", apm::input::truncate_echo(line, ERROR_LINE_MAX));
+        }
+        if json_output() {
+            json_error(&apm::input::truncate_echo(&text, 4 * ERROR_LINE_MAX), 1);
         }
         std::process::exit(1);
     }

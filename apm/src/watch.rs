@@ -215,7 +215,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .build()
             .context("starting the tokio runtime")?;
         rt.block_on(async {
-            let stop = Stop::install().context("handling SIGINT and SIGTERM")?;
+            let stop = Stop::install().context("handling signals")?;
             if args.agent {
                 agent::watch(&args, stop).await
             } else {
@@ -353,7 +353,15 @@ impl<'a> Sink<'a> {
         if let Some(cmd) = &self.args.exec {
             let what = format!("{} {}", line.event, line.device);
             let limit = Duration::from_secs_f64(self.args.exec_timeout);
-            let ended = exec::run(cmd, exec_env(&line), what, limit, self.stop.clone()).await;
+            let ended = exec::run(
+                cmd,
+                exec_env(&line),
+                what,
+                limit,
+                self.stop.clone(),
+                self.args.json,
+            )
+            .await;
             if ended == exec::Ended::Stopped {
                 return false;
             }

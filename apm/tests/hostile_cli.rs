@@ -252,8 +252,14 @@ fn wait_bounded(child: &mut std::process::Child) -> ExitStatus {
 }
 
 #[test]
-fn sigterm_and_sigint_end_watch_and_its_exec_children() {
-    for (sig, number) in [("TERM", 15), ("INT", 2)] {
+fn every_ending_signal_ends_watch_and_its_exec_children() {
+    for (sig, number) in [
+        ("TERM", 15),
+        ("INT", 2),
+        ("HUP", 1),
+        ("QUIT", 3),
+        ("USR1", 10),
+    ] {
         let dir = std::env::temp_dir().join(format!("apm-hostile-{}-{sig}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("temp dir");
         let pidfile = dir.join("hook.pid");
@@ -416,10 +422,12 @@ fn what_a_hook_leaves_running_in_its_group_ends_when_it_exits() {
 
 #[test]
 fn agent_rail_down_into_a_closed_pipe_ends_by_sigpipe() {
-    // An agent of its own on a port of this test's, for the client to reach.
-    let port = (40_000 + std::process::id() % 20_000).to_string();
+    // An agent of its own on a port and in a directory of this test's.
+    let port = (40_000 + (std::process::id() % 10_000) * 2).to_string();
+    let dir = std::env::temp_dir().join(format!("apm-hostile-agent-{}", std::process::id()));
     let mut agent = Command::new(APM)
         .args(["agent", "--port", &port, "--idle-exit-secs", "5"])
+        .env("APM_RUNTIME_DIR", &dir)
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
@@ -427,7 +435,15 @@ fn agent_rail_down_into_a_closed_pipe_ends_by_sigpipe() {
     let mut status = None;
     for _ in 0..50 {
         std::thread::sleep(std::time::Duration::from_millis(100));
-        let (st, err) = with_closed_stdout(&["agent", "--port", &port, "--rail-down", "10.0.0.1"]);
+        let (st, err) = with_closed_stdout(&[
+            "agent",
+            "--port",
+            &port,
+            "--runtime-dir",
+            &dir.display().to_string(),
+            "--rail-down",
+            "10.0.0.1",
+        ]);
         // Status 1 until the agent listens (nothing to connect to).
         if st.code() != Some(1) {
             status = Some((st, err));
@@ -436,6 +452,7 @@ fn agent_rail_down_into_a_closed_pipe_ends_by_sigpipe() {
     }
     let _ = agent.kill();
     let _ = agent.wait();
+    let _ = std::fs::remove_dir_all(&dir);
     let (st, err) = status.expect("the agent answered");
     assert_eq!(st.signal(), Some(13), "{st}: {err}");
     assert!(!err.contains("panicked"), "{err}");

@@ -159,13 +159,20 @@ impl Key {
     /// is not part of the key, so `openssl rand -hex 32 > FILE` works too).
     pub fn from_file(path: &Path) -> Result<Key, KeyError> {
         use std::io::Read as _;
-        use std::os::unix::fs::MetadataExt as _;
+        use std::os::unix::fs::{MetadataExt as _, OpenOptionsExt as _};
         let name = path.display().to_string();
         let io = |source| KeyError::Io {
             path: name.clone(),
             source,
         };
-        let file = std::fs::File::open(path).map_err(io)?;
+        // Opened without blocking: a FIFO nobody writes would otherwise hold the open
+        // (and the agent, `apm config check`, `apm run --config`) for ever; whatever
+        // it is, only a regular file is read.
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY)
+            .open(path)
+            .map_err(io)?;
         let meta = file.metadata().map_err(io)?;
         if !meta.is_file() {
             return Err(KeyError::NotAFile { path: name });
@@ -705,6 +712,22 @@ mod tests {
         assert!(matches!(
             Key::from_file(&dir.join("none")),
             Err(KeyError::Io { .. })
+        ));
+        // A FIFO nobody writes, and a device: refused at once, never waited on.
+        let fifo = dir.join("fifo");
+        let made = std::process::Command::new("mkfifo")
+            .arg(&fifo)
+            .status()
+            .is_ok_and(|s| s.success());
+        if made {
+            assert!(matches!(
+                Key::from_file(&fifo),
+                Err(KeyError::NotAFile { .. })
+            ));
+        }
+        assert!(matches!(
+            Key::from_file(std::path::Path::new("/dev/zero")),
+            Err(KeyError::NotAFile { .. })
         ));
         assert!(
             !format!("{k:?}").contains("abababab"),

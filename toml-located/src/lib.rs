@@ -12,6 +12,7 @@
 #![forbid(unsafe_code)]
 
 mod path;
+mod shape;
 mod table;
 
 pub use path::KeyPath;
@@ -24,6 +25,15 @@ use toml_edit::ImDocument;
 /// The longest echo of the user's text inside one message (characters): a 5 MB value
 /// must not come back as a 5 MB message.
 const ECHO_MAX: usize = 200;
+
+/// The most values (keys, array elements, tables) a document may hold: far above any
+/// configuration or scenario (a thousand `[[lap.peer]]` tables are a few thousand),
+/// small enough that the parsed document stays within tens of MiB. A 16 MiB file of
+/// `[1,1,1,...]` would otherwise take gigabytes to parse (every element a node).
+pub const MAX_VALUES: usize = 200_000;
+
+/// The most problems listed; the rest are counted in one last line.
+pub const MAX_LISTED: usize = 200;
 
 /// One problem of a file, located.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -199,10 +209,23 @@ impl<'a> Collector<'a> {
         self.list.len()
     }
 
-    /// The problems, in file order (whichever check found them).
+    /// The problems, in file order (whichever check found them), at most
+    /// [`MAX_LISTED`] with a last one that counts the rest.
     pub fn into_problems(self) -> Problems {
         let mut list = self.list;
         list.sort_by_key(|e| (e.line, e.column));
+        if list.len() > MAX_LISTED {
+            let more = list.len() - MAX_LISTED;
+            list.truncate(MAX_LISTED);
+            list.push(Problem {
+                line: 0,
+                column: 0,
+                key: String::new(),
+                message: format!(
+                    "... and {more} more problems (the first {MAX_LISTED} are listed)"
+                ),
+            });
+        }
         Problems(list)
     }
 }
@@ -210,6 +233,17 @@ impl<'a> Collector<'a> {
 /// Parse `text` as a TOML document; a syntax error is pushed (nothing after it can be
 /// trusted) and gives `None`.
 pub fn parse<'t>(text: &'t str, problems: &mut Collector<'_>) -> Option<ImDocument<&'t str>> {
+    if let Some(at) = shape::past_values(text, MAX_VALUES) {
+        problems.push(
+            Some(at..at),
+            "",
+            &format!(
+                "more than {MAX_VALUES} values (keys, array elements, tables): no \
+                 configuration or scenario needs that many; nothing of the file is read"
+            ),
+        );
+        return None;
+    }
     match ImDocument::parse(text) {
         Ok(d) => Some(d),
         Err(e) => {

@@ -152,8 +152,18 @@ impl<'t> Tab<'t> {
                 Err(e) => e,
             };
             let at = e.span();
-            let culprit = at.as_ref().and_then(|at| culprit(&table, at.start));
             let message = e.message().trim_end();
+            if let Some(unknown) = set_aside_unknown(&mut table, message) {
+                // serde names one unknown key per reading: every key it does not know
+                // is set aside at once, so that a table of n of them is read twice,
+                // not n times.
+                for (k, span, said) in unknown {
+                    problems.push(span, &format!("{name}{dot}{k}"), &said);
+                    removed.push(k);
+                }
+                continue;
+            }
+            let culprit = at.as_ref().and_then(|at| culprit(&table, at.start));
             match culprit {
                 Some(k) => {
                     problems.push(at, &format!("{name}{dot}{k}"), message);
@@ -204,6 +214,47 @@ impl<'t> Tab<'t> {
 }
 
 /// The key of `table` whose key or value holds byte `at`.
+/// After serde's "unknown field `k`, expected one of `a`, `b`" (or "..., there are no
+/// fields"): remove every key of `table` that is not among the fields named, and say
+/// each as serde would; `None` when the message is no such error or names no key here.
+#[allow(clippy::type_complexity)]
+fn set_aside_unknown(
+    table: &mut InlineTable,
+    message: &str,
+) -> Option<Vec<(String, Option<std::ops::Range<usize>>, String)>> {
+    let rest = message.strip_prefix("unknown field `")?;
+    let (_, after) = rest.split_once("`, ")?;
+    let known: Vec<&str> = if after.starts_with("there are no fields") {
+        Vec::new()
+    } else {
+        after
+            .strip_prefix("expected ")?
+            .split('`')
+            .skip(1)
+            .step_by(2)
+            .collect()
+    };
+    let unknown: Vec<String> = table
+        .iter()
+        .map(|(k, _)| k.to_owned())
+        .filter(|k| !known.contains(&k.as_str()))
+        .collect();
+    if unknown.is_empty() {
+        return None;
+    }
+    let said: Vec<_> = unknown
+        .into_iter()
+        .map(|k| {
+            let span = table.key(&k).and_then(|key| key.span());
+            let said = format!("unknown field `{k}`, {after}");
+            (k, span, said)
+        })
+        .collect();
+    // One pass (removing keys one by one would shift the rest each time).
+    table.retain(|k, _| known.contains(&k));
+    Some(said)
+}
+
 fn culprit(table: &InlineTable, at: usize) -> Option<String> {
     table.iter().find_map(|(k, v)| {
         let in_value = v.span().is_some_and(|s| s.contains(&at));

@@ -7,15 +7,15 @@
 //! without bound or end it:
 //!
 //! - each client's outgoing lines wait in an [`Outbox`] of a fixed byte budget; a client
-//!   that stops reading is dropped and said once ([`session`]);
+//!   that stops reading is dropped and said once (`session.rs`);
 //! - connections are capped per user and in total, below the descriptor limit (raised
 //!   to its hard limit at start), and a failed `accept` (descriptors exhausted) is
 //!   waited out, never the end of the agent;
 //! - registrations are capped per client and in total, their addresses must be this
-//!   host's, their QP the caller's own ([`requests`]), and their probe targets hosts
+//!   host's, their QP the caller's own (`requests.rs`), and their probe targets hosts
 //!   whose agents answered a hello (operators excepted);
 //! - the UDP channels exist only for this host's addresses, and share one replay
-//!   window per sender ([`peers`]);
+//!   window per sender (`peers.rs`);
 //! - what a client sends that cannot be read is logged at a bounded rate.
 
 mod peers;

@@ -23,8 +23,8 @@ Exit status:
   1  it could not start (another agent serves the port, the ports overlap a running
      agent's, an unsafe runtime directory, a bad key or configuration), or the agent
      refused or could not be reached (--rail-down).
-Signals that end it (HUP, INT, TERM, ...) end it as they end any process; it removes
-its socket when it exits by itself.";
+A signal that ends processes (HUP, INT, TERM, ...) ends it as it ends any process,
+once it has removed its socket.";
 
 /// `apm agent` arguments.
 #[derive(Debug, clap::Args)]
@@ -208,8 +208,20 @@ pub fn agent(args: AgentArgs) -> Result<()> {
             Err(e) => return Err(e.into()),
         };
         tracing::info!(port, socket = %agent.socket().path().display(), "apm agent started");
-        agent.run().await?;
-        Ok(())
+        let mut signals = crate::signals::listen(&crate::signals::ENDING)?;
+        let ended_by = tokio::select! {
+            served = agent.run() => {
+                served?;
+                return Ok(());
+            }
+            Some(sig) = signals.recv() => sig,
+        };
+        // Ended by a signal: the agent (and with it its socket) is gone now that the
+        // select dropped it; the signal ends the process as it would have.
+        tracing::info!(signal = %ended_by, "the agent exits");
+        crate::log_writer::flush();
+        let _ = signal_hook::low_level::emulate_default_handler(ended_by as i32);
+        std::process::exit(128 + ended_by as i32)
     })
 }
 

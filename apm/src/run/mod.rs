@@ -273,6 +273,7 @@ pub fn run(args: Args) -> Result<()> {
     // a random part so that nobody can make it first.
     let dir = tempfile::Builder::new()
         .prefix(&format!("apm-run-{}-", std::process::id()))
+        .permissions(std::os::unix::fs::PermissionsExt::from_mode(0o700))
         .tempdir()
         .context("making the run's private report directory")?;
     let mut preload = OsString::from(&library);
@@ -288,6 +289,9 @@ pub fn run(args: Args) -> Result<()> {
         .env("APM_RUN_REPORT_DIR", dir.path())
         .env("APM_RUN_AGENT_SOCKET", settings.socket.path())
         .env("APM_RUN_MIGRATION", args.migration.env_value());
+    if let Some(uid) = settings.socket.trusted_uid() {
+        cmd.env("APM_RUN_AGENT_UID", uid.to_string());
+    }
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;

@@ -1,5 +1,6 @@
-//! How `apm watch` ends and how it runs `--exec`: SIGINT and SIGTERM stop the watch
-//! cleanly ([`Stop`]), and each `--exec` command runs in a process group of its own with
+//! How `apm watch` ends and how it runs `--exec`: every signal that would end apm
+//! (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, ...) stops the watch cleanly ([`Stop`]),
+//! and each `--exec` command runs in a process group of its own with
 //! a time limit, so that a hung hook is reported and killed, and no hook outlives apm:
 //! what a hook leaves in its group when it exits is ended, and a stop or a timeout ends
 //! the hook's whole process tree, what left the group included (`tree.rs`).
@@ -26,26 +27,20 @@ const GRACE: Duration = Duration::from_secs(1);
 pub(super) struct Stop(watch::Receiver<Option<i32>>);
 
 impl Stop {
-    /// Listen for SIGINT and SIGTERM (inside a runtime with IO enabled).
+    /// Listen for every signal that would end apm (SIGINT, SIGTERM, SIGHUP, SIGQUIT,
+    /// SIGUSR1, ...: [`crate::signals::ENDING`]), inside a runtime with IO enabled: the
+    /// first stops the watch, which ends its hooks before it ends itself.
     pub(super) fn install() -> anyhow::Result<Stop> {
-        use tokio::signal::unix::{signal, SignalKind};
-        let mut int = signal(SignalKind::interrupt())?;
-        let mut term = signal(SignalKind::terminate())?;
+        let mut signals = crate::signals::listen(&crate::signals::ENDING)?;
         let (tx, rx) = watch::channel(None);
         tokio::spawn(async move {
-            let sig = tokio::select! {
-                _ = int.recv() => Signal::SIGINT as i32,
-                _ = term.recv() => Signal::SIGTERM as i32,
+            let Some(sig) = signals.recv().await else {
+                return;
             };
-            let _ = tx.send(Some(sig));
+            let _ = tx.send(Some(sig as i32));
             // Keep the handlers (and this sender) alive: a second signal is absorbed
             // while the watch cleans up.
-            loop {
-                tokio::select! {
-                    _ = int.recv() => {}
-                    _ = term.recv() => {}
-                }
-            }
+            while signals.recv().await.is_some() {}
         });
         Ok(Stop(rx))
     }
@@ -90,13 +85,16 @@ pub(super) enum Ended {
 }
 
 /// Run `sh -c cmd` with `env` for the event `what` (for messages), within `limit`, and
-/// kill its process group when it runs past it or `stop` fires.
+/// kill its process group when it runs past it or `stop` fires. With `json` the hook's
+/// standard output goes to apm's standard error: the watch's own output stays one JSON
+/// object a line.
 pub(super) async fn run(
     cmd: &str,
     env: Vec<(&'static str, String)>,
     what: String,
     limit: Duration,
     stop: Stop,
+    json: bool,
 ) -> Ended {
     let cmd = cmd.to_owned();
     let job = tokio::task::spawn_blocking(move || {
@@ -110,7 +108,7 @@ pub(super) async fn run(
                 return Ended::Exited;
             }
         };
-        rt.block_on(run_here(&cmd, env, &what, limit, stop))
+        rt.block_on(run_here(&cmd, env, &what, limit, stop, json))
     });
     job.await.unwrap_or(Ended::Exited)
 }
@@ -121,6 +119,7 @@ async fn run_here(
     what: &str,
     limit: Duration,
     mut stop: Stop,
+    json: bool,
 ) -> Ended {
     if stop.signal().is_some() {
         return Ended::Stopped;
@@ -133,6 +132,12 @@ async fn run_here(
         .stdin(std::process::Stdio::null())
         // Its own process group: the shell and everything it starts are killed together.
         .process_group(0);
+    if json {
+        use std::os::fd::AsFd as _;
+        if let Ok(err) = std::io::stderr().as_fd().try_clone_to_owned() {
+            command.stdout(std::process::Stdio::from(err));
+        }
+    }
     let mut child = match tokio::process::Command::from(command)
         .kill_on_drop(true)
         .spawn()

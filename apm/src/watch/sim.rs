@@ -44,7 +44,7 @@ pub(super) fn watch(args: &Args) -> anyhow::Result<()> {
         .build()
         .context("starting the tokio runtime")?;
     rt.block_on(async move {
-        let mut stop = Stop::install().context("handling SIGINT and SIGTERM")?;
+        let mut stop = Stop::install().context("handling signals")?;
         let sim = Sim::new(&scenario, cfg)?;
         let shared = SimProvider::share(sim);
         let (handles, mut rx) = start_managers(&shared, &watched, &policy, args.seed).await?;

@@ -234,7 +234,7 @@ impl End {
 
     /// Under apm run: the program's own report so far (written by the library).
     fn protected(&self) -> u64 {
-        child::run_report_dirs(Some(self.child.id()))
+        crate::child::run_report_dirs(Some(self.child.id()))
             .into_iter()
             .filter_map(|dir| std::fs::read_dir(dir).ok())
             .flatten()

@@ -160,7 +160,7 @@ fn moved_by_device() -> usize {
             .is_some_and(|f| f.iter().any(|f| f["by"] == "hardware"))
     };
     // Counted per `apm run` (one per end), whatever files its directory holds.
-    child::run_report_dirs(None)
+    crate::child::run_report_dirs(None)
         .into_iter()
         .filter(|d| {
             std::fs::read_dir(d)
