@@ -12,13 +12,9 @@
 //! ([`AgentSocket::trusts`]); otherwise [`AgentClient::connect`] fails with
 //! [`AgentError::Untrusted`].
 use crate::access::{AccessError, AgentSocket};
-use crate::wire::{self, FromAgent, Route, ToAgent};
+use crate::wire::{self, FromAgent, PathsAnswer, Route, ToAgent};
 use crate::AgentError;
-use apm_core::{
-    Gid, Input, InputSink, Operation, PeerAddr, PeerChannel, PeerMsg, PortKey, ProviderError,
-    Reason,
-};
-use async_trait::async_trait;
+use apm_core::{Gid, PeerAddr, PeerMsg};
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
@@ -57,6 +53,25 @@ impl<T> Waiters<T> {
 }
 
 type Candidates = Waiters<Result<Vec<(Gid, Gid)>, String>>;
+type PathAnswers = Waiters<Result<PathsAnswer, String>>;
+
+/// Why no paths came back from [`AgentClient::paths`].
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum PathsError {
+    /// The agent could not be asked (gone, ...).
+    #[error(transparent)]
+    Agent(#[from] AgentError),
+    /// The agent did not answer in time.
+    #[error("the apm agent did not answer within {0:?}")]
+    TimedOut(Duration),
+    /// The agent (the SA behind it) could not tell, and why.
+    #[error("{0}")]
+    Unknown(String),
+}
+
+/// How long a paths request may take (the agent asks the SA, which retries).
+const PATHS_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Why no alternate rails came back from [`AgentClient::candidates`].
 #[derive(Debug, thiserror::Error)]
@@ -86,6 +101,7 @@ const SYNC_TIMEOUT: Duration = Duration::from_secs(5);
 pub struct AgentClient {
     tx: mpsc::UnboundedSender<ToAgent>,
     candidates: Arc<Candidates>,
+    paths: Arc<PathAnswers>,
     syncs: Arc<Waiters<()>>,
     next: AtomicU64,
 }
@@ -111,6 +127,8 @@ impl AgentClient {
         });
         let candidates: Arc<Candidates> = Arc::default();
         let answers = candidates.clone();
+        let paths: Arc<PathAnswers> = Arc::default();
+        let path_answers = paths.clone();
         let syncs: Arc<Waiters<()>> = Arc::default();
         let synced = syncs.clone();
         tokio::spawn(async move {
@@ -118,6 +136,7 @@ impl AgentClient {
             while let Ok(Some(l)) = lines.next_line().await {
                 match serde_json::from_slice::<FromAgent>(l) {
                     Ok(FromAgent::Candidates { req, result }) => answers.answer(req, result),
+                    Ok(FromAgent::Paths { req, result }) => path_answers.answer(req, result),
                     Ok(FromAgent::Synced { req }) => synced.answer(req, ()),
                     Ok(other) => {
                         if events.send(other).is_err() {
@@ -134,6 +153,7 @@ impl AgentClient {
         Ok(AgentClient {
             tx,
             candidates,
+            paths,
             syncs,
             next: AtomicU64::new(1),
         })
@@ -200,7 +220,52 @@ impl AgentClient {
 
     /// Send a peer message from local address `from` to peer address `to`.
     pub fn send(&self, from: Gid, to: Gid, msg: PeerMsg) -> Result<(), AgentError> {
-        self.put(ToAgent::Send { from, to, msg })
+        self.put(ToAgent::Send {
+            from,
+            to,
+            msg,
+            lid: 0,
+        })
+    }
+
+    /// Send a peer message from local address `from` to the peer `to`: on InfiniBand
+    /// its LID is where the MAD goes.
+    pub fn send_to(&self, from: Gid, to: PeerAddr, msg: PeerMsg) -> Result<(), AgentError> {
+        self.put(ToAgent::Send {
+            from,
+            to: to.gid,
+            msg,
+            lid: to.lid.get(),
+        })
+    }
+
+    /// The paths from the InfiniBand port holding `sgid` to a peer port named by its
+    /// GID, or by its LID when its GID is not known: the SA's, asked once per host.
+    pub async fn paths(
+        &self,
+        sgid: Gid,
+        dgid: Option<Gid>,
+        dlid: Option<u16>,
+    ) -> Result<PathsAnswer, PathsError> {
+        let req = self.next.fetch_add(1, Ordering::Relaxed);
+        let rx = self.paths.wait(req);
+        self.put(ToAgent::Paths {
+            req,
+            sgid,
+            dgid,
+            dlid,
+        })?;
+        match tokio::time::timeout(PATHS_TIMEOUT, rx).await {
+            Ok(Ok(r)) => r.map_err(PathsError::Unknown),
+            Ok(Err(_)) => Err(AgentError::Gone.into()),
+            Err(_) => Err(PathsError::TimedOut(PATHS_TIMEOUT)),
+        }
+    }
+
+    /// Ask for the SA's notices (traps 64/65), subscribing through the InfiniBand port
+    /// holding `sgid` (they arrive as [`FromAgent::RemoteGid`] on `events`).
+    pub fn subscribe(&self, sgid: Gid) -> Result<(), AgentError> {
+        self.put(ToAgent::Subscribe { sgid })
     }
 }
 
@@ -281,86 +346,4 @@ impl AgentWatch {
     }
 }
 
-/// The engine's peer facet over the agent, for one device of the process.
-///
-/// The engine names a message's destination by the peer's GID; the agent also needs the
-/// local address to send from, which is the one on the same rail: the source GID of the
-/// connection path that leads to that peer GID ([`AgentPeer::learn`]).
-///
-/// Clones share one facet (a deployment keeps one to deliver and learn with, and gives
-/// the other to the engine's stack).
-#[derive(Debug, Clone)]
-pub struct AgentPeer {
-    client: Arc<AgentClient>,
-    sink: Arc<Mutex<Option<InputSink>>>,
-    /// Peer GID -> the local GID of the path to it.
-    source: Arc<Mutex<BTreeMap<Gid, Gid>>>,
-    port: PortKey,
-}
-
-impl AgentPeer {
-    /// A facet for the device whose engine port is `port`.
-    pub fn new(client: Arc<AgentClient>, port: PortKey) -> AgentPeer {
-        AgentPeer {
-            client,
-            sink: Arc::default(),
-            source: Arc::default(),
-            port,
-        }
-    }
-
-    /// Remember the rails of a connection: `(local GID, peer GID)` per path.
-    pub fn learn(&self, rails: impl IntoIterator<Item = (Gid, Gid)>) {
-        let mut m = self.source.lock().unwrap_or_else(PoisonError::into_inner);
-        for (local, peer) in rails {
-            m.insert(peer, local);
-        }
-    }
-
-    /// Hand a message the agent routed here to the engine.
-    pub fn deliver(&self, from: PeerAddr, msg: PeerMsg) -> bool {
-        let sink = self.sink.lock().unwrap_or_else(PoisonError::into_inner);
-        sink.as_ref().is_some_and(|s| {
-            s.send(Input::PeerMessage {
-                from,
-                port: self.port,
-                msg,
-            })
-            .is_ok()
-        })
-    }
-}
-
-#[async_trait]
-impl PeerChannel for AgentPeer {
-    async fn start(&self, sink: InputSink) -> Result<(), ProviderError> {
-        *self.sink.lock().unwrap_or_else(PoisonError::into_inner) = Some(sink);
-        Ok(())
-    }
-
-    async fn send(&self, _port: PortKey, to: PeerAddr, msg: PeerMsg) -> Result<(), ProviderError> {
-        let from = self
-            .source
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .get(&to.gid)
-            .copied()
-            .ok_or(ProviderError::refused(
-                Operation::SendPeer,
-                Reason::NoRouteTo(to.gid),
-            ))?;
-        self.client.send(from, to.gid, msg).map_err(|e| {
-            let why = match &e {
-                AgentError::Io(io) => Reason::of_io(io),
-                AgentError::NotRunning(_)
-                | AgentError::NotAllowed(_)
-                | AgentError::Untrusted(_)
-                | AgentError::Refused(_)
-                | AgentError::Gone
-                | AgentError::NoWatch(_) => Reason::Closed,
-                AgentError::NoAnswer(_) => Reason::TimedOut("the apm agent"),
-            };
-            ProviderError::io(Operation::SendPeer, why)
-        })
-    }
-}
+pub use crate::facets::AgentPeer;

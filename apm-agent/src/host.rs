@@ -24,8 +24,14 @@ pub enum OwnerError {
 
 /// This host, as the agent needs to know it.
 pub trait Host: Send + Sync + Debug {
-    /// Whether `gid` is an address (RoCE GID) of one of this host's RDMA ports.
-    fn is_local(&self, gid: &Gid) -> bool;
+    /// Whether `gid` is an address (a RoCE GID, an InfiniBand port GID) of one of this
+    /// host's RDMA ports.
+    fn is_local(&self, gid: &Gid) -> bool {
+        self.port_of(gid).is_some()
+    }
+
+    /// The device and port that hold `gid` here.
+    fn port_of(&self, gid: &Gid) -> Option<(String, u8)>;
 
     /// Every address of the device port holding `gid`, with subnets (the hello's
     /// answer); `None` when no port here holds it.
@@ -65,8 +71,8 @@ impl SystemHost {
 }
 
 impl Host for SystemHost {
-    fn is_local(&self, gid: &Gid) -> bool {
-        local::port_of(gid).is_some()
+    fn port_of(&self, gid: &Gid) -> Option<(String, u8)> {
+        local::port_of(gid)
     }
 
     fn device_addresses(&self, gid: &Gid) -> Option<Vec<Addr>> {
@@ -111,8 +117,10 @@ impl LoopbackHost {
 }
 
 impl Host for LoopbackHost {
-    fn is_local(&self, gid: &Gid) -> bool {
-        local::ip_of(gid).is_some_and(|ip| ip.is_loopback())
+    fn port_of(&self, gid: &Gid) -> Option<(String, u8)> {
+        local::ip_of(gid)
+            .is_some_and(|ip| ip.is_loopback())
+            .then(|| ("lo".to_owned(), 1))
     }
 
     fn device_addresses(&self, gid: &Gid) -> Option<Vec<Addr>> {

@@ -44,13 +44,17 @@
 //! (this host's RoCE addresses and subnets, pairing), [`access`] (the socket's place
 //! and the credentials at each end), [`host`] (this host's addresses and QP owners, as
 //! [`rdma_nl`] asks the kernel), [`outbox`] (a client's bounded outgoing lines),
-//! [`server`] (the agent), [`client`] (the process side and its `PeerChannel`).
+//! [`server`] (the agent), [`client`] (the process side), [`facets`] (the engine's peer
+//! and fabric facets over the agent), [`ib`] (the agent's InfiniBand side: SA paths and
+//! notices, vendor MADs).
 #![forbid(unsafe_code)]
 
 pub mod access;
 pub mod client;
+pub mod facets;
 pub mod hello;
 pub mod host;
+pub mod ib;
 pub mod local;
 pub mod outbox;
 mod probes;

@@ -101,8 +101,9 @@ pub fn device_addresses_in(root: &Path, gid: &Gid, subnets: &Subnets) -> Option<
     Some(out)
 }
 
-/// The device and port number that hold `gid` here (`rxe0`, 1), if any: how `apm watch
-/// --agent` names the port of a path the agent's probes judged.
+/// The device and port number that hold `gid` here (`rxe0`, 1), if any (a RoCE v2
+/// GID, or any GID of an InfiniBand port): how `apm watch --agent` names the port of a
+/// path the agent's probes judged, and how the agent finds a process's port.
 pub fn port_of(gid: &Gid) -> Option<(String, u8)> {
     port_of_in(Path::new("/sys/class/infiniband"), gid)
 }
@@ -141,9 +142,12 @@ fn read_dir_sorted(p: &Path) -> Vec<std::path::PathBuf> {
 /// all one file at a time is slow (most of a second under emulation).
 const EMPTY_RUN_ENDS_SCAN: usize = 32;
 
-/// The non-zero RoCE v2 GIDs of one port, with their netdev names.
+/// The non-zero RoCE v2 GIDs of one port, with their netdev names; on an InfiniBand
+/// port every non-zero GID (no netdev).
 fn port_gids(port: &Path) -> Vec<(Gid, String)> {
     let mut out = Vec::new();
+    let infiniband =
+        std::fs::read_to_string(port.join("link_layer")).is_ok_and(|l| l.trim() == "InfiniBand");
     let attrs = port.join("gid_attrs");
     let mut empty_run = 0;
     for index in 0.. {
@@ -164,6 +168,10 @@ fn port_gids(port: &Path) -> Vec<(Gid, String)> {
             continue;
         }
         empty_run = 0;
+        if infiniband {
+            out.push((gid, String::new()));
+            continue;
+        }
         let index = index.to_string();
         let kind = std::fs::read_to_string(attrs.join("types").join(&index)).unwrap_or_default();
         if !kind.to_ascii_lowercase().contains("v2") {
@@ -385,6 +393,19 @@ mod tests {
             Some(("rxe0".to_owned(), 1))
         );
         assert_eq!(port_of_in(&root, &g("::ffff:10.9.9.9")), None);
+        // An InfiniBand port: its GIDs are its own whatever their type says, and none is
+        // an IP address to pair.
+        let ib = root.join("mlx5_0/ports/2");
+        for d in ["gids", "gid_attrs/types"] {
+            std::fs::create_dir_all(ib.join(d)).expect("mkdir");
+        }
+        std::fs::write(ib.join("link_layer"), "InfiniBand\n").expect("w");
+        let port_gid = "fe80:0000:0000:0000:0002:c903:0011:2233";
+        std::fs::write(ib.join("gids/0"), format!("{port_gid}\n")).expect("w");
+        std::fs::write(ib.join("gid_attrs/types/0"), "IB/RoCE v1\n").expect("w");
+        let ib_gid = g("fe80::2:c903:11:2233");
+        assert_eq!(port_of_in(&root, &ib_gid), Some(("mlx5_0".to_owned(), 2)));
+        assert_eq!(device_addresses_in(&root, &ib_gid, &subnets), Some(vec![]));
         let _ = std::fs::remove_dir_all(&root);
     }
 }

@@ -78,6 +78,24 @@ pub struct Route {
     /// candidate. The agent probes each (once per host, however many connections).
     #[serde(default)]
     pub paths: Vec<(Gid, Gid)>,
+    /// On InfiniBand, the peer's LIDs the connection may hear from (a MAD without a
+    /// GRH names its sender by LID only).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub peer_lids: Vec<u16>,
+}
+
+/// The SA's answer to [`ToAgent::Paths`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PathsAnswer {
+    /// The destination port's GID (looked up when it was asked by LID).
+    pub dgid: apm_core::Gid,
+    /// Every path the SA gave from the asking port to the destination's node: to the
+    /// destination port first, then to the node's other ports.
+    pub paths: Vec<apm_core::Path>,
+    /// Every port of the destination's node: `(port GID, base LID)` (the addresses its
+    /// messages may come from).
+    #[serde(default)]
+    pub peer_ports: Vec<(apm_core::Gid, u16)>,
 }
 
 /// From a process to the agent.
@@ -104,6 +122,29 @@ pub enum ToAgent {
         to: Gid,
         /// The message.
         msg: PeerMsg,
+        /// On InfiniBand, the peer's LID (where the MAD goes); 0 on RoCE.
+        #[serde(default, skip_serializing_if = "is_zero")]
+        lid: u16,
+    },
+    /// The paths from the InfiniBand port holding `sgid` to a peer port, named by its
+    /// GID or (a QP without a GRH) its LID: answered once per host from the SA.
+    Paths {
+        /// Echoed in the answer.
+        req: u64,
+        /// A local address of the asking port.
+        sgid: Gid,
+        /// The peer port's GID, when known.
+        #[serde(default)]
+        dgid: Option<Gid>,
+        /// The peer port's LID, when its GID is not known.
+        #[serde(default)]
+        dlid: Option<u16>,
+    },
+    /// Send me the SA's notices (traps 64/65); subscribe through the InfiniBand port
+    /// holding `sgid` (again: after CLIENT_REREGISTER the SA has forgotten).
+    Subscribe {
+        /// A local address of the port.
+        sgid: Gid,
     },
     /// Which other paths lead from `local_gids` to the host of `dgid`? (hello).
     Candidates {
@@ -171,6 +212,21 @@ pub enum FromAgent {
         /// What the probes say of it.
         verdict: PathVerdict,
     },
+    /// The answer to [`ToAgent::Paths`].
+    Paths {
+        /// The request's id.
+        req: u64,
+        /// The SA's answer, or why there is none.
+        result: Result<PathsAnswer, String>,
+    },
+    /// An SA notice: a port of the fabric went out of service (trap 65) or came (back)
+    /// into service (trap 64).
+    RemoteGid {
+        /// The port's GID.
+        gid: Gid,
+        /// What the notice says.
+        service: apm_core::GidService,
+    },
     /// The agent refused a request of this client (it was not its to make, or a cap
     /// was reached); nothing of it was done.
     Refused {
@@ -185,6 +241,10 @@ pub enum FromAgent {
         /// Every path probed, with its session's state.
         sessions: Vec<(PathEnds, SessionState)>,
     },
+}
+
+fn is_zero(v: &u16) -> bool {
+    *v == 0
 }
 
 /// The comm ids of a peer message: (the receiver's, the sender's).

@@ -148,6 +148,7 @@ async fn hostile_client(socket: &AgentSocket) {
         peer_gids: vec![gb],
         local_gids: vec![ga],
         paths: vec![(ga, gb)],
+        peer_lids: Vec::new(),
     };
     // QP 77 is pid 1's; QP 18 is the process that runs the agent's (root's).
     client.register(route(77, 78)).expect("register");
@@ -241,6 +242,7 @@ async fn an_unprivileged_user_can_neither_move_watch_claim_nor_forge() {
         peer_gids: vec![gb],
         local_gids: vec![ga],
         paths: vec![],
+        peer_lids: Vec::new(),
     })
     .expect("register");
     root.synced().await.expect("synced");
@@ -354,6 +356,7 @@ async fn a_capture_replayed_on_another_rail_is_refused() {
             peer_gids: vec![peer],
             local_gids: vec![rail_a, rail_b],
             paths: vec![],
+            peer_lids: Vec::new(),
         })
         .expect("register");
     client.synced().await.expect("synced");

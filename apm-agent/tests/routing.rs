@@ -65,6 +65,7 @@ fn one_path(local: Gid, remote: Gid, local_qpn: u32, remote_qpn: u32) -> Route {
         peer_gids: vec![remote],
         local_gids: vec![local],
         paths: vec![(local, remote)],
+        peer_lids: Vec::new(),
     }
 }
 
@@ -106,6 +107,7 @@ async fn messages_reach_the_process_of_their_connection() {
         peer_gids: vec![gb, gc],
         local_gids: vec![ga],
         paths: vec![],
+        peer_lids: Vec::new(),
     })
     .expect("register a");
     b.register(Route {
@@ -114,6 +116,7 @@ async fn messages_reach_the_process_of_their_connection() {
         peer_gids: vec![ga],
         local_gids: vec![gb],
         paths: vec![],
+        peer_lids: Vec::new(),
     })
     .expect("register b");
     // Same QP numbers, other addresses (another device pair): must stay apart.
@@ -123,6 +126,7 @@ async fn messages_reach_the_process_of_their_connection() {
         peer_gids: vec![gid("127.0.0.9")],
         local_gids: vec![gc],
         paths: vec![],
+        peer_lids: Vec::new(),
     })
     .expect("register c");
     // Each registration listens on its addresses once the agent has handled it.
@@ -163,6 +167,7 @@ async fn messages_reach_the_process_of_their_connection() {
         peer_gids: vec![gb],
         local_gids: vec![ga],
         paths: vec![],
+        peer_lids: Vec::new(),
     })
     .expect("register a's second connection");
     a.send(ga, gb, ack(17, 19)).expect("send early");
@@ -177,6 +182,7 @@ async fn messages_reach_the_process_of_their_connection() {
         peer_gids: vec![ga],
         local_gids: vec![gb],
         paths: vec![],
+        peer_lids: Vec::new(),
     })
     .expect("register late");
     match next(&mut b_rx).await {
@@ -378,6 +384,7 @@ async fn with_a_key_only_sealed_datagrams_reach_a_process() {
             peer_gids: vec![remote],
             local_gids: vec![local],
             paths: vec![],
+            peer_lids: Vec::new(),
         };
         a.register(route(ga, gb, 17, 18)).expect("register a");
         b.register(route(gb, ga, 18, 17)).expect("register b");

@@ -468,11 +468,8 @@ async fn qp_paths(p: &Protector, dev: &Device, attr: &QpAttr) -> Result<QpPaths,
         .gid_table(port)
         .map(|t| t.into_iter().map(|e| Gid(e.gid)).collect())
         .unwrap_or_default();
-    let rails = p
-        .client
-        .candidates(sgid, dgid, local_gids)
-        .await
-        .map_err(|e| e.to_string())?;
+    let rails = p.client.candidates(sgid, dgid, local_gids).await;
+    let rails = rails.map_err(|e| e.to_string())?;
     let key = PortKey::new(0, port);
     let mtu = attr.path_mtu.code();
     let path = |l: Gid, r: Gid| -> Option<Path> {
@@ -670,6 +667,7 @@ fn route(
             peer_gids: all.iter().map(|p| p.dgid).collect(),
             local_gids: all.iter().map(|p| p.sgid).collect(),
             paths: all.iter().map(|p| (p.sgid, p.dgid)).collect(),
+            peer_lids: Vec::new(),
         })
         .map_err(|e| e.to_string())
 }
@@ -775,8 +773,11 @@ async fn dispatch(mut events: mpsc::UnboundedReceiver<FromAgent>) {
                 warn!(%what, "the apm agent refused a request");
                 report::note(&format!("the apm agent refused: {what}"));
             }
-            // The client keeps the answers to its own requests.
+            // The client keeps the answers to its own requests; no device here takes
+            // SA notices.
             FromAgent::Candidates { .. }
+            | FromAgent::Paths { .. }
+            | FromAgent::RemoteGid { .. }
             | FromAgent::Synced { .. }
             | FromAgent::Watching { .. } => {}
         }

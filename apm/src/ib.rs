@@ -512,6 +512,28 @@ impl PortFabrics {
     pub fn sa_queries(&self) -> u64 {
         self.fabrics.iter().map(SaFabric::sa_queries).sum()
     }
+
+    /// Every port of the node behind `lid`, asked through `port`'s SA client.
+    pub async fn node_ports(
+        &self,
+        port: PortKey,
+        lid: apm_core::Lid,
+    ) -> Result<Vec<(Gid, apm_core::Lid, u8)>, ProviderError> {
+        self.of(port, Operation::ResolvePaths)?
+            .node_ports(lid)
+            .await
+    }
+
+    /// The GID of the port answering to `lid`, asked through `port`'s SA client.
+    pub async fn gid_of_lid(
+        &self,
+        port: PortKey,
+        lid: apm_core::Lid,
+    ) -> Result<Option<Gid>, ProviderError> {
+        self.of(port, Operation::ResolvePaths)?
+            .gid_of_lid(lid)
+            .await
+    }
 }
 
 #[async_trait]

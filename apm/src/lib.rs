@@ -8,7 +8,8 @@
 //! - [`input`]: reading configuration, scenario and MAD input with a size limit;
 //!   [`scenario_file`]: a simulator scenario file, every problem located.
 //! - [`ib`]: the umad half of an InfiniBand deployment (SA and LAP/APR MADs per port),
-//!   also for deployments on a QP facet of the caller's ([`Apm::start_with_qp`]).
+//!   also for deployments on a QP facet of the caller's ([`Apm::start_with_qp`]);
+//!   [`agent_ib`]: the same as the host agent's InfiniBand side (`apm agent`).
 //! - [`apm_core`] re-exported (the engine, its types, the `Manager`), so an application
 //!   needs one dependency.
 //!
@@ -28,6 +29,7 @@
 //! ```
 #![forbid(unsafe_code)]
 
+pub mod agent_ib;
 pub mod config;
 pub mod control_runtime;
 pub mod deployment;

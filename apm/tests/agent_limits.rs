@@ -287,6 +287,7 @@ fn a_registration_listing_1200_addresses_opens_nothing() {
                 peer_gids: vec![gids[0]],
                 local_gids: gids,
                 paths: vec![],
+                peer_lids: Vec::new(),
             })
             .expect("register");
         client.synced().await.expect("synced");

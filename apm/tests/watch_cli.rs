@@ -321,6 +321,7 @@ async fn an_agent_watch_prints_the_probes_verdicts_with_their_kind() {
         peer_gids: vec![remote],
         local_gids: vec![local],
         paths: vec![(local, remote)],
+        peer_lids: Vec::new(),
     };
     let (a_tx, _a_rx) = tokio::sync::mpsc::unbounded_channel();
     let (b_tx, _b_rx) = tokio::sync::mpsc::unbounded_channel();

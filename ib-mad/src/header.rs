@@ -150,6 +150,8 @@ impl AttributeId {
     pub const INFORM_INFO: AttributeId = AttributeId(0x0003);
     /// SMInfo (SMP).
     pub const SM_INFO: AttributeId = AttributeId(0x0020);
+    /// NodeRecord (SA; the same number is CM MRA and SMP NodeInfo in their classes).
+    pub const NODE_RECORD: AttributeId = AttributeId(0x0011);
     /// PathRecord (SA).
     pub const PATH_RECORD: AttributeId = AttributeId(0x0035);
     /// CM REQ.

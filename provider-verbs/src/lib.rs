@@ -1,6 +1,8 @@
 //! apm Provider facets for InfiniBand HCAs through libibverbs (hardware APM).
 //!
 //! - [`ffi`]: the libibverbs binding (loaded at run time), shared with provider-rxe.
+//! - [`capability`]: what a port can do to move a QP (hardware APM, the SQ-drain move,
+//!   nothing), found by trying it on a pair of apm's own QPs.
 //! - [`hw_apm`]: hardware APM control of one RC QP (load the alternate path, REARM,
 //!   force MIGRATED, query), refusing up front the ports where it cannot work: on RoCE
 //!   the stock kernel bans alternate paths (provider-rxe migrates in software there).
@@ -12,6 +14,7 @@
 //!   port event reports.
 #![deny(unsafe_code)] // only `ffi` opts out, with a SAFETY comment per block
 
+pub mod capability;
 pub mod facet;
 pub mod ffi;
 pub mod hw_apm;

@@ -767,6 +767,47 @@ fn facet_reports_ports_and_events_and_refuses_hw_apm_on_roce() {
     wait_for_gid(&ctxs[0], 1);
 }
 
+#[test]
+#[ignore = "needs RDMA devices: run `cargo xtask hwtest` (or `--vm`)"]
+fn the_kernel_names_the_process_that_created_a_qp() {
+    // What the agent asks before it takes a registration (apm-agent's `SystemHost`,
+    // RDMA netlink's resource tracking): a QP of this process is this process's, a QP
+    // number the device does not have is nobody's.
+    use apm_agent::host::{Host, SystemHost};
+    let v = verbs();
+    let name = device_names(&v).remove(0);
+    let ctx = v.open(&name).expect("open");
+    let gid = ctx
+        .first_gid(1, |g| g.gid_type == GidType::RoceV2)
+        .expect("gid table")
+        .expect("a RoCE v2 GID");
+    let pd = ctx.alloc_pd().expect("pd");
+    let cq = ctx.create_cq(4).expect("cq");
+    let qp = pd
+        .create_rc_qp(
+            &cq,
+            &cq,
+            QpCaps {
+                max_send_wr: 1,
+                max_recv_wr: 1,
+            },
+        )
+        .expect("qp");
+    let host = SystemHost::default();
+    let g = apm_core::Gid(gid.gid);
+    let record = host
+        .qp(&g, qp.qp_num())
+        .unwrap_or_else(|e| panic!("the kernel could not be asked: {e}"))
+        .expect("the QP is known");
+    assert_eq!(record.pid, Some(std::process::id()), "{record:?}");
+    assert_eq!(host.qp(&g, 0x00ff_fff0).expect("asked"), None, "no such QP");
+    println!(
+        "{name}: QP {} belongs to process {:?} (RDMA netlink)",
+        qp.qp_num(),
+        record.pid
+    );
+}
+
 #[path = "hw/apm_plan.rs"]
 mod apm_plan;
 // `apm run` with unmodified Debian programs (ibv_rc_pingpong, perftest, rping).

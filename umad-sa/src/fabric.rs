@@ -70,9 +70,39 @@ impl SaFabric {
         self
     }
 
-    /// How many PathRecord queries went to the SA so far (cache misses).
+    /// How many PathRecord queries went to the SA so far (cache misses and LID
+    /// lookups).
     pub fn sa_queries(&self) -> u64 {
         self.queries.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Every port of the node behind `lid`: `(port GID, base LID, port number)`, as
+    /// the SA's NodeRecords say ([`SaClient::node_ports`]).
+    pub async fn node_ports(&self, lid: Lid) -> Result<Vec<(Gid, Lid, u8)>, ProviderError> {
+        self.queries
+            .fetch_add(2, std::sync::atomic::Ordering::Relaxed);
+        let ports = self
+            .client
+            .node_ports(lid.get())
+            .await
+            .map_err(|e| to_provider(Operation::ResolvePaths, e))?;
+        Ok(ports
+            .into_iter()
+            .map(|(g, l, n)| (apm_core::Gid(g.0), Lid::from_wire(l), n))
+            .collect())
+    }
+
+    /// The GID of the port answering to `lid`, as the SA says (a PathRecord from this
+    /// client's port to that LID); `None` when it knows no path there.
+    pub async fn gid_of_lid(&self, lid: Lid) -> Result<Option<Gid>, ProviderError> {
+        self.queries
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let gid = self
+            .client
+            .gid_of_lid(lid.get())
+            .await
+            .map_err(|e| to_provider(Operation::ResolvePaths, e))?;
+        Ok(gid.map(|g| Gid(g.0)))
     }
 
     fn unsupported(&self, operation: Operation, why: Reason) -> ProviderError {

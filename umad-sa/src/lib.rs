@@ -19,12 +19,9 @@
 //! result: what it cannot do returns [`SaError::Unsupported`].
 #![forbid(unsafe_code)]
 
-use ib_mad::rmpp::{RecvEvent, RmppHeader, RmppReceiver};
-use ib_mad::sa::{path_record::mask, table_records, InformInfo, PathRecord, SaHeader, SaMad};
+use ib_mad::sa::{path_record::mask, InformInfo, PathRecord, SaMad};
 use ib_mad::sa::{NoticeDetails, SaPayload};
-use ib_mad::sa::{SA_DATA_OFFSET, SA_DATA_SIZE};
 use ib_mad::types::{Gid, U7};
-use ib_mad::MAD_SIZE;
 use ib_mad::{AttributeId, Method, MgmtClass};
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
@@ -34,6 +31,7 @@ use tracing::{debug, info, warn};
 use umad::{Dest, Port, Received, RequestOptions};
 
 mod fabric;
+mod table;
 pub use fabric::{reason as umad_reason, SaFabric};
 
 /// The SA's management class and version, for [`umad::AgentSpec`].
@@ -267,7 +265,10 @@ impl SaClient {
         if info.lid == 0 || info.gid != sgid.0 {
             // No LID yet (the SM has not swept us), or another port's paths: the
             // GID-only query is all we can ask.
-            return Ok(self.get_table(template, base).await?.records);
+            return Ok(self
+                .get_table::<PathRecord>(&SaMad::path_record_query(0, template, base).encode())
+                .await?
+                .records);
         }
         let variants = 1u16.checked_shl(u32::from(info.lmc)).unwrap_or(1);
         let mut all: BTreeMap<(u16, u16), PathRecord> = BTreeMap::new();
@@ -276,7 +277,11 @@ impl SaClient {
                 slid: ib_mad::types::Lid(slid),
                 ..template
             };
-            let part = self.get_table(t, base | mask::SLID).await?;
+            let part = self
+                .get_table::<PathRecord>(
+                    &SaMad::path_record_query(0, t, base | mask::SLID).encode(),
+                )
+                .await?;
             let split = part.maybe_truncated;
             let dlids: BTreeSet<u16> = part.records.iter().map(|r| r.dlid.0).collect();
             for r in part.records {
@@ -289,7 +294,8 @@ impl SaClient {
                         dlid: ib_mad::types::Lid(dlid),
                         ..t
                     };
-                    let one = self.get_table(t, base | mask::SLID | mask::DLID).await?;
+                    let q = SaMad::path_record_query(0, t, base | mask::SLID | mask::DLID).encode();
+                    let one = self.get_table::<PathRecord>(&q).await?;
                     for r in one.records {
                         all.insert((r.slid.0, r.dlid.0), r);
                     }
@@ -311,110 +317,11 @@ impl SaClient {
             ..PathRecord::default()
         };
         let m = mask::SGID | mask::SLID | mask::DLID | mask::NUMB_PATH;
-        let t = self.get_table(template, m).await?;
+        let t = self
+            .get_table::<PathRecord>(&SaMad::path_record_query(0, template, m).encode())
+            .await?;
         Ok(t.records.first().map(|r| r.dgid))
     }
-
-    /// A GetTable query with RMPP reassembly, retried as a whole on timeout.
-    async fn get_table(&self, template: PathRecord, component_mask: u64) -> Result<Table, SaError> {
-        let query = SaMad::path_record_query(0, template, component_mask).encode();
-        let dest = self.sa_dest()?;
-        let opts = self.opts.request;
-        let (mut pending, mad) = self.port.start_request(&query)?;
-        'attempt: loop {
-            let mut rx = RmppReceiver::new();
-            pending.send(&mad, dest, opts.timeout)?;
-            loop {
-                let Some(seg) = pending.recv_timeout(opts.timeout).await? else {
-                    if pending.sends() > opts.retries {
-                        return Err(pending.give_up().into());
-                    }
-                    debug!(
-                        attempts = pending.sends(),
-                        "GetTable timed out; asking again"
-                    );
-                    continue 'attempt;
-                };
-                if seg.method() != Method::GET_TABLE_RESP.0 {
-                    continue; // e.g. a stray response with our TID low bits
-                }
-                let status = u16::from_be_bytes([seg.mad[4], seg.mad[5]]);
-                if status == STATUS_NO_RECORDS {
-                    return Ok(Table::default());
-                }
-                if status != 0 {
-                    return Err(SaError::Status(status));
-                }
-                if seg.mad.len() > MAD_SIZE {
-                    // The kernel reassembled the RMPP transfer (agent registered with
-                    // RMPP): headers of the first segment, then every record.
-                    let hdr = SaHeader::decode(&seg.mad)?;
-                    let data = seg.mad.get(SA_DATA_OFFSET..).unwrap_or(&[]);
-                    let records = table_records::<PathRecord>(data, hdr.attribute_offset)
-                        .collect::<Result<Vec<_>, _>>()?;
-                    return Ok(Table {
-                        records,
-                        maybe_truncated: false,
-                    });
-                }
-                // OpenSM leaves segmentation to the kernel: it marks its GetTableResp
-                // RMPP-active with version 0 and type 0 and the kernel fills in the rest.
-                // umad2sim has no kernel and truncates to one MAD, so such a MAD arrives
-                // as is: take it as an unsegmented (possibly truncated) response.
-                let mut mad = seg.mad.clone();
-                let unsegmented = mad.len() > 26 && mad[24] == 0 && mad[25] == 0;
-                if unsegmented {
-                    mad[26] &= !0x07;
-                }
-                match rx.handle(&mad) {
-                    Ok(RecvEvent::Continue { ack }) => {
-                        if let Some(ack) = ack {
-                            self.port.send(&ack, Dest::reply_to(&seg.src))?;
-                        }
-                    }
-                    Ok(RecvEvent::Complete { ack, message }) => {
-                        if let Some(ack) = ack {
-                            self.port.send(&ack, Dest::reply_to(&seg.src))?;
-                        }
-                        let first = message.first_segment();
-                        let hdr = SaHeader::decode(first)?;
-                        let segmented = RmppHeader::decode(first)
-                            .map(|h| h.is_active())
-                            .unwrap_or(false);
-                        let mut records =
-                            table_records::<PathRecord>(message.data(), hdr.attribute_offset)
-                                .collect::<Result<Vec<_>, _>>()?;
-                        if !segmented {
-                            // No payload length: the unused tail of the MAD decodes as
-                            // all-zero records, which no real path is (LIDs are never 0).
-                            records.retain(|r| r.slid.0 != 0 || r.dlid.0 != 0);
-                        }
-                        // A full single MAD may be a truncated table (see path_records).
-                        let stride = (usize::from(hdr.attribute_offset) * 8).max(64);
-                        let maybe_truncated = !segmented && records.len() >= SA_DATA_SIZE / stride;
-                        return Ok(Table {
-                            records,
-                            maybe_truncated,
-                        });
-                    }
-                    Err(e) => {
-                        // Name the segment: its common and RMPP headers say what went wrong.
-                        let head: String =
-                            seg.mad[..36].iter().map(|b| format!("{b:02x}")).collect();
-                        return Err(SaError::Rmpp { source: e, head });
-                    }
-                }
-            }
-        }
-    }
-}
-
-/// The records of one GetTable response.
-#[derive(Debug, Default)]
-struct Table {
-    records: Vec<PathRecord>,
-    /// Unsegmented and full: the SA may have had more records than one MAD holds.
-    maybe_truncated: bool,
 }
 
 /// Identity of a Report: the sender's LID, the TID's low 32 bits and the issuer GID.

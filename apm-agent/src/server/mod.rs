@@ -18,6 +18,7 @@
 //!   window per sender (`peers.rs`);
 //! - what a client sends that cannot be read is logged at a bounded rate.
 
+mod fabric;
 mod peers;
 mod requests;
 mod routes;
@@ -98,6 +99,8 @@ pub struct AgentConfig {
     pub host: Arc<dyn Host>,
     /// The caps.
     pub limits: Limits,
+    /// The host's InfiniBand ports (SA and MAD channels; `None`: RoCE only).
+    pub infiniband: Option<Arc<dyn crate::ib::InfiniBand>>,
 }
 
 impl AgentConfig {
@@ -115,6 +118,7 @@ impl AgentConfig {
             peer_auth: Mode::Off,
             host: Arc::new(SystemHost::default()),
             limits: Limits::default(),
+            infiniband: None,
         }
     }
 }
@@ -193,6 +197,8 @@ struct State {
     probe_arrived: Arc<tokio::sync::Notify>,
     /// Client connections not taken (over a cap) since that was last said.
     refused_connections: u64,
+    /// The InfiniBand side, when the host has one.
+    ib: Option<fabric::IbState>,
 }
 
 type Shared = Arc<Mutex<State>>;
@@ -312,6 +318,7 @@ impl Agent {
         let probing = probes.is_some();
         let host = config.host.clone();
         let idle_exit = config.idle_exit;
+        let ib = config.infiniband.clone().map(fabric::IbState::new);
         let socket_path = config.socket.path().display().to_string();
         let state: Shared = Arc::new(Mutex::new(State {
             config,
@@ -324,7 +331,9 @@ impl Agent {
             probes,
             probe_arrived: Arc::default(),
             refused_connections: 0,
+            ib,
         }));
+        fabric::start(&state).await;
         if probing {
             tokio::spawn(peers::probe_loop(state.clone(), port));
         }

@@ -55,7 +55,7 @@ pub(super) async fn channel(
 
 /// Hand a received peer message to the process that registered its connection (or
 /// keep it a moment for one that has not registered yet).
-fn route(state: &Shared, from: PeerAddr, msg: PeerMsg) {
+pub(super) fn route(state: &Shared, from: PeerAddr, msg: PeerMsg) {
     let mut s = lock(state);
     if let PeerMsg::Probe(p) = &msg {
         // Probes are the agent's own: a process never sees one.

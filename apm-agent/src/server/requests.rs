@@ -19,7 +19,7 @@
 //!
 //! A refused request is answered with [`FromAgent::Refused`] and logged.
 
-use super::{lock, peers, Shared};
+use super::{fabric, lock, peers, Shared};
 use crate::access::Caller;
 use crate::hello::HelloSocket;
 use crate::local::{self, ip_of};
@@ -50,36 +50,23 @@ pub(super) async fn handle(
             s.routes.remove(id, local_qpn, remote_qpn);
             s.refollow();
         }
-        ToAgent::Send { from, to, msg } => {
-            if matches!(msg, apm_core::PeerMsg::Probe(_)) {
-                return refuse(state, id, caller, "sending a probe (the agent's own)");
-            }
-            if lock(state)
-                .routes
-                .sender_route(id, &from, &to, &msg)
-                .is_none()
-            {
-                return refuse(
-                    state,
-                    id,
-                    caller,
-                    "sending a message of a connection it has not registered",
-                );
-            }
-            match peers::channel(state, from, port).await {
-                Ok(ch) => {
-                    let to = PeerAddr {
-                        gid: to,
-                        lid: Lid::from_wire(0),
-                    };
-                    if let Err(e) =
-                        apm_core::PeerChannel::send(&*ch, PortKey::new(0, 1), to, msg).await
-                    {
-                        debug!(error = %e, "peer message not sent");
-                    }
-                }
-                Err(e) => warn!(gid = %from, error = %e, "no channel to send from"),
-            }
+        ToAgent::Paths {
+            req,
+            sgid,
+            dgid,
+            dlid,
+        } => paths(id, caller, req, sgid, dgid, dlid, state).await,
+        ToAgent::Subscribe { sgid } => match ib_port(state, sgid).await {
+            Some(key) => fabric::add_subscriber(state, id, key),
+            None => refuse(
+                state,
+                id,
+                caller,
+                "subscribing through a port the agent does not serve",
+            ),
+        },
+        ToAgent::Send { from, to, msg, lid } => {
+            send(id, caller, from, to, lid, msg, state, port).await
         }
         ToAgent::Candidates {
             req,
@@ -125,6 +112,96 @@ pub(super) async fn handle(
         }
         ToAgent::Sync { req } => lock(state).tell(id, &FromAgent::Synced { req }),
     }
+}
+
+/// Send a peer message of one of the client's connections: through the InfiniBand port
+/// of `from` to the peer's LID, or over UDP from `from`'s address.
+#[allow(clippy::too_many_arguments)]
+async fn send(
+    id: super::ClientId,
+    caller: Caller,
+    from: Gid,
+    to: Gid,
+    lid: u16,
+    msg: apm_core::PeerMsg,
+    state: &Shared,
+    port: u16,
+) {
+    if matches!(msg, apm_core::PeerMsg::Probe(_)) {
+        return refuse(state, id, caller, "sending a probe (the agent's own)");
+    }
+    if lock(state)
+        .routes
+        .sender_route(id, &from, &to, &msg)
+        .is_none()
+    {
+        return refuse(
+            state,
+            id,
+            caller,
+            "sending a message of a connection it has not registered",
+        );
+    }
+    if let Some(key) = ib_port(state, from).await {
+        let to = PeerAddr {
+            gid: to,
+            lid: Lid::from_wire(lid),
+        };
+        return fabric::send(state, key, to, msg).await;
+    }
+    match peers::channel(state, from, port).await {
+        Ok(ch) => {
+            let to = PeerAddr {
+                gid: to,
+                lid: Lid::from_wire(0),
+            };
+            if let Err(e) = apm_core::PeerChannel::send(&*ch, PortKey::new(0, 1), to, msg).await {
+                debug!(error = %e, "peer message not sent");
+            }
+        }
+        Err(e) => warn!(gid = %from, error = %e, "no channel to send from"),
+    }
+}
+
+/// Answer a paths request from the SA through the agent's InfiniBand side.
+async fn paths(
+    id: super::ClientId,
+    caller: Caller,
+    req: u64,
+    sgid: Gid,
+    dgid: Option<Gid>,
+    dlid: Option<u16>,
+    state: &Shared,
+) {
+    let dest = match (dgid, dlid) {
+        (Some(g), _) => fabric::Dest::Gid(g),
+        (None, Some(l)) => fabric::Dest::Lid(l),
+        (None, None) => return refuse(state, id, caller, "asking paths to nowhere"),
+    };
+    match ib_port(state, sgid).await {
+        Some(key) => fabric::paths(state, id, req, key, dest),
+        None => {
+            let m = FromAgent::Paths {
+                req,
+                result: Err(format!("{sgid} is on no InfiniBand port the agent serves")),
+            };
+            lock(state).tell(id, &m);
+        }
+    }
+}
+
+/// The InfiniBand port of the agent's that holds local address `gid`, if any (sysfs
+/// is read off the async workers).
+async fn ib_port(state: &Shared, gid: Gid) -> Option<apm_core::PortKey> {
+    let host = {
+        let s = lock(state);
+        s.ib.as_ref()?;
+        s.config.host.clone()
+    };
+    let (device, port) = tokio::task::spawn_blocking(move || host.port_of(&gid))
+        .await
+        .ok()??;
+    lock(state).ib.as_ref()?.key(&device, port)
 }
 
 /// Say no to client `id`, in its stream and the log.

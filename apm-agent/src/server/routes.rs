@@ -121,7 +121,7 @@ impl Routes {
         self.by_qpns
             .get(&(receiver, sender))?
             .iter()
-            .find(|(_, r)| r.peer_gids.contains(&from.gid))
+            .find(|(_, r)| from_peer(r, from))
             .map(|(c, _)| *c)
     }
 
@@ -177,8 +177,15 @@ impl Routes {
     }
 }
 
+/// Whether `from` is one of the connection's peer addresses: its GID, or on
+/// InfiniBand its LID (a MAD without a GRH names its sender by LID only).
+fn from_peer(r: &Route, from: &PeerAddr) -> bool {
+    let lid = from.lid.get();
+    r.peer_gids.contains(&from.gid) || (lid != 0 && r.peer_lids.contains(&lid))
+}
+
 /// Whether `msg` from `from` belongs to the connection `r`.
 fn matches(r: &Route, from: &PeerAddr, msg: &PeerMsg) -> bool {
     let (receiver, sender) = wire::comm_ids(msg);
-    r.local_qpn == receiver && r.remote_qpn == sender && r.peer_gids.contains(&from.gid)
+    r.local_qpn == receiver && r.remote_qpn == sender && from_peer(r, from)
 }

@@ -100,6 +100,9 @@ async fn serve(
     let mut s = lock(&state);
     s.clients.remove(&id);
     s.routes.remove_client(id);
+    if let Some(ib) = s.ib.as_mut() {
+        ib.forget(id);
+    }
     s.refollow();
     drop(s);
     writer.abort();

@@ -116,8 +116,8 @@ pub(super) fn reach(socket: &AgentSocket) -> Result<(), apm_agent::AgentError> {
 
 impl AgentArgs {
     /// The agent's configuration these arguments and `--config` say, checked (the key
-    /// read, groups and users looked up).
-    fn agent_config(&self) -> Result<AgentConfig> {
+    /// read, groups and users looked up), and the file's configuration.
+    fn agent_config(&self) -> Result<(AgentConfig, Option<Config>)> {
         let file = self.config.as_deref().map(read_config).transpose()?;
         let config = file.as_ref().map(|(c, _)| c);
         let port = self
@@ -147,7 +147,7 @@ impl AgentArgs {
         agent.idle_exit = self.idle_exit_secs.map(Duration::from_secs);
         agent.probe = self.probe_policy(config)?;
         agent.peer_auth = self.peer_auth(config)?;
-        Ok(agent)
+        Ok((agent, file.map(|(c, _)| c)))
     }
 
     /// The probe policy: `[policy.probe]` with the flags over it, checked.
@@ -190,7 +190,7 @@ impl AgentArgs {
 
 /// `apm agent`.
 pub fn agent(args: AgentArgs) -> Result<()> {
-    let config = args.agent_config()?;
+    let (mut config, file) = args.agent_config()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -199,6 +199,7 @@ pub fn agent(args: AgentArgs) -> Result<()> {
         if let Some(ip) = args.rail_down {
             return rail_down(&config.socket, ip).await;
         }
+        config.infiniband = infiniband_side(file.as_ref());
         let port = config.peer_port;
         let agent = match Agent::bind(config).await {
             Ok(a) => a,
@@ -223,6 +224,31 @@ pub fn agent(args: AgentArgs) -> Result<()> {
         let _ = signal_hook::low_level::emulate_default_handler(ended_by as i32);
         std::process::exit(128 + ended_by as i32)
     })
+}
+
+/// The host's InfiniBand ports as the agent's side (SA and MAD channels through
+/// umad), when it has any and they can be opened; what could not be is said, and the
+/// agent serves RoCE alone.
+fn infiniband_side(
+    config: Option<&Config>,
+) -> Option<std::sync::Arc<dyn apm_agent::ib::InfiniBand>> {
+    let ports = apm::agent_ib::infiniband_ports();
+    if ports.is_empty() {
+        return None;
+    }
+    let opened = apm::agent_ib::umad_config(&ports, config)
+        .and_then(|c| apm::agent_ib::AgentInfiniBand::open(&c, &apm::ib::UmadOptions::default()));
+    match opened {
+        Ok(side) => {
+            tracing::info!(ports = ?ports, "serving the host's InfiniBand ports");
+            Some(std::sync::Arc::new(side))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "the host has InfiniBand ports the agent cannot serve: \
+                processes on them run unprotected");
+            None
+        }
+    }
 }
 
 /// `apm agent --rail-down ADDR`.

@@ -15,6 +15,9 @@
 //!   program does.
 //! - **The end**: once the program has exited, its group's remaining processes get
 //!   SIGTERM, and SIGKILL after [`GRACE`].
+//! - **SIGKILL**, which `apm run` cannot catch: the program gets it too
+//!   (`PR_SET_PDEATHSIG`, provider-verbs' `ffi::child`), as it would have in `apm
+//!   run`'s own process group, so a supervisor that kills that group leaves nothing.
 
 use nix::sys::signal::{killpg, pthread_sigmask, raise, SigSet, SigmaskHow, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
@@ -60,6 +63,8 @@ pub(super) struct Job {
 /// holds it.
 pub(super) fn spawn(mut cmd: std::process::Command, program: &str) -> Result<Job, SpawnError> {
     cmd.process_group(0);
+    // SIGKILL, which `apm run` cannot pass on, must not leave the program behind.
+    provider_verbs::ffi::child::die_with_parent(&mut cmd);
     let child = cmd.spawn().map_err(|source| SpawnError {
         program: program.to_owned(),
         source,

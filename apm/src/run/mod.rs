@@ -66,8 +66,21 @@ pub struct Args {
     /// drain) elsewhere; `software` or `hardware` insist on one.
     #[arg(long, value_enum, default_value_t = Migration::Auto)]
     pub migration: Migration,
+    /// Say, for every port of every RDMA device here, how a QP on it can be moved
+    /// (hardware APM, the SQ-drain move, or nothing) and the evidence: each found by
+    /// trying it on a pair of apm's own QPs, never from the device's name or
+    /// capability bits. Then exit (no program is run).
+    #[arg(long)]
+    pub explain: bool,
+    /// With `--explain`: one JSON object per port instead.
+    #[arg(long, requires = "explain")]
+    pub json: bool,
     /// The program and its arguments (after `--`).
-    #[arg(required = true, trailing_var_arg = true, allow_hyphen_values = true)]
+    #[arg(
+        required_unless_present = "explain",
+        trailing_var_arg = true,
+        allow_hyphen_values = true
+    )]
     pub program: Vec<OsString>,
 }
 
@@ -257,8 +270,42 @@ fn ensure_agent(socket: &AgentSocket, config: Option<&Path>) -> Result<()> {
     bail!("`apm agent` did not come up within 3 s")
 }
 
+/// `apm run --explain`: what each port of each device can do, tried.
+fn explain(json: bool) -> Result<()> {
+    use crate::out::outln;
+    let verbs = provider_verbs::Verbs::load()?;
+    let devices = verbs.devices()?;
+    if devices.is_empty() {
+        bail!("no RDMA device here: nothing to protect");
+    }
+    for d in devices {
+        let ctx = match verbs.open(&d.name) {
+            Ok(c) => c,
+            Err(e) => {
+                crate::out::errln!("apm run --explain: {}: cannot open it: {e}", d.name);
+                continue;
+            }
+        };
+        let ports = ctx.query_device().map_or(1, |a| a.phys_port_cnt.max(1));
+        for port in 1..=ports {
+            let probe = provider_verbs::capability::probe_port(&ctx, port);
+            if json {
+                let mut v = serde_json::to_value(&probe)?;
+                v["mechanism"] = serde_json::to_value(probe.mechanism())?;
+                outln!("{v}")?;
+            } else {
+                outln!("{}", probe.line())?;
+            }
+        }
+    }
+    Ok(())
+}
+
 /// `apm run`.
 pub fn run(args: Args) -> Result<()> {
+    if args.explain {
+        return explain(args.json);
+    }
     let settings = settings(args.config.as_deref())?;
     let library = preload_library(args.preload)?;
     let Some((program, rest)) = args.program.split_first() else {

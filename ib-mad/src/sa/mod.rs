@@ -7,11 +7,13 @@
 
 mod class_port_info;
 mod inform_info;
+pub mod node_record;
 mod notice;
 pub mod path_record;
 
 pub use class_port_info::{ClassAddress, ClassPortInfo};
 pub use inform_info::InformInfo;
+pub use node_record::NodeRecord;
 pub use notice::{Notice, NoticeDetails, DATA_DETAILS_SIZE};
 pub use path_record::PathRecord;
 
@@ -151,6 +153,22 @@ impl SaMad {
             transaction_id,
             SaPayload::PathRecord(template),
         );
+        mad.sa.component_mask = component_mask;
+        mad
+    }
+
+    /// A GetTable(NodeRecord) query: `template` fields selected by `component_mask`
+    /// (`node_record::mask`). The record goes as raw data: apm asks for NodeRecords and
+    /// reads them from the table, it never sends one otherwise.
+    pub fn node_record_query(
+        transaction_id: u64,
+        template: &NodeRecord,
+        component_mask: u64,
+    ) -> SaMad {
+        let mut data = Box::new([0u8; SA_DATA_SIZE]);
+        template.encode(&mut data[..]);
+        let mut mad = SaMad::new(Method::GET_TABLE, transaction_id, SaPayload::Raw(data));
+        mad.header.attribute_id = NodeRecord::ID;
         mad.sa.component_mask = component_mask;
         mad
     }

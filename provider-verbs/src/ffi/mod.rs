@@ -21,6 +21,7 @@
 // carries a `// SAFETY:` comment; nothing outside `ffi` uses unsafe.
 #![allow(unsafe_code)]
 
+pub mod child;
 mod device;
 mod events;
 mod netlink;
