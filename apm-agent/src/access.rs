@@ -306,6 +306,17 @@ pub fn bind(socket: &AgentSocket, perms: SocketPerms) -> Result<Bound, AccessErr
         Err(_) => {}
     }
     let staging = dir.join(format!(".agent-{port}.sock.{}", std::process::id()));
+    // `sun_path` holds 108 bytes with its NUL: say so rather than the kernel's EINVAL.
+    if staging.as_os_str().len() >= 108 {
+        return Err(AccessError::UnsafeDir {
+            dir: dir.to_owned(),
+            why: format!(
+                "the path is too long for a Unix socket in it ({} bytes with the socket's \
+                 name, at most 107): choose a shorter runtime directory",
+                staging.as_os_str().len()
+            ),
+        });
+    }
     let _ = std::fs::remove_file(&staging);
     let listener = std::os::unix::net::UnixListener::bind(&staging)
         .map_err(io(format!("binding {}", staging.display())))?;

@@ -808,6 +808,39 @@ fn the_kernel_names_the_process_that_created_a_qp() {
     );
 }
 
+#[test]
+#[ignore = "needs RDMA devices: run `cargo xtask hwtest` (or `--vm`)"]
+fn each_port_says_what_can_move_a_qp_by_trying_it() {
+    // The capability probe on a real kernel: stock rxe takes the SQ-drain move and
+    // refuses alternates (the core bans them on RoCE); the patched rxe takes alternates
+    // and arms them. Whatever the phase, the probe's verdict on hardware APM is the
+    // kernel's own answer (`hw_apm::available`).
+    use provider_verbs::capability::{probe_port, Mechanism};
+    let v = verbs();
+    for name in device_names(&v) {
+        let ctx = v.open(&name).expect("open");
+        let probe = probe_port(&ctx, 1);
+        println!("{}", probe.line());
+        assert!(
+            probe.sqd_repath.yes(),
+            "rxe takes RTS->SQD->RTS: {}",
+            probe.line()
+        );
+        let hardware = hw_apm::available(&ctx, 1).is_ok();
+        assert_eq!(probe.alternate_path.yes(), hardware, "{}", probe.line());
+        let want = if hardware {
+            Mechanism::HardwareApm
+        } else {
+            Mechanism::SoftwareMove
+        };
+        assert_eq!(probe.mechanism(), want, "{}", probe.line());
+        // The QP still works for the program after the probe: nothing is left behind
+        // on the device (the pair was destroyed).
+        let again = probe_port(&ctx, 1);
+        assert_eq!(again.mechanism(), want, "{}", again.line());
+    }
+}
+
 #[path = "hw/apm_plan.rs"]
 mod apm_plan;
 // `apm run` with unmodified Debian programs (ibv_rc_pingpong, perftest, rping).

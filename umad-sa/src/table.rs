@@ -163,7 +163,29 @@ impl SaClient {
             ..NodeRecord::default()
         };
         let query = SaMad::node_record_query(0, &by_node, node_record::mask::NODE_GUID).encode();
-        let all: Table<NodeRecord> = self.get_table(&query).await?;
+        let mut all: Table<NodeRecord> = self.get_table(&query).await?;
+        if all.maybe_truncated {
+            // One unsegmented MAD holds one record (umad2sim: no kernel to segment):
+            // ask for each port of the node by its number.
+            debug!(
+                lid,
+                ports = node.num_ports,
+                "unsegmented NodeRecord table: asking per port"
+            );
+            let mut records = Vec::new();
+            for n in 1..=node.num_ports {
+                let one = NodeRecord {
+                    node_guid: node.node_guid,
+                    local_port_num: n,
+                    ..NodeRecord::default()
+                };
+                let m = node_record::mask::NODE_GUID | node_record::mask::LOCAL_PORT_NUM;
+                let query = SaMad::node_record_query(0, &one, m).encode();
+                let part: Table<NodeRecord> = self.get_table(&query).await?;
+                records.extend(part.records);
+            }
+            all.records = records;
+        }
         let prefix: [u8; 8] = self.port.refresh_info()?.gid[..8]
             .try_into()
             .unwrap_or([0xfe, 0x80, 0, 0, 0, 0, 0, 0]);

@@ -182,7 +182,8 @@ fn list_tests(_target_dir: &Path) -> Result<Vec<(String, String)>> {
     let mut out = Vec::new();
     let root = crate::util::workspace_root();
     for pkg in BED_PACKAGES {
-        if !root.join(pkg).join("tests").join("ibsim.rs").exists() {
+        let tests = root.join(pkg).join("tests");
+        if !tests.join("ibsim.rs").exists() && !tests.join("ibsim").join("main.rs").exists() {
             continue;
         }
         crate::util::run("cargo", &["test", "-p", pkg, "--test", "ibsim", "--no-run"])?;

@@ -27,6 +27,9 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 use umad::bed::{self, logged_gid, ms, report, stdin_commands, Bed};
 
+// The host agent's InfiniBand side between two nodes.
+mod agent;
+
 /// What a watch process wrote: a stdout line (an event) or a stderr line.
 #[derive(Debug)]
 enum Out {
@@ -364,6 +367,11 @@ struct NodeArgs {
     active: bool,
     me2: (u64, u16),
     peer: Option<((u64, u16), (u64, u16))>,
+    /// This node's port 1 (`me1=`, the agent's nodes).
+    me1: Option<(u64, u16)>,
+    /// The agent's UDP port (`port=`, the agent's nodes; two agents on one host need
+    /// their own).
+    port: u16,
 }
 
 fn parse_node_args(role: &str) -> Result<NodeArgs, String> {
@@ -381,12 +389,18 @@ fn parse_node_args(role: &str) -> Result<NodeArgs, String> {
             l.parse().map_err(|e| format!("{k}: {e}"))?,
         ))
     };
+    let port = match kv.get("port") {
+        Some(p) => p.parse().map_err(|e| format!("port: {e}"))?,
+        None => apm_agent::DEFAULT_PEER_PORT,
+    };
     if !kv.contains_key("peer1") {
         return Ok(NodeArgs {
             config: get("config")?.to_owned(),
             active: false,
             me2: (0, 0),
             peer: None,
+            me1: None,
+            port,
         });
     }
     Ok(NodeArgs {
@@ -394,6 +408,8 @@ fn parse_node_args(role: &str) -> Result<NodeArgs, String> {
         active: get("role")? == "active",
         me2: pair("me2")?,
         peer: Some((pair("peer1")?, pair("peer2")?)),
+        me1: kv.contains_key("me1").then(|| pair("me1")).transpose()?,
+        port,
     })
 }
 
