@@ -17,10 +17,11 @@
 //!   PathRecords to each, once per (port, destination), keeps the answer
 //!   ([`PATHS_TTL`]), and a question asked while the same one is under way waits for
 //!   its answer: N processes x M QPs to D destinations cost D questions to the SA.
-//! - **Notices**: the agent subscribes for traps 64/65 through every port (again when a
-//!   process asks, at most once a second per port: after CLIENT_REREGISTER every
-//!   process asks at once), and every process that subscribed gets every notice
-//!   (`FromAgent::RemoteGid`): a port's coming and going is the fabric's public news.
+//! - **Notices**: the agent subscribes for traps 64/65 through every port, and again
+//!   when a process asks (after CLIENT_REREGISTER every process asks at once: requests
+//!   that come while a port's subscription runs make it run once more, no more), and
+//!   every process that subscribed gets every notice (`FromAgent::RemoteGid`): a port's
+//!   coming and going is the fabric's public news.
 //! - **Peer messages**: sent through the port holding the local address the process
 //!   names, to the peer's LID; received ones routed like UDP ones, the sender named by
 //!   its GID (from the SA) and LID.
@@ -32,10 +33,6 @@ use std::time::Duration;
 
 /// How long the agent reuses the SA's answer about the paths to a destination.
 pub const PATHS_TTL: Duration = Duration::from_secs(30);
-
-/// How often the agent subscribes through one port at most (a burst of requests after
-/// CLIENT_REREGISTER is one subscription).
-pub const SUBSCRIBE_EVERY: Duration = Duration::from_secs(1);
 
 /// One InfiniBand port of the host.
 #[derive(Clone, Debug, PartialEq, Eq)]

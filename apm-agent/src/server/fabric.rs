@@ -3,7 +3,7 @@
 //! fanned out to every process that subscribed, and peer messages through the ports.
 
 use super::{lock, ClientId, Shared};
-use crate::ib::{IbPort, InfiniBand, PATHS_TTL, SUBSCRIBE_EVERY};
+use crate::ib::{IbPort, InfiniBand, PATHS_TTL};
 use crate::wire::{FromAgent, PathsAnswer};
 use apm_core::{Gid, Input, Lid, Path, PeerAddr, PeerMsg, PortKey};
 use std::collections::{BTreeMap, BTreeSet};
@@ -35,7 +35,8 @@ pub(super) struct IbState {
     ports: Vec<IbPort>,
     answers: BTreeMap<(PortKey, Dest), (Instant, PathsAnswer)>,
     waiting: BTreeMap<(PortKey, Dest), Vec<(ClientId, u64)>>,
-    subscribed: BTreeMap<PortKey, Instant>,
+    /// Ports whose subscription runs now, with whether to run it once more.
+    subscribing: BTreeMap<PortKey, bool>,
     subscribers: BTreeSet<ClientId>,
 }
 
@@ -47,7 +48,7 @@ impl IbState {
             ports,
             answers: BTreeMap::new(),
             waiting: BTreeMap::new(),
-            subscribed: BTreeMap::new(),
+            subscribing: BTreeMap::new(),
             subscribers: BTreeSet::new(),
         }
     }
@@ -107,29 +108,63 @@ fn notice(state: &Shared, gid: Gid, service: apm_core::GidService) {
     }
 }
 
-/// Subscribe through `key` unless that was done within [`SUBSCRIBE_EVERY`].
+/// Subscribe through `key`. One subscription of a port runs at a time: a request that
+/// comes while one runs makes it run once more when it ends (after CLIENT_REREGISTER
+/// every process asks at once: that is one or two subscriptions, and one asked after a
+/// new SM came is never lost to one the old SM took).
 pub(super) fn subscribe(state: &Shared, key: PortKey) {
     let side = {
         let mut s = lock(state);
         let Some(ib) = s.ib.as_mut() else { return };
-        let now = Instant::now();
-        if ib
-            .subscribed
-            .get(&key)
-            .is_some_and(|at| now.duration_since(*at) < SUBSCRIBE_EVERY)
-        {
-            return;
+        match ib.subscribing.get_mut(&key) {
+            Some(again) => {
+                *again = true;
+                debug!(port = %key, "a subscription runs: once more after it");
+                return;
+            }
+            None => {
+                ib.subscribing.insert(key, false);
+            }
         }
-        ib.subscribed.insert(key, now);
         ib.side.clone()
     };
+    debug!(port = %key, "subscribing for traps 64/65");
+    let state = state.clone();
     tokio::spawn(async move {
-        match side.subscribe(key).await {
-            Ok(()) => info!(port = %key, "subscribed for traps 64/65"),
-            Err(e) => warn!(port = %key, error = %e, "subscribing for traps 64/65 failed"),
+        let mut failures = 0u32;
+        loop {
+            let result = side.subscribe(key).await;
+            match &result {
+                Ok(()) => info!(port = %key, "subscribed for traps 64/65"),
+                Err(e) => warn!(port = %key, error = %e, "subscribing for traps 64/65 failed"),
+            }
+            let failed = result.is_err();
+            failures = if failed { failures + 1 } else { 0 };
+            {
+                let mut s = lock(&state);
+                let Some(ib) = s.ib.as_mut() else { return };
+                let again = ib.subscribing.get(&key).copied().unwrap_or(false);
+                if again {
+                    ib.subscribing.insert(key, false);
+                    continue;
+                }
+                if !failed || failures >= SUBSCRIBE_TRIES {
+                    // After the last try the SA client's own refresh, every minute,
+                    // goes on trying.
+                    ib.subscribing.remove(&key);
+                    return;
+                }
+            }
+            // Until the SA takes it (a new SM may not answer yet).
+            tokio::time::sleep(SUBSCRIBE_RETRY).await;
         }
     });
 }
+
+/// How long the agent waits before it asks the SA again to take a subscription.
+const SUBSCRIBE_RETRY: std::time::Duration = std::time::Duration::from_secs(2);
+/// How often it tries in a row at most.
+const SUBSCRIBE_TRIES: u32 = 30;
 
 /// A process subscribes: it gets every notice from now on, and the port is subscribed
 /// (again).

@@ -14,6 +14,9 @@
 //! 3. `ReLink`: trap 64; the passive side's alternate counts again.
 //! 4. The SA questions: the agent asked the SA once per (port, destination), whatever
 //!    the number of questions the process asked (`STATS sa_queries`).
+//! 5. CLIENT_REREGISTER: the SM restarts (and forgets the subscriptions); each node's
+//!    HCA reports CLIENT_REREGISTER, the engine subscribes again through its agent, and
+//!    an Unlink of a third node's port reaches both processes as trap 65.
 
 use super::{parse_node_args, FakeQp};
 use apm::apm_core::testing::notification_line;
@@ -60,11 +63,13 @@ impl Host for BedHost {
     }
 }
 
-/// The umad half, with the moment each SA notice reached the agent noted.
+/// The umad half, with the moment each SA notice reached the agent noted, and the
+/// subscriptions the SA took counted.
 #[derive(Debug)]
 struct Timed {
     inner: apm::agent_ib::AgentInfiniBand,
     noticed: Arc<Mutex<Option<Instant>>>,
+    subscribed: std::sync::atomic::AtomicU64,
 }
 
 #[async_trait]
@@ -106,7 +111,10 @@ impl InfiniBand for Timed {
     }
 
     async fn subscribe(&self, port: PortKey) -> Result<(), ProviderError> {
-        self.inner.subscribe(port).await
+        self.inner.subscribe(port).await?;
+        self.subscribed
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        Ok(())
     }
 
     async fn send(&self, port: PortKey, to: PeerAddr, msg: PeerMsg) -> Result<(), ProviderError> {
@@ -130,6 +138,13 @@ fn agent_bed_node() {
 /// the notifications (`NOTE`), and `NOTICE->FORCED <ms>` for each SA notice that led to
 /// a forced migration.
 async fn agent_node(role: &str) -> Result<(), String> {
+    // The agent's own account on stderr (the test's output), as `apm agent` logs.
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::new(
+            std::env::var("APM_LOG").unwrap_or_else(|_| "apm_agent=info,umad_sa=debug".into()),
+        ))
+        .with_writer(std::io::stderr)
+        .try_init();
     let a = parse_node_args(role)?;
     let text = std::fs::read_to_string(&a.config).map_err(|e| format!("{}: {e}", a.config))?;
     let config = apm::Config::parse(&text).map_err(|e| e.to_string())?;
@@ -146,6 +161,7 @@ async fn agent_node(role: &str) -> Result<(), String> {
     let side = Timed {
         inner: apm::agent_ib::AgentInfiniBand::open(&config, &opts)?,
         noticed: noticed.clone(),
+        subscribed: Default::default(),
     };
     let side = Arc::new(side);
     // A short path: a Unix socket's path has at most 107 bytes, and the bed's scratch
@@ -265,11 +281,20 @@ async fn agent_node(role: &str) -> Result<(), String> {
                         client.subscribe(gid1).map_err(|e| e.to_string())?;
                         report("PROTECTING");
                     }
+                    "reregister" => {
+                        // The SA forgot its subscriptions (a new SM): the HCA says so on
+                        // every port, and the engine subscribes again through the agent.
+                        qp.port_event(key1, apm::apm_core::PortEvent::ClientReregister);
+                        report("REREGISTERED");
+                    }
                     "stats" => {
                         let s = handle.stats().await.map_err(|e| e.to_string())?;
                         report(&format!(
-                            "STATS laps_sent={} aprs_sent={} forced={} sa_queries={}",
-                            s.laps_sent, s.aprs_sent, s.migrations_forced, side.sa_queries()
+                            "STATS laps_sent={} aprs_sent={} forced={} sa_queries={} subscriptions={} \
+                             agent_subscribed={}",
+                            s.laps_sent, s.aprs_sent, s.migrations_forced, side.sa_queries(),
+                            s.subscriptions,
+                            side.subscribed.load(std::sync::atomic::Ordering::SeqCst)
                         ));
                     }
                     _ => report(&format!("FAIL unknown command {c}")),
@@ -411,5 +436,61 @@ fn agents_arm_and_migrate_an_adopted_qp_on_infiniband() {
         let s = n.stats();
         assert!(s["sa_queries"] <= 12, "{}: {s:?}", n.node);
     }
+
+    // 5. A new SM, CLIENT_REREGISTER, and the notices come again.
+    let before: Vec<u64> = [&mut passive, &mut active]
+        .into_iter()
+        .map(|n| n.stats()["agent_subscribed"])
+        .collect();
+    let sm = bed.restart_opensm(Duration::from_secs(10)).unwrap();
+    for n in [&mut passive, &mut active] {
+        n.send("reregister").unwrap();
+        n.expect("REREGISTERED", Duration::from_secs(5)).unwrap();
+    }
+    // The engine asked its agent, and the new SM took the agent's subscription.
+    for (n, b) in [&mut passive, &mut active].into_iter().zip(before) {
+        n.stats_until(|s| s["agent_subscribed"] > b, Duration::from_secs(10));
+    }
+    // A new SM's first sweeps may swallow a trap (the library's bed test of an SM that
+    // comes back does the same): Unlink and ReLink a third node's port until both
+    // processes hear of it.
+    let h4 = bed.nodes[2].clone();
+    let victim = apm::apm_core::Gid::from_guid(port(&h4, 2).0).to_string();
+    let up = Instant::now();
+    let mut heard = [false, false];
+    let mut rounds = 0;
+    while heard.iter().any(|h| !h) {
+        rounds += 1;
+        assert!(
+            up.elapsed() < Duration::from_secs(15),
+            "no trap 65 at both nodes within 15 s of CLIENT_REREGISTER ({rounds} rounds)"
+        );
+        let mark = bed.log_mark();
+        let t0 = Instant::now();
+        bed.console(&format!("Unlink \"{h4}\"[2]")).unwrap();
+        bed.wait_log_after(mark, "SUBNET UP", Duration::from_secs(2))
+            .expect("no sweep after Unlink");
+        for (i, n) in [&mut passive, &mut active].into_iter().enumerate() {
+            if heard[i] {
+                continue;
+            }
+            if let Ok((t, l)) = n.expect(
+                &format!("INPUT remote {victim} out"),
+                Duration::from_millis(500),
+            ) {
+                println!(
+                    "after CLIENT_REREGISTER, {}: {l} {:.1} ms after the Unlink (round {rounds})",
+                    n.node,
+                    ms(t - t0)
+                );
+                heard[i] = true;
+            }
+        }
+        let mark = bed.log_mark();
+        bed.console(&format!("ReLink \"{h4}\"[2]")).unwrap();
+        bed.wait_log_after(mark, "SUBNET UP", Duration::from_secs(2))
+            .expect("no sweep after ReLink");
+    }
+    drop(sm);
     bed.assert_reports_answered();
 }
