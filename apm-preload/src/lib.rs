@@ -49,6 +49,7 @@
 #![allow(clippy::disallowed_methods)]
 
 mod ffi;
+pub mod infiniband;
 mod ledger;
 pub mod mode;
 pub mod protect;
