@@ -37,8 +37,9 @@ pub trait Host: Send + Sync + Debug {
     /// answer); `None` when no port here holds it.
     fn device_addresses(&self, gid: &Gid) -> Option<Vec<Addr>>;
 
-    /// What the kernel says of QP `qpn` on the device holding local address `gid`:
-    /// `Ok(None)` when that device has no such QP.
+    /// What the kernel says of QP `qpn` on the device port holding local address `gid`
+    /// (its owner the process, not the thread, that created it): `Ok(None)` when that
+    /// port has no such QP.
     fn qp(&self, gid: &Gid, qpn: u32) -> Result<Option<QpRecord>, OwnerError>;
 }
 
@@ -80,11 +81,11 @@ impl Host for SystemHost {
     }
 
     fn qp(&self, gid: &Gid, qpn: u32) -> Result<Option<QpRecord>, OwnerError> {
-        let (dev, _) = local::port_of(gid).ok_or(OwnerError::NotLocal(*gid))?;
+        let (dev, port) = local::port_of(gid).ok_or(OwnerError::NotLocal(*gid))?;
         let mut nl = RdmaNetlink::open().map_err(|e| OwnerError::Unavailable(e.to_string()))?;
         let index = self.index(&mut nl, &dev)?;
-        match nl.qp(index, qpn) {
-            Ok(r) => Ok(r),
+        let record = match nl.qp(index, port, qpn) {
+            Ok(r) => r,
             Err(_) => {
                 // The device may have come back under another index: ask once more.
                 self.indexes
@@ -92,11 +93,29 @@ impl Host for SystemHost {
                     .unwrap_or_else(PoisonError::into_inner)
                     .remove(&dev);
                 let index = self.index(&mut nl, &dev)?;
-                nl.qp(index, qpn)
-                    .map_err(|e| OwnerError::Unavailable(e.to_string()))
+                nl.qp(index, port, qpn)
+                    .map_err(|e| OwnerError::Unavailable(e.to_string()))?
             }
-        }
+        };
+        Ok(record.map(|r| QpRecord {
+            pid: r.pid.and_then(process_of_thread),
+            ..r
+        }))
     }
+}
+
+/// The process of thread `tid`, from `/proc/TID/status` (`Tgid:`): the kernel names a
+/// QP's creator by the thread that created it, and programs create QPs on any thread.
+/// `None` for 0 (a thread that has exited since) or a thread that is gone.
+fn process_of_thread(tid: u32) -> Option<u32> {
+    if tid == 0 {
+        return None;
+    }
+    let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Tgid:"))
+        .and_then(|v| v.trim().parse().ok())
 }
 
 /// A host for tests and demonstrations on one machine without RDMA devices: every

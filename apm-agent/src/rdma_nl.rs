@@ -7,7 +7,9 @@
 //!
 //! Two requests, no dump of every QP: `RDMA_NLDEV_CMD_GET` (a dump of the devices, for
 //! the index of the device by its name) and `RDMA_NLDEV_CMD_RES_QP_GET` for one QP
-//! (`RDMA_NLDEV_ATTR_DEV_INDEX` and `RDMA_NLDEV_ATTR_RES_LQPN`: Linux 5.2 and later).
+//! (`RDMA_NLDEV_ATTR_DEV_INDEX`, `RDMA_NLDEV_ATTR_PORT_INDEX` and
+//! `RDMA_NLDEV_ATTR_RES_LQPN`: Linux 5.2 and later; without the port the kernel answers
+//! EINVAL, QPs being a port's resources in its tables).
 //! The numbers are the uapi header's (`include/uapi/rdma/rdma_netlink.h`); RDMA
 //! netlink messages carry their attributes right after the netlink header, with no
 //! family header. Every read is bounded (one receive buffer, a receive timeout), and
@@ -29,6 +31,7 @@ const CMD_RES_QP_GET: u16 = 10;
 /// Attributes used (`enum rdma_nldev_attr`).
 const ATTR_DEV_INDEX: u16 = 1;
 const ATTR_DEV_NAME: u16 = 2;
+const ATTR_PORT_INDEX: u16 = 3;
 const ATTR_RES_QP: u16 = 19;
 const ATTR_RES_QP_ENTRY: u16 = 20;
 const ATTR_RES_LQPN: u16 = 21;
@@ -46,8 +49,9 @@ const NLA_TYPE_MASK: u16 = 0x3fff;
 /// What the kernel says of one QP.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct QpRecord {
-    /// The process that created it (in the agent's PID namespace); `None` for a QP of
-    /// the kernel's own.
+    /// The thread that created it, as the kernel names it (in the agent's PID
+    /// namespace; 0 once that thread has exited); `None` for a QP of the kernel's own.
+    /// (`SystemHost` turns it into the thread's process.)
     pub pid: Option<u32>,
     /// The remote QPN it is connected to (RC and UC QPs past INIT).
     pub remote_qpn: Option<u32>,
@@ -116,10 +120,14 @@ impl RdmaNetlink {
         Err(NlError::NoDevice(name.to_owned()))
     }
 
-    /// The QP `qpn` of device `index`; `None` when the device has no such QP.
-    pub fn qp(&mut self, index: u32, qpn: u32) -> Result<Option<QpRecord>, NlError> {
+    /// The QP `qpn` of device `index`, port `port`; `None` when the device has no such
+    /// QP. (The kernel answers for one QP only with a port given: QPs are resources of
+    /// a port, not of the device, in its tables; a QP on another port, or one still in
+    /// RESET, is EAGAIN.)
+    pub fn qp(&mut self, index: u32, port: u8, qpn: u32) -> Result<Option<QpRecord>, NlError> {
         let mut body = Vec::new();
         put_u32(&mut body, ATTR_DEV_INDEX, index);
+        put_u32(&mut body, ATTR_PORT_INDEX, u32::from(port));
         put_u32(&mut body, ATTR_RES_LQPN, qpn);
         let replies = match self.request(CMD_RES_QP_GET, 0, &body) {
             Ok(r) => r,
@@ -127,6 +135,11 @@ impl RdmaNetlink {
             Err(e) => return Err(e),
         };
         for attrs in replies {
+            // A doit's answer carries the QP's attributes at the top level (a dump's
+            // nests them in RES_QP / RES_QP_ENTRY).
+            if let Some(r) = qp_entry(&attrs, qpn) {
+                return Ok(Some(r));
+            }
             for (kind, value) in Attrs(&attrs) {
                 if kind != ATTR_RES_QP {
                     continue;

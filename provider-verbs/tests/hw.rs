@@ -793,12 +793,37 @@ fn the_kernel_names_the_process_that_created_a_qp() {
             },
         )
         .expect("qp");
+    // A QP is a port's resource once it is in INIT (in RESET it has no port yet).
+    qp.modify(
+        &QpAttr {
+            qp_state: QpState::Init,
+            port_num: 1,
+            ..QpAttr::default()
+        },
+        QpAttrMask::STATE | QpAttrMask::PKEY_INDEX | QpAttrMask::PORT | QpAttrMask::ACCESS_FLAGS,
+    )
+    .expect("INIT");
     let host = SystemHost::default();
     let g = apm_core::Gid(gid.gid);
     let record = host
         .qp(&g, qp.qp_num())
-        .unwrap_or_else(|e| panic!("the kernel could not be asked: {e}"))
-        .expect("the QP is known");
+        .unwrap_or_else(|e| panic!("the kernel could not be asked: {e}"));
+    let Some(record) = record else {
+        // What iproute2's `rdma` says of the same QP, and the device index asked.
+        let shown = std::process::Command::new("/usr/bin/rdma")
+            .args(["resource", "show", "qp"])
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default();
+        let index = apm_agent::rdma_nl::RdmaNetlink::open()
+            .and_then(|mut nl| nl.device_index(&name))
+            .map_err(|e| e.to_string());
+        panic!(
+            "the kernel knows no QP {} on {name} (index {index:?}) port 1, GID {g}; \
+             rdma says:\n{shown}",
+            qp.qp_num()
+        );
+    };
     assert_eq!(record.pid, Some(std::process::id()), "{record:?}");
     assert_eq!(host.qp(&g, 0x00ff_fff0).expect("asked"), None, "no such QP");
     println!(

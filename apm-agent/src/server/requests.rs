@@ -254,7 +254,9 @@ async fn register(
             "paths not probed: not the connection's own, or toward no apm agent"
         );
     }
-    for g in &route.local_gids {
+    // A UDP channel for each RoCE address (an InfiniBand port's GID is no IP address:
+    // its messages are MADs through the port).
+    for g in route.local_gids.iter().filter(|g| ip_of(g).is_some()) {
         if let Err(e) = peers::channel(state, *g, port).await {
             warn!(gid = %g, error = %e, "cannot listen for peer messages on this address");
         }
