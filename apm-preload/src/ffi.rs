@@ -8,6 +8,7 @@
 // SAFETY comment; the rest of the crate is safe code.
 #![allow(unsafe_code)]
 
+use crate::ledger::Drainer;
 use crate::protect::{self, QpSeen};
 use crate::tee;
 use provider_verbs::ffi::sys;
@@ -113,11 +114,22 @@ pub unsafe extern "C" fn ibv_modify_qp(
     let key = qp as usize;
     // SAFETY: the caller's own arguments, passed on unchanged.
     let call = || unsafe { real(qp, attr, mask) };
-    let held = guarded("ibv_modify_qp", || protect::with_held(key, call)).flatten();
-    let rc = match held {
-        Some(rc) => rc,
-        None => call(),
-    };
+    let rc = once("ibv_modify_qp", call, |run| {
+        protect::with_held(key, || {
+            // A QP apm moves in software: its drains and the program's are told apart
+            // by the order they were asked for (see `tee`), so the program's is noted
+            // before the device can raise its event.
+            // SAFETY: the caller's contract: a live QP and attribute struct.
+            let drains = unsafe { asks_drain(qp, attr, mask) };
+            if drains {
+                tee::drain_asked(key, Drainer::Program);
+            }
+            let rc = run();
+            if drains && rc != 0 {
+                tee::drain_withdrawn(key, Drainer::Program);
+            }
+        });
+    });
     if rc != 0 || attr.is_null() {
         return rc;
     }
@@ -142,10 +154,26 @@ pub unsafe extern "C" fn ibv_modify_qp(
         }
     } else if state != sys::IBV_QPS_SQD {
         guarded("release on a state change", || {
-            protect::release(key, "left RTS")
+            protect::release(key, "left RTS");
+            if state == sys::IBV_QPS_RESET {
+                tee::starts_over(key);
+            }
         });
     }
     rc
+}
+
+/// Whether this modify takes `qp` from RTS to SQD (a drain, whose end the device
+/// announces with `SQ_DRAINED`).
+///
+/// # Safety
+/// `qp` and `attr` are live per the caller's contract of `ibv_modify_qp`.
+unsafe fn asks_drain(qp: *mut sys::ibv_qp, attr: *mut sys::ibv_qp_attr, mask: c_int) -> bool {
+    if qp.is_null() || attr.is_null() || mask & sys::IBV_QP_STATE as c_int == 0 {
+        return false;
+    }
+    // SAFETY: per the contract; `state` is what libibverbs set at the last modify.
+    unsafe { (*attr).qp_state == sys::IBV_QPS_SQD && (*qp).state == sys::IBV_QPS_RTS }
 }
 
 /// `ibv_query_qp`: the real one, after any move of a protected QP has finished.
@@ -164,10 +192,11 @@ pub unsafe extern "C" fn ibv_query_qp(
     };
     // SAFETY: the caller's own arguments, passed on unchanged.
     let call = || unsafe { real(qp, attr, mask, init) };
-    match guarded("ibv_query_qp", || protect::with_held(qp as usize, call)).flatten() {
-        Some(rc) => rc,
-        None => call(),
-    }
+    once("ibv_query_qp", call, |run| {
+        protect::with_held(qp as usize, || {
+            run();
+        });
+    })
 }
 
 /// `ibv_destroy_qp`: apm lets go of the QP first (waiting for a move in progress).
@@ -185,17 +214,25 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut sys::ibv_qp) -> c_int {
     destroy_through_tee(qp as usize, call)
 }
 
-/// A destroy, with the tee's accounting of the object's events ([`tee::destroy`]); if
-/// apm's part fails before the real destroy ran, the plain destroy (never twice).
-fn destroy_through_tee(addr: usize, call: impl Fn() -> c_int) -> c_int {
+/// The program's verb `call`, run by apm's part `apm` (under a lock of apm's, say) or,
+/// when apm's part does not run it (a QP apm does not look after) or fails before it
+/// ran, by itself: exactly once either way, its result unchanged.
+fn once(what: &str, call: impl Fn() -> c_int, apm: impl FnOnce(&dyn Fn() -> c_int)) -> c_int {
     let done = std::cell::Cell::new(None);
-    let once = || {
+    let run = || {
         let rc = call();
         done.set(Some(rc));
         rc
     };
-    let _ = guarded("destroy through the event tee", || tee::destroy(addr, once));
+    let _ = guarded(what, || apm(&run));
     done.get().unwrap_or_else(call)
+}
+
+/// A destroy, with the tee's accounting of the object's events ([`tee::destroy`]).
+fn destroy_through_tee(addr: usize, call: impl Fn() -> c_int) -> c_int {
+    once("destroy through the event tee", call, |run| {
+        tee::destroy(addr, run);
+    })
 }
 
 /// `ibv_destroy_cq`: the real one, with the tee's accounting of the CQ's async events.
@@ -273,7 +310,8 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut sys::ibv_context) -> c_int {
 }
 
 /// `ibv_get_async_event`: the real one; on a context with a tee, the events apm kept
-/// for the program come first, and apm gets a copy of each ([`tee`]).
+/// for the program come first, and apm gets a copy of each; events apm caused are
+/// passed over ([`tee::get_event`]).
 ///
 /// # Safety
 /// The caller's contract of `ibv_get_async_event`.
@@ -285,13 +323,8 @@ pub unsafe extern "C" fn ibv_get_async_event(
     let Some(real) = resolve!(GET_EVENT, c"ibv_get_async_event", GetEventFn) else {
         return -1;
     };
-    if tee::attached(ctx as usize) {
-        // SAFETY: the caller's arguments; `real` is libibverbs' function.
-        unsafe { tee::get_event(ctx, event, real) }
-    } else {
-        // SAFETY: the caller's arguments.
-        unsafe { real(ctx, event) }
-    }
+    // SAFETY: the caller's arguments; `real` is libibverbs' function.
+    unsafe { tee::get_event(ctx, event, real) }
 }
 
 /// The name of the device of a live context.

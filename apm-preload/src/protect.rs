@@ -13,7 +13,7 @@
 //! program's `ibv_destroy_qp` takes too; afterwards the program's own control verbs
 //! and apm's moves serialise on the adopted QP's lock (`AdoptedQp::hold`).
 
-use crate::ledger::{Element, Event, Object};
+use crate::ledger::{Drainer, Element, Event, Object};
 use crate::mode::{is_soft_roce, migration, srq_refusal, Facet, Migration};
 use crate::report;
 use apm_agent::client::{AgentClient, AgentPeer};
@@ -24,6 +24,7 @@ use apm_core::{
     Cause, ConnId, ConnSpec, Gid, Manager, ManagerHandle, NotificationKind, Path, PortKey, Qpn,
     Role, Stack, StaticPaths,
 };
+use provider_rxe::adopt::DrainNote;
 use provider_rxe::{AdoptedQp, RxeConfig, RxeQpControl};
 use provider_verbs::ffi::{AsyncEventKind, Context, QpAttr, QpAttrMask, Verbs};
 use provider_verbs::VerbsQpControl;
@@ -369,7 +370,10 @@ pub fn on_rts(seen: QpSeen) {
 }
 
 /// Run `f` (the program's own verb on QP `key`) while no move of it runs; `None` when
-/// apm does not look after that QP (the caller runs it itself).
+/// apm does not look after that QP in software, or when a move still runs after the
+/// command deadline (a drain on a dead path lasts until the QP's retransmit timer
+/// fires): the caller then runs the verb itself, so that apm never holds a program's
+/// verb longer than that.
 pub fn with_held<R>(key: usize, f: impl FnOnce() -> R) -> Option<R> {
     let p = PROTECTOR.get()?.as_ref().ok()?;
     let slot = lock(&p.slots).get(&key).cloned()?;
@@ -377,7 +381,15 @@ pub fn with_held<R>(key: usize, f: impl FnOnce() -> R) -> Option<R> {
         Some(Moved::Software(qp)) => qp.clone(),
         _ => return None,
     };
-    let _held = qp.hold();
+    let limit = Duration::from_millis(p.policy.command_timeout_ms);
+    let Some(_held) = qp.hold_within(limit) else {
+        report::note(&format!(
+            "a move of apm's outlasted the command deadline ({} ms): the program's verb on \
+             its QP went ahead without waiting for it",
+            p.policy.command_timeout_ms
+        ));
+        return None;
+    };
     Some(f())
 }
 
@@ -607,6 +619,12 @@ fn hand_over(
         Facet::Software(f) => {
             f.adopt(id, Arc::new(qp)).map_err(|e| e.to_string())?;
             let a = f.adopted(id).ok_or("the QP facet lost the adopted QP")?;
+            // Its drains' SQ_DRAINED events are apm's, not the program's (see `tee`).
+            let key = seen.key;
+            a.on_drain(Box::new(move |note| match note {
+                DrainNote::Requested => crate::tee::drain_asked(key, Drainer::Apm),
+                DrainNote::Withdrawn => crate::tee::drain_withdrawn(key, Drainer::Apm),
+            }));
             Moved::Software(a)
         }
         Facet::Hardware(f) => {
@@ -619,6 +637,8 @@ fn hand_over(
             }
             let qp = Arc::new(qp);
             f.register(id, qp.clone()).map_err(|e| e.to_string())?;
+            // The device migrates it onto apm's alternates: its PATH_MIG events are apm's.
+            crate::tee::armed_by_apm(seen.key);
             Moved::Hardware(qp)
         }
     };

@@ -21,6 +21,15 @@
 //!   calls `ibv_get_async_event`. [`destroy`] keeps libibverbs' destroy counts exact
 //!   (see [`crate::ledger`]).
 //!
+//! Events apm caused ([`crate::ledger::Caused`]: the `SQ_DRAINED` of its software
+//! moves, the `PATH_MIG` of a QP it arms) are kept from the program on every context,
+//! tee or not: the pump acks them as it takes them, and the program's own read
+//! ([`get_event`]) acks them and reads on, so that a program blocked in
+//! `ibv_get_async_event` stays blocked until an event of its own comes, and one whose
+//! fd is non-blocking is told there is none (EAGAIN), as without the event. A program
+//! that polls the fd wakes once for such an event and then finds nothing: the kernel
+//! queued it, and only the program's own read can take it before it looks.
+//!
 //! What it must never do: lose, reorder or duplicate an event the program would have
 //! read without apm; make a destroy wait; block a program's call on apm's work (the hook
 //! runs after the event is the program's, inside `catch_unwind`); read the fd once the
@@ -31,7 +40,7 @@
 // comment.
 #![allow(unsafe_code)]
 
-use crate::ledger::{object_of, Dying, Element, Event, Held, Object};
+use crate::ledger::{object_of, Caused, Drainer, Dying, Element, Event, Held, Object};
 use provider_verbs::ffi::sys;
 use std::collections::BTreeMap;
 use std::ffi::c_int;
@@ -78,11 +87,14 @@ struct Tee {
 struct State {
     tees: BTreeMap<usize, Tee>,
     dying: Dying,
+    /// Events of the program's QPs that apm caused, on every context.
+    caused: Caused,
 }
 
 static STATE: Mutex<State> = Mutex::new(State {
     tees: BTreeMap::new(),
     dying: Dying::new(),
+    caused: Caused::new(),
 });
 static THREADS: Mutex<BTreeMap<usize, std::thread::JoinHandle<()>>> = Mutex::new(BTreeMap::new());
 static HOOK: OnceLock<Hook> = OnceLock::new();
@@ -108,6 +120,26 @@ fn hand_over(ctx: usize, events: impl IntoIterator<Item = Event>) {
 /// Whether `ctx` has a tee (its QPs' events reach apm).
 pub fn attached(ctx: usize) -> bool {
     lock(&STATE).tees.contains_key(&ctx)
+}
+
+/// `who` is about to take QP `qp` from RTS to SQD (its `SQ_DRAINED` is `who`'s).
+pub fn drain_asked(qp: usize, who: Drainer) {
+    lock(&STATE).caused.drain(qp, who);
+}
+
+/// `who`'s last drain of QP `qp` will raise nothing.
+pub fn drain_withdrawn(qp: usize, who: Drainer) {
+    lock(&STATE).caused.withdraw(qp, who);
+}
+
+/// apm loads QP `qp`'s alternate paths (its path migration events are apm's).
+pub fn armed_by_apm(qp: usize) {
+    lock(&STATE).caused.arm(qp);
+}
+
+/// QP `qp` was reset by the program: what apm did to it before is over.
+pub fn starts_over(qp: usize) {
+    lock(&STATE).caused.forget(qp);
 }
 
 /// Put a tee on `ctx`, just opened by the program. On failure nothing changed and the
@@ -211,7 +243,11 @@ fn pump(ctx: usize, async_fd: RawFd, stop: RawFd) {
         }
         let taken = {
             let mut state = lock(&STATE);
-            let State { tees, dying } = &mut *state;
+            let State {
+                tees,
+                dying,
+                caused,
+            } = &mut *state;
             let Some(tee) = tees.get_mut(&ctx) else {
                 return;
             };
@@ -219,16 +255,17 @@ fn pump(ctx: usize, async_fd: RawFd, stop: RawFd) {
                 // The program reads its own events now: apm gets a copy of each.
                 return;
             }
-            take_pending(tee, dying)
+            take_pending(tee, dying, caused)
         };
         hand_over(ctx, taken);
     }
 }
 
 /// Read every event pending on the tee's fd (non-blocking, the fd's mode put back
-/// after), keep each for the program, and return them for apm. Runs under the state's
-/// lock: the program's first `ibv_get_async_event` and every destroy wait for it.
-fn take_pending(tee: &mut Tee, dying: &Dying) -> Vec<Event> {
+/// after), keep each for the program (but those apm caused, acked at once), and return
+/// them for apm. Runs under the state's lock: the program's first `ibv_get_async_event`
+/// and every destroy wait for it.
+fn take_pending(tee: &mut Tee, dying: &Dying, caused: &mut Caused) -> Vec<Event> {
     let fd = tee.async_fd;
     // SAFETY: fcntl on the context's fd, which stays open while the tee exists.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
@@ -255,6 +292,9 @@ fn take_pending(tee: &mut Tee, dying: &Dying) -> Vec<Event> {
         };
         if dying.hits(&ev) {
             ack_for_program(ev.about());
+        } else if caused.is_apms(&ev) {
+            ack_for_program(ev.about());
+            taken.push(ev);
         } else if tee.held.push(ev) {
             taken.push(ev);
         } else {
@@ -316,9 +356,10 @@ fn element_union(object: Object, addr: usize) -> sys::ibv_async_event__bindgen_t
     }
 }
 
-/// The program's `ibv_get_async_event` on a context with a tee: events apm kept for it
-/// come first (filled in as libibverbs fills them), then libibverbs' own (`real`) reads
-/// the kernel's queue as without apm, and apm gets a copy.
+/// The program's `ibv_get_async_event`: on a context with a tee, events apm kept for it
+/// come first (filled in as libibverbs fills them); then libibverbs' own (`real`) reads
+/// the kernel's queue as without apm, apm gets a copy of each event, and those apm
+/// caused are acked and passed over (the read goes on, blocking or not as the fd is).
 ///
 /// # Safety
 /// The caller's contract of `ibv_get_async_event`; `real` is libibverbs' function.
@@ -351,9 +392,12 @@ pub unsafe fn get_event(
         }
         return 0;
     }
-    // SAFETY: the caller's arguments.
-    let rc = unsafe { real(ctx, event) };
-    if rc == 0 && !event.is_null() {
+    loop {
+        // SAFETY: the caller's arguments.
+        let rc = unsafe { real(ctx, event) };
+        if rc != 0 || event.is_null() {
+            return rc;
+        }
         // SAFETY: filled in by the successful call; the pointer member is read only for
         // the types whose element is an object (the others carry a number).
         let ev = unsafe {
@@ -367,8 +411,17 @@ pub unsafe fn get_event(
             }
         };
         hand_over(ctx as usize, [ev]);
+        if !lock(&STATE).caused.is_apms(&ev) {
+            return 0;
+        }
+        // libibverbs counted it as read: acked as the program would have, then the
+        // read goes on as if it had never been queued.
+        if let Some(ack) = crate::ffi::real_ack() {
+            // SAFETY: the event libibverbs just filled in; its object is live (its
+            // destroy, if one runs, waits for this ack).
+            unsafe { ack(event) };
+        }
     }
-    rc
 }
 
 /// The program destroys the object at `addr` with `real` (its `ibv_destroy_*`): events
@@ -377,6 +430,7 @@ pub unsafe fn get_event(
 pub fn destroy(addr: usize, real: impl FnOnce() -> c_int) -> c_int {
     let gone = {
         let mut state = lock(&STATE);
+        state.caused.forget(addr);
         if state.tees.is_empty() {
             drop(state);
             return real();
