@@ -122,11 +122,25 @@ struct Device {
     conns: Mutex<BTreeMap<ConnId, Conn>>,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Conn {
     qpn: u32,
+    /// The peer's QP number and every address of the peer its paths lead to: with the
+    /// QP number, what tells this connection's peer messages from those of another
+    /// device's connection whose QP has the same number.
+    remote_qpn: u32,
+    peer_gids: Vec<Gid>,
     primary: Path,
     protected_once: bool,
+}
+
+impl Conn {
+    /// Whether a peer message naming (`receiver`, `sender`) that came from `from` is
+    /// this connection's (the agent's own test, `matches_route`, made again here
+    /// among the process's devices).
+    fn owns(&self, receiver: u32, sender: u32, from: &Gid) -> bool {
+        self.qpn == receiver && self.remote_qpn == sender && self.peer_gids.contains(from)
+    }
 }
 
 /// The process's apm (see the module docs).
@@ -360,7 +374,7 @@ pub fn on_rts(seen: QpSeen) {
         slot
     };
     report::seen();
-    report::looking_after(seen.qpn);
+    report::looking_after(seen.qpn, &seen.device);
     p.rt.spawn(async move {
         let (qpn, device) = (seen.qpn, seen.device.clone());
         if let Err(why) = protect(p, seen, slot).await {
@@ -430,7 +444,7 @@ pub fn release(key: usize, why: &str) {
     let qpn = a.qpn;
     lock(&a.device.conns).remove(&a.id);
     let _ = p.client.unregister(qpn, a.remote_qpn);
-    report::released(qpn);
+    report::released(qpn, &a.device.name);
     debug!(qpn, why, "apm let go of the QP");
     let (handle, id) = (a.device.handle.clone(), a.id);
     // `a` (its QP among it) is dropped here, not kept by the task.
@@ -543,6 +557,8 @@ async fn protect(
         id,
         Conn {
             qpn,
+            remote_qpn,
+            peer_gids: all.iter().map(|p| p.dgid).collect(),
             primary,
             protected_once: false,
         },
@@ -710,12 +726,12 @@ async fn watch(dev: Arc<Device>) {
             }
             Err(_) => return,
         };
-        let Some(conn) = lock(&dev.conns).get(&n.conn).copied() else {
+        let Some(conn) = lock(&dev.conns).get(&n.conn).cloned() else {
             continue;
         };
         match n.kind {
             NotificationKind::Protected { .. } | NotificationKind::Rearmed { .. } => {
-                report::protected(conn.qpn, !conn.protected_once);
+                report::protected(conn.qpn, &dev.name, !conn.protected_once);
                 if let Some(c) = lock(&dev.conns).get_mut(&n.conn) {
                     c.protected_once = true;
                 }
@@ -745,7 +761,7 @@ async fn watch(dev: Arc<Device>) {
             }
             NotificationKind::Unprotected { reason, .. } => {
                 debug!(qpn = conn.qpn, ?reason, "unprotected");
-                report::unprotected(conn.qpn);
+                report::unprotected(conn.qpn, &dev.name);
             }
             NotificationKind::Lost { reason } => {
                 report::lost(conn.qpn, &dev.name, &format!("{reason:?}"));
@@ -764,15 +780,20 @@ async fn dispatch(mut events: mpsc::UnboundedReceiver<FromAgent>) {
         let devices: Vec<Arc<Device>> = lock(&p.started).clone();
         match ev {
             FromAgent::Peer { from, msg } => {
-                let (local, _) = apm_agent::wire::comm_ids(&msg);
-                let owner = devices
-                    .iter()
-                    .find(|d| lock(&d.conns).values().any(|c| c.qpn == local));
+                // Devices number their QPs alike: the whole identity decides.
+                let (local, remote) = apm_agent::wire::comm_ids(&msg);
+                let owner = devices.iter().find(|d| {
+                    lock(&d.conns)
+                        .values()
+                        .any(|c| c.owns(local, remote, &from.gid))
+                });
                 match owner {
                     Some(d) => {
                         d.peer.deliver(from, msg);
                     }
-                    None => debug!(local, "peer message for no connection here"),
+                    None => {
+                        debug!(local, remote, from = %from.gid, "peer message for no connection here")
+                    }
                 }
             }
             FromAgent::RailDown { gid } => {

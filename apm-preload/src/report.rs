@@ -12,8 +12,9 @@ use std::time::Instant;
 struct State {
     report: ProcessReport,
     said: BTreeSet<String>,
-    /// RC QPs apm looks after that have no agreed alternate now: since when.
-    unprotected: BTreeMap<u32, Instant>,
+    /// RC QPs apm looks after that have no agreed alternate now (by device and QP
+    /// number: two devices number their QPs alike): since when.
+    unprotected: BTreeMap<(String, u32), Instant>,
     dir: Option<PathBuf>,
     start: Instant,
 }
@@ -45,6 +46,15 @@ fn unix_ms_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}
+
+impl State {
+    /// The QP's unprotected time so far is counted; it is no longer unprotected.
+    fn settle(&mut self, qpn: u32, device: &str) {
+        if let Some(t) = self.unprotected.remove(&(device.to_owned(), qpn)) {
+            self.report.unprotected_ms += t.elapsed().as_secs_f64() * 1000.0;
+        }
+    }
 }
 
 fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
@@ -89,7 +99,7 @@ pub fn seen() {
 /// A QP apm will not protect, and why (said once per reason).
 pub fn refused(qpn: u32, device: &str, reason: &str) {
     with(|s| {
-        s.unprotected.remove(&qpn);
+        s.unprotected.remove(&(device.to_owned(), qpn));
         say_once(
             s,
             reason,
@@ -104,28 +114,26 @@ pub fn refused(qpn: u32, device: &str, reason: &str) {
 }
 
 /// apm started looking after an RC QP (unprotected until the peer agrees).
-pub fn looking_after(qpn: u32) {
-    with(|s| {
-        s.unprotected.entry(qpn).or_insert_with(Instant::now);
-    });
+pub fn looking_after(qpn: u32, device: &str) {
+    unprotected(qpn, device);
 }
 
 /// An alternate is agreed (`first`: the QP's first).
-pub fn protected(qpn: u32, first: bool) {
+pub fn protected(qpn: u32, device: &str, first: bool) {
     with(|s| {
         if first {
             s.report.protected += 1;
         }
-        if let Some(t) = s.unprotected.remove(&qpn) {
-            s.report.unprotected_ms += t.elapsed().as_secs_f64() * 1000.0;
-        }
+        s.settle(qpn, device);
     });
 }
 
-/// The QP has no agreed alternate any more.
-pub fn unprotected(qpn: u32) {
+/// The QP has no agreed alternate (any more).
+pub fn unprotected(qpn: u32, device: &str) {
     with(|s| {
-        s.unprotected.entry(qpn).or_insert_with(Instant::now);
+        s.unprotected
+            .entry((device.to_owned(), qpn))
+            .or_insert_with(Instant::now);
     });
 }
 
@@ -141,7 +149,9 @@ pub fn failover(
 ) {
     with(|s| {
         let at_ms = s.start.elapsed().as_secs_f64() * 1000.0;
-        s.unprotected.entry(qpn).or_insert_with(Instant::now);
+        s.unprotected
+            .entry((device.to_owned(), qpn))
+            .or_insert_with(Instant::now);
         s.report.failovers.push(Failover {
             qpn,
             device: device.to_owned(),
@@ -157,9 +167,7 @@ pub fn failover(
 /// The connection is lost (its QP in error).
 pub fn lost(qpn: u32, device: &str, reason: &str) {
     with(|s| {
-        if let Some(t) = s.unprotected.remove(&qpn) {
-            s.report.unprotected_ms += t.elapsed().as_secs_f64() * 1000.0;
-        }
+        s.settle(qpn, device);
         s.report.lost.push(Refusal {
             qpn,
             device: device.to_owned(),
@@ -169,12 +177,8 @@ pub fn lost(qpn: u32, device: &str, reason: &str) {
 }
 
 /// apm stopped looking after the QP (destroyed, out of RTS).
-pub fn released(qpn: u32) {
-    with(|s| {
-        if let Some(t) = s.unprotected.remove(&qpn) {
-            s.report.unprotected_ms += t.elapsed().as_secs_f64() * 1000.0;
-        }
-    });
+pub fn released(qpn: u32, device: &str) {
+    with(|s| s.settle(qpn, device));
 }
 
 /// Something said once, kept in the report's notes.
