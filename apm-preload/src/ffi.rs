@@ -386,6 +386,28 @@ pub(crate) fn adopt(
     unsafe { provider_verbs::ffi::Qp::adopt(ctx, key as *mut c_void) }
 }
 
+/// Runs when the library is loaded: apm's part of every `fork()` ([`crate::fork`]).
+#[used]
+#[link_section = ".init_array"]
+static AT_LOAD: extern "C" fn() = at_load;
+
+extern "C" fn at_load() {
+    // SAFETY: three handlers of the C signature, each catching its own panics.
+    unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+}
+
+unsafe extern "C" fn fork_prepare() {
+    let _ = catch_unwind(crate::fork::prepare);
+}
+
+unsafe extern "C" fn fork_parent() {
+    let _ = catch_unwind(crate::fork::parent);
+}
+
+unsafe extern "C" fn fork_child() {
+    let _ = catch_unwind(crate::fork::child);
+}
+
 /// Runs at the program's exit: the last report and summary line.
 #[used]
 #[link_section = ".fini_array"]

@@ -48,6 +48,7 @@
 #![allow(clippy::disallowed_methods)]
 
 mod ffi;
+mod fork;
 mod ledger;
 pub mod mode;
 pub mod protect;

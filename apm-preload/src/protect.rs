@@ -13,26 +13,27 @@
 //! program's `ibv_destroy_qp` takes too; afterwards the program's own control verbs
 //! and apm's moves serialise on the adopted QP's lock (`AdoptedQp::hold`).
 
+mod follow;
+
 use crate::ledger::{Drainer, Element, Event, Object};
 use crate::mode::{is_soft_roce, migration, srq_refusal, Facet, Migration};
 use crate::report;
 use apm_agent::client::{AgentClient, AgentPeer};
 use apm_agent::local::ip_of;
-use apm_agent::report::MovedBy;
-use apm_agent::wire::{FromAgent, Route};
+use apm_agent::wire::Route;
 use apm_core::{
-    Cause, ConnId, ConnSpec, Gid, Manager, ManagerHandle, NotificationKind, Path, PortKey, Qpn,
-    Role, Stack, StaticPaths,
+    ConnId, ConnSpec, Gid, Manager, ManagerHandle, Path, PortKey, Qpn, Role, Stack, StaticPaths,
 };
 use provider_rxe::adopt::DrainNote;
 use provider_rxe::{AdoptedQp, RxeConfig, RxeQpControl};
 use provider_verbs::ffi::{AsyncEventKind, Context, QpAttr, QpAttrMask, Verbs};
 use provider_verbs::VerbsQpControl;
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 /// The kind of a QP, as far as protection goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -156,6 +157,27 @@ struct Protector {
 
 static PROTECTOR: OnceLock<Result<Protector, String>> = OnceLock::new();
 
+/// Threads starting the process's apm now ([`protector`]): a fork waits for them, so
+/// that no child inherits a start half done.
+static STARTING: AtomicUsize = AtomicUsize::new(0);
+
+/// This process was forked (without exec) from one whose apm had started: the apm it
+/// inherited has no threads here, and is never touched ([`live`]).
+static FORKED_FROM_APM: AtomicBool = AtomicBool::new(false);
+
+/// Why a forked child's QPs are not protected (see [`FORKED_FROM_APM`]).
+const FORKED: &str = "the process was forked from one where apm runs, without exec: apm's \
+                      threads stayed in the parent (a program that execs after fork gets \
+                      an apm of its own)";
+
+/// This process's apm, if it started here (never the one a forked child inherited).
+fn live() -> Option<&'static Protector> {
+    if FORKED_FROM_APM.load(Ordering::Relaxed) {
+        return None;
+    }
+    PROTECTOR.get()?.as_ref().ok()
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Whole inserts and removes only: poisoned data is still consistent.
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -170,10 +192,31 @@ fn peer_port() -> u16 {
 }
 
 fn protector() -> Result<&'static Protector, &'static str> {
-    PROTECTOR
-        .get_or_init(Protector::start)
-        .as_ref()
-        .map_err(String::as_str)
+    if FORKED_FROM_APM.load(Ordering::Relaxed) {
+        return Err(FORKED);
+    }
+    STARTING.fetch_add(1, Ordering::SeqCst);
+    let p = PROTECTOR.get_or_init(Protector::start);
+    STARTING.fetch_sub(1, Ordering::SeqCst);
+    p.as_ref().map_err(String::as_str)
+}
+
+/// Before a fork: wait (a few seconds at most) for a start of apm in progress, and hold
+/// the locks of this module a forked child may take (see `crate::fork`).
+pub(crate) fn before_fork(held: &mut Vec<Box<dyn std::any::Any>>) {
+    let since = std::time::Instant::now();
+    while STARTING.load(Ordering::SeqCst) > 0 && since.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    held.push(Box::new(lock(rtr_only())));
+    held.push(Box::new(lock(own_apm())));
+}
+
+/// In a forked child (without exec): an apm that had started stays the parent's.
+pub(crate) fn in_forked_child() {
+    if PROTECTOR.get().is_some() {
+        FORKED_FROM_APM.store(true, Ordering::Relaxed);
+    }
 }
 
 impl Protector {
@@ -209,7 +252,7 @@ impl Protector {
             .recv_timeout(Duration::from_secs(5))
             .map_err(|_| "the apm agent did not accept the connection in time".to_owned())?
             .map_err(|e| e.to_string())?;
-        rt.spawn(dispatch(events));
+        rt.spawn(follow::dispatch(events));
         crate::tee::set_hook(Box::new(|_, ev| tee_event(ev)));
         Ok(Protector {
             rt,
@@ -230,7 +273,7 @@ impl Protector {
         let d = self.open(name).await.map(Arc::new);
         if let Ok(dev) = &d {
             lock(&self.started).push(dev.clone());
-            tokio::spawn(watch(dev.clone()));
+            tokio::spawn(follow::watch(dev.clone()));
         }
         devices.insert(name.to_owned(), d.clone());
         d
@@ -389,7 +432,7 @@ pub fn on_rts(seen: QpSeen) {
 /// fires): the caller then runs the verb itself, so that apm never holds a program's
 /// verb longer than that.
 pub fn with_held<R>(key: usize, f: impl FnOnce() -> R) -> Option<R> {
-    let p = PROTECTOR.get()?.as_ref().ok()?;
+    let p = live()?;
     let slot = lock(&p.slots).get(&key).cloned()?;
     let qp = match lock(&slot).adopted.as_ref().map(|a| &a.how) {
         Some(Moved::Software(qp)) => qp.clone(),
@@ -411,8 +454,8 @@ pub fn with_held<R>(key: usize, f: impl FnOnce() -> R) -> Option<R> {
 /// (`mode::wait_for_verbs`: after `release` none starts).
 pub fn destroyed(key: usize) {
     lock(own_apm()).remove(&key);
-    let in_use = PROTECTOR.get().and_then(|p| {
-        let slot = lock(&p.as_ref().ok()?.slots).get(&key).cloned()?;
+    let in_use = live().and_then(|p| {
+        let slot = lock(&p.slots).get(&key).cloned()?;
         let s = lock(&slot);
         match s.adopted.as_ref().map(|a| &a.how) {
             Some(Moved::Hardware(qp)) => Some(qp.clone()),
@@ -429,7 +472,7 @@ pub fn destroyed(key: usize) {
 /// for a move or an adoption in progress).
 pub fn release(key: usize, why: &str) {
     settle_rtr(key);
-    let Some(Ok(p)) = PROTECTOR.get() else { return };
+    let Some(p) = live() else { return };
     let Some(slot) = lock(&p.slots).remove(&key) else {
         return;
     };
@@ -675,7 +718,7 @@ fn tee_event(ev: Event) {
     let Element::Object(Object::Qp, addr) = ev.about() else {
         return;
     };
-    let Some(Ok(p)) = PROTECTOR.get() else { return };
+    let Some(p) = live() else { return };
     let Some(slot) = lock(&p.slots).get(&addr).cloned() else {
         return;
     };
@@ -712,127 +755,4 @@ fn route(
             paths: all.iter().map(|p| (p.sgid, p.dgid)).collect(),
         })
         .map_err(|e| e.to_string())
-}
-
-/// Follow one device's notifications into the report and the connections' primaries.
-async fn watch(dev: Arc<Device>) {
-    let mut notes = dev.handle.notifications();
-    loop {
-        let n = match notes.recv().await {
-            Ok(n) => n,
-            Err(tokio::sync::broadcast::error::RecvError::Lagged(k)) => {
-                warn!(k, "apm missed notifications");
-                continue;
-            }
-            Err(_) => return,
-        };
-        let Some(conn) = lock(&dev.conns).get(&n.conn).cloned() else {
-            continue;
-        };
-        match n.kind {
-            NotificationKind::Protected { .. } | NotificationKind::Rearmed { .. } => {
-                report::protected(conn.qpn, &dev.name, !conn.protected_once);
-                if let Some(c) = lock(&dev.conns).get_mut(&n.conn) {
-                    c.protected_once = true;
-                }
-            }
-            NotificationKind::Migrated { primary, cause, .. } => {
-                if let Some(c) = lock(&dev.conns).get_mut(&n.conn) {
-                    c.primary = primary;
-                }
-                let (took, by) = match &dev.facet {
-                    Facet::Software(f) => (
-                        f.adopted(n.conn)
-                            .and_then(|a| a.last_move())
-                            .map(|d| d.as_secs_f64() * 1000.0),
-                        MovedBy::Software,
-                    ),
-                    // The device moved it: no move of apm's to time.
-                    Facet::Hardware(_) => (None, MovedBy::Hardware),
-                };
-                report::failover(
-                    conn.qpn,
-                    &dev.name,
-                    took,
-                    primary.to_string(),
-                    by,
-                    cause.map(Cause::name),
-                );
-            }
-            NotificationKind::Unprotected { reason, .. } => {
-                debug!(qpn = conn.qpn, ?reason, "unprotected");
-                report::unprotected(conn.qpn, &dev.name);
-            }
-            NotificationKind::Lost { reason } => {
-                report::lost(conn.qpn, &dev.name, &format!("{reason:?}"));
-            }
-            _ => {}
-        }
-    }
-}
-
-/// What the agent sends: peer messages to the right engine, rail-down verdicts, its end.
-async fn dispatch(mut events: mpsc::UnboundedReceiver<FromAgent>) {
-    while let Some(ev) = events.recv().await {
-        let Some(Ok(p)) = PROTECTOR.get() else {
-            continue;
-        };
-        let devices: Vec<Arc<Device>> = lock(&p.started).clone();
-        match ev {
-            FromAgent::Peer { from, msg } => {
-                // Devices number their QPs alike: the whole identity decides.
-                let (local, remote) = apm_agent::wire::comm_ids(&msg);
-                let owner = devices.iter().find(|d| {
-                    lock(&d.conns)
-                        .values()
-                        .any(|c| c.owns(local, remote, &from.gid))
-                });
-                match owner {
-                    Some(d) => {
-                        d.peer.deliver(from, msg);
-                    }
-                    None => {
-                        debug!(local, remote, from = %from.gid, "peer message for no connection here")
-                    }
-                }
-            }
-            FromAgent::RailDown { gid } => {
-                for d in &devices {
-                    let hit: Vec<ConnId> = lock(&d.conns)
-                        .iter()
-                        .filter(|(_, c)| c.primary.sgid == gid || c.primary.dgid == gid)
-                        .map(|(id, _)| *id)
-                        .collect();
-                    for id in hit {
-                        info!(%id, %gid, "rail down under the primary: moving");
-                        let _ = d.handle.report_stall(id).await;
-                    }
-                }
-            }
-            FromAgent::Path { ends, verdict } => {
-                info!(local = %ends.local, remote = %ends.remote, verdict = verdict.name(),
-                    kind = verdict.failure().map(|k| k.name()), "the agent's probes: path");
-                for d in &devices {
-                    let _ = d.handle.path_health(ends, verdict);
-                }
-            }
-            // The client keeps the answers to its own requests.
-            FromAgent::Candidates { .. }
-            | FromAgent::Synced { .. }
-            | FromAgent::Watching { .. } => {}
-        }
-    }
-    // The agent went away: no peer messages any more. Connections run on unprotected.
-    report::note(
-        "the apm agent of this host went away: the program's connections run on unprotected",
-    );
-    if let Some(Ok(p)) = PROTECTOR.get() {
-        let devices = lock(&p.started).clone();
-        for d in devices {
-            let ids: Vec<ConnId> = lock(&d.conns).keys().copied().collect();
-            for id in ids {
-                let _ = d.handle.unprotect(id).await;
-            }
-        }
-    }
 }

@@ -22,23 +22,22 @@ struct State {
 static STATE: OnceLock<Mutex<State>> = OnceLock::new();
 
 fn state() -> &'static Mutex<State> {
-    STATE.get_or_init(|| {
-        let program = std::fs::read_to_string("/proc/self/comm")
-            .map(|s| s.trim().to_owned())
-            .unwrap_or_default();
-        Mutex::new(State {
-            report: ProcessReport {
-                pid: std::process::id(),
-                program,
-                started_unix_ms: unix_ms_now(),
-                ..ProcessReport::default()
-            },
-            said: BTreeSet::new(),
-            unprotected: BTreeMap::new(),
-            dir: std::env::var_os("APM_RUN_REPORT_DIR").map(PathBuf::from),
-            start: Instant::now(),
-        })
-    })
+    STATE.get_or_init(|| Mutex::new(State::new()))
+}
+
+/// Before a fork: hold the report's lock (see `crate::fork`).
+pub(crate) fn before_fork(held: &mut Vec<Box<dyn std::any::Any>>) {
+    if let Some(m) = STATE.get() {
+        held.push(Box::new(m.lock().unwrap_or_else(PoisonError::into_inner)));
+    }
+}
+
+/// In a forked child (without exec): a report of its own, under its own process id; the
+/// parent's stays the parent's.
+pub(crate) fn in_forked_child() {
+    if let Some(m) = STATE.get() {
+        *m.lock().unwrap_or_else(PoisonError::into_inner) = State::new();
+    }
 }
 
 /// The system clock now, in ms since the Unix epoch (0 if the clock is before it).
@@ -49,6 +48,25 @@ fn unix_ms_now() -> f64 {
 }
 
 impl State {
+    /// This process's report, empty.
+    fn new() -> State {
+        let program = std::fs::read_to_string("/proc/self/comm")
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default();
+        State {
+            report: ProcessReport {
+                pid: std::process::id(),
+                program,
+                started_unix_ms: unix_ms_now(),
+                ..ProcessReport::default()
+            },
+            said: BTreeSet::new(),
+            unprotected: BTreeMap::new(),
+            dir: std::env::var_os("APM_RUN_REPORT_DIR").map(PathBuf::from),
+            start: Instant::now(),
+        }
+    }
+
     /// The QP's unprotected time so far is counted; it is no longer unprotected.
     fn settle(&mut self, qpn: u32, device: &str) {
         if let Some(t) = self.unprotected.remove(&(device.to_owned(), qpn)) {

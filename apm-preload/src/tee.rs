@@ -122,6 +122,30 @@ pub fn attached(ctx: usize) -> bool {
     lock(&STATE).tees.contains_key(&ctx)
 }
 
+/// Before a fork: hold the tee's locks, so that no thread of apm's holds one in the
+/// child (see `crate::fork`).
+pub(crate) fn before_fork(held: &mut Vec<Box<dyn std::any::Any>>) {
+    held.push(Box::new(lock(&STATE)));
+    held.push(Box::new(lock(&THREADS)));
+}
+
+/// In a forked child (without exec): the tees, their threads (which the child does not
+/// have) and what they kept are the parent's; the child's own contexts get their own.
+pub(crate) fn in_forked_child() {
+    let tees = {
+        let mut state = lock(&STATE);
+        state.dying = Dying::new();
+        state.caused = Caused::new();
+        std::mem::take(&mut state.tees)
+    };
+    for tee in tees.values() {
+        // SAFETY: the child's copy of the tee's eventfd, which nothing here uses.
+        unsafe { libc::close(tee.stop) };
+    }
+    // Their threads do not exist here: nothing to join or detach.
+    std::mem::forget(std::mem::take(&mut *lock(&THREADS)));
+}
+
 /// `who` is about to take QP `qp` from RTS to SQD (its `SQ_DRAINED` is `who`'s).
 pub fn drain_asked(qp: usize, who: Drainer) {
     lock(&STATE).caused.drain(qp, who);
