@@ -14,7 +14,7 @@ use crate::tee;
 use provider_verbs::ffi::sys;
 use std::ffi::{c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 type ModifyFn = unsafe extern "C" fn(*mut sys::ibv_qp, *mut sys::ibv_qp_attr, c_int) -> c_int;
 type QueryFn = unsafe extern "C" fn(
@@ -31,15 +31,23 @@ type CloseFn = unsafe extern "C" fn(*mut sys::ibv_context) -> c_int;
 type GetEventFn = unsafe extern "C" fn(*mut sys::ibv_context, *mut sys::ibv_async_event) -> c_int;
 type AckFn = unsafe extern "C" fn(*mut sys::ibv_async_event);
 
-static MODIFY: OnceLock<Option<ModifyFn>> = OnceLock::new();
-static QUERY: OnceLock<Option<QueryFn>> = OnceLock::new();
-static DESTROY: OnceLock<Option<DestroyFn>> = OnceLock::new();
-static DESTROY_CQ: OnceLock<Option<DestroyCqFn>> = OnceLock::new();
-static DESTROY_SRQ: OnceLock<Option<DestroySrqFn>> = OnceLock::new();
-static OPEN: OnceLock<Option<OpenFn>> = OnceLock::new();
-static CLOSE: OnceLock<Option<CloseFn>> = OnceLock::new();
-static GET_EVENT: OnceLock<Option<GetEventFn>> = OnceLock::new();
-static ACK: OnceLock<Option<AckFn>> = OnceLock::new();
+static MODIFY: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static QUERY: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static DESTROY: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static DESTROY_CQ: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static DESTROY_SRQ: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static OPEN: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static CLOSE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static GET_EVENT: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static ACK: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The program called one of apm's verbs (for [`saw_verbs`]).
+static SAW: AtomicBool = AtomicBool::new(false);
+
+/// Whether any of the program's verbs reached apm.
+pub(crate) fn saw_verbs() -> bool {
+    SAW.load(Ordering::Relaxed)
+}
 
 /// The real `name` of libibverbs (symbol version `IBVERBS_1.1`, the one programs link).
 fn real(name: &CStr) -> Option<*mut c_void> {
@@ -68,15 +76,45 @@ fn real(name: &CStr) -> Option<*mut c_void> {
     (!p.is_null()).then_some(p)
 }
 
-/// The real function behind `$cell` (looked up once): libibverbs' `$name`.
+/// libibverbs' `name` behind `cell`, looked up until found: a lookup before the program
+/// has loaded libibverbs finds nothing, and that is not remembered.
+fn real_ptr(cell: &AtomicPtr<c_void>, name: &CStr) -> *mut c_void {
+    let p = cell.load(Ordering::Acquire);
+    if !p.is_null() {
+        return p;
+    }
+    let p = real(name).unwrap_or(std::ptr::null_mut());
+    cell.store(p, Ordering::Release);
+    p
+}
+
+/// The real function behind `$cell`: libibverbs' `$name`, as a `$ty`.
 macro_rules! resolve {
-    ($cell:ident, $name:literal, $ty:ty) => {
-        *$cell.get_or_init(|| {
-            // SAFETY: the symbol is libibverbs' own function of that name, whose C
-            // signature `$ty` is (rdma-core's verbs.h, as bindgen took it).
-            real($name).map(|p| unsafe { std::mem::transmute::<*mut c_void, $ty>(p) })
-        })
+    ($cell:ident, $name:literal, $ty:ty) => {{
+        SAW.store(true, Ordering::Relaxed);
+        let p = real_ptr(&$cell, $name);
+        // SAFETY: the symbol is libibverbs' own function of that name, whose C
+        // signature `$ty` is (rdma-core's verbs.h, as bindgen took it).
+        (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, $ty>(p) })
+    }};
+}
+
+/// apm's own function for libibverbs' `name` when `found` is libibverbs' (the very one
+/// apm calls as the real one), for a program that binds its verbs with `dlsym` or
+/// `dlvsym` ([`crate::loader`]).
+pub(crate) fn interposed(name: &CStr, found: *mut c_void) -> Option<*mut c_void> {
+    let (cell, ours): (&AtomicPtr<c_void>, usize) = match name.to_bytes() {
+        b"ibv_modify_qp" => (&MODIFY, ibv_modify_qp as *const () as usize),
+        b"ibv_query_qp" => (&QUERY, ibv_query_qp as *const () as usize),
+        b"ibv_destroy_qp" => (&DESTROY, ibv_destroy_qp as *const () as usize),
+        b"ibv_destroy_cq" => (&DESTROY_CQ, ibv_destroy_cq as *const () as usize),
+        b"ibv_destroy_srq" => (&DESTROY_SRQ, ibv_destroy_srq as *const () as usize),
+        b"ibv_open_device" => (&OPEN, ibv_open_device as *const () as usize),
+        b"ibv_close_device" => (&CLOSE, ibv_close_device as *const () as usize),
+        b"ibv_get_async_event" => (&GET_EVENT, ibv_get_async_event as *const () as usize),
+        _ => return None,
     };
+    (real_ptr(cell, name) == found).then_some(ours as *mut c_void)
 }
 
 /// Run apm's part; a panic in it is apm's failure alone and is reported, not unwound.
@@ -392,6 +430,8 @@ pub(crate) fn adopt(
 static AT_LOAD: extern "C" fn() = at_load;
 
 extern "C" fn at_load() {
+    // The real dlsym and dlvsym, before the program's first lookup (crate::loader).
+    let _ = catch_unwind(crate::loader::find_real);
     // SAFETY: three handlers of the C signature, each catching its own panics.
     unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
 }

@@ -503,11 +503,14 @@ pub fn internal_failure(what: &str) {
     ));
 }
 
-/// At the program's exit.
+/// At the program's exit (and a program apm could not see is told so).
 pub fn at_exit() {
     let left: Vec<usize> = lock(rtr_only()).keys().copied().collect();
     for key in left {
         settle_rtr(key);
+    }
+    if let Some(why) = crate::loader::unseen_reason(crate::ffi::saw_verbs()) {
+        report::not_seen(&why);
     }
     report::finish();
 }

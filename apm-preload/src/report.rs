@@ -209,13 +209,21 @@ pub fn note(line: &str) {
     });
 }
 
+/// apm saw none of the process's verbs though it holds an RDMA device: why (said once).
+pub fn not_seen(why: &str) {
+    with(|s| {
+        say_once(s, why, why);
+        s.report.not_seen = Some(why.to_owned());
+    });
+}
+
 /// At exit: the last write; without `apm run`, a summary line of this process.
 pub fn finish() {
     // A program that never moved a QP to RTS has no report: nothing to do.
     let Some(s) = STATE.get() else { return };
     let s = s.lock().unwrap_or_else(PoisonError::into_inner);
     write(&s);
-    if s.dir.is_none() && s.report.qps_seen > 0 {
+    if s.dir.is_none() && (s.report.qps_seen > 0 || s.report.not_seen.is_some()) {
         let run = apm_agent::report::RunReport {
             exit_status: 0,
             processes: vec![s.report.clone()],
