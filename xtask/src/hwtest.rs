@@ -169,18 +169,23 @@ fn in_vm(
                 ("APM_BIN".to_owned(), "/mnt/apm".to_owned()),
                 // apm-capi's C example (its own RC QPs handed to apm), shipped likewise.
                 ("APM_C_EXAMPLE".to_owned(), "/mnt/rc_rxe".to_owned()),
+                // apm-preload's own verbs program, as NCCL loads libibverbs and linked.
+                ("APM_SHIM_PROGRAM".to_owned(), "/mnt/rc_dlopen".to_owned()),
+                ("APM_SHIM_LINKED".to_owned(), "/mnt/rc_linked".to_owned()),
             ],
             {
                 let apm = build_apm()?;
                 // `apm run`'s interposition library, found beside the binary.
                 let preload = build_preload(&apm)?;
-                vec![
+                let mut bins = vec![
                     fixed_name(&build_suite()?, &vm_dir, "hw")?,
                     apm,
                     preload,
                     crate::capi::build_c_example()?,
                     crate::kernel::build_test(&vm_dir)?,
-                ]
+                ];
+                bins.extend(build_shim_programs(&vm_dir)?);
+                bins
             },
         ),
     };
@@ -231,6 +236,33 @@ fn in_vm(
         Some(c) => bail!("hwtest --vm: the run in the VM failed with exit code {c}"),
         None => bail!("hwtest --vm: the VM powered off without reporting an exit code"),
     }
+}
+
+/// Build apm-preload's own verbs program (`apm-preload/tests/c/rc_dlopen.c`) twice under
+/// `vm_dir`: as NCCL loads libibverbs (`rc_dlopen`: dlopen and dlvsym, no link to it) and
+/// linked to it (`rc_linked`). The first must not link libibverbs: the link fails if it
+/// uses a verb it did not bind.
+fn build_shim_programs(vm_dir: &std::path::Path) -> Result<Vec<PathBuf>> {
+    let dir = vm_dir.join("suite");
+    std::fs::create_dir_all(&dir)?;
+    let source = crate::util::workspace_root().join("apm-preload/tests/c/rc_dlopen.c");
+    let mut out = Vec::new();
+    for (name, how) in [
+        ("rc_dlopen", &["-ldl"][..]),
+        ("rc_linked", &["-DAPM_LINKED", "-libverbs"][..]),
+    ] {
+        let exe = dir.join(name);
+        let status = Command::new("gcc")
+            .args(["-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", "-o"])
+            .arg(&exe)
+            .arg(&source)
+            .args(how)
+            .arg("-lpthread")
+            .status();
+        crate::util::check_status(status, &format!("building {name} from rc_dlopen.c"))?;
+        out.push(exe);
+    }
+    Ok(out)
 }
 
 /// The guest script that runs the suite's two phases (see `vmsuite`), written under
