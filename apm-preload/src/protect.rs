@@ -15,6 +15,7 @@
 
 mod follow;
 
+use crate::fork::{self, Mine, PerProcess};
 use crate::ledger::{Drainer, Element, Event, Object};
 use crate::mode::{is_soft_roce, migration, srq_refusal, Facet, Migration};
 use crate::report;
@@ -28,7 +29,7 @@ use provider_rxe::adopt::DrainNote;
 use provider_rxe::{AdoptedQp, RxeConfig, RxeQpControl};
 use provider_verbs::ffi::{AsyncEventKind, Context, QpAttr, QpAttrMask, Verbs};
 use provider_verbs::VerbsQpControl;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
@@ -89,14 +90,16 @@ enum Moved {
 
 /// QPs whose program loads alternate paths or sets their migration state itself: apm
 /// leaves them to it.
-fn own_apm() -> &'static Mutex<std::collections::BTreeSet<usize>> {
-    static OWN: OnceLock<Mutex<std::collections::BTreeSet<usize>>> = OnceLock::new();
-    OWN.get_or_init(Mutex::default)
+static OWN_APM_QPS: Mutex<PerProcess<BTreeSet<usize>>> =
+    Mutex::new(PerProcess::new(BTreeSet::new()));
+
+fn own_apm() -> Mine<BTreeSet<usize>> {
+    fork::lock(&OWN_APM_QPS, BTreeSet::new)
 }
 
 /// The program itself set `IBV_QP_ALT_PATH` or `IBV_QP_PATH_MIG_STATE` on QP `key`.
 pub fn manages_apm(key: usize) {
-    lock(own_apm()).insert(key);
+    own_apm().insert(key);
 }
 
 /// Why a QP whose program does its own APM is not protected.
@@ -201,15 +204,23 @@ fn protector() -> Result<&'static Protector, &'static str> {
     p.as_ref().map_err(String::as_str)
 }
 
+/// This module's locks a forked child may take, held across a fork.
+pub(crate) struct ForkHold {
+    _rtr_only: std::sync::MutexGuard<'static, PerProcess<BTreeMap<usize, QpSeen>>>,
+    _own_apm: std::sync::MutexGuard<'static, PerProcess<BTreeSet<usize>>>,
+}
+
 /// Before a fork: wait (a few seconds at most) for a start of apm in progress, and hold
 /// the locks of this module a forked child may take (see `crate::fork`).
-pub(crate) fn before_fork(held: &mut Vec<Box<dyn std::any::Any>>) {
+pub(crate) fn before_fork() -> ForkHold {
     let since = std::time::Instant::now();
     while STARTING.load(Ordering::SeqCst) > 0 && since.elapsed() < Duration::from_secs(10) {
         std::thread::sleep(Duration::from_millis(1));
     }
-    held.push(Box::new(lock(rtr_only())));
-    held.push(Box::new(lock(own_apm())));
+    ForkHold {
+        _rtr_only: fork::hold(&RTR_ONLY_QPS),
+        _own_apm: fork::hold(&OWN_APM_QPS),
+    }
 }
 
 /// In a forked child (without exec): an apm that had started stays the parent's.
@@ -354,9 +365,11 @@ impl Protector {
 /// APM arms a QP only in RTS: REARM is an RTS state, so the device drops its peer's
 /// packets on the other path), so it is reported unprotected when the program lets go
 /// of it. Kept without starting apm's threads.
-fn rtr_only() -> &'static Mutex<BTreeMap<usize, QpSeen>> {
-    static RTR: OnceLock<Mutex<BTreeMap<usize, QpSeen>>> = OnceLock::new();
-    RTR.get_or_init(Mutex::default)
+static RTR_ONLY_QPS: Mutex<PerProcess<BTreeMap<usize, QpSeen>>> =
+    Mutex::new(PerProcess::new(BTreeMap::new()));
+
+fn rtr_only() -> Mine<BTreeMap<usize, QpSeen>> {
+    fork::lock(&RTR_ONLY_QPS, BTreeMap::new)
 }
 
 /// Why a QP left in RTR is not protected.
@@ -366,14 +379,14 @@ const RTR_ONLY: &str = "it never left RTR (receive only): a path moves, or is ar
 /// An RC QP reached RTR.
 pub fn on_rtr(seen: QpSeen) {
     if seen.kind == QpKind::Rc {
-        lock(rtr_only()).insert(seen.key, seen);
+        rtr_only().insert(seen.key, seen);
     }
 }
 
 /// A QP in RTR that never reached RTS is gone (or the program ends): say why it was
 /// not protected.
 fn settle_rtr(key: usize) {
-    if let Some(seen) = lock(rtr_only()).remove(&key) {
+    if let Some(seen) = rtr_only().remove(&key) {
         report::seen();
         report::refused(seen.qpn, &seen.device, RTR_ONLY);
     }
@@ -381,9 +394,9 @@ fn settle_rtr(key: usize) {
 
 /// An RC QP reached RTS: protect it if it can be, else say why.
 pub fn on_rts(seen: QpSeen) {
-    lock(rtr_only()).remove(&seen.key);
+    rtr_only().remove(&seen.key);
     let reason = match seen.kind {
-        QpKind::Rc if lock(own_apm()).contains(&seen.key) => Some(OWN_APM),
+        QpKind::Rc if own_apm().contains(&seen.key) => Some(OWN_APM),
         QpKind::Rc => None,
         QpKind::Ud => Some("a UD QP (apm protects RC connections)"),
         QpKind::Uc => Some("a UC QP (apm protects RC connections)"),
@@ -453,7 +466,7 @@ pub fn with_held<R>(key: usize, f: impl FnOnce() -> R) -> Option<R> {
 /// The program destroys QP `key`; under hardware APM once no verb of apm's runs on it
 /// (`mode::wait_for_verbs`: after `release` none starts).
 pub fn destroyed(key: usize) {
-    lock(own_apm()).remove(&key);
+    own_apm().remove(&key);
     let in_use = live().and_then(|p| {
         let slot = lock(&p.slots).get(&key).cloned()?;
         let s = lock(&slot);
@@ -505,7 +518,7 @@ pub fn internal_failure(what: &str) {
 
 /// At the program's exit (and a program apm could not see is told so).
 pub fn at_exit() {
-    let left: Vec<usize> = lock(rtr_only()).keys().copied().collect();
+    let left: Vec<usize> = rtr_only().keys().copied().collect();
     for key in left {
         settle_rtr(key);
     }

@@ -9,6 +9,8 @@ use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
+use crate::fork::PerProcess;
+
 struct State {
     report: ProcessReport,
     said: BTreeSet<String>,
@@ -19,24 +21,23 @@ struct State {
     start: Instant,
 }
 
-static STATE: OnceLock<Mutex<State>> = OnceLock::new();
+static STATE: OnceLock<Mutex<PerProcess<State>>> = OnceLock::new();
 
-fn state() -> &'static Mutex<State> {
-    STATE.get_or_init(|| Mutex::new(State::new()))
+fn state() -> &'static Mutex<PerProcess<State>> {
+    STATE.get_or_init(|| Mutex::new(PerProcess::new(State::new())))
 }
 
-/// Before a fork: hold the report's lock (see `crate::fork`).
-pub(crate) fn before_fork(held: &mut Vec<Box<dyn std::any::Any>>) {
-    if let Some(m) = STATE.get() {
-        held.push(Box::new(m.lock().unwrap_or_else(PoisonError::into_inner)));
-    }
+/// The report's lock, held across a fork (see `crate::fork`).
+pub(crate) struct ForkHold {
+    _state: Option<std::sync::MutexGuard<'static, PerProcess<State>>>,
 }
 
-/// In a forked child (without exec): a report of its own, under its own process id; the
-/// parent's stays the parent's.
-pub(crate) fn in_forked_child() {
-    if let Some(m) = STATE.get() {
-        *m.lock().unwrap_or_else(PoisonError::into_inner) = State::new();
+/// Before a fork: hold the report's lock, if there is a report.
+pub(crate) fn before_fork() -> ForkHold {
+    ForkHold {
+        _state: STATE
+            .get()
+            .map(|m| m.lock().unwrap_or_else(PoisonError::into_inner)),
     }
 }
 
@@ -76,10 +77,12 @@ impl State {
 }
 
 fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
-    // Whole updates only: a poisoned report is still consistent.
-    let mut s = state().lock().unwrap_or_else(PoisonError::into_inner);
-    let r = f(&mut s);
-    write(&s);
+    // Whole updates only: a poisoned report is still consistent. A forked child's
+    // report starts empty, under its own process id.
+    let mut g = state().lock().unwrap_or_else(PoisonError::into_inner);
+    let s = g.get(State::new);
+    let r = f(s);
+    write(s);
     r
 }
 
@@ -221,8 +224,13 @@ pub fn not_seen(why: &str) {
 pub fn finish() {
     // A program that never moved a QP to RTS has no report: nothing to do.
     let Some(s) = STATE.get() else { return };
-    let s = s.lock().unwrap_or_else(PoisonError::into_inner);
-    write(&s);
+    let mut g = s.lock().unwrap_or_else(PoisonError::into_inner);
+    if g.stale() {
+        // A forked child that never used apm: the report is the parent's.
+        return;
+    }
+    let s = g.get(State::new);
+    write(s);
     if s.dir.is_none() && (s.report.qps_seen > 0 || s.report.not_seen.is_some()) {
         let run = apm_agent::report::RunReport {
             exit_status: 0,

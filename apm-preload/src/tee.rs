@@ -40,13 +40,14 @@
 // comment.
 #![allow(unsafe_code)]
 
+use crate::fork::{self, Mine, PerProcess};
 use crate::ledger::{object_of, Caused, Drainer, Dying, Element, Event, Held, Object};
 use provider_verbs::ffi::sys;
 use std::collections::BTreeMap;
 use std::ffi::c_int;
 use std::os::fd::RawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// How long an event waits for the program to read it before apm takes it (a program
 /// polling the fd reads within microseconds; apm's re-arm after a migration can wait
@@ -91,17 +92,30 @@ struct State {
     caused: Caused,
 }
 
-static STATE: Mutex<State> = Mutex::new(State {
-    tees: BTreeMap::new(),
-    dying: Dying::new(),
-    caused: Caused::new(),
-});
-static THREADS: Mutex<BTreeMap<usize, std::thread::JoinHandle<()>>> = Mutex::new(BTreeMap::new());
+impl State {
+    const fn new() -> State {
+        State {
+            tees: BTreeMap::new(),
+            dying: Dying::new(),
+            caused: Caused::new(),
+        }
+    }
+}
+
+type Threads = BTreeMap<usize, std::thread::JoinHandle<()>>;
+
+/// The tees of this process (a forked child's start empty: the parent's threads are
+/// not in it).
+static STATE: Mutex<PerProcess<State>> = Mutex::new(PerProcess::new(State::new()));
+static THREADS: Mutex<PerProcess<Threads>> = Mutex::new(PerProcess::new(BTreeMap::new()));
 static HOOK: OnceLock<Hook> = OnceLock::new();
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Whole updates only: a poisoned map is still consistent.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+fn state() -> Mine<State> {
+    fork::lock(&STATE, State::new)
+}
+
+fn threads() -> Mine<Threads> {
+    fork::lock(&THREADS, BTreeMap::new)
 }
 
 /// Give apm the program's events (once per process; later calls are ignored).
@@ -119,51 +133,42 @@ fn hand_over(ctx: usize, events: impl IntoIterator<Item = Event>) {
 
 /// Whether `ctx` has a tee (its QPs' events reach apm).
 pub fn attached(ctx: usize) -> bool {
-    lock(&STATE).tees.contains_key(&ctx)
+    state().tees.contains_key(&ctx)
+}
+
+/// The tee's locks, held across a fork (see `crate::fork`).
+pub(crate) struct ForkHold {
+    _state: MutexGuard<'static, PerProcess<State>>,
+    _threads: MutexGuard<'static, PerProcess<Threads>>,
 }
 
 /// Before a fork: hold the tee's locks, so that no thread of apm's holds one in the
-/// child (see `crate::fork`).
-pub(crate) fn before_fork(held: &mut Vec<Box<dyn std::any::Any>>) {
-    held.push(Box::new(lock(&STATE)));
-    held.push(Box::new(lock(&THREADS)));
-}
-
-/// In a forked child (without exec): the tees, their threads (which the child does not
-/// have) and what they kept are the parent's; the child's own contexts get their own.
-pub(crate) fn in_forked_child() {
-    let tees = {
-        let mut state = lock(&STATE);
-        state.dying = Dying::new();
-        state.caused = Caused::new();
-        std::mem::take(&mut state.tees)
-    };
-    for tee in tees.values() {
-        // SAFETY: the child's copy of the tee's eventfd, which nothing here uses.
-        unsafe { libc::close(tee.stop) };
+/// child.
+pub(crate) fn before_fork() -> ForkHold {
+    ForkHold {
+        _state: fork::hold(&STATE),
+        _threads: fork::hold(&THREADS),
     }
-    // Their threads do not exist here: nothing to join or detach.
-    std::mem::forget(std::mem::take(&mut *lock(&THREADS)));
 }
 
 /// `who` is about to take QP `qp` from RTS to SQD (its `SQ_DRAINED` is `who`'s).
 pub fn drain_asked(qp: usize, who: Drainer) {
-    lock(&STATE).caused.drain(qp, who);
+    state().caused.drain(qp, who);
 }
 
 /// `who`'s last drain of QP `qp` will raise nothing.
 pub fn drain_withdrawn(qp: usize, who: Drainer) {
-    lock(&STATE).caused.withdraw(qp, who);
+    state().caused.withdraw(qp, who);
 }
 
 /// apm loads QP `qp`'s alternate paths (its path migration events are apm's).
 pub fn armed_by_apm(qp: usize) {
-    lock(&STATE).caused.arm(qp);
+    state().caused.arm(qp);
 }
 
 /// QP `qp` was reset by the program: what apm did to it before is over.
 pub fn starts_over(qp: usize) {
-    lock(&STATE).caused.forget(qp);
+    state().caused.forget(qp);
 }
 
 /// Put a tee on `ctx`, just opened by the program. On failure nothing changed and the
@@ -180,7 +185,7 @@ pub unsafe fn attach(ctx: *mut sys::ibv_context) -> Result<(), String> {
         return Err(format!("eventfd: {}", std::io::Error::last_os_error()));
     }
     let at = ctx as usize;
-    lock(&STATE).tees.insert(
+    state().tees.insert(
         at,
         Tee {
             async_fd,
@@ -194,11 +199,11 @@ pub unsafe fn attach(ctx: *mut sys::ibv_context) -> Result<(), String> {
         .spawn(move || pump(at, async_fd, stop));
     match thread {
         Ok(t) => {
-            lock(&THREADS).insert(at, t);
+            threads().insert(at, t);
             Ok(())
         }
         Err(e) => {
-            lock(&STATE).tees.remove(&at);
+            state().tees.remove(&at);
             // SAFETY: our own eventfd, used by nobody else.
             unsafe { libc::close(stop) };
             Err(format!("cannot start apm's event thread: {e}"))
@@ -209,14 +214,14 @@ pub unsafe fn attach(ctx: *mut sys::ibv_context) -> Result<(), String> {
 /// Take the tee off `ctx` before the program's real `ibv_close_device`. Events kept for
 /// the program vanish with the context, as unread ones do without apm.
 pub fn detach(ctx: usize) {
-    let Some(tee) = lock(&STATE).tees.remove(&ctx) else {
+    let Some(tee) = state().tees.remove(&ctx) else {
         return;
     };
     let one: u64 = 1;
     // SAFETY: writing 8 bytes to our eventfd.
     unsafe { libc::write(tee.stop, (&one as *const u64).cast(), 8) };
     // The pump never blocks but in poll, which the eventfd ends.
-    if let Some(t) = lock(&THREADS).remove(&ctx) {
+    if let Some(t) = threads().remove(&ctx) {
         let _ = t.join();
     }
     // SAFETY: our own eventfd; the pump is gone.
@@ -266,7 +271,7 @@ fn pump(ctx: usize, async_fd: RawFd, stop: RawFd) {
             return;
         }
         let taken = {
-            let mut state = lock(&STATE);
+            let mut state = state();
             let State {
                 tees,
                 dying,
@@ -393,7 +398,7 @@ pub unsafe fn get_event(
     real: unsafe extern "C" fn(*mut sys::ibv_context, *mut sys::ibv_async_event) -> c_int,
 ) -> c_int {
     let kept = {
-        let mut state = lock(&STATE);
+        let mut state = state();
         match state.tees.get_mut(&(ctx as usize)) {
             Some(tee) => {
                 tee.reader = true;
@@ -435,7 +440,7 @@ pub unsafe fn get_event(
             }
         };
         hand_over(ctx as usize, [ev]);
-        if !lock(&STATE).caused.is_apms(&ev) {
+        if !state().caused.is_apms(&ev) {
             return 0;
         }
         // libibverbs counted it as read: acked as the program would have, then the
@@ -453,7 +458,7 @@ pub unsafe fn get_event(
 /// and those read during the destroy are acked as they come.
 pub fn destroy(addr: usize, real: impl FnOnce() -> c_int) -> c_int {
     let gone = {
-        let mut state = lock(&STATE);
+        let mut state = state();
         state.caused.forget(addr);
         if state.tees.is_empty() {
             drop(state);
@@ -470,6 +475,37 @@ pub fn destroy(addr: usize, real: impl FnOnce() -> c_int) -> c_int {
         ack_for_program(ev.about());
     }
     let rc = real();
-    lock(&STATE).dying.end(addr);
+    state().dying.end(addr);
     rc
+}
+
+#[cfg(test)]
+mod fork_tests {
+    use super::*;
+
+    #[test]
+    fn a_forked_child_drops_the_parents_tees() {
+        let mut fds = [0; 2];
+        // SAFETY: a pipe for the fake context's async fd.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: a zeroed context is a valid value of the plain C struct.
+        let mut ctx: sys::ibv_context = unsafe { std::mem::zeroed() };
+        ctx.async_fd = fds[0];
+        // SAFETY: the context lives for the test.
+        unsafe { attach(&mut ctx) }.expect("attach");
+        // SAFETY: fork (the library's own handlers run around it, registered when it
+        // was loaded); the child reads one map and exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let n = state().tees.len();
+            // SAFETY: leaving the child at once.
+            unsafe { libc::_exit(n as i32) };
+        }
+        let mut status = 0;
+        // SAFETY: our child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        detach(&mut ctx as *mut _ as usize);
+        assert!(libc::WIFEXITED(status), "status {status:#x}");
+        assert_eq!(libc::WEXITSTATUS(status), 0);
+    }
 }

@@ -158,36 +158,7 @@ fn in_vm(
             };
             (which(first)?, rest.to_vec(), Vec::new(), Vec::new())
         }
-        None => (
-            suite_script(&vm_dir, &modules.key, patched, filter)?,
-            Vec::new(),
-            vec![
-                ("APM_HWTEST".to_owned(), "1".to_owned()),
-                // The devices in the VM are the suite's own: it may take links down.
-                ("APM_HWTEST_LINK_TOGGLE".to_owned(), "1".to_owned()),
-                // The failover tests drive `apm pingpong`, shipped next to the suite.
-                ("APM_BIN".to_owned(), "/mnt/apm".to_owned()),
-                // apm-capi's C example (its own RC QPs handed to apm), shipped likewise.
-                ("APM_C_EXAMPLE".to_owned(), "/mnt/rc_rxe".to_owned()),
-                // apm-preload's own verbs program, as NCCL loads libibverbs and linked.
-                ("APM_SHIM_PROGRAM".to_owned(), "/mnt/rc_dlopen".to_owned()),
-                ("APM_SHIM_LINKED".to_owned(), "/mnt/rc_linked".to_owned()),
-            ],
-            {
-                let apm = build_apm()?;
-                // `apm run`'s interposition library, found beside the binary.
-                let preload = build_preload(&apm)?;
-                let mut bins = vec![
-                    fixed_name(&build_suite()?, &vm_dir, "hw")?,
-                    apm,
-                    preload,
-                    crate::capi::build_c_example()?,
-                    crate::kernel::build_test(&vm_dir)?,
-                ];
-                bins.extend(build_shim_programs(&vm_dir)?);
-                bins
-            },
-        ),
+        None => suite_run(&vm_dir, &modules.key, patched, filter)?,
     };
     let env = env.into_iter().chain(more_env).collect();
     let spec = vm::RunSpec {
@@ -263,6 +234,48 @@ fn build_shim_programs(vm_dir: &std::path::Path) -> Result<Vec<PathBuf>> {
         out.push(exe);
     }
     Ok(out)
+}
+
+/// What the VM runs for the suite: the guest script, no arguments, the suite's
+/// environment and every binary it uses (built here, shipped on the share).
+type SuiteRun = (PathBuf, Vec<String>, Vec<(String, String)>, Vec<PathBuf>);
+
+fn suite_run(
+    vm_dir: &std::path::Path,
+    modules_key: &str,
+    patched: bool,
+    filter: &[String],
+) -> Result<SuiteRun> {
+    let env = [
+        ("APM_HWTEST", "1"),
+        // The devices in the VM are the suite's own: it may take links down.
+        ("APM_HWTEST_LINK_TOGGLE", "1"),
+        // The failover tests drive `apm pingpong`, shipped next to the suite.
+        ("APM_BIN", "/mnt/apm"),
+        // apm-capi's C example (its own RC QPs handed to apm), shipped likewise.
+        ("APM_C_EXAMPLE", "/mnt/rc_rxe"),
+        // apm-preload's own verbs program, as NCCL loads libibverbs and linked.
+        ("APM_SHIM_PROGRAM", "/mnt/rc_dlopen"),
+        ("APM_SHIM_LINKED", "/mnt/rc_linked"),
+    ]
+    .map(|(k, v)| (k.to_owned(), v.to_owned()));
+    let apm = build_apm()?;
+    // `apm run`'s interposition library, found beside the binary.
+    let preload = build_preload(&apm)?;
+    let mut bins = vec![
+        fixed_name(&build_suite()?, vm_dir, "hw")?,
+        apm,
+        preload,
+        crate::capi::build_c_example()?,
+        crate::kernel::build_test(vm_dir)?,
+    ];
+    bins.extend(build_shim_programs(vm_dir)?);
+    Ok((
+        suite_script(vm_dir, modules_key, patched, filter)?,
+        Vec::new(),
+        env.to_vec(),
+        bins,
+    ))
 }
 
 /// The guest script that runs the suite's two phases (see `vmsuite`), written under

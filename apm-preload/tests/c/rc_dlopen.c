@@ -34,11 +34,13 @@
 #include <arpa/inet.h>
 #include <dlfcn.h>
 #include <errno.h>
+#include <execinfo.h>
 #include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -52,6 +54,9 @@
 #define MAX_CONNS 16
 #define MSG 64
 #define STOP UINT64_MAX
+/* One page: a receive and a send slot per connection. */
+#define BUF_BYTES 4096
+_Static_assert(2 * MAX_CONNS * MSG <= BUF_BYTES, "the slots fit in the buffer");
 
 /* The verbs this program uses that are not static inline in verbs.h. */
 static struct {
@@ -192,10 +197,13 @@ static void open_dev(struct dev *d, const char *name, int gidx)
 		die("cannot open %s", name);
 	d->pd = v.alloc_pd(d->ctx);
 	d->cq = v.create_cq(d->ctx, 4 * MAX_CONNS, NULL, NULL, 0);
-	d->buf = calloc(2 * MAX_CONNS, MSG);
-	if (!d->pd || !d->cq || !d->buf)
+	/* Whole pages of its own: after ibv_fork_init a child does not have the pages of
+	 * registered memory, nor anything else that shared them. */
+	void *buf = NULL;
+	if (!d->pd || !d->cq || posix_memalign(&buf, BUF_BYTES, BUF_BYTES))
 		die("cannot set %s up", name);
-	d->mr = v.reg_mr(d->pd, d->buf, 2 * MAX_CONNS * MSG, IBV_ACCESS_LOCAL_WRITE);
+	d->buf = memset(buf, 0, BUF_BYTES);
+	d->mr = v.reg_mr(d->pd, d->buf, BUF_BYTES, IBV_ACCESS_LOCAL_WRITE);
 	if (!d->mr || v.query_gid(d->ctx, 1, gidx, &d->gid))
 		die("no MR or GID %d on %s", gidx, name);
 	d->gidx = gidx;
@@ -617,9 +625,25 @@ static void parse(int argc, char **argv, struct opts *o)
 		o->events = "late";
 }
 
+/* A crash says where (the test shows these lines when a process fails). */
+static void crashed(int sig)
+{
+	void *frames[32];
+	int n = backtrace(frames, 32);
+	char line[64];
+	int len = snprintf(line, sizeof line, "rc_dlopen: crash: signal %d in pid %d\n", sig,
+			   (int)getpid());
+	if (write(2, line, len) < 0 || n <= 0)
+		_exit(128 + sig);
+	backtrace_symbols_fd(frames, n, 2);
+	_exit(128 + sig);
+}
+
 int main(int argc, char **argv)
 {
 	struct opts o;
+	signal(SIGSEGV, crashed);
+	signal(SIGBUS, crashed);
 	parse(argc, argv, &o);
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	if (o.loopback < 0) {
