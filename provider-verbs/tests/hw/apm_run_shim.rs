@@ -289,6 +289,7 @@ fn shim_a_program_that_dlopens_libibverbs_is_kept_across_a_silent_cut() {
         assert!(failovers(r) >= 1, "moved off the cut rail: {r}");
     }
     assert_own_drain_only(&ended);
+    let unseen = Instant::now();
     let out = Command::new(&apm)
         .args([
             "run",
@@ -300,6 +301,7 @@ fn shim_a_program_that_dlopens_libibverbs_is_kept_across_a_silent_cut() {
         ])
         .output()
         .expect("apm run");
+    let unseen = unseen.elapsed();
     let summary = String::from_utf8_lossy(&out.stderr);
     let report: Value =
         serde_json::from_str(&std::fs::read_to_string("/tmp/shim-unseen.json").unwrap_or_default())
@@ -313,8 +315,9 @@ fn shim_a_program_that_dlopens_libibverbs_is_kept_across_a_silent_cut() {
     );
     println!(
         "shim dlopen: kept across the cut, protected, {} failovers, no SQ_DRAINED of \
-         apm's for its early reader; a program apm cannot see: {}; {:.1} s",
+         apm's for its early reader; a program apm cannot see ({:.1} s): {}; {:.1} s",
         failovers(&ended.reports[1]),
+        unseen.as_secs_f64(),
         why.unwrap_or_default(),
         t0.elapsed().as_secs_f64()
     );
