@@ -456,17 +456,19 @@ pub unsafe fn get_event(
 /// The program destroys the object at `addr` with `real` (its `ibv_destroy_*`): events
 /// about it that apm keeps for the program are removed and acked on its behalf first,
 /// and those read during the destroy are acked as they come.
+/// What apm caused of the object is forgotten after it (its address may be reused).
 pub fn destroy(addr: usize, real: impl FnOnce() -> c_int) -> c_int {
     let gone = {
-        let mut state = state();
-        state.caused.forget(addr);
-        if state.tees.is_empty() {
-            drop(state);
-            return real();
+        let mut s = state();
+        if s.tees.is_empty() {
+            drop(s);
+            let rc = real();
+            state().caused.forget(addr);
+            return rc;
         }
-        state.dying.begin(addr);
+        s.dying.begin(addr);
         let mut gone = Vec::new();
-        for tee in state.tees.values_mut() {
+        for tee in s.tees.values_mut() {
             gone.extend(tee.held.purge(addr));
         }
         gone
@@ -475,7 +477,9 @@ pub fn destroy(addr: usize, real: impl FnOnce() -> c_int) -> c_int {
         ack_for_program(ev.about());
     }
     let rc = real();
-    state().dying.end(addr);
+    let mut s = state();
+    s.dying.end(addr);
+    s.caused.forget(addr);
     rc
 }
 
