@@ -11,7 +11,8 @@
  * them): "qp", "progress", "event", "own-sqd", "destroy", "child", "done".
  *
  * usage: rc_dlopen -d DEV -g GIDX [-D DEV2 -G GIDX2] [-p PORT] [-c CONNS] [-n MAX]
- *                  [-S STOPFILE] [-t ACK_TIMEOUT] [-e early|late] [-q] [-x] [-A]
+ *                  [-S STOPFILE] [-t ACK_TIMEOUT] [-r RETRY_CNT] [-e early|late] [-q]
+ *                  [-x DESTROYFILE] [-A]
  *                  [-f noexec|exec|both] [SERVER_IP]
  *        rc_dlopen -L -d DEV -g GIDX -D DEV2 -G GIDX2     (a pair within the process)
  *        rc_dlopen -R                   (hold /dev/infiniband/uverbs0, call no verb)
@@ -22,9 +23,11 @@
  *          (early), or non-blocking reads only once the exchange is over (late)
  *   -q     at the end, the program's own RTS->SQD with en_sqd_async_notify on each QP,
  *          and wait (5 s at most) for its SQ_DRAINED
- *   -x     destroy a QP as soon as one of its work completions fails, and the QPs left
- *          when the other end is gone; "destroy" says what ibv_destroy_qp returned (the
- *          exit status is 0 only if every one was 0)
+ *   -x     a failed completion marks its QP failed ("failed"), where it would end the
+ *          program; every QP is destroyed when DESTROYFILE exists or the other end is
+ *          gone, and "destroy" says what ibv_destroy_qp returned (the exit status is 0
+ *          only if every one was 0)
+ *   -r     the QPs' retry count (7, rxe's "for ever", by default)
  *   -A     with -D: make the two QP numbers equal (client) or different (server)
  *   -f     the client, after 100 round trips, forks a child that makes a pair of its
  *          own (-L) without exec, or execs this program with -L (both: the first after
@@ -145,9 +148,10 @@ static void bind_verbs(void)
 struct opts {
 	const char *dev[2];
 	int gidx[2];
-	int devs, port, conns, timeout, own_sqd, destroy_on_error, align, loopback;
+	int devs, port, conns, timeout, retry, own_sqd, align, loopback;
 	long max;
 	const char *stop, *events, *fork_mode;
+	const char *destroy; /* -x: destroy every QP when this file exists */
 	const char *server_ip; /* set on the client */
 	char **argv;
 };
@@ -168,7 +172,7 @@ struct conn {
 	struct ibv_qp *qp;
 	int slot;
 	uint64_t next;	/* the next number to expect */
-	int stop_sent, done, dead;
+	int stop_sent, done, failed, dead;
 };
 
 /* What one end tells the other of each connection. */
@@ -260,7 +264,8 @@ static void modify(struct ibv_qp *qp, struct ibv_qp_attr *a, int mask, const cha
 		die("%s: %s", what, strerror(errno));
 }
 
-static void connect_qp(struct conn *c, const struct wire *peer, uint32_t my_psn, int timeout)
+static void connect_qp(struct conn *c, const struct wire *peer, uint32_t my_psn, int timeout,
+		       int retry)
 {
 	struct ibv_qp_attr a = {
 		.qp_state = IBV_QPS_INIT, .port_num = 1,
@@ -287,7 +292,7 @@ static void connect_qp(struct conn *c, const struct wire *peer, uint32_t my_psn,
 	a.qp_state = IBV_QPS_RTS;
 	a.sq_psn = my_psn;
 	a.timeout = timeout;
-	a.retry_cnt = 7;
+	a.retry_cnt = retry;
 	a.rnr_retry = 7;
 	a.max_rd_atomic = 1;
 	modify(c->qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
@@ -421,21 +426,18 @@ static void fork_child(const struct opts *o, const char *mode)
 }
 
 /* Handle one completion; returns 1 when a round trip ended (client). */
-static int completion(const struct opts *o, struct ibv_wc *wc, int *bad_destroys)
+static int completion(const struct opts *o, struct ibv_wc *wc)
 {
 	struct conn *c = &conns[wc->wr_id / 2];
 	int is_recv = wc->wr_id % 2 == 0, client = o->server_ip != NULL;
 	if (c->dead)
 		return 0;
-	if (wc->status != IBV_WC_SUCCESS) {
-		if (!o->destroy_on_error)
+	if (wc->status != IBV_WC_SUCCESS || c->failed) {
+		if (!o->destroy)
 			die("qp %u: completion status %d", c->qp->qp_num, wc->status);
-		uint32_t qpn = c->qp->qp_num;
-		int rc = v.destroy_qp(c->qp);
-		printf("destroy qp %u rc=%d errno=%d after completion status %d\n", qpn, rc,
-		       rc ? errno : 0, wc->status);
-		*bad_destroys += rc != 0;
-		c->dead = 1;
+		if (!c->failed)
+			printf("failed qp %u: completion status %d\n", c->qp->qp_num, wc->status);
+		c->failed = 1;
 		return 0;
 	}
 	if (!is_recv) {
@@ -471,24 +473,32 @@ static int peer_gone(int sock)
 	return poll(&p, 1, 0) == 1 && recv(sock, &c, 1, MSG_DONTWAIT) == 0;
 }
 
-/* The other end is gone. A stop mark sent is one it had (it ends only once it has
- * them all); with -x, what is left is destroyed (saying how it went). */
-static void peer_ended(const struct opts *o, int *bad_destroys)
+/* -x: destroy every QP left, saying what each ibv_destroy_qp returned. */
+static void destroy_all(const char *why, int *bad_destroys)
 {
 	for (int i = 0; i < nconns; i++) {
 		struct conn *c = &conns[i];
-		c->done |= c->stop_sent;
 		if (c->dead || c->done)
 			continue;
-		if (!o->destroy_on_error)
-			die("the other end is gone");
 		uint32_t qpn = c->qp->qp_num;
 		int rc = v.destroy_qp(c->qp);
-		printf("destroy qp %u rc=%d errno=%d after the other end ended\n", qpn, rc,
-		       rc ? errno : 0);
+		printf("destroy qp %u rc=%d errno=%d (%s%s)\n", qpn, rc, rc ? errno : 0,
+		       c->failed ? "failed, " : "", why);
 		*bad_destroys += rc != 0;
 		c->dead = 1;
 	}
+}
+
+/* The other end is gone. A stop mark sent is one it had (it ends only once it has
+ * them all); with -x, what is left is destroyed. */
+static void peer_ended(const struct opts *o, int *bad_destroys)
+{
+	for (int i = 0; i < nconns; i++) {
+		conns[i].done |= conns[i].stop_sent;
+		if (!conns[i].done && !conns[i].dead && !o->destroy)
+			die("the other end is gone");
+	}
+	destroy_all("the other end ended", bad_destroys);
 }
 
 static int run(const struct opts *o, int sock)
@@ -504,7 +514,11 @@ static int run(const struct opts *o, int sock)
 			live += !conns[i].done && !conns[i].dead;
 		if (!live)
 			break;
-		if (++spins % 4096 == 0 && peer_gone(sock)) {
+		if (++spins % 4096 == 0 && o->destroy && !access(o->destroy, F_OK)) {
+			destroy_all("told to", &bad_destroys);
+			continue;
+		}
+		if (spins % 4096 == 0 && peer_gone(sock)) {
 			peer_ended(o, &bad_destroys);
 			continue;
 		}
@@ -514,7 +528,7 @@ static int run(const struct opts *o, int sock)
 			if (n < 0)
 				die("poll_cq");
 			for (int j = 0; j < n; j++) {
-				if (!completion(o, &wc[j], &bad_destroys))
+				if (!completion(o, &wc[j]))
 					continue;
 				/* A round trip ended on the client: the next number, or stop. */
 				struct conn *c = &conns[wc[j].wr_id / 2];
@@ -560,7 +574,7 @@ static int loopback(const struct opts *o)
 	for (int i = 0; i < 2; i++) {
 		struct wire w = { c[1 - i].qp->qp_num, 0x100 * (2 - i), { 0 } };
 		memcpy(w.gid, d[1 - i].gid.raw, 16);
-		connect_qp(&c[i], &w, 0x100 * (i + 1), 14);
+		connect_qp(&c[i], &w, 0x100 * (i + 1), 14, 7);
 	}
 	for (uint64_t n = 0; n < 100; n++) {
 		post_send(&c[0], n);
@@ -588,15 +602,17 @@ static int loopback(const struct opts *o)
 static void usage(void)
 {
 	die("usage: rc_dlopen -d DEV -g GIDX [-D DEV2 -G GIDX2] [-p PORT] [-c CONNS] [-n MAX] "
-	    "[-S STOPFILE] [-t TIMEOUT] [-e early|late] [-q] [-x] [-A] [-f noexec|exec|both] [-L] "
+	    "[-S STOPFILE] [-t TIMEOUT] [-r RETRY] [-e early|late] [-q] [-x DESTROYFILE] [-A] "
+	    "[-f noexec|exec|both] [-L] "
 	    "[-R] [SERVER_IP]");
 }
 
 static void parse(int argc, char **argv, struct opts *o)
 {
 	int ch;
-	*o = (struct opts){ .port = 18700, .conns = 1, .timeout = 14, .devs = 1, .argv = argv };
-	while ((ch = getopt(argc, argv, "d:g:D:G:p:c:n:S:t:e:qxAf:LR")) != -1) {
+	*o = (struct opts){ .port = 18700, .conns = 1, .timeout = 14, .retry = 7, .devs = 1,
+			    .argv = argv };
+	while ((ch = getopt(argc, argv, "d:g:D:G:p:c:n:S:t:r:e:qx:Af:LR")) != -1) {
 		switch (ch) {
 		case 'd': o->dev[0] = optarg; break;
 		case 'g': o->gidx[0] = atoi(optarg); break;
@@ -609,7 +625,8 @@ static void parse(int argc, char **argv, struct opts *o)
 		case 't': o->timeout = atoi(optarg); break;
 		case 'e': o->events = optarg; break;
 		case 'q': o->own_sqd = 1; break;
-		case 'x': o->destroy_on_error = 1; break;
+		case 'x': o->destroy = optarg; break;
+		case 'r': o->retry = atoi(optarg); break;
 		case 'A': o->align = 1; break;
 		case 'f': o->fork_mode = optarg; break;
 		case 'L': o->loopback = 1; break;
@@ -677,7 +694,7 @@ int main(int argc, char **argv)
 	full(s, mine, nconns * sizeof mine[0], 1);
 	full(s, theirs, nconns * sizeof theirs[0], 0);
 	for (int i = 0; i < nconns; i++)
-		connect_qp(&conns[i], &theirs[i], mine[i].psn, o.timeout);
+		connect_qp(&conns[i], &theirs[i], mine[i].psn, o.timeout, o.retry);
 	/* Both ends in RTS before the first message. */
 	char go = 1;
 	full(s, &go, 1, 1);

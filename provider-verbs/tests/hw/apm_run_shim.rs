@@ -460,11 +460,12 @@ fn shim_fork_with_and_without_exec() {
     );
 }
 
-/// The rail under four connections goes down: a QP with a send in flight fails (rxe:
-/// ERR at its next packet), apm's move of it fails and the engine queries it, while the
-/// program destroys it at its first failed completion; the others move, and at the
-/// end the server destroys the QPs whose peers are gone, whatever apm is doing with
-/// them then. Every `ibv_destroy_qp` returns 0.
+/// Four connections whose QPs give up after one retry (`-r 1`) lose their rail
+/// silently: the QPs with a send in flight fail (ERR), and the program, told only to
+/// note it, keeps them. Then the verdict that the rail is dead: apm's move of each
+/// failed QP fails, and the engine queries it. As soon as the first such failure shows
+/// in apm's log, both ends destroy every QP (failed, moved, or being moved or queried):
+/// every `ibv_destroy_qp` returns 0.
 #[test]
 #[ignore = "needs RDMA devices: run `cargo xtask hwtest` (or `--vm`)"]
 fn shim_destroy_right_after_a_failed_move_returns_0() {
@@ -472,48 +473,63 @@ fn shim_destroy_right_after_a_failed_move_returns_0() {
         return;
     };
     let t0 = Instant::now();
+    let now = "/tmp/shim-destroy.now";
+    let _ = std::fs::remove_file(now);
+    let args = format!("-c 4 -r 1 -x {now}");
     let setup = Setup {
         tag: "shim-destroy",
         program: &program,
         port: 18707,
         apm: Some((&apm, CONFIG)),
-        server: "-c 4 -x",
-        client: "-c 4 -x",
+        server: &args,
+        client: &args,
     };
     let mut run = Shim::start(&setup);
-    let failed = run
+    let failed_move = run
         .more_trips(400, "traffic on four connections")
         .and_then(|()| run.protected(4))
         .and_then(|()| {
-            let _ = Command::new("/usr/bin/ip")
-                .args(["link", "set", "vA.10", "down"])
-                .output();
-            run.wait("a failed QP destroyed", |s| {
-                Shim::output(&s.client).contains("destroy qp")
+            for dev in ["vA.10", "vB.10"] {
+                tc(&["qdisc", "add", "dev", dev, "root", "netem", "loss", "100%"]);
+            }
+            run.wait("a QP failed (retries exhausted)", |s| {
+                Shim::output(&s.client).contains("failed qp")
+            })
+        })
+        .and_then(|()| {
+            let out = Command::new(&apm)
+                .args(["agent", "--port", PORT, "--rail-down", "10.0.10.1"])
+                .output()
+                .expect("apm agent --rail-down");
+            assert!(out.status.success(), "rail-down refused: {out:?}");
+            run.wait("apm's move of a failed QP failed", |s| {
+                Shim::output(&s.client)
+                    .contains("software migration of the application's QP failed")
             })
         });
-    let ended = run.stop();
+    std::fs::write(now, "").expect("destroy file");
+    let ended = run.finish();
     uncut();
-    failed.unwrap_or_else(|e| panic!("{e}\n{}", ended.text));
+    failed_move.unwrap_or_else(|e| panic!("{e}\n{}", ended.text));
     let destroys: Vec<usize> = ended
         .outputs
         .iter()
         .map(|o| o.lines().filter(|l| l.starts_with("destroy qp")).count())
         .collect();
     assert_eq!(ended.status, [Some(0), Some(0)], "{}", ended.text);
+    assert_eq!(destroys, [4, 4], "{}", ended.text);
     assert!(
         ended
             .outputs
             .iter()
-            .all(|o| !o.contains("a destroy failed")),
+            .all(|o| !o.contains("a destroy failed"))
+            && ended.outputs[1].contains("rc=0 errno=0 (failed, "),
         "{}",
         ended.text
     );
     println!(
-        "shim destroy: {} QPs destroyed by the server, {} by the client after the link \
-         went down under them, every ibv_destroy_qp 0; {:.1} s",
-        destroys[0],
-        destroys[1],
+        "shim destroy: 8 QPs destroyed right after apm's moves of the failed ones failed, \
+         every ibv_destroy_qp 0; {:.1} s",
         t0.elapsed().as_secs_f64()
     );
 }
