@@ -76,6 +76,11 @@ pub struct ProcessReport {
     pub unprotected_ms: f64,
     /// Anything else said once (apm's own failures, the agent going away).
     pub notes: Vec<String>,
+    /// Set when apm saw none of the process's verbs though it held an RDMA device at
+    /// exit: why (a statically linked libibverbs, a provider's direct verbs, ...). Its
+    /// QPs, if any, ran unprotected and uncounted.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_seen: Option<String>,
 }
 
 /// Every process of one `apm run`.
@@ -127,6 +132,21 @@ impl RunReport {
         if !reasons.is_empty() {
             s.push_str(&format!("; not protected: {}", reasons.join("; ")));
         }
+        let mut unseen: Vec<&str> = Vec::new();
+        for why in self.processes.iter().filter_map(|p| p.not_seen.as_deref()) {
+            if !unseen.contains(&why) {
+                unseen.push(why);
+            }
+        }
+        if !unseen.is_empty() {
+            let n = self
+                .processes
+                .iter()
+                .filter(|p| p.not_seen.is_some())
+                .count();
+            let what = if n == 1 { "process" } else { "processes" };
+            s.push_str(&format!("; {n} {what} not seen: {}", unseen.join("; ")));
+        }
         s
     }
 }
@@ -173,5 +193,29 @@ mod tests {
             "apm run: 3 QPs seen, 1 protected, 1 failovers (longest move 3.2 ms), unprotected \
              1.5 conn-s; not protected: a UD QP"
         );
+    }
+
+    #[test]
+    fn the_summary_names_processes_apm_could_not_see() {
+        let unseen = ProcessReport {
+            not_seen: Some("no shared libibverbs".into()),
+            ..ProcessReport::default()
+        };
+        let r = RunReport {
+            exit_status: 0,
+            processes: vec![unseen.clone(), ProcessReport::default(), unseen],
+        };
+        assert_eq!(
+            r.summary(),
+            "apm run: 0 QPs seen, 0 protected, 0 failovers, unprotected 0.0 conn-s; 2 processes \
+             not seen: no shared libibverbs"
+        );
+        // An older report without the field still reads.
+        let old: ProcessReport = serde_json::from_str(
+            r#"{"pid":1,"program":"p","qps_seen":0,"protected":0,"not_protected":[],
+                "failovers":[],"lost":[],"unprotected_ms":0.0,"notes":[]}"#,
+        )
+        .expect("an old report");
+        assert_eq!(old.not_seen, None);
     }
 }

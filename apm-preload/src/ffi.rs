@@ -8,12 +8,13 @@
 // SAFETY comment; the rest of the crate is safe code.
 #![allow(unsafe_code)]
 
+use crate::ledger::Drainer;
 use crate::protect::{self, QpSeen};
 use crate::tee;
 use provider_verbs::ffi::sys;
 use std::ffi::{c_int, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 
 type ModifyFn = unsafe extern "C" fn(*mut sys::ibv_qp, *mut sys::ibv_qp_attr, c_int) -> c_int;
 type QueryFn = unsafe extern "C" fn(
@@ -30,15 +31,23 @@ type CloseFn = unsafe extern "C" fn(*mut sys::ibv_context) -> c_int;
 type GetEventFn = unsafe extern "C" fn(*mut sys::ibv_context, *mut sys::ibv_async_event) -> c_int;
 type AckFn = unsafe extern "C" fn(*mut sys::ibv_async_event);
 
-static MODIFY: OnceLock<Option<ModifyFn>> = OnceLock::new();
-static QUERY: OnceLock<Option<QueryFn>> = OnceLock::new();
-static DESTROY: OnceLock<Option<DestroyFn>> = OnceLock::new();
-static DESTROY_CQ: OnceLock<Option<DestroyCqFn>> = OnceLock::new();
-static DESTROY_SRQ: OnceLock<Option<DestroySrqFn>> = OnceLock::new();
-static OPEN: OnceLock<Option<OpenFn>> = OnceLock::new();
-static CLOSE: OnceLock<Option<CloseFn>> = OnceLock::new();
-static GET_EVENT: OnceLock<Option<GetEventFn>> = OnceLock::new();
-static ACK: OnceLock<Option<AckFn>> = OnceLock::new();
+static MODIFY: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static QUERY: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static DESTROY: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static DESTROY_CQ: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static DESTROY_SRQ: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static OPEN: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static CLOSE: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static GET_EVENT: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+static ACK: AtomicPtr<c_void> = AtomicPtr::new(std::ptr::null_mut());
+
+/// The program called one of apm's verbs (for [`saw_verbs`]).
+static SAW: AtomicBool = AtomicBool::new(false);
+
+/// Whether any of the program's verbs reached apm.
+pub(crate) fn saw_verbs() -> bool {
+    SAW.load(Ordering::Relaxed)
+}
 
 /// The real `name` of libibverbs (symbol version `IBVERBS_1.1`, the one programs link).
 fn real(name: &CStr) -> Option<*mut c_void> {
@@ -67,15 +76,45 @@ fn real(name: &CStr) -> Option<*mut c_void> {
     (!p.is_null()).then_some(p)
 }
 
-/// The real function behind `$cell` (looked up once): libibverbs' `$name`.
+/// libibverbs' `name` behind `cell`, looked up until found: a lookup before the program
+/// has loaded libibverbs finds nothing, and that is not remembered.
+fn real_ptr(cell: &AtomicPtr<c_void>, name: &CStr) -> *mut c_void {
+    let p = cell.load(Ordering::Acquire);
+    if !p.is_null() {
+        return p;
+    }
+    let p = real(name).unwrap_or(std::ptr::null_mut());
+    cell.store(p, Ordering::Release);
+    p
+}
+
+/// The real function behind `$cell`: libibverbs' `$name`, as a `$ty`.
 macro_rules! resolve {
-    ($cell:ident, $name:literal, $ty:ty) => {
-        *$cell.get_or_init(|| {
-            // SAFETY: the symbol is libibverbs' own function of that name, whose C
-            // signature `$ty` is (rdma-core's verbs.h, as bindgen took it).
-            real($name).map(|p| unsafe { std::mem::transmute::<*mut c_void, $ty>(p) })
-        })
+    ($cell:ident, $name:literal, $ty:ty) => {{
+        SAW.store(true, Ordering::Relaxed);
+        let p = real_ptr(&$cell, $name);
+        // SAFETY: the symbol is libibverbs' own function of that name, whose C
+        // signature `$ty` is (rdma-core's verbs.h, as bindgen took it).
+        (!p.is_null()).then(|| unsafe { std::mem::transmute::<*mut c_void, $ty>(p) })
+    }};
+}
+
+/// apm's own function for libibverbs' `name` when `found` is libibverbs' (the very one
+/// apm calls as the real one), for a program that binds its verbs with `dlsym` or
+/// `dlvsym` ([`crate::loader`]).
+pub(crate) fn interposed(name: &CStr, found: *mut c_void) -> Option<*mut c_void> {
+    let (cell, ours): (&AtomicPtr<c_void>, usize) = match name.to_bytes() {
+        b"ibv_modify_qp" => (&MODIFY, ibv_modify_qp as *const () as usize),
+        b"ibv_query_qp" => (&QUERY, ibv_query_qp as *const () as usize),
+        b"ibv_destroy_qp" => (&DESTROY, ibv_destroy_qp as *const () as usize),
+        b"ibv_destroy_cq" => (&DESTROY_CQ, ibv_destroy_cq as *const () as usize),
+        b"ibv_destroy_srq" => (&DESTROY_SRQ, ibv_destroy_srq as *const () as usize),
+        b"ibv_open_device" => (&OPEN, ibv_open_device as *const () as usize),
+        b"ibv_close_device" => (&CLOSE, ibv_close_device as *const () as usize),
+        b"ibv_get_async_event" => (&GET_EVENT, ibv_get_async_event as *const () as usize),
+        _ => return None,
     };
+    (real_ptr(cell, name) == found).then_some(ours as *mut c_void)
 }
 
 /// Run apm's part; a panic in it is apm's failure alone and is reported, not unwound.
@@ -113,11 +152,22 @@ pub unsafe extern "C" fn ibv_modify_qp(
     let key = qp as usize;
     // SAFETY: the caller's own arguments, passed on unchanged.
     let call = || unsafe { real(qp, attr, mask) };
-    let held = guarded("ibv_modify_qp", || protect::with_held(key, call)).flatten();
-    let rc = match held {
-        Some(rc) => rc,
-        None => call(),
-    };
+    let rc = once("ibv_modify_qp", call, |run| {
+        protect::with_held(key, || {
+            // A QP apm moves in software: its drains and the program's are told apart
+            // by the order they were asked for (see `tee`), so the program's is noted
+            // before the device can raise its event.
+            // SAFETY: the caller's contract: a live QP and attribute struct.
+            let drains = unsafe { asks_drain(qp, attr, mask) };
+            if drains {
+                tee::drain_asked(key, Drainer::Program);
+            }
+            let rc = run();
+            if drains && rc != 0 {
+                tee::drain_withdrawn(key, Drainer::Program);
+            }
+        });
+    });
     if rc != 0 || attr.is_null() {
         return rc;
     }
@@ -142,10 +192,26 @@ pub unsafe extern "C" fn ibv_modify_qp(
         }
     } else if state != sys::IBV_QPS_SQD {
         guarded("release on a state change", || {
-            protect::release(key, "left RTS")
+            protect::release(key, "left RTS");
+            if state == sys::IBV_QPS_RESET {
+                tee::starts_over(key);
+            }
         });
     }
     rc
+}
+
+/// Whether this modify takes `qp` from RTS to SQD (a drain, whose end the device
+/// announces with `SQ_DRAINED`).
+///
+/// # Safety
+/// `qp` and `attr` are live per the caller's contract of `ibv_modify_qp`.
+unsafe fn asks_drain(qp: *mut sys::ibv_qp, attr: *mut sys::ibv_qp_attr, mask: c_int) -> bool {
+    if qp.is_null() || attr.is_null() || mask & sys::IBV_QP_STATE as c_int == 0 {
+        return false;
+    }
+    // SAFETY: per the contract; `state` is what libibverbs set at the last modify.
+    unsafe { (*attr).qp_state == sys::IBV_QPS_SQD && (*qp).state == sys::IBV_QPS_RTS }
 }
 
 /// `ibv_query_qp`: the real one, after any move of a protected QP has finished.
@@ -164,10 +230,11 @@ pub unsafe extern "C" fn ibv_query_qp(
     };
     // SAFETY: the caller's own arguments, passed on unchanged.
     let call = || unsafe { real(qp, attr, mask, init) };
-    match guarded("ibv_query_qp", || protect::with_held(qp as usize, call)).flatten() {
-        Some(rc) => rc,
-        None => call(),
-    }
+    once("ibv_query_qp", call, |run| {
+        protect::with_held(qp as usize, || {
+            run();
+        });
+    })
 }
 
 /// `ibv_destroy_qp`: apm lets go of the QP first (waiting for a move in progress).
@@ -185,17 +252,25 @@ pub unsafe extern "C" fn ibv_destroy_qp(qp: *mut sys::ibv_qp) -> c_int {
     destroy_through_tee(qp as usize, call)
 }
 
-/// A destroy, with the tee's accounting of the object's events ([`tee::destroy`]); if
-/// apm's part fails before the real destroy ran, the plain destroy (never twice).
-fn destroy_through_tee(addr: usize, call: impl Fn() -> c_int) -> c_int {
+/// The program's verb `call`, run by apm's part `apm` (under a lock of apm's, say) or,
+/// when apm's part does not run it (a QP apm does not look after) or fails before it
+/// ran, by itself: exactly once either way, its result unchanged.
+fn once(what: &str, call: impl Fn() -> c_int, apm: impl FnOnce(&dyn Fn() -> c_int)) -> c_int {
     let done = std::cell::Cell::new(None);
-    let once = || {
+    let run = || {
         let rc = call();
         done.set(Some(rc));
         rc
     };
-    let _ = guarded("destroy through the event tee", || tee::destroy(addr, once));
+    let _ = guarded(what, || apm(&run));
     done.get().unwrap_or_else(call)
+}
+
+/// A destroy, with the tee's accounting of the object's events ([`tee::destroy`]).
+fn destroy_through_tee(addr: usize, call: impl Fn() -> c_int) -> c_int {
+    once("destroy through the event tee", call, |run| {
+        tee::destroy(addr, run);
+    })
 }
 
 /// `ibv_destroy_cq`: the real one, with the tee's accounting of the CQ's async events.
@@ -273,7 +348,8 @@ pub unsafe extern "C" fn ibv_close_device(ctx: *mut sys::ibv_context) -> c_int {
 }
 
 /// `ibv_get_async_event`: the real one; on a context with a tee, the events apm kept
-/// for the program come first, and apm gets a copy of each ([`tee`]).
+/// for the program come first, and apm gets a copy of each; events apm caused are
+/// passed over ([`tee::get_event`]).
 ///
 /// # Safety
 /// The caller's contract of `ibv_get_async_event`.
@@ -285,13 +361,8 @@ pub unsafe extern "C" fn ibv_get_async_event(
     let Some(real) = resolve!(GET_EVENT, c"ibv_get_async_event", GetEventFn) else {
         return -1;
     };
-    if tee::attached(ctx as usize) {
-        // SAFETY: the caller's arguments; `real` is libibverbs' function.
-        unsafe { tee::get_event(ctx, event, real) }
-    } else {
-        // SAFETY: the caller's arguments.
-        unsafe { real(ctx, event) }
-    }
+    // SAFETY: the caller's arguments; `real` is libibverbs' function.
+    unsafe { tee::get_event(ctx, event, real) }
 }
 
 /// The name of the device of a live context.
@@ -351,6 +422,30 @@ pub(crate) fn adopt(
     // SAFETY: `key` is a live `struct ibv_qp *` of this process (see above), created
     // through the libibverbs provider-verbs found already loaded.
     unsafe { provider_verbs::ffi::Qp::adopt(ctx, key as *mut c_void) }
+}
+
+/// Runs when the library is loaded: apm's part of every `fork()` ([`crate::fork`]).
+#[used]
+#[link_section = ".init_array"]
+static AT_LOAD: extern "C" fn() = at_load;
+
+extern "C" fn at_load() {
+    // The real dlsym and dlvsym, before the program's first lookup (crate::loader).
+    let _ = catch_unwind(crate::loader::find_real);
+    // SAFETY: three handlers of the C signature, each catching its own panics.
+    unsafe { libc::pthread_atfork(Some(fork_prepare), Some(fork_parent), Some(fork_child)) };
+}
+
+unsafe extern "C" fn fork_prepare() {
+    let _ = catch_unwind(crate::fork::prepare);
+}
+
+unsafe extern "C" fn fork_parent() {
+    let _ = catch_unwind(crate::fork::parent);
+}
+
+unsafe extern "C" fn fork_child() {
+    let _ = catch_unwind(crate::fork::child);
 }
 
 /// Runs at the program's exit: the last report and summary line.

@@ -12,11 +12,21 @@
 //! "not counted, vanished" again. An event apm reads while its object is being
 //! destroyed ([`Dying`]) is acked at once and kept for nobody.
 //!
+//! Some events are apm's doing, and the program would not get them without apm
+//! ([`Caused`]): rxe raises `SQ_DRAINED` after every RTS -> SQD of a QP, whatever
+//! `en_sqd_async_notify` says, and apm's software move drains the program's QP; a QP
+//! apm arms migrates by itself and raises `PATH_MIG` or `PATH_MIG_ERR` (hardware APM),
+//! which a QP without an alternate never does. The device raises one `SQ_DRAINED` per
+//! drain, in the order the drains were asked for (each needs the QP back in RTS, so the
+//! one before it ended), so the drains asked for, apm's and the program's, kept in that
+//! order per QP, say whose each event is.
+//!
 //! What it must never do: let the program see an event of an object it destroyed, or
 //! leave a destroy one ack short or one over (either way libibverbs waits for ever: it
-//! waits for equality).
+//! waits for equality); keep from the program an event it asked for.
 
-use std::collections::{BTreeSet, VecDeque};
+use provider_verbs::ffi::sys;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 /// The kind of object an event is about, as `ibv_ack_async_event` tells them apart.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -46,10 +56,11 @@ pub enum Element {
 /// `ibv_get_async_event` and `ibv_ack_async_event` make.
 pub fn object_of(event_type: u32) -> Option<Object> {
     match event_type {
-        0 => Some(Object::Cq),          // CQ_ERR
-        1..=7 | 17 => Some(Object::Qp), // QP_FATAL..PATH_MIG_ERR, QP_LAST_WQE_REACHED
-        15 | 16 => Some(Object::Srq),   // SRQ_ERR, SRQ_LIMIT_REACHED
-        20 => Some(Object::Wq),         // WQ_FATAL
+        sys::IBV_EVENT_CQ_ERR => Some(Object::Cq),
+        sys::IBV_EVENT_QP_FATAL..=sys::IBV_EVENT_PATH_MIG_ERR
+        | sys::IBV_EVENT_QP_LAST_WQE_REACHED => Some(Object::Qp),
+        sys::IBV_EVENT_SRQ_ERR | sys::IBV_EVENT_SRQ_LIMIT_REACHED => Some(Object::Srq),
+        sys::IBV_EVENT_WQ_FATAL => Some(Object::Wq),
         _ => None,
     }
 }
@@ -149,6 +160,97 @@ impl Dying {
     }
 }
 
+/// Who took a QP from RTS to SQD.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Drainer {
+    /// The program (its own `ibv_modify_qp`): the event is its.
+    Program,
+    /// apm's software move: the event is apm's.
+    Apm,
+}
+
+/// The events of the program's QPs that apm caused, to be kept from the program.
+#[derive(Debug, Default)]
+pub struct Caused {
+    /// Per QP (by address), the drains asked for whose `SQ_DRAINED` has not been read
+    /// yet, oldest first.
+    drains: BTreeMap<usize, VecDeque<Drainer>>,
+    /// QPs whose alternate path apm loads (hardware APM): their path migration events.
+    armed: BTreeSet<usize>,
+}
+
+impl Caused {
+    /// At most this many drains wait for their event per QP: beyond it the oldest is
+    /// forgotten (a program that drains a QP thousands of times and reads none of the
+    /// events).
+    pub const CAP: usize = 4096;
+
+    /// An empty record (const: it lives in a static).
+    pub const fn new() -> Caused {
+        Caused {
+            drains: BTreeMap::new(),
+            armed: BTreeSet::new(),
+        }
+    }
+
+    /// `who` is about to take QP `qp` from RTS to SQD.
+    pub fn drain(&mut self, qp: usize, who: Drainer) {
+        let q = self.drains.entry(qp).or_default();
+        if q.len() >= Self::CAP {
+            q.pop_front();
+        }
+        q.push_back(who);
+    }
+
+    /// `who`'s last drain of `qp` raises nothing after all (the modify was refused, or
+    /// the QP failed while draining).
+    pub fn withdraw(&mut self, qp: usize, who: Drainer) {
+        let Some(q) = self.drains.get_mut(&qp) else {
+            return;
+        };
+        if let Some(i) = q.iter().rposition(|d| *d == who) {
+            q.remove(i);
+        }
+        if q.is_empty() {
+            self.drains.remove(&qp);
+        }
+    }
+
+    /// apm loads QP `qp`'s alternate paths from now on.
+    pub fn arm(&mut self, qp: usize) {
+        self.armed.insert(qp);
+    }
+
+    /// QP `qp` is gone (destroyed) or starts over (RESET): nothing it raised before
+    /// says anything of what it raises next.
+    pub fn forget(&mut self, qp: usize) {
+        self.drains.remove(&qp);
+        self.armed.remove(&qp);
+    }
+
+    /// Whether `ev`, just read from the kernel's queue, is apm's doing (the program is
+    /// not to see it). Each `SQ_DRAINED` read ends the oldest drain of its QP.
+    pub fn is_apms(&mut self, ev: &Event) -> bool {
+        let Element::Object(Object::Qp, qp) = ev.about() else {
+            return false;
+        };
+        match ev.event_type {
+            sys::IBV_EVENT_SQ_DRAINED => {
+                let Some(q) = self.drains.get_mut(&qp) else {
+                    return false;
+                };
+                let who = q.pop_front();
+                if q.is_empty() {
+                    self.drains.remove(&qp);
+                }
+                who == Some(Drainer::Apm)
+            }
+            sys::IBV_EVENT_PATH_MIG | sys::IBV_EVENT_PATH_MIG_ERR => self.armed.contains(&qp),
+            _ => false,
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -165,15 +267,18 @@ mod tests {
 
     #[test]
     fn events_name_the_objects_libibverbs_acks() {
+        // The numbers of rdma-core's `enum ibv_event_type`, written out: the grouping
+        // is libibverbs' `ibv_get_async_event`.
         assert_eq!(ev(0, 8).about(), Element::Object(Object::Cq, 8));
-        for t in [1, 2, 3, 4, 5, 6, 7, 17] {
+        for t in [1, 2, 3, 4, 5, 6, 7, 16] {
             assert_eq!(ev(t, 8).about(), Element::Object(Object::Qp, 8), "type {t}");
         }
+        assert_eq!(ev(14, 8).about(), Element::Object(Object::Srq, 8));
         assert_eq!(ev(15, 8).about(), Element::Object(Object::Srq, 8));
-        assert_eq!(ev(16, 8).about(), Element::Object(Object::Srq, 8));
-        assert_eq!(ev(20, 8).about(), Element::Object(Object::Wq, 8));
-        // Ports (the element is their number), the device, and unknown types.
-        for t in [8, 9, PORT_ERR, 11, 12, 13, 14, 18, 19, 99] {
+        assert_eq!(ev(19, 8).about(), Element::Object(Object::Wq, 8));
+        // Ports (the element is their number: CLIENT_REREGISTER and GID_CHANGE among
+        // them), the device, and unknown types.
+        for t in [8, 9, PORT_ERR, 11, 12, 13, 17, 18, 20, 99] {
             assert_eq!(ev(t, 1).about(), Element::Unaffiliated, "type {t}");
         }
         // A QP event without a QP is nobody's to ack.
@@ -209,6 +314,83 @@ mod tests {
         }
         assert!(!h.push(ev(PATH_MIG, 0x10)), "full: the caller acks it");
         assert_eq!(h.len(), Held::CAP);
+    }
+
+    const SQ_DRAINED: u32 = 5;
+    const COMM_EST: u32 = 4;
+
+    #[test]
+    fn each_drained_event_goes_to_whoever_asked_for_that_drain() {
+        let mut c = Caused::new();
+        // Never drained through apm's eyes: the program's.
+        assert!(!c.is_apms(&ev(SQ_DRAINED, 0x10)));
+        c.drain(0x10, Drainer::Program);
+        c.drain(0x10, Drainer::Apm);
+        c.drain(0x20, Drainer::Apm);
+        c.drain(0x10, Drainer::Apm);
+        c.drain(0x10, Drainer::Program);
+        assert!(
+            !c.is_apms(&ev(COMM_EST, 0x10)),
+            "other events are not counted"
+        );
+        assert!(
+            !c.is_apms(&ev(SQ_DRAINED, 0x10)),
+            "the program's, asked first"
+        );
+        assert!(
+            c.is_apms(&ev(SQ_DRAINED, 0x20)),
+            "another QP's order is its own"
+        );
+        assert!(c.is_apms(&ev(SQ_DRAINED, 0x10)));
+        assert!(c.is_apms(&ev(SQ_DRAINED, 0x10)));
+        assert!(!c.is_apms(&ev(SQ_DRAINED, 0x10)), "the program's own, last");
+        assert!(
+            !c.is_apms(&ev(SQ_DRAINED, 0x10)),
+            "nothing owed: the program's"
+        );
+        assert!(c.drains.is_empty());
+    }
+
+    #[test]
+    fn a_withdrawn_drain_takes_nothing_from_the_program() {
+        let mut c = Caused::new();
+        c.drain(0x10, Drainer::Apm);
+        c.drain(0x10, Drainer::Program);
+        c.drain(0x10, Drainer::Apm);
+        c.withdraw(0x10, Drainer::Apm);
+        assert!(c.is_apms(&ev(SQ_DRAINED, 0x10)));
+        assert!(!c.is_apms(&ev(SQ_DRAINED, 0x10)));
+        assert!(!c.is_apms(&ev(SQ_DRAINED, 0x10)));
+        c.withdraw(0x10, Drainer::Program);
+        assert!(c.drains.is_empty());
+        // A QP that starts over owes nothing.
+        c.drain(0x30, Drainer::Apm);
+        c.forget(0x30);
+        assert!(!c.is_apms(&ev(SQ_DRAINED, 0x30)));
+    }
+
+    #[test]
+    fn path_migration_events_of_a_qp_apm_arms_are_apms() {
+        let mut c = Caused::new();
+        assert!(!c.is_apms(&ev(PATH_MIG, 0x10)), "the program's own APM");
+        c.arm(0x10);
+        assert!(c.is_apms(&ev(PATH_MIG, 0x10)));
+        assert!(c.is_apms(&ev(7, 0x10)), "PATH_MIG_ERR");
+        assert!(!c.is_apms(&ev(PATH_MIG, 0x20)));
+        assert!(!c.is_apms(&ev(PORT_ERR, 0x10)), "a port event names no QP");
+        c.forget(0x10);
+        assert!(!c.is_apms(&ev(PATH_MIG, 0x10)));
+    }
+
+    #[test]
+    fn drains_per_qp_are_bounded() {
+        let mut c = Caused::new();
+        c.drain(0x10, Drainer::Program);
+        for _ in 0..Caused::CAP {
+            c.drain(0x10, Drainer::Apm);
+        }
+        assert_eq!(c.drains[&0x10].len(), Caused::CAP);
+        assert!(c.is_apms(&ev(SQ_DRAINED, 0x10)), "the oldest was forgotten");
     }
 
     #[test]

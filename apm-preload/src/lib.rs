@@ -11,6 +11,15 @@
 //! calls through the context's ops) is never touched. rdma_cm programs reach the same
 //! verbs.
 //!
+//! **How programs reach it**: a program that links libibverbs calls these exports (the
+//! preload comes first in the global scope). One that `dlopen`s libibverbs and binds
+//! each verb with `dlsym`/`dlvsym` on that handle (NCCL) would not: the library also
+//! exports `dlsym` and `dlvsym` and answers such a lookup of one of these verbs with
+//! apm's (module `loader`, which says why this way, where the real lookup functions
+//! come from without recursion, and what it cannot cover). A process that held an RDMA
+//! device at exit though none of its verbs reached apm (a statically linked libibverbs,
+//! a provider's direct verbs, ...) is reported "not seen", with the reason.
+//!
 //! **What it protects**: every RC QP on a soft-RoCE (rxe) device that the program moves
 //! to RTS ([`protect`]): peer and primary path from the QP's own attributes, alternates
 //! from the host's agent (hello with the peer's agent, rails paired by subnet), comm ids
@@ -28,7 +37,15 @@
 //! **What it serialises**: the program's own `ibv_modify_qp`/`ibv_query_qp`/
 //! `ibv_destroy_qp` on a QP apm moves in software wait while apm moves it
 //! (milliseconds), so the program never sees it in SQD and never destroys it under apm;
-//! a QP the program takes out of RTS or destroys is retired from apm first.
+//! a QP the program takes out of RTS or destroys is retired from apm first: a move in
+//! progress stops at its next check. A move that lasts longer than the command deadline
+//! (a drain on a dead path ends only at the QP's retransmit timer) still ends in RTS,
+//! and the program's other verbs stop waiting for it at that deadline.
+//!
+//! **fork** (module `fork`): a child forked without exec gets no lock an apm thread
+//! held and writes a report of its own; an apm started in the parent stays the
+//! parent's (the child's QPs are refused with that reason); a child that execs gets an
+//! apm of its own.
 //!
 //! **Async events** (module `tee`): a context has one async event queue, and whoever reads
 //! an event takes it. Hardware APM needs the QP-affiliated events of the program's QPs
@@ -37,7 +54,9 @@
 //! reads them as without apm and apm gets a copy; for one that does not, apm takes what
 //! it left for 10 ms and keeps it for the program's first read, and acks on its behalf
 //! what it never read of an object it destroys (libibverbs' destroy waits until every
-//! event read from the kernel is acked).
+//! event read from the kernel is acked). Events apm caused (the `SQ_DRAINED` of its
+//! software moves, the `PATH_MIG` of a QP it arms) are kept from the program on every
+//! context, whatever `--migration` says.
 //!
 //! **Settings** come from the environment `apm run` sets: `APM_RUN_PORT` (the agent's
 //! UDP port), `APM_RUN_AGENT_SOCKET` (the agent's socket) and `APM_RUN_AGENT_UID` (an
@@ -49,8 +68,10 @@
 #![allow(clippy::disallowed_methods)]
 
 mod ffi;
+mod fork;
 pub mod infiniband;
 mod ledger;
+mod loader;
 pub mod mode;
 pub mod protect;
 pub mod report;

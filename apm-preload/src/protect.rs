@@ -13,25 +13,28 @@
 //! program's `ibv_destroy_qp` takes too; afterwards the program's own control verbs
 //! and apm's moves serialise on the adopted QP's lock (`AdoptedQp::hold`).
 
-use crate::ledger::{Element, Event, Object};
+mod follow;
+
+use crate::fork::{self, Mine, PerProcess};
+use crate::ledger::{Drainer, Element, Event, Object};
 use crate::mode::{is_soft_roce, migration, srq_refusal, Facet, Migration};
 use crate::report;
 use apm_agent::client::{AgentClient, AgentPeer};
 use apm_agent::local::ip_of;
-use apm_agent::report::MovedBy;
-use apm_agent::wire::{FromAgent, Route};
+use apm_agent::wire::Route;
 use apm_core::{
-    Cause, ConnId, ConnSpec, Gid, Manager, ManagerHandle, NotificationKind, Path, PortKey, Qpn,
-    Role, Stack, StaticPaths,
+    ConnId, ConnSpec, Gid, Manager, ManagerHandle, Path, PortKey, Qpn, Role, Stack, StaticPaths,
 };
+use provider_rxe::adopt::DrainNote;
 use provider_rxe::{AdoptedQp, RxeConfig, RxeQpControl};
 use provider_verbs::ffi::{AsyncEventKind, Context, QpAttr, QpAttrMask, Verbs};
 use provider_verbs::VerbsQpControl;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 use tokio::sync::mpsc;
-use tracing::{debug, info, warn};
+use tracing::{debug, info};
 
 /// The kind of a QP, as far as protection goes.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,14 +90,16 @@ enum Moved {
 
 /// QPs whose program loads alternate paths or sets their migration state itself: apm
 /// leaves them to it.
-fn own_apm() -> &'static Mutex<std::collections::BTreeSet<usize>> {
-    static OWN: OnceLock<Mutex<std::collections::BTreeSet<usize>>> = OnceLock::new();
-    OWN.get_or_init(Mutex::default)
+static OWN_APM_QPS: Mutex<PerProcess<BTreeSet<usize>>> =
+    Mutex::new(PerProcess::new(BTreeSet::new()));
+
+fn own_apm() -> Mine<BTreeSet<usize>> {
+    fork::lock(&OWN_APM_QPS, BTreeSet::new)
 }
 
 /// The program itself set `IBV_QP_ALT_PATH` or `IBV_QP_PATH_MIG_STATE` on QP `key`.
 pub fn manages_apm(key: usize) {
-    lock(own_apm()).insert(key);
+    own_apm().insert(key);
 }
 
 /// Why a QP whose program does its own APM is not protected.
@@ -121,11 +126,25 @@ struct Device {
     conns: Mutex<BTreeMap<ConnId, Conn>>,
 }
 
-#[derive(Clone, Copy)]
+#[derive(Clone)]
 struct Conn {
     qpn: u32,
+    /// The peer's QP number and every address of the peer its paths lead to: with the
+    /// QP number, what tells this connection's peer messages from those of another
+    /// device's connection whose QP has the same number.
+    remote_qpn: u32,
+    peer_gids: Vec<Gid>,
     primary: Path,
     protected_once: bool,
+}
+
+impl Conn {
+    /// Whether a peer message naming (`receiver`, `sender`) that came from `from` is
+    /// this connection's (the agent's own test, `matches_route`, made again here
+    /// among the process's devices).
+    fn owns(&self, receiver: u32, sender: u32, from: &Gid) -> bool {
+        self.qpn == receiver && self.remote_qpn == sender && self.peer_gids.contains(from)
+    }
 }
 
 /// The process's apm (see the module docs).
@@ -141,16 +160,66 @@ struct Protector {
 
 static PROTECTOR: OnceLock<Result<Protector, String>> = OnceLock::new();
 
+/// Threads starting the process's apm now ([`protector`]): a fork waits for them, so
+/// that no child inherits a start half done.
+static STARTING: AtomicUsize = AtomicUsize::new(0);
+
+/// This process was forked (without exec) from one whose apm had started: the apm it
+/// inherited has no threads here, and is never touched ([`live`]).
+static FORKED_FROM_APM: AtomicBool = AtomicBool::new(false);
+
+/// Why a forked child's QPs are not protected (see [`FORKED_FROM_APM`]).
+const FORKED: &str = "the process was forked from one where apm runs, without exec: apm's \
+                      threads stayed in the parent (a program that execs after fork gets \
+                      an apm of its own)";
+
+/// This process's apm, if it started here (never the one a forked child inherited).
+fn live() -> Option<&'static Protector> {
+    if FORKED_FROM_APM.load(Ordering::Relaxed) {
+        return None;
+    }
+    PROTECTOR.get()?.as_ref().ok()
+}
+
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // Whole inserts and removes only: poisoned data is still consistent.
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 fn protector() -> Result<&'static Protector, &'static str> {
-    PROTECTOR
-        .get_or_init(Protector::start)
-        .as_ref()
-        .map_err(String::as_str)
+    if FORKED_FROM_APM.load(Ordering::Relaxed) {
+        return Err(FORKED);
+    }
+    STARTING.fetch_add(1, Ordering::SeqCst);
+    let p = PROTECTOR.get_or_init(Protector::start);
+    STARTING.fetch_sub(1, Ordering::SeqCst);
+    p.as_ref().map_err(String::as_str)
+}
+
+/// This module's locks a forked child may take, held across a fork.
+pub(crate) struct ForkHold {
+    _rtr_only: std::sync::MutexGuard<'static, PerProcess<BTreeMap<usize, QpSeen>>>,
+    _own_apm: std::sync::MutexGuard<'static, PerProcess<BTreeSet<usize>>>,
+}
+
+/// Before a fork: wait (a few seconds at most) for a start of apm in progress, and hold
+/// the locks of this module a forked child may take (see `crate::fork`).
+pub(crate) fn before_fork() -> ForkHold {
+    let since = std::time::Instant::now();
+    while STARTING.load(Ordering::SeqCst) > 0 && since.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    ForkHold {
+        _rtr_only: fork::hold(&RTR_ONLY_QPS),
+        _own_apm: fork::hold(&OWN_APM_QPS),
+    }
+}
+
+/// In a forked child (without exec): an apm that had started stays the parent's.
+pub(crate) fn in_forked_child() {
+    if PROTECTOR.get().is_some() {
+        FORKED_FROM_APM.store(true, Ordering::Relaxed);
+    }
 }
 
 impl Protector {
@@ -186,7 +255,7 @@ impl Protector {
             .recv_timeout(Duration::from_secs(5))
             .map_err(|_| "the apm agent did not accept the connection in time".to_owned())?
             .map_err(|e| e.to_string())?;
-        rt.spawn(dispatch(events));
+        rt.spawn(follow::dispatch(events));
         crate::tee::set_hook(Box::new(|_, ev| tee_event(ev)));
         Ok(Protector {
             rt,
@@ -207,7 +276,7 @@ impl Protector {
         let d = self.open(name).await.map(Arc::new);
         if let Ok(dev) = &d {
             lock(&self.started).push(dev.clone());
-            tokio::spawn(watch(dev.clone()));
+            tokio::spawn(follow::watch(dev.clone()));
         }
         devices.insert(name.to_owned(), d.clone());
         d
@@ -288,9 +357,11 @@ impl Protector {
 /// APM arms a QP only in RTS: REARM is an RTS state, so the device drops its peer's
 /// packets on the other path), so it is reported unprotected when the program lets go
 /// of it. Kept without starting apm's threads.
-fn rtr_only() -> &'static Mutex<BTreeMap<usize, QpSeen>> {
-    static RTR: OnceLock<Mutex<BTreeMap<usize, QpSeen>>> = OnceLock::new();
-    RTR.get_or_init(Mutex::default)
+static RTR_ONLY_QPS: Mutex<PerProcess<BTreeMap<usize, QpSeen>>> =
+    Mutex::new(PerProcess::new(BTreeMap::new()));
+
+fn rtr_only() -> Mine<BTreeMap<usize, QpSeen>> {
+    fork::lock(&RTR_ONLY_QPS, BTreeMap::new)
 }
 
 /// Why a QP left in RTR is not protected.
@@ -300,14 +371,14 @@ const RTR_ONLY: &str = "it never left RTR (receive only): a path moves, or is ar
 /// An RC QP reached RTR.
 pub fn on_rtr(seen: QpSeen) {
     if seen.kind == QpKind::Rc {
-        lock(rtr_only()).insert(seen.key, seen);
+        rtr_only().insert(seen.key, seen);
     }
 }
 
 /// A QP in RTR that never reached RTS is gone (or the program ends): say why it was
 /// not protected.
 fn settle_rtr(key: usize) {
-    if let Some(seen) = lock(rtr_only()).remove(&key) {
+    if let Some(seen) = rtr_only().remove(&key) {
         report::seen();
         report::refused(seen.qpn, &seen.device, RTR_ONLY);
     }
@@ -315,9 +386,9 @@ fn settle_rtr(key: usize) {
 
 /// An RC QP reached RTS: protect it if it can be, else say why.
 pub fn on_rts(seen: QpSeen) {
-    lock(rtr_only()).remove(&seen.key);
+    rtr_only().remove(&seen.key);
     let reason = match seen.kind {
-        QpKind::Rc if lock(own_apm()).contains(&seen.key) => Some(OWN_APM),
+        QpKind::Rc if own_apm().contains(&seen.key) => Some(OWN_APM),
         QpKind::Rc => None,
         QpKind::Ud => Some("a UD QP (apm protects RC connections)"),
         QpKind::Uc => Some("a UC QP (apm protects RC connections)"),
@@ -351,7 +422,7 @@ pub fn on_rts(seen: QpSeen) {
         slot
     };
     report::seen();
-    report::looking_after(seen.qpn);
+    report::looking_after(seen.qpn, &seen.device);
     p.rt.spawn(async move {
         let (qpn, device) = (seen.qpn, seen.device.clone());
         if let Err(why) = protect(p, seen, slot).await {
@@ -361,24 +432,35 @@ pub fn on_rts(seen: QpSeen) {
 }
 
 /// Run `f` (the program's own verb on QP `key`) while no move of it runs; `None` when
-/// apm does not look after that QP (the caller runs it itself).
+/// apm does not look after that QP in software, or when a move still runs after the
+/// command deadline (a drain on a dead path lasts until the QP's retransmit timer
+/// fires): the caller then runs the verb itself, so that apm never holds a program's
+/// verb longer than that.
 pub fn with_held<R>(key: usize, f: impl FnOnce() -> R) -> Option<R> {
-    let p = PROTECTOR.get()?.as_ref().ok()?;
+    let p = live()?;
     let slot = lock(&p.slots).get(&key).cloned()?;
     let qp = match lock(&slot).adopted.as_ref().map(|a| &a.how) {
         Some(Moved::Software(qp)) => qp.clone(),
         _ => return None,
     };
-    let _held = qp.hold();
+    let limit = Duration::from_millis(p.policy.command_timeout_ms);
+    let Some(_held) = qp.hold_within(limit) else {
+        report::note(&format!(
+            "a move of apm's outlasted the command deadline ({} ms): the program's verb on \
+             its QP went ahead without waiting for it",
+            p.policy.command_timeout_ms
+        ));
+        return None;
+    };
     Some(f())
 }
 
 /// The program destroys QP `key`; under hardware APM once no verb of apm's runs on it
 /// (`mode::wait_for_verbs`: after `release` none starts).
 pub fn destroyed(key: usize) {
-    lock(own_apm()).remove(&key);
-    let in_use = PROTECTOR.get().and_then(|p| {
-        let slot = lock(&p.as_ref().ok()?.slots).get(&key).cloned()?;
+    own_apm().remove(&key);
+    let in_use = live().and_then(|p| {
+        let slot = lock(&p.slots).get(&key).cloned()?;
         let s = lock(&slot);
         match s.adopted.as_ref().map(|a| &a.how) {
             Some(Moved::Hardware(qp)) => Some(qp.clone()),
@@ -395,7 +477,7 @@ pub fn destroyed(key: usize) {
 /// for a move or an adoption in progress).
 pub fn release(key: usize, why: &str) {
     settle_rtr(key);
-    let Some(Ok(p)) = PROTECTOR.get() else { return };
+    let Some(p) = live() else { return };
     let Some(slot) = lock(&p.slots).remove(&key) else {
         return;
     };
@@ -410,7 +492,7 @@ pub fn release(key: usize, why: &str) {
     let qpn = a.qpn;
     lock(&a.device.conns).remove(&a.id);
     let _ = p.client.unregister(qpn, a.remote_qpn);
-    report::released(qpn);
+    report::released(qpn, &a.device.name);
     debug!(qpn, why, "apm let go of the QP");
     let (handle, id) = (a.device.handle.clone(), a.id);
     // `a` (its QP among it) is dropped here, not kept by the task.
@@ -426,11 +508,14 @@ pub fn internal_failure(what: &str) {
     ));
 }
 
-/// At the program's exit.
+/// At the program's exit (and a program apm could not see is told so).
 pub fn at_exit() {
-    let left: Vec<usize> = lock(rtr_only()).keys().copied().collect();
+    let left: Vec<usize> = rtr_only().keys().copied().collect();
     for key in left {
         settle_rtr(key);
+    }
+    if let Some(why) = crate::loader::unseen_reason(crate::ffi::saw_verbs()) {
+        report::not_seen(&why);
     }
     report::finish();
 }
@@ -524,6 +609,8 @@ async fn protect(
         id,
         Conn {
             qpn,
+            remote_qpn,
+            peer_gids: all.iter().map(|p| p.dgid).collect(),
             primary,
             protected_once: false,
         },
@@ -600,6 +687,12 @@ fn hand_over(
         Facet::Software(f) => {
             f.adopt(id, Arc::new(qp)).map_err(|e| e.to_string())?;
             let a = f.adopted(id).ok_or("the QP facet lost the adopted QP")?;
+            // Its drains' SQ_DRAINED events are apm's, not the program's (see `tee`).
+            let key = seen.key;
+            a.on_drain(Box::new(move |note| match note {
+                DrainNote::Requested => crate::tee::drain_asked(key, Drainer::Apm),
+                DrainNote::Withdrawn => crate::tee::drain_withdrawn(key, Drainer::Apm),
+            }));
             Moved::Software(a)
         }
         Facet::Hardware(f) => {
@@ -612,6 +705,8 @@ fn hand_over(
             }
             let qp = Arc::new(qp);
             f.register(id, qp.clone()).map_err(|e| e.to_string())?;
+            // The device migrates it onto apm's alternates: its PATH_MIG events are apm's.
+            crate::tee::armed_by_apm(seen.key);
             Moved::Hardware(qp)
         }
     };
@@ -632,7 +727,7 @@ fn tee_event(ev: Event) {
     let Element::Object(Object::Qp, addr) = ev.about() else {
         return;
     };
-    let Some(Ok(p)) = PROTECTOR.get() else { return };
+    let Some(p) = live() else { return };
     let Some(slot) = lock(&p.slots).get(&addr).cloned() else {
         return;
     };
@@ -670,129 +765,4 @@ fn route(
             peer_lids: Vec::new(),
         })
         .map_err(|e| e.to_string())
-}
-
-/// Follow one device's notifications into the report and the connections' primaries.
-async fn watch(dev: Arc<Device>) {
-    let mut notes = dev.handle.notifications();
-    loop {
-        let n = match notes.recv().await {
-            Ok(n) => n,
-            Err(tokio::sync::broadcast::error::RecvError::Lagged(k)) => {
-                warn!(k, "apm missed notifications");
-                continue;
-            }
-            Err(_) => return,
-        };
-        let Some(conn) = lock(&dev.conns).get(&n.conn).copied() else {
-            continue;
-        };
-        match n.kind {
-            NotificationKind::Protected { .. } | NotificationKind::Rearmed { .. } => {
-                report::protected(conn.qpn, !conn.protected_once);
-                if let Some(c) = lock(&dev.conns).get_mut(&n.conn) {
-                    c.protected_once = true;
-                }
-            }
-            NotificationKind::Migrated { primary, cause, .. } => {
-                if let Some(c) = lock(&dev.conns).get_mut(&n.conn) {
-                    c.primary = primary;
-                }
-                let (took, by) = match &dev.facet {
-                    Facet::Software(f) => (
-                        f.adopted(n.conn)
-                            .and_then(|a| a.last_move())
-                            .map(|d| d.as_secs_f64() * 1000.0),
-                        MovedBy::Software,
-                    ),
-                    // The device moved it: no move of apm's to time.
-                    Facet::Hardware(_) => (None, MovedBy::Hardware),
-                };
-                report::failover(
-                    conn.qpn,
-                    &dev.name,
-                    took,
-                    primary.to_string(),
-                    by,
-                    cause.map(Cause::name),
-                );
-            }
-            NotificationKind::Unprotected { reason, .. } => {
-                debug!(qpn = conn.qpn, ?reason, "unprotected");
-                report::unprotected(conn.qpn);
-            }
-            NotificationKind::Lost { reason } => {
-                report::lost(conn.qpn, &dev.name, &format!("{reason:?}"));
-            }
-            _ => {}
-        }
-    }
-}
-
-/// What the agent sends: peer messages to the right engine, rail-down verdicts, its end.
-async fn dispatch(mut events: mpsc::UnboundedReceiver<FromAgent>) {
-    while let Some(ev) = events.recv().await {
-        let Some(Ok(p)) = PROTECTOR.get() else {
-            continue;
-        };
-        let devices: Vec<Arc<Device>> = lock(&p.started).clone();
-        match ev {
-            FromAgent::Peer { from, msg } => {
-                let (local, _) = apm_agent::wire::comm_ids(&msg);
-                let owner = devices
-                    .iter()
-                    .find(|d| lock(&d.conns).values().any(|c| c.qpn == local));
-                match owner {
-                    Some(d) => {
-                        d.peer.deliver(from, msg);
-                    }
-                    None => debug!(local, "peer message for no connection here"),
-                }
-            }
-            FromAgent::RailDown { gid } => {
-                for d in &devices {
-                    let hit: Vec<ConnId> = lock(&d.conns)
-                        .iter()
-                        .filter(|(_, c)| c.primary.sgid == gid || c.primary.dgid == gid)
-                        .map(|(id, _)| *id)
-                        .collect();
-                    for id in hit {
-                        info!(%id, %gid, "rail down under the primary: moving");
-                        let _ = d.handle.report_stall(id).await;
-                    }
-                }
-            }
-            FromAgent::Path { ends, verdict } => {
-                info!(local = %ends.local, remote = %ends.remote, verdict = verdict.name(),
-                    kind = verdict.failure().map(|k| k.name()), "the agent's probes: path");
-                for d in &devices {
-                    let _ = d.handle.path_health(ends, verdict);
-                }
-            }
-            FromAgent::Refused { what } => {
-                warn!(%what, "the apm agent refused a request");
-                report::note(&format!("the apm agent refused: {what}"));
-            }
-            // The client keeps the answers to its own requests; no device here takes
-            // SA notices.
-            FromAgent::Candidates { .. }
-            | FromAgent::Paths { .. }
-            | FromAgent::RemoteGid { .. }
-            | FromAgent::Synced { .. }
-            | FromAgent::Watching { .. } => {}
-        }
-    }
-    // The agent went away: no peer messages any more. Connections run on unprotected.
-    report::note(
-        "the apm agent of this host went away: the program's connections run on unprotected",
-    );
-    if let Some(Ok(p)) = PROTECTOR.get() {
-        let devices = lock(&p.started).clone();
-        for d in devices {
-            let ids: Vec<ConnId> = lock(&d.conns).keys().copied().collect();
-            for id in ids {
-                let _ = d.handle.unprotect(id).await;
-            }
-        }
-    }
 }

@@ -9,23 +9,52 @@ use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Instant;
 
+use crate::fork::PerProcess;
+
 struct State {
     report: ProcessReport,
     said: BTreeSet<String>,
-    /// RC QPs apm looks after that have no agreed alternate now: since when.
-    unprotected: BTreeMap<u32, Instant>,
+    /// RC QPs apm looks after that have no agreed alternate now (by device and QP
+    /// number: two devices number their QPs alike): since when.
+    unprotected: BTreeMap<(String, u32), Instant>,
     dir: Option<PathBuf>,
     start: Instant,
 }
 
-static STATE: OnceLock<Mutex<State>> = OnceLock::new();
+static STATE: OnceLock<Mutex<PerProcess<State>>> = OnceLock::new();
 
-fn state() -> &'static Mutex<State> {
-    STATE.get_or_init(|| {
+fn state() -> &'static Mutex<PerProcess<State>> {
+    STATE.get_or_init(|| Mutex::new(PerProcess::new(State::new())))
+}
+
+/// The report's lock, held across a fork (see `crate::fork`).
+pub(crate) struct ForkHold {
+    _state: Option<std::sync::MutexGuard<'static, PerProcess<State>>>,
+}
+
+/// Before a fork: hold the report's lock, if there is a report.
+pub(crate) fn before_fork() -> ForkHold {
+    ForkHold {
+        _state: STATE
+            .get()
+            .map(|m| m.lock().unwrap_or_else(PoisonError::into_inner)),
+    }
+}
+
+/// The system clock now, in ms since the Unix epoch (0 if the clock is before it).
+fn unix_ms_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+}
+
+impl State {
+    /// This process's report, empty.
+    fn new() -> State {
         let program = std::fs::read_to_string("/proc/self/comm")
             .map(|s| s.trim().to_owned())
             .unwrap_or_default();
-        Mutex::new(State {
+        State {
             report: ProcessReport {
                 pid: std::process::id(),
                 program,
@@ -36,22 +65,24 @@ fn state() -> &'static Mutex<State> {
             unprotected: BTreeMap::new(),
             dir: std::env::var_os("APM_RUN_REPORT_DIR").map(PathBuf::from),
             start: Instant::now(),
-        })
-    })
-}
+        }
+    }
 
-/// The system clock now, in ms since the Unix epoch (0 if the clock is before it).
-fn unix_ms_now() -> f64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0.0, |d| d.as_secs_f64() * 1000.0)
+    /// The QP's unprotected time so far is counted; it is no longer unprotected.
+    fn settle(&mut self, qpn: u32, device: &str) {
+        if let Some(t) = self.unprotected.remove(&(device.to_owned(), qpn)) {
+            self.report.unprotected_ms += t.elapsed().as_secs_f64() * 1000.0;
+        }
+    }
 }
 
 fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
-    // Whole updates only: a poisoned report is still consistent.
-    let mut s = state().lock().unwrap_or_else(PoisonError::into_inner);
-    let r = f(&mut s);
-    write(&s);
+    // Whole updates only: a poisoned report is still consistent. A forked child's
+    // report starts empty, under its own process id.
+    let mut g = state().lock().unwrap_or_else(PoisonError::into_inner);
+    let s = g.get(State::new);
+    let r = f(s);
+    write(s);
     r
 }
 
@@ -89,7 +120,7 @@ pub fn seen() {
 /// A QP apm will not protect, and why (said once per reason).
 pub fn refused(qpn: u32, device: &str, reason: &str) {
     with(|s| {
-        s.unprotected.remove(&qpn);
+        s.unprotected.remove(&(device.to_owned(), qpn));
         say_once(
             s,
             reason,
@@ -104,28 +135,26 @@ pub fn refused(qpn: u32, device: &str, reason: &str) {
 }
 
 /// apm started looking after an RC QP (unprotected until the peer agrees).
-pub fn looking_after(qpn: u32) {
-    with(|s| {
-        s.unprotected.entry(qpn).or_insert_with(Instant::now);
-    });
+pub fn looking_after(qpn: u32, device: &str) {
+    unprotected(qpn, device);
 }
 
 /// An alternate is agreed (`first`: the QP's first).
-pub fn protected(qpn: u32, first: bool) {
+pub fn protected(qpn: u32, device: &str, first: bool) {
     with(|s| {
         if first {
             s.report.protected += 1;
         }
-        if let Some(t) = s.unprotected.remove(&qpn) {
-            s.report.unprotected_ms += t.elapsed().as_secs_f64() * 1000.0;
-        }
+        s.settle(qpn, device);
     });
 }
 
-/// The QP has no agreed alternate any more.
-pub fn unprotected(qpn: u32) {
+/// The QP has no agreed alternate (any more).
+pub fn unprotected(qpn: u32, device: &str) {
     with(|s| {
-        s.unprotected.entry(qpn).or_insert_with(Instant::now);
+        s.unprotected
+            .entry((device.to_owned(), qpn))
+            .or_insert_with(Instant::now);
     });
 }
 
@@ -141,7 +170,9 @@ pub fn failover(
 ) {
     with(|s| {
         let at_ms = s.start.elapsed().as_secs_f64() * 1000.0;
-        s.unprotected.entry(qpn).or_insert_with(Instant::now);
+        s.unprotected
+            .entry((device.to_owned(), qpn))
+            .or_insert_with(Instant::now);
         s.report.failovers.push(Failover {
             qpn,
             device: device.to_owned(),
@@ -157,9 +188,7 @@ pub fn failover(
 /// The connection is lost (its QP in error).
 pub fn lost(qpn: u32, device: &str, reason: &str) {
     with(|s| {
-        if let Some(t) = s.unprotected.remove(&qpn) {
-            s.report.unprotected_ms += t.elapsed().as_secs_f64() * 1000.0;
-        }
+        s.settle(qpn, device);
         s.report.lost.push(Refusal {
             qpn,
             device: device.to_owned(),
@@ -169,12 +198,8 @@ pub fn lost(qpn: u32, device: &str, reason: &str) {
 }
 
 /// apm stopped looking after the QP (destroyed, out of RTS).
-pub fn released(qpn: u32) {
-    with(|s| {
-        if let Some(t) = s.unprotected.remove(&qpn) {
-            s.report.unprotected_ms += t.elapsed().as_secs_f64() * 1000.0;
-        }
-    });
+pub fn released(qpn: u32, device: &str) {
+    with(|s| s.settle(qpn, device));
 }
 
 /// Something said once, kept in the report's notes.
@@ -187,13 +212,26 @@ pub fn note(line: &str) {
     });
 }
 
+/// apm saw none of the process's verbs though it holds an RDMA device: why (said once).
+pub fn not_seen(why: &str) {
+    with(|s| {
+        say_once(s, why, why);
+        s.report.not_seen = Some(why.to_owned());
+    });
+}
+
 /// At exit: the last write; without `apm run`, a summary line of this process.
 pub fn finish() {
     // A program that never moved a QP to RTS has no report: nothing to do.
     let Some(s) = STATE.get() else { return };
-    let s = s.lock().unwrap_or_else(PoisonError::into_inner);
-    write(&s);
-    if s.dir.is_none() && s.report.qps_seen > 0 {
+    let mut g = s.lock().unwrap_or_else(PoisonError::into_inner);
+    if g.stale() {
+        // A forked child that never used apm: the report is the parent's.
+        return;
+    }
+    let s = g.get(State::new);
+    write(s);
+    if s.dir.is_none() && (s.report.qps_seen > 0 || s.report.not_seen.is_some()) {
         let run = apm_agent::report::RunReport {
             exit_status: 0,
             processes: vec![s.report.clone()],

@@ -21,6 +21,15 @@
 //!   calls `ibv_get_async_event`. [`destroy`] keeps libibverbs' destroy counts exact
 //!   (see [`crate::ledger`]).
 //!
+//! Events apm caused ([`crate::ledger::Caused`]: the `SQ_DRAINED` of its software
+//! moves, the `PATH_MIG` of a QP it arms) are kept from the program on every context,
+//! tee or not: the pump acks them as it takes them, and the program's own read
+//! ([`get_event`]) acks them and reads on, so that a program blocked in
+//! `ibv_get_async_event` stays blocked until an event of its own comes, and one whose
+//! fd is non-blocking is told there is none (EAGAIN), as without the event. A program
+//! that polls the fd wakes once for such an event and then finds nothing: the kernel
+//! queued it, and only the program's own read can take it before it looks.
+//!
 //! What it must never do: lose, reorder or duplicate an event the program would have
 //! read without apm; make a destroy wait; block a program's call on apm's work (the hook
 //! runs after the event is the program's, inside `catch_unwind`); read the fd once the
@@ -31,13 +40,14 @@
 // comment.
 #![allow(unsafe_code)]
 
-use crate::ledger::{object_of, Dying, Element, Event, Held, Object};
+use crate::fork::{self, Mine, PerProcess};
+use crate::ledger::{object_of, Caused, Drainer, Dying, Element, Event, Held, Object};
 use provider_verbs::ffi::sys;
 use std::collections::BTreeMap;
 use std::ffi::c_int;
 use std::os::fd::RawFd;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 /// How long an event waits for the program to read it before apm takes it (a program
 /// polling the fd reads within microseconds; apm's re-arm after a migration can wait
@@ -78,18 +88,34 @@ struct Tee {
 struct State {
     tees: BTreeMap<usize, Tee>,
     dying: Dying,
+    /// Events of the program's QPs that apm caused, on every context.
+    caused: Caused,
 }
 
-static STATE: Mutex<State> = Mutex::new(State {
-    tees: BTreeMap::new(),
-    dying: Dying::new(),
-});
-static THREADS: Mutex<BTreeMap<usize, std::thread::JoinHandle<()>>> = Mutex::new(BTreeMap::new());
+impl State {
+    const fn new() -> State {
+        State {
+            tees: BTreeMap::new(),
+            dying: Dying::new(),
+            caused: Caused::new(),
+        }
+    }
+}
+
+type Threads = BTreeMap<usize, std::thread::JoinHandle<()>>;
+
+/// The tees of this process (a forked child's start empty: the parent's threads are
+/// not in it).
+static STATE: Mutex<PerProcess<State>> = Mutex::new(PerProcess::new(State::new()));
+static THREADS: Mutex<PerProcess<Threads>> = Mutex::new(PerProcess::new(BTreeMap::new()));
 static HOOK: OnceLock<Hook> = OnceLock::new();
 
-fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    // Whole updates only: a poisoned map is still consistent.
-    m.lock().unwrap_or_else(PoisonError::into_inner)
+fn state() -> Mine<State> {
+    fork::lock(&STATE, State::new)
+}
+
+fn threads() -> Mine<Threads> {
+    fork::lock(&THREADS, BTreeMap::new)
 }
 
 /// Give apm the program's events (once per process; later calls are ignored).
@@ -107,7 +133,42 @@ fn hand_over(ctx: usize, events: impl IntoIterator<Item = Event>) {
 
 /// Whether `ctx` has a tee (its QPs' events reach apm).
 pub fn attached(ctx: usize) -> bool {
-    lock(&STATE).tees.contains_key(&ctx)
+    state().tees.contains_key(&ctx)
+}
+
+/// The tee's locks, held across a fork (see `crate::fork`).
+pub(crate) struct ForkHold {
+    _state: MutexGuard<'static, PerProcess<State>>,
+    _threads: MutexGuard<'static, PerProcess<Threads>>,
+}
+
+/// Before a fork: hold the tee's locks, so that no thread of apm's holds one in the
+/// child.
+pub(crate) fn before_fork() -> ForkHold {
+    ForkHold {
+        _state: fork::hold(&STATE),
+        _threads: fork::hold(&THREADS),
+    }
+}
+
+/// `who` is about to take QP `qp` from RTS to SQD (its `SQ_DRAINED` is `who`'s).
+pub fn drain_asked(qp: usize, who: Drainer) {
+    state().caused.drain(qp, who);
+}
+
+/// `who`'s last drain of QP `qp` will raise nothing.
+pub fn drain_withdrawn(qp: usize, who: Drainer) {
+    state().caused.withdraw(qp, who);
+}
+
+/// apm loads QP `qp`'s alternate paths (its path migration events are apm's).
+pub fn armed_by_apm(qp: usize) {
+    state().caused.arm(qp);
+}
+
+/// QP `qp` was reset by the program: what apm did to it before is over.
+pub fn starts_over(qp: usize) {
+    state().caused.forget(qp);
 }
 
 /// Put a tee on `ctx`, just opened by the program. On failure nothing changed and the
@@ -124,7 +185,7 @@ pub unsafe fn attach(ctx: *mut sys::ibv_context) -> Result<(), String> {
         return Err(format!("eventfd: {}", std::io::Error::last_os_error()));
     }
     let at = ctx as usize;
-    lock(&STATE).tees.insert(
+    state().tees.insert(
         at,
         Tee {
             async_fd,
@@ -138,11 +199,11 @@ pub unsafe fn attach(ctx: *mut sys::ibv_context) -> Result<(), String> {
         .spawn(move || pump(at, async_fd, stop));
     match thread {
         Ok(t) => {
-            lock(&THREADS).insert(at, t);
+            threads().insert(at, t);
             Ok(())
         }
         Err(e) => {
-            lock(&STATE).tees.remove(&at);
+            state().tees.remove(&at);
             // SAFETY: our own eventfd, used by nobody else.
             unsafe { libc::close(stop) };
             Err(format!("cannot start apm's event thread: {e}"))
@@ -153,14 +214,14 @@ pub unsafe fn attach(ctx: *mut sys::ibv_context) -> Result<(), String> {
 /// Take the tee off `ctx` before the program's real `ibv_close_device`. Events kept for
 /// the program vanish with the context, as unread ones do without apm.
 pub fn detach(ctx: usize) {
-    let Some(tee) = lock(&STATE).tees.remove(&ctx) else {
+    let Some(tee) = state().tees.remove(&ctx) else {
         return;
     };
     let one: u64 = 1;
     // SAFETY: writing 8 bytes to our eventfd.
     unsafe { libc::write(tee.stop, (&one as *const u64).cast(), 8) };
     // The pump never blocks but in poll, which the eventfd ends.
-    if let Some(t) = lock(&THREADS).remove(&ctx) {
+    if let Some(t) = threads().remove(&ctx) {
         let _ = t.join();
     }
     // SAFETY: our own eventfd; the pump is gone.
@@ -210,8 +271,12 @@ fn pump(ctx: usize, async_fd: RawFd, stop: RawFd) {
             return;
         }
         let taken = {
-            let mut state = lock(&STATE);
-            let State { tees, dying } = &mut *state;
+            let mut state = state();
+            let State {
+                tees,
+                dying,
+                caused,
+            } = &mut *state;
             let Some(tee) = tees.get_mut(&ctx) else {
                 return;
             };
@@ -219,16 +284,17 @@ fn pump(ctx: usize, async_fd: RawFd, stop: RawFd) {
                 // The program reads its own events now: apm gets a copy of each.
                 return;
             }
-            take_pending(tee, dying)
+            take_pending(tee, dying, caused)
         };
         hand_over(ctx, taken);
     }
 }
 
 /// Read every event pending on the tee's fd (non-blocking, the fd's mode put back
-/// after), keep each for the program, and return them for apm. Runs under the state's
-/// lock: the program's first `ibv_get_async_event` and every destroy wait for it.
-fn take_pending(tee: &mut Tee, dying: &Dying) -> Vec<Event> {
+/// after), keep each for the program (but those apm caused, acked at once), and return
+/// them for apm. Runs under the state's lock: the program's first `ibv_get_async_event`
+/// and every destroy wait for it.
+fn take_pending(tee: &mut Tee, dying: &Dying, caused: &mut Caused) -> Vec<Event> {
     let fd = tee.async_fd;
     // SAFETY: fcntl on the context's fd, which stays open while the tee exists.
     let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
@@ -255,6 +321,9 @@ fn take_pending(tee: &mut Tee, dying: &Dying) -> Vec<Event> {
         };
         if dying.hits(&ev) {
             ack_for_program(ev.about());
+        } else if caused.is_apms(&ev) {
+            ack_for_program(ev.about());
+            taken.push(ev);
         } else if tee.held.push(ev) {
             taken.push(ev);
         } else {
@@ -316,9 +385,10 @@ fn element_union(object: Object, addr: usize) -> sys::ibv_async_event__bindgen_t
     }
 }
 
-/// The program's `ibv_get_async_event` on a context with a tee: events apm kept for it
-/// come first (filled in as libibverbs fills them), then libibverbs' own (`real`) reads
-/// the kernel's queue as without apm, and apm gets a copy.
+/// The program's `ibv_get_async_event`: on a context with a tee, events apm kept for it
+/// come first (filled in as libibverbs fills them); then libibverbs' own (`real`) reads
+/// the kernel's queue as without apm, apm gets a copy of each event, and those apm
+/// caused are acked and passed over (the read goes on, blocking or not as the fd is).
 ///
 /// # Safety
 /// The caller's contract of `ibv_get_async_event`; `real` is libibverbs' function.
@@ -328,7 +398,7 @@ pub unsafe fn get_event(
     real: unsafe extern "C" fn(*mut sys::ibv_context, *mut sys::ibv_async_event) -> c_int,
 ) -> c_int {
     let kept = {
-        let mut state = lock(&STATE);
+        let mut state = state();
         match state.tees.get_mut(&(ctx as usize)) {
             Some(tee) => {
                 tee.reader = true;
@@ -351,9 +421,12 @@ pub unsafe fn get_event(
         }
         return 0;
     }
-    // SAFETY: the caller's arguments.
-    let rc = unsafe { real(ctx, event) };
-    if rc == 0 && !event.is_null() {
+    loop {
+        // SAFETY: the caller's arguments.
+        let rc = unsafe { real(ctx, event) };
+        if rc != 0 || event.is_null() {
+            return rc;
+        }
         // SAFETY: filled in by the successful call; the pointer member is read only for
         // the types whose element is an object (the others carry a number).
         let ev = unsafe {
@@ -367,23 +440,35 @@ pub unsafe fn get_event(
             }
         };
         hand_over(ctx as usize, [ev]);
+        if !state().caused.is_apms(&ev) {
+            return 0;
+        }
+        // libibverbs counted it as read: acked as the program would have, then the
+        // read goes on as if it had never been queued.
+        if let Some(ack) = crate::ffi::real_ack() {
+            // SAFETY: the event libibverbs just filled in; its object is live (its
+            // destroy, if one runs, waits for this ack).
+            unsafe { ack(event) };
+        }
     }
-    rc
 }
 
 /// The program destroys the object at `addr` with `real` (its `ibv_destroy_*`): events
 /// about it that apm keeps for the program are removed and acked on its behalf first,
 /// and those read during the destroy are acked as they come.
+/// What apm caused of the object is forgotten after it (its address may be reused).
 pub fn destroy(addr: usize, real: impl FnOnce() -> c_int) -> c_int {
     let gone = {
-        let mut state = lock(&STATE);
-        if state.tees.is_empty() {
-            drop(state);
-            return real();
+        let mut s = state();
+        if s.tees.is_empty() {
+            drop(s);
+            let rc = real();
+            state().caused.forget(addr);
+            return rc;
         }
-        state.dying.begin(addr);
+        s.dying.begin(addr);
         let mut gone = Vec::new();
-        for tee in state.tees.values_mut() {
+        for tee in s.tees.values_mut() {
             gone.extend(tee.held.purge(addr));
         }
         gone
@@ -392,6 +477,39 @@ pub fn destroy(addr: usize, real: impl FnOnce() -> c_int) -> c_int {
         ack_for_program(ev.about());
     }
     let rc = real();
-    lock(&STATE).dying.end(addr);
+    let mut s = state();
+    s.dying.end(addr);
+    s.caused.forget(addr);
     rc
+}
+
+#[cfg(test)]
+mod fork_tests {
+    use super::*;
+
+    #[test]
+    fn a_forked_child_drops_the_parents_tees() {
+        let mut fds = [0; 2];
+        // SAFETY: a pipe for the fake context's async fd.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: a zeroed context is a valid value of the plain C struct.
+        let mut ctx: sys::ibv_context = unsafe { std::mem::zeroed() };
+        ctx.async_fd = fds[0];
+        // SAFETY: the context lives for the test.
+        unsafe { attach(&mut ctx) }.expect("attach");
+        // SAFETY: fork (the library's own handlers run around it, registered when it
+        // was loaded); the child reads one map and exits.
+        let pid = unsafe { libc::fork() };
+        if pid == 0 {
+            let n = state().tees.len();
+            // SAFETY: leaving the child at once.
+            unsafe { libc::_exit(n as i32) };
+        }
+        let mut status = 0;
+        // SAFETY: our child.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        detach(&mut ctx as *mut _ as usize);
+        assert!(libc::WIFEXITED(status), "status {status:#x}");
+        assert_eq!(libc::WEXITSTATUS(status), 0);
+    }
 }

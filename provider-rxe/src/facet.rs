@@ -229,6 +229,23 @@ impl RxeQpControl {
     }
 }
 
+/// What the engine needs to know of an application's QP, read while no move runs and
+/// only while the application has not let go of it.
+async fn adopted_snapshot(
+    verbs: &VerbsQpControl,
+    conn: ConnId,
+    a: &AdoptedQp,
+) -> Result<QpSnapshot, ProviderError> {
+    let device = verbs
+        .device_index(a.qp().context().name())
+        .ok_or(ProviderError::UnknownConnection(conn))?;
+    let attr = a
+        .query(provider_verbs::facet::SNAPSHOT_MASK)
+        .await
+        .map_err(|e| ProviderError::refused(Operation::QueryQp, e.reason()))?;
+    provider_verbs::facet::snapshot(device, &attr)
+}
+
 /// The error for every hardware-APM operation.
 fn no_hw_apm(operation: Operation) -> ProviderError {
     ProviderError::Unsupported {
@@ -366,7 +383,15 @@ impl QpControl for RxeQpControl {
         let rc = match managed {
             Managed::Own(rc) => rc,
             Managed::Adopted(a) => {
-                return match a.migrate(av, self.config.drain_timeout).await {
+                // A task of its own: the Manager drops this call at the command's
+                // deadline, and a move cut off there would leave the application's QP
+                // in SQD. The task ends the move in RTS (see `AdoptedQp::migrate`).
+                let drain_timeout = self.config.drain_timeout;
+                let moving = tokio::spawn(async move { a.migrate(av, drain_timeout).await });
+                let result = moving.await.unwrap_or(Err(crate::conn::ConnError::Invalid(
+                    "the move of the application's QP stopped midway (apm's runtime ended)",
+                )));
+                return match result {
                     Ok(()) => {
                         info!(%conn, to = %path, took = ?started.elapsed(), "software migration of the application's QP done");
                         Ok(())
@@ -412,7 +437,13 @@ impl QpControl for RxeQpControl {
     }
 
     async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError> {
-        self.verbs.query_qp(conn).await
+        match self.conn(conn)? {
+            // The application's QP is queried under its hold, as its own verbs are: a
+            // query beside its destroy would make the destroy fail (EBUSY), and one
+            // after it would read a freed QP.
+            Managed::Adopted(a) => adopted_snapshot(&self.verbs, conn, &a).await,
+            Managed::Own(_) => self.verbs.query_qp(conn).await,
+        }
     }
 }
 

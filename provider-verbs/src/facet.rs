@@ -226,6 +226,23 @@ fn refine(qp: &Qp, err: ProviderError) -> ProviderError {
     }
 }
 
+/// The attributes [`snapshot`] reads.
+pub const SNAPSHOT_MASK: ffi::QpAttrMask = ffi::QpAttrMask(
+    ffi::QpAttrMask::STATE.0 | ffi::QpAttrMask::PATH_MIG_STATE.0 | ffi::QpAttrMask::AV.0,
+);
+
+/// What the engine needs to know of a QP of device index `device`, from its attributes
+/// (queried with [`SNAPSHOT_MASK`]).
+pub fn snapshot(device: u16, a: &ffi::QpAttr) -> Result<QpSnapshot, ProviderError> {
+    Ok(QpSnapshot {
+        operational: !matches!(a.qp_state, QpState::Err | QpState::Reset),
+        mig_state: mig_state(Operation::QueryQp, a.path_mig_state)?,
+        primary_port: PortKey::new(device, a.ah_attr.port_num.max(a.port_num).max(1)),
+        primary_dlid: Lid::from_wire(a.ah_attr.dlid),
+        primary_dgid: Gid(a.ah_attr.dgid),
+    })
+}
+
 fn mig_state(operation: Operation, m: ffi::MigState) -> Result<MigState, ProviderError> {
     match m {
         ffi::MigState::Migrated => Ok(MigState::Migrated),
@@ -417,17 +434,9 @@ impl QpControl for VerbsQpControl {
             .ok_or(ProviderError::UnknownConnection(conn))?;
         blocking(Operation::QueryQp, move || {
             let a = qp
-                .query(
-                    ffi::QpAttrMask::STATE | ffi::QpAttrMask::PATH_MIG_STATE | ffi::QpAttrMask::AV,
-                )
+                .query(SNAPSHOT_MASK)
                 .map_err(|e| to_provider(Operation::QueryQp, e))?;
-            Ok(QpSnapshot {
-                operational: !matches!(a.qp_state, QpState::Err | QpState::Reset),
-                mig_state: mig_state(Operation::QueryQp, a.path_mig_state)?,
-                primary_port: PortKey::new(device, a.ah_attr.port_num.max(a.port_num).max(1)),
-                primary_dlid: Lid::from_wire(a.ah_attr.dlid),
-                primary_dgid: Gid(a.ah_attr.dgid),
-            })
+            snapshot(device, &a)
         })
         .await
     }

@@ -158,31 +158,7 @@ fn in_vm(
             };
             (which(first)?, rest.to_vec(), Vec::new(), Vec::new())
         }
-        None => (
-            suite_script(&vm_dir, &modules.key, patched, filter)?,
-            Vec::new(),
-            vec![
-                ("APM_HWTEST".to_owned(), "1".to_owned()),
-                // The devices in the VM are the suite's own: it may take links down.
-                ("APM_HWTEST_LINK_TOGGLE".to_owned(), "1".to_owned()),
-                // The failover tests drive `apm pingpong`, shipped next to the suite.
-                ("APM_BIN".to_owned(), "/mnt/apm".to_owned()),
-                // apm-capi's C example (its own RC QPs handed to apm), shipped likewise.
-                ("APM_C_EXAMPLE".to_owned(), "/mnt/rc_rxe".to_owned()),
-            ],
-            {
-                let apm = build_apm()?;
-                // `apm run`'s interposition library, found beside the binary.
-                let preload = build_preload(&apm)?;
-                vec![
-                    fixed_name(&build_suite()?, &vm_dir, "hw")?,
-                    apm,
-                    preload,
-                    crate::capi::build_c_example()?,
-                    crate::kernel::build_test(&vm_dir)?,
-                ]
-            },
-        ),
+        None => suite_run(&vm_dir, &modules.key, patched, filter)?,
     };
     let env = env.into_iter().chain(more_env).collect();
     let spec = vm::RunSpec {
@@ -231,6 +207,75 @@ fn in_vm(
         Some(c) => bail!("hwtest --vm: the run in the VM failed with exit code {c}"),
         None => bail!("hwtest --vm: the VM powered off without reporting an exit code"),
     }
+}
+
+/// Build apm-preload's own verbs program (`apm-preload/tests/c/rc_dlopen.c`) twice under
+/// `vm_dir`: as NCCL loads libibverbs (`rc_dlopen`: dlopen and dlvsym, no link to it) and
+/// linked to it (`rc_linked`). The first must not link libibverbs: the link fails if it
+/// uses a verb it did not bind.
+fn build_shim_programs(vm_dir: &std::path::Path) -> Result<Vec<PathBuf>> {
+    let dir = vm_dir.join("suite");
+    std::fs::create_dir_all(&dir)?;
+    let source = crate::util::workspace_root().join("apm-preload/tests/c/rc_dlopen.c");
+    let mut out = Vec::new();
+    for (name, how) in [
+        ("rc_dlopen", &["-ldl"][..]),
+        ("rc_linked", &["-DAPM_LINKED", "-libverbs"][..]),
+    ] {
+        let exe = dir.join(name);
+        let status = Command::new("gcc")
+            .args(["-std=gnu11", "-O1", "-Wall", "-Wextra", "-Werror", "-o"])
+            .arg(&exe)
+            .arg(&source)
+            .args(how)
+            .arg("-lpthread")
+            .status();
+        crate::util::check_status(status, &format!("building {name} from rc_dlopen.c"))?;
+        out.push(exe);
+    }
+    Ok(out)
+}
+
+/// What the VM runs for the suite: the guest script, no arguments, the suite's
+/// environment and every binary it uses (built here, shipped on the share).
+type SuiteRun = (PathBuf, Vec<String>, Vec<(String, String)>, Vec<PathBuf>);
+
+fn suite_run(
+    vm_dir: &std::path::Path,
+    modules_key: &str,
+    patched: bool,
+    filter: &[String],
+) -> Result<SuiteRun> {
+    let env = [
+        ("APM_HWTEST", "1"),
+        // The devices in the VM are the suite's own: it may take links down.
+        ("APM_HWTEST_LINK_TOGGLE", "1"),
+        // The failover tests drive `apm pingpong`, shipped next to the suite.
+        ("APM_BIN", "/mnt/apm"),
+        // apm-capi's C example (its own RC QPs handed to apm), shipped likewise.
+        ("APM_C_EXAMPLE", "/mnt/rc_rxe"),
+        // apm-preload's own verbs program, as NCCL loads libibverbs and linked.
+        ("APM_SHIM_PROGRAM", "/mnt/rc_dlopen"),
+        ("APM_SHIM_LINKED", "/mnt/rc_linked"),
+    ]
+    .map(|(k, v)| (k.to_owned(), v.to_owned()));
+    let apm = build_apm()?;
+    // `apm run`'s interposition library, found beside the binary.
+    let preload = build_preload(&apm)?;
+    let mut bins = vec![
+        fixed_name(&build_suite()?, vm_dir, "hw")?,
+        apm,
+        preload,
+        crate::capi::build_c_example()?,
+        crate::kernel::build_test(vm_dir)?,
+    ];
+    bins.extend(build_shim_programs(vm_dir)?);
+    Ok((
+        suite_script(vm_dir, modules_key, patched, filter)?,
+        Vec::new(),
+        env.to_vec(),
+        bins,
+    ))
 }
 
 /// The guest script that runs the suite's two phases (see `vmsuite`), written under

@@ -43,6 +43,7 @@ const UNSAFE_MODULES: &[&str] = &[
     "provider-verbs/src/ffi/mod.rs",
     "apm-preload/src/ffi.rs",
     "apm-preload/src/tee.rs",
+    "apm-preload/src/loader.rs",
     "apm-capi/src/lib.rs",
 ];
 

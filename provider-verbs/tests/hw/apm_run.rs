@@ -34,6 +34,9 @@ mod hw;
 // The agent's liveness probes finding a cut nothing reports.
 #[path = "apm_run_probes.rs"]
 mod probes;
+// What apm-preload must keep invisible, and programs that load libibverbs themselves.
+#[path = "apm_run_shim.rs"]
+mod shim;
 
 /// The agent's UDP port in these tests (not the default, so nothing else answers).
 const PORT: &str = "47950";
@@ -117,20 +120,20 @@ struct End {
 }
 
 fn spawn(tag: &str, argv: &[String], apm: Option<&str>, report: &str) -> End {
+    spawn_opts(tag, argv, apm, &["--config", "/tmp/apm-run.toml"], report)
+}
+
+/// [`spawn`] with `apm run`'s options `opts` (its config file among them).
+fn spawn_opts(tag: &str, argv: &[String], apm: Option<&str>, opts: &[&str], report: &str) -> End {
     let out = std::path::PathBuf::from(format!("/tmp/{tag}.out"));
     let file = std::fs::File::create(&out).expect("output file");
     let mut cmd = match apm {
         Some(bin) => {
             let mut c = Command::new(bin);
-            c.args([
-                "run",
-                "--config",
-                "/tmp/apm-run.toml",
-                "--report",
-                report,
-                "--",
-            ])
-            .args(argv);
+            c.arg("run")
+                .args(opts)
+                .args(["--report", report, "--"])
+                .args(argv);
             c
         }
         None => {

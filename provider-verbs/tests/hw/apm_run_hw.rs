@@ -27,7 +27,7 @@ use std::sync::mpsc;
 mod ucx;
 
 /// Whether rxe0 does hardware APM (the patched modules), or why not.
-fn hardware_apm_here() -> Result<(), String> {
+pub(super) fn hardware_apm_here() -> Result<(), String> {
     let ctx = verbs().open("rxe0").map_err(|e| e.to_string())?;
     provider_verbs::hw_apm::available(&ctx, 1).map_err(|e| e.to_string())
 }
