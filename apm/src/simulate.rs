@@ -79,11 +79,12 @@ pub struct Args {
 struct JsonPolicy {
     connections: u64,
     lost: u64,
-    /// Which connections were lost (indices), and of those the ones lost in the re-arm
-    /// window after a move and in or after a total outage.
+    /// Which connections were lost (indices), and of those the ones whose primary died
+    /// after a move and before they were armed again, and those lost while no path
+    /// between their two hosts worked (`provider_sim::compare::Cause`).
     lost_ids: Vec<u64>,
     lost_in_rearm_window: Vec<u64>,
-    lost_in_outage: Vec<u64>,
+    lost_in_total_outage: Vec<u64>,
     /// Offered by the applications over the whole run and never delivered.
     messages_lost: u64,
     messages_offered: u64,
@@ -129,17 +130,18 @@ struct JsonDoc {
     seed: u64,
     scenario: String,
     policies: BTreeMap<String, JsonPolicy>,
-    /// apm against the baselines (with all three policies run): what it did worse
-    /// (`violations`) and the losses a baseline avoided that no policy moving early can
-    /// (`findings`; see `provider_sim::compare`).
+    /// apm against each baseline that ran, per connection with nothing subtracted
+    /// (`provider_sim::compare`); absent without apm or without a baseline.
     #[serde(skip_serializing_if = "Option::is_none")]
-    dominance: Option<JsonDominance>,
+    judgement: Option<JsonJudgement>,
 }
 
 #[derive(Debug, Serialize)]
-struct JsonDominance {
-    violations: Vec<String>,
-    findings: Vec<String>,
+struct JsonJudgement {
+    /// The run fails against some baseline: apm lost more connections, or one the
+    /// baseline kept outside a total outage.
+    fails: bool,
+    against: Vec<compare::Against>,
 }
 
 /// Load the scenario and apply the command-line overrides.
@@ -406,7 +408,7 @@ fn json_doc(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> JsonDoc {
                         lost: r.lost,
                         lost_ids: r.lost_ids.clone(),
                         lost_in_rearm_window: r.lost_in_rearm_window.clone(),
-                        lost_in_outage: r.lost_in_outage.clone(),
+                        lost_in_total_outage: r.lost_in_total_outage.clone(),
                         messages_lost: r.messages_lost,
                         messages_offered: r.messages_posted,
                         messages_duplicated: r.messages_duplicated,
@@ -430,13 +432,13 @@ fn json_doc(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> JsonDoc {
                 )
             })
             .collect(),
-        dominance: PolicyKind::ALL
-            .iter()
-            .all(|k| reports.iter().any(|r| r.policy == k.name()))
-            .then(|| JsonDominance {
-                violations: compare::dominance_violations(reports),
-                findings: compare::findings(reports),
-            }),
+        judgement: {
+            let against = compare::judge(reports);
+            (!against.is_empty()).then(|| JsonJudgement {
+                fails: against.iter().any(|a| a.fails),
+                against,
+            })
+        },
     }
 }
 
@@ -531,6 +533,7 @@ pub fn table(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
         o.push('\n');
     }
     o.push_str(&sim_events::section(reports));
+    o.push_str(&judgement(reports));
     let viol: usize = reports.iter().map(|r| r.violations.len()).sum();
     if viol > 0 {
         let _ = writeln!(o, "\n{viol} invariant violation(s):");
@@ -539,6 +542,27 @@ pub fn table(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
                 let _ = writeln!(o, "  {}: {v}", r.policy);
             }
         }
+    }
+    o
+}
+
+/// apm against each baseline that ran: connections lost, and every connection apm
+/// lost that the baseline kept with the cause class of apm's loss.
+fn judgement(reports: &[RunReport]) -> String {
+    use std::fmt::Write;
+    let against = compare::judge(reports);
+    let mut o = String::new();
+    if against.is_empty() {
+        return o;
+    }
+    let _ = writeln!(
+        o,
+        "\njudgement (every loss counted; a run fails against a baseline when apm lost more \
+         connections, or lost one the baseline kept outside a total outage):"
+    );
+    for a in &against {
+        let mark = if a.fails { "FAILS" } else { "ok" };
+        let _ = writeln!(o, "  {mark:5} {}", a.line(200));
     }
     o
 }

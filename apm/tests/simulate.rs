@@ -28,9 +28,22 @@ fn json_has_exactly_the_fields_and_is_deterministic() {
     let again = apm(&args);
     assert_eq!(out.stdout, again.stdout, "same seed, same bytes");
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(keys(&doc), ["dominance", "policies", "scenario", "seed"]);
-    assert_eq!(keys(&doc["dominance"]), ["findings", "violations"]);
-    assert_eq!(doc["dominance"]["violations"], serde_json::json!([]));
+    assert_eq!(keys(&doc), ["judgement", "policies", "scenario", "seed"]);
+    assert_eq!(keys(&doc["judgement"]), ["against", "fails"]);
+    assert_eq!(doc["judgement"]["fails"], false);
+    for against in doc["judgement"]["against"].as_array().unwrap() {
+        assert_eq!(
+            keys(against),
+            [
+                "apm_lost",
+                "apm_lost_more",
+                "baseline",
+                "baseline_lost",
+                "fails",
+                "lost_by_apm_kept_by_baseline"
+            ]
+        );
+    }
     assert_eq!(doc["seed"], 4);
     assert_eq!(keys(&doc["policies"]), ["apm", "hw-only", "reload-local"]);
     for (name, p) in doc["policies"].as_object().unwrap() {
@@ -46,8 +59,8 @@ fn json_has_exactly_the_fields_and_is_deterministic() {
                 "failure_events",
                 "lost",
                 "lost_ids",
-                "lost_in_outage",
                 "lost_in_rearm_window",
+                "lost_in_total_outage",
                 "lost_ms_total",
                 "mads_sent",
                 "messages_duplicated",

@@ -51,11 +51,9 @@ fn main() {
         }
         reports.push(r);
     }
-    for line in compare::dominance_violations(&reports) {
-        println!("WORSE: {line}");
-    }
-    for line in compare::findings(&reports) {
-        println!("FINDING: {line}");
+    for against in compare::judge(&reports) {
+        let mark = if against.fails { "FAILS" } else { "ok" };
+        println!("{mark}: {}", against.line(usize::MAX));
     }
     if let Some(r) = reports.first() {
         for (t, what) in &r.timeline {

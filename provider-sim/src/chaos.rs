@@ -1,17 +1,15 @@
 //! Chaos runs: every seed is a small scenario of one family (seed `n` belongs to family
-//! `n % 9`), run
+//! `n % N` of the N families), run
 //! - under `apm` alone, long enough for every bound to pass, twice (the two runs must be
 //!   byte-identical), with every invariant checked after every step, the "armed again
 //!   within a bound after the faults stop" one included (with [`chaos_policy`]'s shorter
 //!   backoffs, so the bound is seconds, not minutes);
-//! - under `apm` and both baselines with the default policy, for the scenario's own
-//!   duration, checking dominance: apm loses no more connections than either baseline
-//!   and no connection that a baseline kept. Two kinds of loss of a connection a
-//!   baseline kept are reported, not failed (they still count against apm's total):
-//!   one whose new path died in the re-arm window right after a move, which waiting
-//!   out the retry budget, as the baselines do, happens to survive; and one lost in or
-//!   after a total outage, whose survival is down to where its QP's retry timer stood
-//!   when a path came back ([`compare::findings`]).
+//! - under `apm` and every baseline with the family's own engine policy, for the
+//!   scenario's own duration, judged per connection ([`compare::judge`]): the seed
+//!   fails when apm lost more connections than a baseline, or lost one that a baseline
+//!   kept outside a total outage. Losses in total outages are counted per policy
+//!   ([`SeedOutcome::lost`]) and judged over the campaign, family by family (apm's
+//!   total no more than any baseline's).
 //!
 //! The test suite runs a few hundred seeds (`cargo test -p provider-sim --test chaos`);
 //! `cargo xtask chaos --seeds 10000` runs the long campaign. A failing seed is replayed
@@ -24,18 +22,19 @@ use crate::sim::{RunConfig, Sim, SimError};
 use crate::Scenario;
 use apm_core::Policy;
 
-/// The engine policy the invariant runs use: the simulator's (probes on) with the hold-down, the
-/// re-arm backoff and the SA recheck of an out-of-service GID (1 s, doubling) capped at
-/// 2 s, so that "armed again within a bound after the faults stop" can be checked within
-/// seconds of simulated time rather than minutes, for every connection: a host that
-/// missed the SM's last notice is not excused, its engine must find out from the SA.
-pub fn chaos_policy() -> Policy {
+/// The engine policy the invariant runs of `s` use: the scenario's (its family's) with
+/// the hold-down, the re-arm backoff and the SA recheck of an out-of-service GID (1 s,
+/// doubling) capped at 2 s, so that "armed again within a bound after the faults stop"
+/// can be checked within seconds of simulated time rather than minutes, for every
+/// connection: a host that missed the SM's last notice is not excused, its engine must
+/// find out from the SA.
+pub fn chaos_policy(s: &Scenario) -> Policy {
     Policy {
         hold_down_max_ms: 2000,
         rearm_retry_max_ms: 2000,
         remote_recheck_ms: 1000,
         remote_recheck_max_ms: 2000,
-        ..crate::controller::sim_policy()
+        ..s.engine_policy()
     }
 }
 
@@ -59,7 +58,7 @@ fn stretched(s: &Scenario, seed: u64) -> Result<Scenario, SimError> {
         .map(|f| f.end_ms())
         .max()
         .unwrap_or(0);
-    let probe = Sim::new(s, invariant_config(seed))?;
+    let probe = Sim::new(s, invariant_config(s, seed))?;
     let settle = probe.settle_bound().as_nanos() / 1_000_000;
     let f = &s.fabric;
     let takeover = f
@@ -70,9 +69,9 @@ fn stretched(s: &Scenario, seed: u64) -> Result<Scenario, SimError> {
     Ok(long)
 }
 
-fn invariant_config(seed: u64) -> RunConfig {
+fn invariant_config(s: &Scenario, seed: u64) -> RunConfig {
     let mut cfg = RunConfig::new(crate::PolicyKind::Apm, seed);
-    cfg.engine_policy = chaos_policy();
+    cfg.engine_policy = chaos_policy(s);
     cfg.check = true;
     cfg.sample_ms = 100;
     cfg
@@ -88,7 +87,7 @@ pub enum SeedError {
     /// A report could not be serialised for the comparison of the two runs.
     #[error(transparent)]
     Json(#[from] serde_json::Error),
-    /// Violations, a divergence between the two runs, or apm worse than a baseline.
+    /// Violations, a divergence between the two runs, or a failed judgement.
     #[error("{family}: {}", problems.join(" | "))]
     Failed {
         /// The seed's family.
@@ -98,29 +97,39 @@ pub enum SeedError {
     },
 }
 
+/// One policy's losses on a seed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Losses {
+    /// The policy's name.
+    pub policy: String,
+    /// Connections it lost.
+    pub lost: u64,
+    /// Of those, lost in a total outage.
+    pub in_total_outage: u64,
+}
+
 /// What one seed produced.
 #[derive(Debug)]
 pub struct SeedOutcome {
+    /// The seed's family.
+    pub family: &'static str,
     /// Digest of the event sequence (the invariant run).
     pub digest: u64,
     /// Events processed (one invariant run).
     pub events: u64,
-    /// Connections apm lost in the comparison (double faults, device failures).
-    pub lost: u64,
-    /// Connections each baseline lost in the comparison (hw-only, reload-local).
-    pub baseline_lost: [u64; 2],
-    /// Where apm lost a connection a baseline kept in the re-arm window after a move or
-    /// in a total outage ([`compare::findings`]): reported, not a failure.
-    pub findings: Vec<String>,
+    /// Every policy's losses in the comparison, apm first.
+    pub lost: Vec<Losses>,
+    /// apm against each baseline (none fails: a seed that fails is an error).
+    pub judgement: Vec<compare::Against>,
 }
 
 /// Run `seed`: the invariant runs and the comparison. `Err` describes the violations,
-/// the divergence between the two runs, or where apm did worse than a baseline.
+/// the divergence between the two runs, or the judgement's failures.
 pub fn run_seed(seed: u64) -> Result<SeedOutcome, SeedError> {
     let s = scenario_for(seed);
     let long = stretched(&s, seed)?;
     let one = || -> Result<crate::report::RunReport, SimError> {
-        Ok(Sim::new(&long, invariant_config(seed))?.run())
+        Ok(Sim::new(&long, invariant_config(&s, seed))?.run())
     };
     let a = one()?;
     let b = one()?;
@@ -140,7 +149,7 @@ pub fn run_seed(seed: u64) -> Result<SeedOutcome, SeedError> {
             a.digest, b.digest
         ));
     }
-    let reports = compare::run_all(&s, seed, &crate::controller::sim_policy())?;
+    let reports = compare::run_all(&s, seed, &s.engine_policy())?;
     for r in &reports {
         if !r.violations.is_empty() {
             problems.push(format!(
@@ -151,9 +160,9 @@ pub fn run_seed(seed: u64) -> Result<SeedOutcome, SeedError> {
             ));
         }
     }
-    let worse = compare::dominance_violations(&reports);
-    if !worse.is_empty() {
-        problems.push(format!("dominance: {}", worse.join("; ")));
+    let judgement = compare::judge(&reports);
+    for against in judgement.iter().filter(|a| a.fails) {
+        problems.push(format!("judgement: {}", against.line(usize::MAX)));
     }
     if !problems.is_empty() {
         return Err(SeedError::Failed {
@@ -161,13 +170,19 @@ pub fn run_seed(seed: u64) -> Result<SeedOutcome, SeedError> {
             problems,
         });
     }
-    let lost = |i: usize| reports.get(i).map_or(0, |r| r.lost);
     Ok(SeedOutcome {
+        family: family_of(seed).name(),
         digest: a.digest,
         events: a.events,
-        lost: lost(0),
-        baseline_lost: [lost(1), lost(2)],
-        findings: compare::findings(&reports),
+        lost: reports
+            .iter()
+            .map(|r| Losses {
+                policy: r.policy.clone(),
+                lost: r.lost,
+                in_total_outage: r.lost_in_total_outage.len() as u64,
+            })
+            .collect(),
+        judgement,
     })
 }
 
@@ -178,4 +193,70 @@ pub fn replay_command(seed: u64) -> String {
          compare: cargo run --release -p apm -- simulate --family {} --small --seed {seed}",
         family_of(seed).name()
     )
+}
+
+/// A campaign's losses, family by family: each policy's connections lost and, of
+/// those, lost in total outages, summed over the seeds that passed.
+#[derive(Debug, Default)]
+pub struct Tally {
+    /// Family name -> policy name -> (lost, of which in total outages); families and
+    /// policies in the order first seen.
+    pub families: Vec<(&'static str, Vec<(String, u64, u64)>)>,
+}
+
+impl Tally {
+    /// Add one seed's outcome.
+    pub fn add(&mut self, o: &SeedOutcome) {
+        let i = match self.families.iter().position(|(f, _)| *f == o.family) {
+            Some(i) => i,
+            None => {
+                self.families.push((o.family, Vec::new()));
+                self.families.len() - 1
+            }
+        };
+        let rows = &mut self.families[i].1;
+        for l in &o.lost {
+            match rows.iter_mut().find(|(p, _, _)| *p == l.policy) {
+                Some(row) => {
+                    row.1 += l.lost;
+                    row.2 += l.in_total_outage;
+                }
+                None => rows.push((l.policy.clone(), l.lost, l.in_total_outage)),
+            }
+        }
+    }
+
+    /// The families where apm lost more connections in total outages than a baseline
+    /// did over the campaign, one line each.
+    pub fn outage_excess(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (family, rows) in &self.families {
+            let Some(apm) = rows.iter().find(|r| r.0 == crate::PolicyKind::Apm.name()) else {
+                continue;
+            };
+            for base in rows.iter().filter(|r| r.0 != apm.0) {
+                if apm.2 > base.2 {
+                    out.push(format!(
+                        "{family}: apm lost {} connection(s) in total outages, {} {}",
+                        apm.2, base.0, base.2
+                    ));
+                }
+            }
+        }
+        out
+    }
+
+    /// One line per family: every policy's losses, `lost (in total outages)`.
+    pub fn lines(&self) -> Vec<String> {
+        self.families
+            .iter()
+            .map(|(family, rows)| {
+                let cells: Vec<String> = rows
+                    .iter()
+                    .map(|(p, lost, outage)| format!("{p} {lost} ({outage})"))
+                    .collect();
+                format!("{family}: {}", cells.join(", "))
+            })
+            .collect()
+    }
 }

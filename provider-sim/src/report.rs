@@ -100,7 +100,7 @@ pub struct EventLoad {
 }
 
 /// One policy's run.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct RunReport {
     /// Policy name.
     pub policy: String,
@@ -110,19 +110,16 @@ pub struct RunReport {
     pub lost: u64,
     /// Which connections were lost, by index.
     pub lost_ids: Vec<u64>,
-    /// Of those, the ones whose primary died in the re-arm window after a migration:
-    /// moved (by apm at once, or by the HCA on retry exhaustion) onto a path that died
-    /// before the QPs could arm the next alternate (a QP arms only once its peer's
-    /// packets arrive). No policy that moves before the retry budget runs out can
-    /// avoid it; the dominance check reports such losses as findings.
+    /// Of those, the ones whose primary died in the re-arm window after a move: it had
+    /// moved (by its controller, or by the HCA on retry exhaustion) and had not been
+    /// armed again on a working alternate since (a QP arms only once its peer's packets
+    /// arrive), however long ago the move was. A cause class, not an excuse: the
+    /// judgement ([`crate::compare`]) counts every loss.
     pub lost_in_rearm_window: Vec<u64>,
-    /// Of those, the ones lost in or after a total outage: at some moment between
-    /// their last working and their QPs going to ERR, no path between their two hosts
-    /// worked (every rail cut somewhere). Which connections outlast such an outage
-    /// depends on where each QP's retry timer stands when a path comes back, not on a
-    /// choice a policy makes; the dominance check still counts these losses but
-    /// reports which ones differ from a baseline's as findings.
-    pub lost_in_outage: Vec<u64>,
+    /// Of those, the ones lost in a total outage: at the instant their QPs went to ERR
+    /// no path between their two hosts worked (every rail cut somewhere between them),
+    /// so nothing could have carried their packets. A cause class, not an excuse.
+    pub lost_in_total_outage: Vec<u64>,
     /// Messages the applications offered over the whole run and that never reached the
     /// other side: a dead connection keeps counting what its application would have
     /// sent, so dying early never looks better.

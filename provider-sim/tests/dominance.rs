@@ -4,7 +4,7 @@
 //! (`provider_sim::compare`) for violations. Each failed before its fix; the comment
 //! says what went wrong then.
 
-use provider_sim::compare::{dominance_violations, run_all};
+use provider_sim::compare::{failures, run_all};
 use provider_sim::{Family, RunReport, Scenario, Size};
 
 fn lost(reports: &[RunReport], policy: &str) -> u64 {
@@ -19,12 +19,12 @@ fn lost(reports: &[RunReport], policy: &str) -> u64 {
 /// worse than a baseline, or lost more connections than either in any way.
 fn assert_dominates(s: &Scenario, seed: u64) {
     let reports = run_all(s, seed, &provider_sim::controller::sim_policy()).expect("scenario runs");
-    let violations = dominance_violations(&reports);
+    let failures = failures(&reports);
     assert!(
-        violations.is_empty(),
+        failures.is_empty(),
         "{} seed {seed}: {}",
         s.name,
-        violations.join("; ")
+        failures.join("; ")
     );
     let apm = lost(&reports, "apm");
     for base in ["hw-only", "reload-local"] {

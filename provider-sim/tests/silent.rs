@@ -4,7 +4,7 @@
 //! kind of failure each move was for.
 
 use apm_core::{Cause, NotificationKind, Time};
-use provider_sim::compare::{dominance_violations, run_all};
+use provider_sim::compare::{failures, run_all};
 use provider_sim::controller::{probe_seed, sim_policy};
 use provider_sim::{Family, PolicyKind, RunConfig, RunReport, Scenario, Sim, SimProvider, Size};
 
@@ -88,9 +88,9 @@ fn roce_has_no_sa_and_probes_keep_what_the_baselines_lose() {
         assert_eq!(apm.policy, "apm");
         assert_eq!(apm.sa_queries, 0, "seed {seed}: RoCE has no SA to ask");
         assert!(
-            dominance_violations(&reports).is_empty(),
+            failures(&reports).is_empty(),
             "seed {seed}: {:?}",
-            dominance_violations(&reports)
+            failures(&reports)
         );
     }
 }
@@ -101,7 +101,7 @@ fn silent_families_dominate_and_replay_byte_for_byte() {
         for seed in 10..16 {
             let s = family.scenario(seed, Size::Small);
             let reports = run_all(&s, seed, &sim_policy()).expect("runs");
-            let v = dominance_violations(&reports);
+            let v = failures(&reports);
             assert!(v.is_empty(), "{} seed {seed}: {v:?}", family.name());
             let again = run_all(&s, seed, &sim_policy()).expect("runs");
             assert_eq!(

@@ -214,11 +214,9 @@ struct Conn {
     /// Its primary died inside that window: a loss that follows is a loss in the
     /// re-arm window after a move (see `RunReport::lost_in_rearm_window`).
     in_rearm_window: bool,
-    /// Since it last worked, there was a moment when no path between its two hosts
-    /// worked (a total outage).
-    outage_in_stall: bool,
-    /// It was lost in or after such an outage (see `RunReport::lost_in_outage`).
-    lost_in_outage: bool,
+    /// It was lost while no path between its two hosts worked (see
+    /// `RunReport::lost_in_total_outage`).
+    lost_in_total_outage: bool,
     /// The guard was a port-disjoint alternate (for the disjoint restore figure).
     guard_disjoint: bool,
     /// Lost with its HCA (`Loss::DeviceFatal`): no invariant asks to have kept it.
