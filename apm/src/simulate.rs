@@ -63,9 +63,11 @@ pub struct Args {
     /// Write a plot of connection states over time, per policy.
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
-    /// Policies to run, comma-separated: apm, hw-only, reload-local, and the naive
-    /// ways of using the SA apm is compared with at scale, apm-wildcard and
-    /// per-conn-sa. Default: the scenario's `policies`, or apm,hw-only,reload-local.
+    /// Policies to run, comma-separated: apm; the baselines hw-only, reload-local,
+    /// reload-boost (reload-local with apm's alternate ACK timeout) and port-err-move
+    /// (reload-local that also forces a migration on PORT_ERR); and the naive ways of
+    /// using the SA apm is compared with at scale, apm-wildcard and per-conn-sa.
+    /// Default: the scenario's `policies`, or apm and the four baselines.
     #[arg(long, value_delimiter = ',', value_name = "NAMES")]
     policies: Vec<String>,
     /// Let the simulated hosts' engines log through `--log` (off by default: thousands
@@ -90,6 +92,8 @@ struct JsonPolicy {
     messages_offered: u64,
     messages_duplicated: u64,
     failovers: u64,
+    /// Of those, off a primary that still worked both ways.
+    false_failovers: u64,
     restore_ms: JsonPct,
     /// Restores of connections armed on a port-disjoint alternate when the fault hit.
     restore_disjoint_ms: JsonPct,
@@ -101,7 +105,11 @@ struct JsonPolicy {
     armed_at_end: u64,
     armed_disjoint_at_end: u64,
     sa_queries: u64,
+    /// Every MAD (apm's probes and messages on InfiniBand included).
     mads_sent: u64,
+    /// Liveness probes sent (0 with probes off), and per host and second.
+    probes_sent: u64,
+    probes_per_host_per_s: f64,
     /// What each failure event cost the SMs and SAs (the first entry: before any).
     failure_events: Vec<sim_events::JsonEvent>,
 }
@@ -149,7 +157,7 @@ fn scenario(args: &Args) -> anyhow::Result<Scenario> {
     let mut s = match (&args.scenario, &args.family) {
         (Some(path), _) => apm::scenario_file::read(path)?,
         (None, Some(name)) => family(name)?.scenario(args.seed, size(args)),
-        (None, None) => Scenario::default(),
+        (None, None) => Scenario::demo(),
     };
     if let Some(n) = args.connections {
         s.workload.connections = n;
@@ -341,10 +349,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         match PolicyKind::from_name(name.trim()) {
             Some(p) if !policies.contains(&p) => policies.push(p),
             Some(_) => {}
-            None => bail!(
-                "unknown policy {name:?} (use apm, hw-only, reload-local, apm-wildcard, \
-                 per-conn-sa)"
-            ),
+            None => {
+                let all: Vec<&str> = PolicyKind::EVERY.iter().map(|k| k.name()).collect();
+                bail!("unknown policy {name:?} (use {})", all.join(", "))
+            }
         }
     }
     if args.policies.is_empty() {
@@ -413,6 +421,7 @@ fn json_doc(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> JsonDoc {
                         messages_offered: r.messages_posted,
                         messages_duplicated: r.messages_duplicated,
                         failovers: r.failovers,
+                        false_failovers: r.false_failovers,
                         restore_ms: JsonPct::of(&r.restore_ms),
                         restore_disjoint_ms: JsonPct::of(&r.restore_disjoint_ms),
                         unprotected_ms_total: round3(r.unprotected_ms_total),
@@ -423,6 +432,8 @@ fn json_doc(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> JsonDoc {
                         armed_disjoint_at_end: r.end_armed_disjoint,
                         sa_queries: r.sa_queries,
                         mads_sent: r.mads_sent,
+                        probes_sent: r.probes_sent,
+                        probes_per_host_per_s: round3(r.probes_per_host_per_s),
                         failure_events: r
                             .failure_events
                             .iter()
@@ -467,7 +478,7 @@ pub fn table(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
     }
     o.push('\n');
     type Row = (&'static str, fn(&RunReport) -> String);
-    let rows: [Row; 16] = [
+    let rows: [Row; 18] = [
         ("connections lost", |r| r.lost.to_string()),
         ("messages not delivered", |r| r.messages_lost.to_string()),
         ("messages duplicated", |r| r.messages_duplicated.to_string()),
@@ -475,6 +486,7 @@ pub fn table(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
             r.messages_retransmitted.to_string()
         }),
         ("failovers", |r| r.failovers.to_string()),
+        ("  of which false", |r| r.false_failovers.to_string()),
         ("restore p50 (ms)", |r| ms(&r.restore_ms, r.restore_ms.p50)),
         ("restore p99 (ms)", |r| ms(&r.restore_ms, r.restore_ms.p99)),
         ("restore max (ms)", |r| ms(&r.restore_ms, r.restore_ms.max)),
@@ -491,6 +503,9 @@ pub fn table(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
         ("  of which lost (conn-s)", |r| conn_s(r.lost_ms_total)),
         ("SA queries", |r| r.sa_queries.to_string()),
         ("MADs sent", |r| r.mads_sent.to_string()),
+        ("probes per host per s", |r| {
+            format!("{:.1}", r.probes_per_host_per_s)
+        }),
         ("armed at the end (disjoint)", |r| {
             format!(
                 "{}/{} ({})",

@@ -45,7 +45,16 @@ fn json_has_exactly_the_fields_and_is_deterministic() {
         );
     }
     assert_eq!(doc["seed"], 4);
-    assert_eq!(keys(&doc["policies"]), ["apm", "hw-only", "reload-local"]);
+    assert_eq!(
+        keys(&doc["policies"]),
+        [
+            "apm",
+            "hw-only",
+            "port-err-move",
+            "reload-boost",
+            "reload-local"
+        ]
+    );
     for (name, p) in doc["policies"].as_object().unwrap() {
         assert_eq!(
             keys(p),
@@ -57,6 +66,7 @@ fn json_has_exactly_the_fields_and_is_deterministic() {
                 "connections",
                 "failovers",
                 "failure_events",
+                "false_failovers",
                 "lost",
                 "lost_ids",
                 "lost_in_rearm_window",
@@ -66,6 +76,8 @@ fn json_has_exactly_the_fields_and_is_deterministic() {
                 "messages_duplicated",
                 "messages_lost",
                 "messages_offered",
+                "probes_per_host_per_s",
+                "probes_sent",
                 "restore_disjoint_ms",
                 "restore_ms",
                 "sa_queries",

@@ -115,7 +115,7 @@ impl Family {
     pub fn scenario(self, seed: u64, size: Size) -> Scenario {
         let mut rng = Rng::new(seed).fork(0xfa11 + self as u64);
         let mut s = match self {
-            Family::DualRail => Scenario::default(),
+            Family::DualRail => Scenario::demo(),
             Family::LeafSpineLmc2 => leaf_spine_faults(&mut rng, size),
             Family::RandomDualRailLmc0 => random(dual_rail(size, 0), &mut rng),
             Family::RandomDualRailLmc1 => random(dual_rail(size, 1), &mut rng),

@@ -129,6 +129,9 @@ pub struct RunReport {
     pub messages_duplicated: u64,
     /// Path migrations (counted once per connection, on the active side).
     pub failovers: u64,
+    /// Of those, the ones off a primary that still worked both ways (a probe lost or
+    /// late, a stale notice): moves for nothing, each with the re-arm window after it.
+    pub false_failovers: u64,
     /// Time from a connection's path failing to it carrying traffic again.
     pub restore_ms: Percentiles,
     /// The same, for connections armed on a port-disjoint alternate when the fault hit.
@@ -153,7 +156,8 @@ pub struct RunReport {
     pub lost_ms_total: f64,
     /// SA requests (PathRecord, InformInfo).
     pub sa_queries: u64,
-    /// MADs put on the wire by anyone (CM, SA requests and answers, Reports).
+    /// MADs put on the wire by anyone (CM, SA requests and answers, Reports, apm's
+    /// messages and probes; on RoCE apm's go as UDP datagrams, counted here too).
     pub mads_sent: u64,
     /// SMPs the SMs sent for sweeps, and traps 128 (resends included).
     pub smps_sent: u64,
@@ -167,9 +171,12 @@ pub struct RunReport {
     pub reports_sent: u64,
     /// Reports the SMs gave up on.
     pub reports_abandoned: u64,
-    /// Liveness probes the hosts' probers sent (apm only): per host, its peers times
-    /// its rails times the probe rate, whatever the number of connections.
+    /// Liveness probes the hosts' probers sent (apm with probes on): per host, its
+    /// peers times its rails times the probe rate, whatever the number of connections.
+    /// On InfiniBand each is a MAD (counted in `mads_sent` too).
     pub probes_sent: u64,
+    /// The same per host and second of simulated time.
+    pub probes_per_host_per_s: f64,
     /// Notifications the controllers raised.
     pub notifications: u64,
     /// Simulation events processed.

@@ -320,7 +320,7 @@ fn software_migration_for_roce_style_qps() {
 
 #[test]
 fn default_scenario_expected_results() {
-    let mut s = Scenario::default();
+    let mut s = Scenario::demo();
     s.workload.connections = 600;
     let run = |p| provider_sim::run(&s, p, 1).unwrap();
     let apm = run(PolicyKind::Apm);
@@ -345,7 +345,7 @@ fn default_scenario_expected_results() {
 
 #[test]
 fn same_seed_same_bytes_other_seed_other_bytes() {
-    let mut s = Scenario::default();
+    let mut s = Scenario::demo();
     s.workload.connections = 200;
     s.duration_ms = 4000;
     let j = |seed| {
@@ -359,7 +359,7 @@ fn same_seed_same_bytes_other_seed_other_bytes() {
 fn the_builtin_scenario_is_dual_rail_toml() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/dual-rail.toml");
     let text = std::fs::read_to_string(&path).unwrap();
-    assert_eq!(Scenario::from_toml(&text).unwrap(), Scenario::default());
+    assert_eq!(Scenario::from_toml(&text).unwrap(), Scenario::demo());
 }
 
 #[test]

@@ -28,12 +28,11 @@ pub(super) fn read(text: &str) -> Result<Scenario, Problems> {
         return Err(problems.into_problems());
     };
     let root = Tab::table(doc.as_table());
-    // The top-level keys; a table the file leaves out keeps the built-in default
-    // (the demonstration's tuned `fabric`, no faults).
+    // The top-level keys; a table the file leaves out keeps `Scenario::default()`'s
+    // (OpenSM's constants, no faults, apm's policy), never the demonstration's.
     let mut s = root
         .read_as::<Scenario>("", &TABLES, &mut problems)
         .unwrap_or_default();
-    s.faults = Vec::new();
     let before = problems.len();
     if let Some(t) = root.table_at("topology", "topology", &mut problems) {
         s.topology = read_topology(t, &mut problems);

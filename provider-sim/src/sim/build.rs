@@ -417,6 +417,7 @@ fn fresh_conn((a, primary_a): (usize, Path), (b, primary_b): (usize, Path), mode
         delivered: 0,
         acked: 0,
         stalled: false,
+        timeout: primary.ack_timeout,
         retries: 0,
         retry_gen: 0,
         mig_err_raised: false,

@@ -21,6 +21,11 @@
 //!   PATH_MIG_FAILED event to it) is raised at a responder whose loaded alternate
 //!   receives MigReq=1 while it is not ARMED. Software-migration QPs (RoCE) have no
 //!   alternate and report `PrimaryStalled` after `stall_timeouts` ACK timeouts.
+//!   Where the drivers differ, the scenario says which one the devices follow
+//!   ([`Migration`], `fabric.migration`): under rdmavt a QP retries at its own timeout
+//!   on whatever path it runs and only a migration on exhaustion restarts the retry
+//!   count; under mlx5 each path's own timeout applies once the QP runs on it, and
+//!   every migration restarts the count.
 //! - **Devices** (`hosts.rs`): QP commands are firmware commands carried out one at a
 //!   time per device, each taking effect when it completes; each host's MAD agent
 //!   handles arriving MADs one at a time.
@@ -58,7 +63,7 @@
 //! the same instant (it would after its own retry budget); SMPs of a sweep that are lost
 //! on every try only ever drop host ports, never switches.
 
-use crate::config::{FabricParams, Fault, Mode, Scenario, ScenarioError};
+use crate::config::{FabricParams, Fault, Migration, Mode, Scenario, ScenarioError};
 use crate::controller::{self, Controller, PolicyKind};
 use crate::fabric::{Fabric, PortId, PortState};
 use crate::report::{Percentiles, RunReport, Sample};
@@ -191,6 +196,9 @@ struct Qp {
     /// Of those, acknowledged back to this side.
     acked: u64,
     stalled: bool,
+    /// The QP's own local ACK timeout (`IB_QP_TIMEOUT`, set at connect): what rdmavt
+    /// retries at whatever path it runs on ([`Migration::Rdmavt`]).
+    timeout: u8,
     retries: u32,
     retry_gen: u32,
     /// A PATH_MIG_ERR was raised for the current alternate (raised once per alternate).
@@ -467,6 +475,7 @@ struct Counters {
     messages_delivered: u64,
     messages_retransmitted: u64,
     failovers: u64,
+    false_failovers: u64,
     restore_ns: Vec<u64>,
     /// The connection of each `restore_ns` sample.
     restore_conns: Vec<u32>,

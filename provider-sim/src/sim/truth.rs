@@ -374,6 +374,7 @@ impl Sim {
             messages_lost: offered - delivered,
             messages_duplicated: self.c.messages_duplicated,
             failovers: self.c.failovers,
+            false_failovers: self.c.false_failovers,
             restore_ms: Percentiles::of(self.c.restore_ns.clone()),
             restore_samples_ns: std::mem::take(&mut self.c.restore_ns),
             restore_sample_conns: std::mem::take(&mut self.c.restore_conns),
@@ -394,6 +395,9 @@ impl Sim {
             reports_sent: self.c.reports_sent,
             reports_abandoned: self.c.reports_abandoned,
             probes_sent: self.c.probes_sent,
+            probes_per_host_per_s: self.c.probes_sent as f64
+                / self.hosts.len().max(1) as f64
+                / (now.0.max(1) as f64 / 1e9),
             notifications: self.c.notifications,
             events: self.c.events,
             digest: self.digest,
