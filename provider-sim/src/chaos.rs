@@ -199,29 +199,40 @@ pub fn replay_command(seed: u64) -> String {
 /// those, lost in total outages, summed over the seeds that passed.
 #[derive(Debug, Default)]
 pub struct Tally {
-    /// Family name -> policy name -> (lost, of which in total outages); families and
-    /// policies in the order first seen.
-    pub families: Vec<(&'static str, Vec<(String, u64, u64)>)>,
+    /// The families in the order first seen.
+    pub families: Vec<FamilyTally>,
+}
+
+/// One family's losses in a campaign.
+#[derive(Debug)]
+pub struct FamilyTally {
+    /// The family's name.
+    pub family: &'static str,
+    /// Every policy's losses summed over the family's seeds, in the order first seen.
+    pub policies: Vec<Losses>,
 }
 
 impl Tally {
     /// Add one seed's outcome.
     pub fn add(&mut self, o: &SeedOutcome) {
-        let i = match self.families.iter().position(|(f, _)| *f == o.family) {
+        let i = match self.families.iter().position(|f| f.family == o.family) {
             Some(i) => i,
             None => {
-                self.families.push((o.family, Vec::new()));
+                self.families.push(FamilyTally {
+                    family: o.family,
+                    policies: Vec::new(),
+                });
                 self.families.len() - 1
             }
         };
-        let rows = &mut self.families[i].1;
+        let rows = &mut self.families[i].policies;
         for l in &o.lost {
-            match rows.iter_mut().find(|(p, _, _)| *p == l.policy) {
+            match rows.iter_mut().find(|r| r.policy == l.policy) {
                 Some(row) => {
-                    row.1 += l.lost;
-                    row.2 += l.in_total_outage;
+                    row.lost += l.lost;
+                    row.in_total_outage += l.in_total_outage;
                 }
-                None => rows.push((l.policy.clone(), l.lost, l.in_total_outage)),
+                None => rows.push(l.clone()),
             }
         }
     }
@@ -230,15 +241,16 @@ impl Tally {
     /// did over the campaign, one line each.
     pub fn outage_excess(&self) -> Vec<String> {
         let mut out = Vec::new();
-        for (family, rows) in &self.families {
-            let Some(apm) = rows.iter().find(|r| r.0 == crate::PolicyKind::Apm.name()) else {
+        for f in &self.families {
+            let apm_name = crate::PolicyKind::Apm.name();
+            let Some(apm) = f.policies.iter().find(|r| r.policy == apm_name) else {
                 continue;
             };
-            for base in rows.iter().filter(|r| r.0 != apm.0) {
-                if apm.2 > base.2 {
+            for base in f.policies.iter().filter(|r| r.policy != apm_name) {
+                if apm.in_total_outage > base.in_total_outage {
                     out.push(format!(
-                        "{family}: apm lost {} connection(s) in total outages, {} {}",
-                        apm.2, base.0, base.2
+                        "{}: apm lost {} connection(s) in total outages, {} {}",
+                        f.family, apm.in_total_outage, base.policy, base.in_total_outage
                     ));
                 }
             }
@@ -250,12 +262,13 @@ impl Tally {
     pub fn lines(&self) -> Vec<String> {
         self.families
             .iter()
-            .map(|(family, rows)| {
-                let cells: Vec<String> = rows
+            .map(|f| {
+                let cells: Vec<String> = f
+                    .policies
                     .iter()
-                    .map(|(p, lost, outage)| format!("{p} {lost} ({outage})"))
+                    .map(|r| format!("{} {} ({})", r.policy, r.lost, r.in_total_outage))
                     .collect();
-                format!("{family}: {}", cells.join(", "))
+                format!("{}: {}", f.family, cells.join(", "))
             })
             .collect()
     }

@@ -20,7 +20,7 @@ mod workload;
 pub use crate::topology::{LinkSpec, SmSpec, SwitchSpec, Topology};
 pub use faults::{Fault, RandomFaults, Target};
 pub use params::{FabricParams, Migration};
-pub use workload::{Mode, Pattern, Workload};
+pub use workload::{Bursts, Mode, Pattern, Workload};
 
 use crate::fabric::Fabric;
 use serde::{Deserialize, Serialize};

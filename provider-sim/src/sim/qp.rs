@@ -343,6 +343,15 @@ impl Sim {
     }
 
     pub(super) fn tick(&mut self, g: u64) {
+        let at = after(self.now, ms(self.scenario.workload.message_interval_ms));
+        // Between bursts nobody sends: the tick is not one (quiet connections do not
+        // count it either).
+        if let Some(b) = self.scenario.workload.bursts {
+            if !b.sending(self.now.0) {
+                self.push(at, Ev::Tick(g));
+                return;
+            }
+        }
         // Quiet connections are counted, not visited (`quiet.rs`).
         for i in self.tick_group(g as usize) {
             for s in 0..2 {
@@ -372,7 +381,6 @@ impl Sim {
             }
             self.settle(i);
         }
-        let at = after(self.now, ms(self.scenario.workload.message_interval_ms));
         self.push(at, Ev::Tick(g));
     }
 
