@@ -38,7 +38,7 @@ fn main() {
     }
     let mut reports = Vec::new();
     for kind in PolicyKind::ALL {
-        let mut cfg = RunConfig::new(kind, seed);
+        let mut cfg = RunConfig::for_scenario(&s, kind, seed);
         cfg.check = true;
         cfg.trace_conn = conn;
         if conn.is_some() {

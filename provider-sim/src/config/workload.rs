@@ -34,6 +34,11 @@ pub struct Workload {
     /// Traffic in bursts with idle gaps between them (`[workload.bursts]`). Default:
     /// steady traffic.
     pub bursts: Option<Bursts>,
+    /// apm may post on the connections' QPs (they are apm's own, or the application
+    /// lets it): its arming write (`CommandOp::ArmingWrite`) arms a QP in REARM within
+    /// a round trip. Default false: the application's QPs, which only the
+    /// application's traffic arms, as `apm run` and the library protect them.
+    pub apm_may_post: bool,
 }
 
 impl Default for Workload {
@@ -45,6 +50,7 @@ impl Default for Workload {
             message_interval_ms: 10,
             mode: Mode::Hardware,
             bursts: None,
+            apm_may_post: false,
         }
     }
 }

@@ -67,6 +67,11 @@ pub enum Family {
     ProbesMadLoss,
     /// Random faults on devices that apply the alternate's own ACK timeout (mlx5).
     RandomMlx5,
+    /// Random faults on mlx5 devices, the QPs apm's own (it may post its arming
+    /// write).
+    ApmQpsRandom,
+    /// [`Family::SecondFailure`] on mlx5 devices, the QPs apm's own.
+    ApmQpsSecondFailure,
 }
 
 /// How big the scenarios are.
@@ -122,6 +127,10 @@ pub struct Settings {
     pub polling: Polling,
     /// apm probes every path (on InfiniBand over MADs); apm's default has them off.
     pub probes: bool,
+    /// apm may post on the QPs (its own, or the application lets it): its arming
+    /// write arms a QP after a move. Otherwise the application's QPs, which only its
+    /// traffic arms.
+    pub apm_qps: bool,
     /// The traffic.
     pub traffic: Traffic,
 }
@@ -133,6 +142,7 @@ impl Settings {
         migration: Migration::Rdmavt,
         polling: Polling::OpenSm,
         probes: false,
+        apm_qps: false,
         traffic: Traffic::Dense,
     };
 
@@ -152,6 +162,11 @@ impl Settings {
         } else {
             "probes off"
         };
+        let qps = if self.apm_qps {
+            "apm's QPs"
+        } else {
+            "app's QPs"
+        };
         let traffic = match self.traffic {
             Traffic::Dense => "10 ms".into(),
             Traffic::Every(ms) if ms >= 1000 => format!("{} s", ms / 1000),
@@ -159,13 +174,13 @@ impl Settings {
             Traffic::Drawn => "10/100/1000 ms".into(),
             Traffic::Bursts => "bursts".into(),
         };
-        format!("{link}, {polling}, {probes}, {traffic}")
+        format!("{link}, {qps}, {polling}, {probes}, {traffic}")
     }
 }
 
 impl Family {
     /// Every family, in report order.
-    pub const ALL: [Family; 20] = [
+    pub const ALL: [Family; 22] = [
         Family::DualRail,
         Family::LeafSpineLmc2,
         Family::RandomDualRailLmc0,
@@ -186,6 +201,8 @@ impl Family {
         Family::RandomRoce,
         Family::SilentSplitRail,
         Family::SilentRoce,
+        Family::ApmQpsRandom,
+        Family::ApmQpsSecondFailure,
     ];
 
     /// The name used on the command line and in reports.
@@ -211,6 +228,8 @@ impl Family {
             Family::SmFailuresTuned => "sm-failures-tuned",
             Family::ProbesMadLoss => "probes-mad-loss",
             Family::RandomMlx5 => "random-mlx5",
+            Family::ApmQpsRandom => "apm-qps-random",
+            Family::ApmQpsSecondFailure => "apm-qps-second-failure",
         }
     }
 
@@ -240,10 +259,10 @@ impl Family {
             Family::Random100ms | Family::Random1s | Family::RandomBursts => {
                 "random faults, dual rail, LMC 0 or 1"
             }
-            Family::RandomMlx5 => "random faults, dual rail, LMC 0 or 1",
+            Family::RandomMlx5 | Family::ApmQpsRandom => "random faults, dual rail, LMC 0 or 1",
             Family::LongOutages => "random faults with outages up to 10 s, both rails at once",
             Family::FlapsAtBudget => "ports and rails flap, downs 80-120% of the retry budget",
-            Family::SecondFailure => {
+            Family::SecondFailure | Family::ApmQpsSecondFailure => {
                 "ports of one rail down under the budget, then the other rail dies"
             }
             Family::ProbesMadLoss => "a rail or port fails during 10-90% MAD loss",
@@ -274,6 +293,12 @@ impl Family {
             }
             Family::RandomMlx5 => Settings {
                 migration: Migration::Mlx5,
+                traffic: Traffic::Drawn,
+                ..ib
+            },
+            Family::ApmQpsRandom | Family::ApmQpsSecondFailure => Settings {
+                migration: Migration::Mlx5,
+                apm_qps: true,
                 traffic: Traffic::Drawn,
                 ..ib
             },
@@ -316,6 +341,8 @@ impl Family {
                 Family::SmFailuresTuned => 17,
                 Family::ProbesMadLoss => 18,
                 Family::RandomMlx5 => 19,
+                Family::ApmQpsRandom => 20,
+                Family::ApmQpsSecondFailure => 21,
             }
     }
 
@@ -331,6 +358,7 @@ impl Family {
             | Family::Random1s
             | Family::RandomBursts
             | Family::RandomMlx5
+            | Family::ApmQpsRandom
             | Family::RandomRoce => {
                 let lmc = if self == Family::RandomRoce {
                     0
@@ -349,7 +377,9 @@ impl Family {
             Family::SmFailures | Family::SmFailuresTuned => draw::sm_failures(size, &mut rng),
             Family::LongOutages => draw::long_outages(size, &mut rng),
             Family::FlapsAtBudget => draw::flaps_at_budget(size, &mut rng),
-            Family::SecondFailure => draw::second_failure(size, &mut rng),
+            Family::SecondFailure | Family::ApmQpsSecondFailure => {
+                draw::second_failure(size, &mut rng)
+            }
         };
         s.name = format!("{} (seed {seed})", self.name());
         if size == Size::Small {
@@ -369,6 +399,7 @@ impl Family {
             Link::Roce => Mode::Software,
         };
         s.fabric.migration = set.migration;
+        s.workload.apm_may_post = set.apm_qps;
         let (timeout, retries) = match set.polling {
             Polling::OpenSm => {
                 let opensm = FabricParams::default();
@@ -429,6 +460,7 @@ mod tests {
                     let ib = s.workload.mode == Mode::Hardware;
                     assert_eq!(ib, set.link == Link::InfiniBand, "{}", family.name());
                     assert_eq!(s.fabric.migration, set.migration, "{}", family.name());
+                    assert_eq!(s.workload.apm_may_post, set.apm_qps, "{}", family.name());
                     let tuned = s.fabric.sminfo_polling_timeout_ms == 500;
                     assert_eq!(tuned, set.polling == Polling::Tuned, "{}", family.name());
                     let policy = s.engine_policy();
@@ -465,6 +497,7 @@ mod tests {
         assert!(sets.iter().any(|s| s.polling == Polling::Tuned));
         assert!(sets.iter().any(|s| s.migration == Migration::Mlx5));
         assert!(sets.iter().any(|s| s.link == Link::Roce));
+        assert!(sets.iter().any(|s| s.apm_qps) && sets.iter().any(|s| !s.apm_qps));
         assert!(sets.iter().any(|s| s.link == Link::InfiniBand && !s.probes));
         // Outages of up to 10 s, and flaps on both sides of the retry budget.
         let long = Family::LongOutages.scenario(1, Size::Full).random_faults;

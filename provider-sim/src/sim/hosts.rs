@@ -238,6 +238,12 @@ impl Sim {
                 self.send_peer(host, port, to, msg);
                 self.complete(host, reply, Ok(CommandOutcome::Done));
             }
+            // A post, not a firmware command: the device's queue of modifies does not
+            // hold it up.
+            CommandOp::ArmingWrite { conn } => {
+                let result = self.arming_write(host, conn);
+                self.complete(host, reply, result);
+            }
             // The simulated QP moves at once and drops nothing, so it never holds
             // sends for a peer: the hint has nothing to release.
             CommandOp::PeerThere { .. } => self.complete(host, reply, Ok(CommandOutcome::Done)),

@@ -141,6 +141,36 @@ impl Sim {
         Ok(CommandOutcome::Done)
     }
 
+    /// apm's zero-length RDMA WRITE on `host`'s QP of `conn`, where the workload lets
+    /// apm post (`workload.apm_may_post`): a work request the QP carries like the
+    /// application's messages (retried on a dead path, arming the peer on arrival and
+    /// this side on its acknowledgement), carrying no message of the application's.
+    pub(super) fn arming_write(
+        &mut self,
+        host: usize,
+        conn: ConnId,
+    ) -> Result<CommandOutcome, ProviderError> {
+        let unsupported = |why| ProviderError::Unsupported {
+            provider: "provider-sim",
+            operation: Operation::ArmingWrite,
+            why: Some(Reason::Because(why)),
+        };
+        if !self.scenario.workload.apm_may_post {
+            return Err(unsupported(
+                "the application's QP: apm does not post on it (workload.apm_may_post)",
+            ));
+        }
+        let (i, s) = self.qp_checked(host, conn)?;
+        if self.conns[i].mode == Mode::Software {
+            return Err(unsupported("a RoCE QP has no alternate to arm"));
+        }
+        if !self.conns[i].qp[s].stalled && !self.transmit(i, s) {
+            self.stall(i, s);
+            self.reeval(i);
+        }
+        Ok(CommandOutcome::Done)
+    }
+
     pub(super) fn query_qp(
         &mut self,
         host: usize,
@@ -363,25 +393,30 @@ impl Sim {
                     continue;
                 }
                 if !self.conns[i].qp[s].stalled && !self.transmit(i, s) {
-                    let q = &mut self.conns[i].qp[s];
-                    q.stalled = true;
-                    q.retries = 0;
-                    q.retry_gen = q.retry_gen.wrapping_add(1);
-                    let gen = q.retry_gen;
-                    let at = after(self.now, self.ack_timeout(i, s));
-                    self.push(
-                        at,
-                        Ev::Retry {
-                            conn: i,
-                            side: s,
-                            gen,
-                        },
-                    );
+                    self.stall(i, s);
                 }
             }
             self.settle(i);
         }
         self.push(at, Ev::Tick(g));
+    }
+
+    /// Side `s` sent and heard nothing back: it retries every ACK timeout from now.
+    fn stall(&mut self, i: usize, s: usize) {
+        let q = &mut self.conns[i].qp[s];
+        q.stalled = true;
+        q.retries = 0;
+        q.retry_gen = q.retry_gen.wrapping_add(1);
+        let gen = q.retry_gen;
+        let at = after(self.now, self.ack_timeout(i, s));
+        self.push(
+            at,
+            Ev::Retry {
+                conn: i,
+                side: s,
+                gen,
+            },
+        );
     }
 
     pub(super) fn retry(&mut self, i: usize, s: usize, gen: u32) {
