@@ -531,10 +531,11 @@ impl Engine {
         }
     }
 
-    /// The armed alternate of `c` is up while its primary is dead: move now rather than
-    /// wait for the transport to give up on the primary.
+    /// The armed alternate of `c` is up while its primary is dead, or stalled (its
+    /// traffic stopped: on RoCE a far end's port going down tells this side nothing
+    /// else): move now rather than wait for the transport to give up on the primary.
     fn should_move_now(&self, c: &Conn) -> bool {
-        !self.path_up(&c.primary)
+        (!self.path_up(&c.primary) || c.primary_down == Some(Cause::Stall))
             && c.alt
                 .armed()
                 .is_some_and(|a| self.path_up(&a) && !c.is_bad(&a, self.now))
