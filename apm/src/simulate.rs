@@ -70,6 +70,14 @@ pub struct Args {
     /// Default: the scenario's `policies`, or apm and the four baselines.
     #[arg(long, value_delimiter = ',', value_name = "NAMES")]
     policies: Vec<String>,
+    /// Run apm with this `fast_moves` (self-armed, always, never) instead of the
+    /// scenario's or family's: which hardware-APM connections move at once.
+    #[arg(long, value_name = "MODE", value_parser = fast_moves)]
+    fast_moves: Option<apm_core::FastMoves>,
+    /// Let apm post on every connection's QP (`workload.apm_may_post`): its arming
+    /// write arms a QP after a move without waiting for the application's traffic.
+    #[arg(long)]
+    apm_may_post: bool,
     /// Let the simulated hosts' engines log through `--log` (off by default: thousands
     /// of engines warning about the faults the scenario injects drown the report).
     #[arg(long)]
@@ -87,6 +95,8 @@ struct JsonPolicy {
     lost_ids: Vec<u64>,
     lost_in_rearm_window: Vec<u64>,
     lost_in_total_outage: Vec<u64>,
+    /// Those lost after a total outage since they last worked (a diagnostic).
+    lost_after_total_outage: Vec<u64>,
     /// Offered by the applications over the whole run and never delivered.
     messages_lost: u64,
     messages_offered: u64,
@@ -152,6 +162,24 @@ struct JsonJudgement {
     against: Vec<compare::Against>,
 }
 
+/// `--fast-moves`'s value.
+fn fast_moves(s: &str) -> Result<apm_core::FastMoves, String> {
+    match s {
+        "self-armed" => Ok(apm_core::FastMoves::SelfArmed),
+        "always" => Ok(apm_core::FastMoves::Always),
+        "never" => Ok(apm_core::FastMoves::Never),
+        other => Err(format!("{other:?}: use self-armed, always or never")),
+    }
+}
+
+/// The command line's changes to every scenario run.
+fn tweaks(args: &Args) -> sim_sweep::Tweaks {
+    sim_sweep::Tweaks {
+        fast_moves: args.fast_moves,
+        apm_may_post: args.apm_may_post,
+    }
+}
+
 /// Load the scenario and apply the command-line overrides.
 fn scenario(args: &Args) -> anyhow::Result<Scenario> {
     let mut s = match (&args.scenario, &args.family) {
@@ -166,6 +194,7 @@ fn scenario(args: &Args) -> anyhow::Result<Scenario> {
     if let Some(n) = args.hosts {
         s.topology.hosts = n;
     }
+    tweaks(args).apply(&mut s);
     s.validate()
         .context("the scenario after --hosts/--connections")?;
     Ok(s)
@@ -313,6 +342,7 @@ fn sweep(args: &Args, seeds: u64) -> anyhow::Result<()> {
         seeds,
         first_seed: args.seed,
         size: size(args),
+        tweaks: tweaks(args),
     };
     let total = seeds * sweep.families.len() as u64;
     let bar = (!args.json && std::io::stderr().is_terminal()).then(|| {
@@ -417,6 +447,7 @@ fn json_doc(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> JsonDoc {
                         lost_ids: r.lost_ids.clone(),
                         lost_in_rearm_window: r.lost_in_rearm_window.clone(),
                         lost_in_total_outage: r.lost_in_total_outage.clone(),
+                        lost_after_total_outage: r.lost_after_total_outage.clone(),
                         messages_lost: r.messages_lost,
                         messages_offered: r.messages_posted,
                         messages_duplicated: r.messages_duplicated,

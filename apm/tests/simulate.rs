@@ -68,6 +68,7 @@ fn json_has_exactly_the_fields_and_is_deterministic() {
                 "failure_events",
                 "false_failovers",
                 "lost",
+                "lost_after_total_outage",
                 "lost_ids",
                 "lost_in_rearm_window",
                 "lost_in_total_outage",

@@ -88,6 +88,10 @@ pub struct Kept {
     pub conn: u64,
     /// Why apm lost it.
     pub cause: Cause,
+    /// Whatever its class, it went through a total outage since it last worked under
+    /// apm ([`RunReport::lost_after_total_outage`]): its loss followed a race of retry
+    /// timers against paths returning. Said, not excused.
+    pub after_total_outage: bool,
 }
 
 /// apm against one baseline on one run.
@@ -117,6 +121,7 @@ impl Against {
             .map(|&conn| Kept {
                 conn,
                 cause: Cause::of(apm, conn),
+                after_total_outage: apm.lost_after_total_outage.binary_search(&conn).is_ok(),
             })
             .collect();
         let apm_lost_more = apm.lost > base.lost;
@@ -144,6 +149,14 @@ impl Against {
         self.lost_by_apm_kept_by_baseline
             .iter()
             .filter(|k| k.cause != Cause::TotalOutage)
+            .count()
+    }
+
+    /// Of those, how many went through a total outage since they last worked.
+    pub fn kept_outside_outages_after_one(&self) -> usize {
+        self.lost_by_apm_kept_by_baseline
+            .iter()
+            .filter(|k| k.cause != Cause::TotalOutage && k.after_total_outage)
             .count()
     }
 
@@ -262,16 +275,19 @@ mod tests {
             vec![
                 Kept {
                     conn: 1,
-                    cause: Cause::RearmWindow
+                    cause: Cause::RearmWindow,
+                    after_total_outage: false,
                 },
                 Kept {
                     conn: 2,
-                    cause: Cause::Other
+                    cause: Cause::Other,
+                    after_total_outage: false,
                 },
                 // A total outage is the class even inside a re-arm window.
                 Kept {
                     conn: 3,
-                    cause: Cause::TotalOutage
+                    cause: Cause::TotalOutage,
+                    after_total_outage: false,
                 },
             ]
         );

@@ -120,6 +120,11 @@ pub struct RunReport {
     /// no path between their two hosts worked (every rail cut somewhere between them),
     /// so nothing could have carried their packets. A cause class, not an excuse.
     pub lost_in_total_outage: Vec<u64>,
+    /// Of those, the ones that went through a total outage since they last worked
+    /// (lost in one, or after one, however short). A diagnostic of what a loss
+    /// followed, not a cause class: a loss after the outage ended counts as its class
+    /// says.
+    pub lost_after_total_outage: Vec<u64>,
     /// Messages the applications offered over the whole run and that never reached the
     /// other side: a dead connection keeps counting what its application would have
     /// sent, so dying early never looks better.

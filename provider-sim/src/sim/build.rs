@@ -433,6 +433,8 @@ fn fresh_conn((a, primary_a): (usize, Path), (b, primary_b): (usize, Path), mode
         moved_unarmed: None,
         in_rearm_window: false,
         lost_in_total_outage: false,
+        outage_since_working: false,
+        lost_after_total_outage: false,
         guard: None,
         excused: false,
         quiet: None,

@@ -225,6 +225,11 @@ struct Conn {
     /// It was lost while no path between its two hosts worked (see
     /// `RunReport::lost_in_total_outage`).
     lost_in_total_outage: bool,
+    /// Since it last worked there was a moment when no path between its two hosts
+    /// worked (for `RunReport::lost_after_total_outage`).
+    outage_since_working: bool,
+    /// It was lost with `outage_since_working` set.
+    lost_after_total_outage: bool,
     /// The guard was a port-disjoint alternate (for the disjoint restore figure).
     guard_disjoint: bool,
     /// Lost with its HCA (`Loss::DeviceFatal`): no invariant asks to have kept it.

@@ -68,7 +68,13 @@ impl Sim {
                 self.conns[i].guard = None;
             }
         }
+        // A moment without any path between its hosts while it fails over (a
+        // diagnostic: a loss after one is not excused by it).
+        let outage_now = new == ConnState::Migrating
+            && !self.conns[i].outage_since_working
+            && !self.hosts_connected(self.conns[i].qp[0].host, self.conns[i].qp[1].host);
         let c = &mut self.conns[i];
+        c.outage_since_working |= outage_now;
         let (old, old_bucket) = (c.state, c.bucket);
         if bucket != old_bucket {
             self.c.bucket_ns[old_bucket.idx()] += u128::from(now.0 - c.since.0);
@@ -100,6 +106,7 @@ impl Sim {
             c.guard_disjoint = old_bucket == Bucket::ArmedDisjoint;
         } else if old == ConnState::Migrating && new.working() {
             c.in_rearm_window = false;
+            c.outage_since_working = false;
             if let Some(t) = c.interrupted_at.take() {
                 self.c.restore_ns.push(now.0 - t.0);
                 self.c.restore_conns.push(i as u32);
@@ -116,6 +123,7 @@ impl Sim {
             let outage = !self.hosts_connected(ha, hb);
             let c = &mut self.conns[i];
             c.lost_in_total_outage = outage;
+            c.lost_after_total_outage = outage || c.outage_since_working;
             self.c.lost += 1;
             let guard = c.guard.take();
             let excused = c.excused;
@@ -362,6 +370,12 @@ impl Sim {
             })
             .map(|i| i as u64)
             .collect();
+        let lost_after_total_outage = (0..self.conns.len())
+            .filter(|&i| {
+                self.conns[i].state == ConnState::Lost && self.conns[i].lost_after_total_outage
+            })
+            .map(|i| i as u64)
+            .collect();
         let ms_of = |b: Bucket| self.c.bucket_ns[b.idx()] as f64 / 1e6;
         let load = self.load_now();
         RunReport {
@@ -371,6 +385,7 @@ impl Sim {
             lost_ids,
             lost_in_rearm_window,
             lost_in_total_outage,
+            lost_after_total_outage,
             messages_lost: offered - delivered,
             messages_duplicated: self.c.messages_duplicated,
             failovers: self.c.failovers,
