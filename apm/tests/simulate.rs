@@ -40,7 +40,9 @@ fn json_has_exactly_the_fields_and_is_deterministic() {
                 "baseline",
                 "baseline_lost",
                 "fails",
-                "lost_by_apm_kept_by_baseline"
+                "judged",
+                "lost_by_apm_kept_by_baseline",
+                "outage_losses_apm_kept"
             ]
         );
     }

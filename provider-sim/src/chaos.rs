@@ -161,7 +161,7 @@ pub fn run_seed(seed: u64) -> Result<SeedOutcome, SeedError> {
         }
     }
     let judgement = compare::judge(&reports);
-    for against in judgement.iter().filter(|a| a.fails) {
+    for against in judgement.iter().filter(|a| a.judged && a.fails) {
         problems.push(format!("judgement: {}", against.line(usize::MAX)));
     }
     if !problems.is_empty() {
@@ -210,6 +210,9 @@ pub struct FamilyTally {
     pub family: &'static str,
     /// Every policy's losses summed over the family's seeds, in the order first seen.
     pub policies: Vec<Losses>,
+    /// Against each judged baseline: connections apm lost in total outages that the
+    /// baseline kept, and the baseline lost in total outages that apm kept.
+    pub outage_races: Vec<(String, u64, u64)>,
 }
 
 impl Tally {
@@ -221,36 +224,47 @@ impl Tally {
                 self.families.push(FamilyTally {
                     family: o.family,
                     policies: Vec::new(),
+                    outage_races: Vec::new(),
                 });
                 self.families.len() - 1
             }
         };
-        let rows = &mut self.families[i].policies;
+        let f = &mut self.families[i];
         for l in &o.lost {
-            match rows.iter_mut().find(|r| r.policy == l.policy) {
+            match f.policies.iter_mut().find(|r| r.policy == l.policy) {
                 Some(row) => {
                     row.lost += l.lost;
                     row.in_total_outage += l.in_total_outage;
                 }
-                None => rows.push(l.clone()),
+                None => f.policies.push(l.clone()),
+            }
+        }
+        for a in o.judgement.iter().filter(|a| a.judged) {
+            let ours = a.kept(compare::Cause::TotalOutage).count() as u64;
+            match f.outage_races.iter_mut().find(|r| r.0 == a.baseline) {
+                Some(r) => {
+                    r.1 += ours;
+                    r.2 += a.outage_losses_apm_kept;
+                }
+                None => f
+                    .outage_races
+                    .push((a.baseline.clone(), ours, a.outage_losses_apm_kept)),
             }
         }
     }
 
-    /// The families where apm lost more connections in total outages than a baseline
-    /// did over the campaign, one line each.
+    /// The families where the races of total outages went against apm, against some
+    /// judged baseline: apm lost more connections in total outages that the baseline
+    /// kept than the baseline lost in total outages that apm kept. One line each.
     pub fn outage_excess(&self) -> Vec<String> {
         let mut out = Vec::new();
         for f in &self.families {
-            let apm_name = crate::PolicyKind::Apm.name();
-            let Some(apm) = f.policies.iter().find(|r| r.policy == apm_name) else {
-                continue;
-            };
-            for base in f.policies.iter().filter(|r| r.policy != apm_name) {
-                if apm.in_total_outage > base.in_total_outage {
+            for (base, ours, theirs) in &f.outage_races {
+                if ours > theirs {
                     out.push(format!(
-                        "{}: apm lost {} connection(s) in total outages, {} {}",
-                        f.family, apm.in_total_outage, base.policy, base.in_total_outage
+                        "{}: in total outages apm lost {ours} connection(s) {base} kept, \
+                         {base} lost {theirs} apm kept",
+                        f.family
                     ));
                 }
             }

@@ -6,7 +6,11 @@
 //! window after a move, in a total outage, other), and compares the counts of
 //! connections lost, every loss counted. A run fails against a baseline
 //! ([`Against::fails`]) when apm lost more connections than it, or lost one that it
-//! kept outside a total outage. Losses in total outages (nothing could carry the
+//! kept outside a total outage; the run fails ([`run_fails`]) when it fails against a
+//! judged baseline, one that leaves every move to the HCA
+//! ([`PolicyKind::is_judged_baseline`]). `port-err-move`, which moves at once, is
+//! compared the same way and shown, not judged: no policy keeps every connection that
+//! both kinds keep. Losses in total outages (nothing could carry the
 //! connection's packets when its QPs gave up: which connections outlast one is down to
 //! where each QP's retry timer stood) are listed and counted, and judged over a whole
 //! family rather than per run: apm's total over the family must not exceed a
@@ -107,7 +111,15 @@ pub struct Against {
     pub apm_lost_more: bool,
     /// Every connection apm lost that the baseline kept, in index order.
     pub lost_by_apm_kept_by_baseline: Vec<Kept>,
-    /// The run fails against this baseline ([`Against::fails`]).
+    /// Connections the baseline lost in a total outage that apm kept: the other side
+    /// of the races total outages run (set against apm's total-outage losses the
+    /// baseline kept, over a family).
+    pub outage_losses_apm_kept: u64,
+    /// apm must not do worse than this baseline
+    /// ([`PolicyKind::is_judged_baseline`]); the others are compared only.
+    pub judged: bool,
+    /// apm lost more connections than the baseline, or one it kept outside a total
+    /// outage: against a judged baseline, the run fails.
     pub fails: bool,
 }
 
@@ -132,6 +144,12 @@ impl Against {
             baseline_lost: base.lost,
             apm_lost_more,
             lost_by_apm_kept_by_baseline: kept,
+            outage_losses_apm_kept: base
+                .lost_in_total_outage
+                .iter()
+                .filter(|id| apm.lost_ids.binary_search(id).is_err())
+                .count() as u64,
+            judged: PolicyKind::from_name(&base.policy).is_some_and(|k| k.is_judged_baseline()),
             fails,
         }
     }
@@ -205,14 +223,20 @@ pub fn judge(reports: &[RunReport]) -> Vec<Against> {
         .collect()
 }
 
-/// What fails the run, one line per baseline it fails against (empty: none); every
-/// connection id listed.
+/// What fails the run, one line per judged baseline it fails against (empty: none);
+/// every connection id listed.
 pub fn failures(reports: &[RunReport]) -> Vec<String> {
     judge(reports)
         .iter()
-        .filter(|a| a.fails)
+        .filter(|a| a.judged && a.fails)
         .map(|a| a.line(usize::MAX))
         .collect()
+}
+
+/// The run fails: against some judged baseline, apm lost more connections or one the
+/// baseline kept outside a total outage.
+pub fn run_fails(judgement: &[Against]) -> bool {
+    judgement.iter().any(|a| a.judged && a.fails)
 }
 
 /// How apm did against each baseline on one seed.
@@ -303,6 +327,15 @@ mod tests {
                 && line.contains("total outage 1: conn3"),
             "{line}"
         );
+    }
+
+    #[test]
+    fn port_err_move_is_compared_and_not_judged() {
+        let apm = report("apm", &[1], &[], &[]);
+        let mover = report("port-err-move", &[], &[], &[]);
+        let j = judge(&[apm.clone(), mover.clone()]);
+        assert!(j[0].fails && !j[0].judged && !run_fails(&j));
+        assert!(failures(&[apm, mover]).is_empty());
     }
 
     #[test]

@@ -9,7 +9,12 @@
 //! - `port-err-move`: `reload-local` that also forces the migration of every QP whose
 //!   primary runs on a local port that goes down, when its alternate's local port is
 //!   up: the obvious local remedy, with no SA, no LAP and no word to the peer (an ARMED
-//!   peer follows the first packet with MigReq=1, as the IBA has it).
+//!   peer follows the first packet with MigReq=1, as the IBA has it). Like
+//!   `reload-local` it re-arms the path it left at once; after a forced migration that
+//!   strands a peer that had no packet of its before the re-arm (a QP in REARM sends
+//!   MigReq=0, which a peer still on the dead path drops on its alternate). That is the
+//!   obvious remedy's flaw, kept: apm's engine holds a QP it moved in MIGRATED until
+//!   its peer says it followed.
 
 use super::{ById, Controller, Outstanding};
 use apm_core::{

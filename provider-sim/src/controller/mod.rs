@@ -93,7 +93,20 @@ impl PolicyKind {
         matches!(self, PolicyKind::Apm | PolicyKind::ApmWildcard)
     }
 
-    /// True for the baselines apm is judged against.
+    /// True for the baselines apm must not do worse than: those that leave every move
+    /// to the HCA, as applications do today (`hw-only`, `reload-local`,
+    /// `reload-boost`). `port-err-move`, which moves at once, is compared with apm but
+    /// not judged: no policy keeps every connection that both a policy that waits for
+    /// the HCA and one that moves at once keep, since each wins the races of a second
+    /// failure the other loses (`docs/dominance.md`).
+    pub fn is_judged_baseline(self) -> bool {
+        matches!(
+            self,
+            PolicyKind::HwOnly | PolicyKind::ReloadLocal | PolicyKind::ReloadBoost
+        )
+    }
+
+    /// True for every baseline apm is compared with.
     pub fn is_baseline(self) -> bool {
         matches!(
             self,
