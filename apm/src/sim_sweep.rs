@@ -100,6 +100,9 @@ pub struct FamilyResult {
     pub family: String,
     /// What it exercises.
     pub description: String,
+    /// What it holds fixed: link layer and device migration, whose QPs, SM polling,
+    /// probes, traffic (`provider_sim::families::Settings`).
+    pub settings: String,
     /// Seeds run.
     pub seeds: u64,
     /// Connections per seed.
@@ -258,6 +261,7 @@ fn summarise(family: Family, per_seed: &[(u64, &Vec<RunReport>)]) -> FamilyResul
     FamilyResult {
         family: family.name().to_string(),
         description: family.description().to_string(),
+        settings: family.settings().describe(),
         seeds: per_seed.len() as u64,
         connections,
         lost,
@@ -425,6 +429,11 @@ pub fn table(sweep: &Sweep, results: &[FamilyResult]) -> String {
         sweep.first_seed + sweep.seeds.saturating_sub(1),
         sweep.tweaks.describe()
     );
+    let _ = writeln!(o, "families (what each holds fixed)");
+    for r in results {
+        let _ = writeln!(o, "  {:<24} {}: {}", r.family, r.description, r.settings);
+    }
+    o.push('\n');
     losses_table(&mut o, results);
     versus_table(&mut o, results);
     restores_table(&mut o, results);

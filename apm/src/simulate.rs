@@ -552,8 +552,26 @@ pub fn table(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
         }
         o.push('\n');
     }
-    // The fabric's timeline is the same under every policy (up to MAD timing); show
-    // the first run's, with each policy's connection states just after each fault.
+    o.push_str(&timeline(reports));
+    o.push_str(&sim_events::section(reports));
+    o.push_str(&judgement(reports));
+    let viol: usize = reports.iter().map(|r| r.violations.len()).sum();
+    if viol > 0 {
+        let _ = writeln!(o, "\n{viol} invariant violation(s):");
+        for r in reports {
+            for v in &r.violations {
+                let _ = writeln!(o, "  {}: {v}", r.policy);
+            }
+        }
+    }
+    o
+}
+
+/// The fabric's timeline, which is the same under every policy (up to MAD timing): the
+/// first run's, with each policy's connection states just after each fault.
+fn timeline(reports: &[RunReport]) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
     let _ = writeln!(
         o,
         "\ntimeline (connections armed/unprotected/failing-over/lost per policy, 100 ms later)"
@@ -577,17 +595,6 @@ pub fn table(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
             }
         }
         o.push('\n');
-    }
-    o.push_str(&sim_events::section(reports));
-    o.push_str(&judgement(reports));
-    let viol: usize = reports.iter().map(|r| r.violations.len()).sum();
-    if viol > 0 {
-        let _ = writeln!(o, "\n{viol} invariant violation(s):");
-        for r in reports {
-            for v in &r.violations {
-                let _ = writeln!(o, "  {}: {v}", r.policy);
-            }
-        }
     }
     o
 }

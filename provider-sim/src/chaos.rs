@@ -52,12 +52,7 @@ pub fn scenario_for(seed: u64) -> Scenario {
 /// fault: the settle bound, plus a standby SM's takeover (OpenSM's polling) and its
 /// first sweep when an SM may have died.
 fn stretched(s: &Scenario, seed: u64) -> Result<Scenario, SimError> {
-    let last = s
-        .all_faults(seed)
-        .iter()
-        .map(|f| f.end_ms())
-        .max()
-        .unwrap_or(0);
+    let last = s.last_fault_end_ms(seed);
     let probe = Sim::new(s, invariant_config(s, seed))?;
     let settle = probe.settle_bound().as_nanos() / 1_000_000;
     let f = &s.fabric;

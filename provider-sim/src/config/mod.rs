@@ -197,7 +197,7 @@ impl Scenario {
         }
     }
 
-    /// The policies `policies` names, each once, or apm and the two baselines.
+    /// The policies `policies` names, each once, or apm and the baselines.
     pub fn run_policies(&self) -> Result<Vec<crate::PolicyKind>, ScenarioError> {
         if self.policies.is_empty() {
             return Ok(crate::PolicyKind::ALL.to_vec());
@@ -224,6 +224,15 @@ impl Scenario {
     /// defaults (probes off, as deployed).
     pub fn engine_policy(&self) -> apm_core::Policy {
         self.policy.clone().unwrap_or_default()
+    }
+
+    /// When the last fault of `seed`'s schedule ends (ms; 0 without any).
+    pub fn last_fault_end_ms(&self, seed: u64) -> u64 {
+        self.all_faults(seed)
+            .iter()
+            .map(Fault::end_ms)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Every fault to apply: the fixed ones and those generated from `seed`.

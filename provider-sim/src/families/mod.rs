@@ -153,7 +153,8 @@ impl Settings {
             Link::Roce => "RoCE".into(),
         };
         let polling = match (self.link, self.polling) {
-            (Link::Roce, _) => "no SM",
+            (Link::Roce, Polling::OpenSm) => "no SA, SM polling 10 s x 4",
+            (Link::Roce, Polling::Tuned) => "no SA, SM polling 0.5 s x 2",
             (_, Polling::OpenSm) => "SM polling 10 s x 4",
             (_, Polling::Tuned) => "SM polling 0.5 s x 2",
         };
@@ -429,12 +430,7 @@ impl Family {
         }
         // Long enough after the last fault for every loss to happen: two retry
         // budgets at the longest timeout a QP may run at, and a message interval.
-        let last = s
-            .all_faults(seed)
-            .iter()
-            .map(|f| f.end_ms())
-            .max()
-            .unwrap_or(0);
+        let last = s.last_fault_end_ms(seed);
         let budget = (u64::from(s.fabric.retry_cnt) + 1)
             * (4096u64 << s.fabric.ack_timeout.saturating_add(2).min(31))
             / 1_000_000;

@@ -407,7 +407,12 @@ impl Sim {
         q.stalled = true;
         q.retries = 0;
         q.retry_gen = q.retry_gen.wrapping_add(1);
-        let gen = q.retry_gen;
+        self.schedule_retry(i, s);
+    }
+
+    /// Side `s`'s next retry, one ACK timeout from now.
+    fn schedule_retry(&mut self, i: usize, s: usize) {
+        let gen = self.conns[i].qp[s].retry_gen;
         let at = after(self.now, self.ack_timeout(i, s));
         self.push(
             at,
@@ -452,16 +457,7 @@ impl Sim {
                 return;
             }
         }
-        let gen = self.conns[i].qp[s].retry_gen;
-        let at = after(self.now, self.ack_timeout(i, s));
-        self.push(
-            at,
-            Ev::Retry {
-                conn: i,
-                side: s,
-                gen,
-            },
-        );
+        self.schedule_retry(i, s);
     }
 
     /// The retry budget of side `s` ran out (`hfi1_restart_rc`/`qib_restart_rc` with

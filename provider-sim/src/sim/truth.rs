@@ -356,26 +356,10 @@ impl Sim {
             .flat_map(|c| &c.qp)
             .map(|q| q.delivered)
             .sum();
-        let lost_ids = (0..self.conns.len())
-            .filter(|&i| self.conns[i].state == ConnState::Lost)
-            .map(|i| i as u64)
-            .collect();
-        let lost_in_rearm_window = (0..self.conns.len())
-            .filter(|&i| self.conns[i].state == ConnState::Lost && self.conns[i].in_rearm_window)
-            .map(|i| i as u64)
-            .collect();
-        let lost_in_total_outage = (0..self.conns.len())
-            .filter(|&i| {
-                self.conns[i].state == ConnState::Lost && self.conns[i].lost_in_total_outage
-            })
-            .map(|i| i as u64)
-            .collect();
-        let lost_after_total_outage = (0..self.conns.len())
-            .filter(|&i| {
-                self.conns[i].state == ConnState::Lost && self.conns[i].lost_after_total_outage
-            })
-            .map(|i| i as u64)
-            .collect();
+        let lost_ids = self.lost_where(|_| true);
+        let lost_in_rearm_window = self.lost_where(|c| c.in_rearm_window);
+        let lost_in_total_outage = self.lost_where(|c| c.lost_in_total_outage);
+        let lost_after_total_outage = self.lost_where(|c| c.lost_after_total_outage);
         let ms_of = |b: Bucket| self.c.bucket_ns[b.idx()] as f64 / 1e6;
         let load = self.load_now();
         RunReport {
@@ -433,6 +417,14 @@ impl Sim {
             end_armed_disjoint: self.counts[Bucket::ArmedDisjoint.idx()] as u64,
             failure_events: std::mem::take(&mut self.windows).report(load, self.hosts.len()),
         }
+    }
+
+    /// The lost connections for which `what` holds, by index.
+    fn lost_where(&self, what: impl Fn(&Conn) -> bool) -> Vec<u64> {
+        (0..self.conns.len())
+            .filter(|&i| self.conns[i].state == ConnState::Lost && what(&self.conns[i]))
+            .map(|i| i as u64)
+            .collect()
     }
 
     /// How long after the last fault every connection with a healthy alternate must be
