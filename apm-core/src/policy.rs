@@ -34,7 +34,9 @@ pub enum UnexpectedLap {
 #[serde(rename_all = "snake_case")]
 pub enum FastMoves {
     /// Move at once the connections apm arms itself after a move (its arming write
-    /// accepted); leave the others to the HCA. The default.
+    /// accepted), and any connection whose stall is reported (its unacknowledged
+    /// packets, sent again on the new path, arm it); leave the others to the HCA. The
+    /// default.
     #[default]
     SelfArmed,
     /// Move every hardware-APM connection at once, whatever arms it afterwards.

@@ -411,10 +411,17 @@ impl Engine {
     /// ([`crate::FastMoves`]): a hardware QP that only the application's traffic can
     /// arm again, which a move at once would leave unarmed for as long as that
     /// traffic pauses.
+    ///
+    /// Under `self_armed`, a stall (the application or the operator says the QP's
+    /// traffic stopped, [`crate::ManagerHandle::report_stall`]) moves at once: the QP has
+    /// unacknowledged packets on the dead path, which it sends again on the new one
+    /// right after the move, and the peer's answers arm it within a round trip, as apm's
+    /// own write would. Left to the HCA, the move waits a whole retry budget, and on a
+    /// device that retries without end (rxe, retry count 7) it never comes.
     fn leaves_move_to_hca(&self, c: &Conn) -> bool {
         c.mode == MigrationMode::Hardware
             && match self.policy.fast_moves {
-                FastMoves::SelfArmed => !c.arming.prompt(),
+                FastMoves::SelfArmed => !c.arming.prompt() && c.primary_down != Some(Cause::Stall),
                 FastMoves::Always => false,
                 FastMoves::Never => true,
             }

@@ -58,6 +58,19 @@ fn a_qp_only_traffic_arms_is_left_to_the_hca_and_never_written_to_again() {
 }
 
 #[test]
+fn a_reported_stall_moves_a_qp_only_traffic_arms_at_once() {
+    // The application (or, under apm run, the operator's rail-down verdict) says the
+    // traffic stopped: packets wait on the dead path, and once moved they arm the QP.
+    let mut p = pair(BenchArming::ByTraffic, Policy::default());
+    p.a.clear_log();
+    qp_event(&mut p, 'a', 1, QpEvent::PrimaryStalled);
+    assert_eq!(p.a.op_names(), ["send_peer"], "asked the peer at once");
+    p.run_for(1000);
+    assert!(p.a.status(1).primary.same_route(&path('a', 2, 2)));
+    assert_eq!(p.a.op_count("force_migrate"), 1);
+}
+
+#[test]
 fn fast_moves_always_moves_a_qp_only_traffic_arms() {
     let policy = Policy {
         fast_moves: FastMoves::Always,
