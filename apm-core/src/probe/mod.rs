@@ -31,6 +31,8 @@
 
 mod damping;
 mod driver;
+mod park;
+mod schedule;
 mod session;
 mod verdict;
 
@@ -42,6 +44,7 @@ use crate::engine::timers::Timers;
 use crate::policy::PolicyError;
 use crate::types::{Gid, Time};
 use damping::DampingRule;
+use schedule::Grid;
 use serde::{Deserialize, Serialize};
 use session::Session;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
@@ -347,8 +350,12 @@ pub struct Prober {
     local_down: BTreeSet<Gid>,
     /// Peer ports a peer said are down, with when it last said so.
     peer_down: BTreeMap<Gid, Time>,
-    rng: u64,
+    /// Drives every grid's jitter (`schedule.rs`).
+    seed: u64,
     next_disc: u32,
+    /// Sessions that left the parked state on their own since the caller last asked
+    /// (`park.rs`).
+    unparked: Vec<PathEnds>,
     out: VecDeque<ProbeOutput>,
     counters: ProbeCounters,
     /// When the caller last ran the timers: a long gap since means this host was held.
@@ -365,9 +372,9 @@ impl Prober {
             timers: Timers::default(),
             local_down: BTreeSet::new(),
             peer_down: BTreeMap::new(),
-            // xorshift must not start at 0.
-            rng: seed ^ 0x9E37_79B9_7F4A_7C15,
+            seed,
             next_disc: 1,
+            unparked: Vec::new(),
             out: VecDeque::new(),
             counters: ProbeCounters::default(),
             last_poll: None,
@@ -393,13 +400,20 @@ impl Prober {
         self.next_disc = self.next_disc.checked_add(1).unwrap_or(1);
         self.sessions
             .insert(ends, Session::new(disc, self.policy.multiplier));
-        self.send_at(ends, now);
+        self.send_now(ends, now);
     }
 
     /// Probe exactly `paths` from now on: a new one starts as [`Prober::watch`] starts
     /// it, one left out stops with no output (nobody needs that path any more).
     pub fn follow(&mut self, now: Time, paths: &BTreeSet<PathEnds>) {
-        self.sessions.retain(|ends, _| paths.contains(ends));
+        let unparked = &mut self.unparked;
+        self.sessions.retain(|ends, s| {
+            let keep = paths.contains(ends);
+            if !keep && s.parked {
+                unparked.push(*ends);
+            }
+            keep
+        });
         for ends in paths {
             self.watch(now, *ends);
         }
@@ -452,7 +466,7 @@ impl Prober {
             if ends.local == gid && !up {
                 self.session_down(now, ends, Diag::LocalPortDown, FailureKind::LocalPort);
             } else {
-                self.send_at(ends, now);
+                self.send_now(ends, now);
             }
         }
     }
@@ -482,8 +496,11 @@ impl Prober {
             }
         }
         if now_state != was {
+            if std::mem::take(&mut s.parked) {
+                self.unparked.push(ends);
+            }
             // A change is told to the peer at once (BFD's poll sequence, simplified).
-            self.send_at(ends, now);
+            self.send_now(ends, now);
         }
         self.note_peer_ports(now, probe);
         match (was, now_state) {
@@ -520,6 +537,11 @@ impl Prober {
             match due {
                 Due::Detect if s.detect_queued == Some(at) => {
                     s.detect_queued = None;
+                    if s.parked {
+                        // Nothing is expected of a parked session; `resume` queues its
+                        // expiry again.
+                        continue;
+                    }
                     match s.detect_at {
                         Some(d) if d <= now && held => {
                             let later = now.plus(up_interval);
@@ -544,6 +566,9 @@ impl Prober {
                         None => {}
                     }
                 }
+                // A parked session sends only at once (slot 0: a change to tell),
+                // never a periodic probe.
+                Due::Send if s.parked && s.grid.next > 0 => {}
                 Due::Send if s.next_tx == at && !self.local_down.contains(&ends.local) => {
                     sends.push(ends);
                 }
@@ -554,7 +579,7 @@ impl Prober {
         let down_interval = Duration::from_millis(u64::from(self.policy.down_interval_ms));
         let ports_down = PortsDown::of(self.local_down.iter().copied());
         for ends in sends {
-            let jitter = self.jitter();
+            let seed = self.seed;
             let Some(s) = self.sessions.get_mut(&ends) else {
                 continue;
             };
@@ -564,9 +589,20 @@ impl Prober {
                 down_interval
             };
             let probe = s.packet(ends, up_interval, ports_down);
-            // RFC 5880 6.8.7: each interval shortened by 0-25% so senders never lock step.
-            let next = now.plus(interval.mul_f64(1.0 - 0.25 * jitter));
-            self.send_at(ends, next);
+            // RFC 5880 6.8.7: each interval shortened by 0-25% so senders never lock
+            // step, on a grid whose slots are known in closed form (`schedule.rs`). A
+            // change of interval starts a new grid at this send.
+            if s.grid.interval() != interval {
+                s.grid = Grid::start(
+                    now,
+                    interval,
+                    schedule::salt(seed, u64::from(s.my_disc), s.anchors),
+                );
+                s.anchors += 1;
+            }
+            s.grid.next += 1;
+            s.next_tx = s.grid.next_at();
+            self.timers.schedule(s.next_tx, (ends, Due::Send));
             self.counters.sent += 1;
             self.out.push_back(ProbeOutput::Send { ends, probe });
         }
@@ -602,11 +638,25 @@ impl Prober {
         ours.max(theirs) * u32::from(probe.detect_mult.max(1))
     }
 
-    /// The session's next probe goes out at `at`.
-    fn send_at(&mut self, ends: PathEnds, at: Time) {
+    /// The session's next probe goes out now, at slot 0 of a new grid (`schedule.rs`)
+    /// drawn for the interval of its state.
+    fn send_now(&mut self, ends: PathEnds, now: Time) {
+        let interval = self.interval();
+        let down_interval = Duration::from_millis(u64::from(self.policy.down_interval_ms));
         if let Some(s) = self.sessions.get_mut(&ends) {
-            s.next_tx = at;
-            self.timers.schedule(at, (ends, Due::Send));
+            let interval = if s.state == SessionState::Up {
+                interval
+            } else {
+                down_interval
+            };
+            s.grid = Grid::start(
+                now,
+                interval,
+                schedule::salt(self.seed, u64::from(s.my_disc), s.anchors),
+            );
+            s.anchors += 1;
+            s.next_tx = now;
+            self.timers.schedule(now, (ends, Due::Send));
         }
     }
 
@@ -615,6 +665,9 @@ impl Prober {
             return;
         };
         let was_up = s.state == SessionState::Up;
+        if std::mem::take(&mut s.parked) {
+            self.unparked.push(ends);
+        }
         s.go_down(diag);
         if was_up {
             self.left_up(now, ends, kind);
@@ -687,15 +740,6 @@ impl Prober {
         } else {
             FailureKind::Fabric
         }
-    }
-
-    /// A number in [0, 1) (xorshift64*).
-    fn jitter(&mut self) -> f64 {
-        self.rng ^= self.rng >> 12;
-        self.rng ^= self.rng << 25;
-        self.rng ^= self.rng >> 27;
-        let x = self.rng.wrapping_mul(0x2545_F491_4F6C_DD1D);
-        (x >> 11) as f64 / (1u64 << 53) as f64
     }
 }
 

@@ -4,6 +4,7 @@
 //! forwarding plane).
 
 use super::damping::Damping;
+use super::schedule::Grid;
 use super::{PathEnds, PortsDown, Probe};
 use crate::types::Time;
 use serde::{Deserialize, Serialize};
@@ -88,11 +89,20 @@ impl Diag {
 pub(super) struct Session {
     pub(super) state: SessionState,
     pub(super) diag: Diag,
-    my_disc: u32,
+    pub(super) my_disc: u32,
     your_disc: u32,
     multiplier: u8,
     /// When the next probe goes out.
     pub(super) next_tx: Time,
+    /// The slots its probes go out in (`schedule.rs`).
+    pub(super) grid: Grid,
+    /// Grids it had so far (each draws its jitter afresh).
+    pub(super) anchors: u64,
+    /// The caller vouches for the path: no periodic probe is sent or expected
+    /// (`park.rs`).
+    pub(super) parked: bool,
+    /// The detection time the last accepted probe set.
+    pub(super) detect: Duration,
     /// When the session goes down unless a probe arrives (Init and Up only).
     pub(super) detect_at: Option<Time>,
     /// The expiry queued in the prober's timers (at most one per session).
@@ -118,6 +128,10 @@ impl Session {
             your_disc: 0,
             multiplier,
             next_tx: Time::ZERO,
+            grid: Grid::start(Time::ZERO, Duration::ZERO, 0),
+            anchors: 0,
+            parked: false,
+            detect: Duration::ZERO,
             detect_at: None,
             detect_queued: None,
             was_up: false,
@@ -144,6 +158,7 @@ impl Session {
     /// Take in an accepted probe (RFC 5880 6.8.6's state table).
     pub(super) fn heard(&mut self, now: Time, probe: &Probe, detect: Duration) {
         self.last_heard = Some(now);
+        self.detect = detect;
         self.your_disc = probe.my_disc;
         self.state = match (self.state, probe.state) {
             (_, SessionState::AdminDown) => {
