@@ -54,6 +54,11 @@ impl ProbeDriver {
         &self.prober
     }
 
+    /// The prober, for a caller that parks its sessions (the simulator).
+    pub fn prober_mut(&mut self) -> &mut Prober {
+        &mut self.prober
+    }
+
     /// Look at an input before the engine does. Returns the input back unless it was a
     /// probe, which is the driver's alone.
     pub fn on_input(&mut self, now: Time, input: Input) -> Option<Input> {

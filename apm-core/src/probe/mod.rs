@@ -649,6 +649,9 @@ impl Prober {
             } else {
                 down_interval
             };
+            if s.parked {
+                s.unsent += s.grid.sent_by(now).0;
+            }
             s.grid = Grid::start(
                 now,
                 interval,

@@ -46,21 +46,17 @@ impl Prober {
     pub fn last_send_before(&self, ends: PathEnds, t: Time) -> Option<Time> {
         let s = self.sessions.get(&ends)?;
         let sent = s.grid.next.checked_sub(1).map(|k| s.grid.slot(k));
-        let unsent = if s.parked {
-            s.grid.sent_by(t, false).1
-        } else {
-            None
-        };
+        let unsent = if s.parked { s.grid.sent_by(t).1 } else { None };
         unsent.or(sent.filter(|&at| at < t))
     }
 
-    /// The periodic probes the parked session of `ends` would have sent by `end`, at or
-    /// before it (for a run's totals).
-    pub fn unsent_by(&self, ends: PathEnds, end: Time) -> u64 {
+    /// The periodic probes the parked session of `ends` has not sent that it would
+    /// have sent before `t`.
+    pub fn unsent_before(&self, ends: PathEnds, t: Time) -> u64 {
         self.sessions
             .get(&ends)
             .filter(|s| s.parked)
-            .map_or(0, |s| s.grid.sent_by(end, true).0)
+            .map_or(0, |s| s.unsent + s.grid.sent_by(t).0)
     }
 
     /// Put the parked session of `ends` back on the wire at `now`, as if it had sent
@@ -79,8 +75,9 @@ impl Prober {
         if !std::mem::take(&mut s.parked) {
             return 0;
         }
-        let (unsent, _) = s.grid.sent_by(now, false);
-        s.grid.next += unsent;
+        let (on_grid, _) = s.grid.sent_by(now);
+        s.grid.next += on_grid;
+        let unsent = on_grid + std::mem::take(&mut s.unsent);
         s.next_tx = s.grid.next_at();
         self.timers.schedule(s.next_tx, (ends, Due::Send));
         self.counters.sent += unsent;

@@ -82,18 +82,11 @@ impl Grid {
         self.slot(self.next)
     }
 
-    /// The last slot from `next` on that goes out before `t` (at or before it when
-    /// `inclusive`), and how many slots from `next` to it: what a session that stopped
-    /// sending at `next` would have sent by `t`. Constant time.
-    pub(super) fn sent_by(&self, t: Time, inclusive: bool) -> (u64, Option<Time>) {
-        let before = |k: u64| {
-            let s = self.slot(k);
-            if inclusive {
-                s <= t
-            } else {
-                s < t
-            }
-        };
+    /// The last slot from `next` on that goes out before `t`, and how many slots from
+    /// `next` to it: what a session that stopped sending at `next` would have sent by
+    /// `t`. Constant time.
+    pub(super) fn sent_by(&self, t: Time) -> (u64, Option<Time>) {
+        let before = |k: u64| self.slot(k) < t;
         if !before(self.next) {
             return (0, None);
         }
@@ -147,20 +140,9 @@ mod tests {
         let mut g = Grid::start(Time(5), Duration::from_micros(15_003), salt(3, 9, 1));
         g.next = 4;
         for t in (0..2_000_000_000u64).step_by(777_777) {
-            for inclusive in [false, true] {
-                let counted: Vec<u64> = (4..10_000)
-                    .filter(|&k| {
-                        let s = g.slot(k);
-                        if inclusive {
-                            s <= Time(t)
-                        } else {
-                            s < Time(t)
-                        }
-                    })
-                    .collect();
-                let want = (counted.len() as u64, counted.last().map(|&k| g.slot(k)));
-                assert_eq!(g.sent_by(Time(t), inclusive), want, "t {t}");
-            }
+            let counted: Vec<u64> = (4..10_000).filter(|&k| g.slot(k) < Time(t)).collect();
+            let want = (counted.len() as u64, counted.last().map(|&k| g.slot(k)));
+            assert_eq!(g.sent_by(Time(t)), want, "t {t}");
         }
     }
 }

@@ -101,6 +101,8 @@ pub(super) struct Session {
     /// The caller vouches for the path: no periodic probe is sent or expected
     /// (`park.rs`).
     pub(super) parked: bool,
+    /// Periodic probes it did not send, parked, on grids it has since left.
+    pub(super) unsent: u64,
     /// The detection time the last accepted probe set.
     pub(super) detect: Duration,
     /// When the session goes down unless a probe arrives (Init and Up only).
@@ -131,6 +133,7 @@ impl Session {
             grid: Grid::start(Time::ZERO, Duration::ZERO, 0),
             anchors: 0,
             parked: false,
+            unsent: 0,
             detect: Duration::ZERO,
             detect_at: None,
             detect_queued: None,

@@ -10,7 +10,7 @@
 //! and must stay as simple as they are in the wild: they are not straw men, but they
 //! are not to be improved either.
 
-use apm_core::probe::{ProbeAction, ProbeDriver, ProbePolicy};
+use apm_core::probe::{ProbeAction, ProbeDriver, ProbePolicy, Prober};
 use apm_core::{Command, CommandId, CommandOp, ConnSpec, Engine, Input, Output, Policy, Time};
 use serde::Serialize;
 use std::collections::VecDeque;
@@ -132,6 +132,15 @@ pub trait Controller: std::fmt::Debug + Send {
     fn poll_timeout(&self) -> Option<Time>;
     /// The engine, when this is one (for getters in tests).
     fn engine(&self) -> Option<&Engine> {
+        None
+    }
+    /// The prober beside the engine, when probes are on (the simulation parks the
+    /// sessions of healthy paths: `sim/parked.rs`).
+    fn prober(&self) -> Option<&Prober> {
+        None
+    }
+    /// The same, to park and resume sessions.
+    fn prober_mut(&mut self) -> Option<&mut Prober> {
         None
     }
 }
@@ -258,6 +267,12 @@ impl Controller for ApmController {
     }
     fn engine(&self) -> Option<&Engine> {
         Some(&self.engine)
+    }
+    fn prober(&self) -> Option<&Prober> {
+        self.probes.as_ref().map(ProbeDriver::prober)
+    }
+    fn prober_mut(&mut self) -> Option<&mut Prober> {
+        self.probes.as_mut().map(ProbeDriver::prober_mut)
     }
 }
 

@@ -55,6 +55,7 @@ impl Sim {
             load: Default::default(),
             traffic: quiet::Traffic::new(scenario.workload.message_interval_ms as usize),
             fab_gen: 1,
+            parking: parked::Parking::default(),
             inputs: Default::default(),
             mads: Default::default(),
             traced: String::new(),

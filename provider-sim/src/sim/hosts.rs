@@ -157,6 +157,7 @@ impl Sim {
     }
 
     pub(super) fn pump(&mut self, host: usize) {
+        self.follow_unparked(host);
         while let Some(out) = self.hosts[host].ctl.poll_output() {
             match out {
                 Output::Command(cmd) => {
@@ -331,7 +332,10 @@ impl Sim {
     pub(super) fn mad_ready(&mut self, host: usize, mad: Mad) {
         match mad {
             Mad::Peer { from, port, msg } => {
-                self.feed(host, Input::PeerMessage { from, port, msg })
+                self.feed(host, Input::PeerMessage { from, port, msg });
+                if let PeerMsg::Probe(probe) = msg {
+                    self.try_park(host, from, &probe);
+                }
             }
             Mad::Report {
                 sub,

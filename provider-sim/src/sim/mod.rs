@@ -68,7 +68,7 @@ use crate::controller::{self, Controller, PolicyKind};
 use crate::fabric::{Fabric, PortId, PortState};
 use crate::report::{Percentiles, RunReport, Sample};
 use crate::rng::Rng;
-use apm_core::probe::Probe;
+use apm_core::probe::{Probe, SessionState};
 use apm_core::*;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap};
@@ -78,6 +78,7 @@ pub use build::SimError;
 mod faults;
 mod hosts;
 mod load;
+mod parked;
 mod qp;
 mod quiet;
 mod sa;
@@ -107,6 +108,9 @@ pub struct RunConfig {
     /// Log every change of this connection's QPs (target `provider_sim::trace`, level
     /// info), for finding out why it was lost.
     pub trace_conn: Option<usize>,
+    /// Carry every probe packet, healthy paths' too, instead of parking the sessions of
+    /// healthy paths (`parked.rs`): the way to check that parking changes nothing.
+    pub probe_packets: bool,
 }
 
 impl RunConfig {
@@ -131,6 +135,7 @@ impl RunConfig {
             check: false,
             external_hosts: Vec::new(),
             trace_conn: None,
+            probe_packets: false,
         }
     }
 }
@@ -538,6 +543,8 @@ pub struct Sim {
     /// Bumped at every change of the fabric (a port, link or switch, a forwarding
     /// table): route memos of an older generation are void.
     fab_gen: u64,
+    /// Probe sessions carried by no packet while their paths are healthy.
+    parking: parked::Parking,
     /// The payloads of queued events: inputs for controllers, MADs on their way.
     inputs: slab::Slab<Input>,
     mads: slab::Slab<Mad>,
@@ -635,6 +642,7 @@ impl Sim {
             self.digest = (self.digest ^ v).wrapping_mul(0x0100_0000_01b3);
         }
         self.handle(e.ev);
+        self.check_parked();
         if self.cfg.check {
             self.check_step();
         }

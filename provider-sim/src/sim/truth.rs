@@ -325,6 +325,7 @@ impl Sim {
 
     /// Finish: close the protection clock and build the report.
     pub fn finish(mut self) -> RunReport {
+        self.count_parked_probes();
         self.catch_up_all();
         let now = self.now.max(self.end);
         for c in &self.conns {
