@@ -23,6 +23,9 @@ pub struct Tweaks {
     pub fast_moves: Option<apm_core::FastMoves>,
     /// apm may post on every connection's QP (`workload.apm_may_post`).
     pub apm_may_post: bool,
+    /// apm probes every path, InfiniBand ones too (`[policy.probe] enabled` and
+    /// `infiniband`).
+    pub probes: bool,
 }
 
 impl Tweaks {
@@ -36,6 +39,12 @@ impl Tweaks {
         if self.apm_may_post {
             s.workload.apm_may_post = true;
         }
+        if self.probes {
+            let mut policy = s.engine_policy();
+            policy.probe.enabled = true;
+            policy.probe.infiniband = true;
+            s.policy = Some(policy);
+        }
     }
 
     /// How the tweaks read in a report's title (empty without any).
@@ -46,6 +55,9 @@ impl Tweaks {
         }
         if self.apm_may_post {
             parts.push("apm may post on every QP".to_string());
+        }
+        if self.probes {
+            parts.push("probes on every path".to_string());
         }
         if parts.is_empty() {
             String::new()

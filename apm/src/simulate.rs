@@ -78,10 +78,19 @@ pub struct Args {
     /// write arms a QP after a move without waiting for the application's traffic.
     #[arg(long)]
     apm_may_post: bool,
+    /// Run apm with liveness probes on every path, InfiniBand ones too
+    /// (`[policy.probe] enabled = true, infiniband = true`), whatever the scenario says.
+    #[arg(long)]
+    probes: bool,
     /// Let the simulated hosts' engines log through `--log` (off by default: thousands
     /// of engines warning about the faults the scenario injects drown the report).
     #[arg(long)]
     engine_logs: bool,
+    /// Carry every probe packet, healthy paths' too, instead of parking the probe
+    /// sessions of healthy paths: the same figures (to the digit where MADs take no
+    /// processing time), many more events. For checking the simulator.
+    #[arg(long)]
+    probe_packets: bool,
 }
 
 /// One policy's figures in the JSON document.
@@ -177,6 +186,7 @@ fn tweaks(args: &Args) -> sim_sweep::Tweaks {
     sim_sweep::Tweaks {
         fast_moves: args.fast_moves,
         apm_may_post: args.apm_may_post,
+        probes: args.probes,
     }
 }
 
@@ -206,7 +216,7 @@ pub fn run_all(
     seed: u64,
     policies: &[PolicyKind],
     progress: Option<&indicatif::ProgressBar>,
-    engine_logs: bool,
+    (engine_logs, probe_packets): (bool, bool),
 ) -> anyhow::Result<Vec<RunReport>> {
     // What can be refused is refused before any thread starts.
     scenario.validate()?;
@@ -230,7 +240,10 @@ pub fn run_all(
                         let Some(&p) = policies.get(i) else {
                             break;
                         };
-                        let run = || run_one(scenario, seed, p, (i + 1, policies.len()), progress);
+                        let run = || {
+                            let at = (i + 1, policies.len());
+                            run_one(scenario, seed, p, at, progress, probe_packets)
+                        };
                         let report = if engine_logs {
                             run()
                         } else {
@@ -268,8 +281,10 @@ fn run_one(
     policy: PolicyKind,
     (nth, of): (usize, usize),
     progress: Option<(&indicatif::ProgressBar, &str)>,
+    probe_packets: bool,
 ) -> anyhow::Result<RunReport> {
     let mut cfg = RunConfig::for_scenario(scenario, policy, seed);
+    cfg.probe_packets = probe_packets;
     // The checks are cheap; a violation in a user's scenario is worth showing.
     cfg.check = true;
     // Building a large workload takes a while of its own: the bar says so rather than
@@ -414,7 +429,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.seed,
         &policies,
         bar.as_ref(),
-        args.engine_logs,
+        (args.engine_logs, args.probe_packets),
     )?;
     if let Some(b) = bar {
         b.finish_and_clear();

@@ -11,10 +11,11 @@
 //!
 //! Cost is per path, never per QP: a host with `P` peers reached over `R` rails runs
 //! `P x R` sessions however many connections share them. With the default 15 ms interval
-//! a session sends 67 probes a second, so 1,000 peers on two rails would be 133,000
-//! probes a second; [`ProbePolicy::max_probes_per_sec`] (default 20,000) stretches the
-//! interval instead (to 100 ms there, detection in 300 ms), and says so in
-//! [`Prober::interval`].
+//! a session sends 76 probes a second (gaps average 7/8 of the interval), so 1,000 peers
+//! on two rails would be 152,000 probes a second; [`ProbePolicy::max_probes_per_sec`]
+//! (default 5,000) stretches the interval instead (`budget.rs`: to 457 ms there,
+//! detection in 0.9 to 1.4 s), and [`Prober::budget`] says what the sessions watched
+//! cost and buy.
 //!
 //! Deadlines (each session's next send, its detection expiry, the end of a damped
 //! return's hold) sit in one timer queue ordered by time, deleted lazily, so
@@ -29,6 +30,7 @@
 //! stranger's probe is counted and dropped), or report a path down that it never saw up
 //! (a session that has not come up yet says nothing: the engine keeps its own view).
 
+mod budget;
 mod damping;
 mod driver;
 mod park;
@@ -36,6 +38,7 @@ mod schedule;
 mod session;
 mod verdict;
 
+pub use budget::Budget;
 pub use driver::{ProbeAction, ProbeDriver};
 pub use session::{Diag, SessionState};
 pub use verdict::PathVerdict;
@@ -143,8 +146,8 @@ pub struct ProbePolicy {
     /// at 20 ms), and far below a QP's retry budget (537 ms at ACK timeout 14, 34 s at
     /// NCCL's 20); a lost probe or two (a scheduling hiccup of the sender) still does not
     /// end a session. It costs 67 probes a second per path; at 1,000 peers on two rails
-    /// that would be 133,000 a second, above [`ProbePolicy::max_probes_per_sec`], which
-    /// stretches the interval to 100 ms there.
+    /// that would be 152,000 a second, above [`ProbePolicy::max_probes_per_sec`], which
+    /// stretches the interval to 457 ms there.
     pub interval_ms: u32,
     /// Probes missed in a row before a session is declared down. Default 3 (BFD's usual
     /// value: one lost packet never ends a session).
@@ -153,8 +156,13 @@ pub struct ProbePolicy {
     /// says one a second, apm uses 250 ms so that a repaired path is found quickly).
     pub down_interval_ms: u32,
     /// Cap on the probes this host sends a second over every session together; beyond
-    /// it the interval is stretched evenly. Default 20,000 (about 1.3 MB/s of 64-byte
-    /// datagrams, a few percent of one core).
+    /// it the interval (Up and down alike) is stretched evenly, and the detection time
+    /// with it (`apm agent --explain` prints both for the agent's sessions). Default
+    /// 5,000: 65 paths at the default 15 ms, the rails to the peers of a host in a job of
+    /// a few dozen; about 320 kB/s of 64-byte datagrams on RoCE; on InfiniBand, where
+    /// each probe is a MAD on QP1 that the receiving host's MAD agent handles one at a
+    /// time beside the SM's Reports and the SA's answers, a load the agent keeps up
+    /// with (a tenth of it busy at the simulator's 20 us a MAD).
     pub max_probes_per_sec: u32,
     /// Probe InfiniBand paths too. Default false: there probes would ride vendor MADs on
     /// QP1, whose rate is small (an HCA's MAD path, and every MAD shares it with the SM's
@@ -184,7 +192,7 @@ impl Default for ProbePolicy {
             interval_ms: 15,
             multiplier: 3,
             down_interval_ms: 250,
-            max_probes_per_sec: 20_000,
+            max_probes_per_sec: 5_000,
             infiniband: false,
             damping_half_life_ms: 5_000,
             damping_suppress: 3,
@@ -382,12 +390,21 @@ impl Prober {
     }
 
     /// The interval Up sessions transmit at now: the policy's, stretched when the
-    /// sessions together would send more than `max_probes_per_sec`.
+    /// sessions together would send more than `max_probes_per_sec` (`budget.rs`).
     pub fn interval(&self) -> Duration {
-        let base = Duration::from_millis(u64::from(self.policy.interval_ms));
-        let n = self.sessions.len() as u64;
-        let cap = u64::from(self.policy.max_probes_per_sec.max(1));
-        base.max(Duration::from_micros(n.saturating_mul(1_000_000) / cap))
+        self.policy
+            .stretched(self.policy.interval_ms, self.sessions.len())
+    }
+
+    /// The interval sessions that are not Up transmit at now, stretched the same way.
+    fn down_interval(&self) -> Duration {
+        self.policy
+            .stretched(self.policy.down_interval_ms, self.sessions.len())
+    }
+
+    /// What the sessions watched now cost and buy (`apm agent --explain`).
+    pub fn budget(&self) -> Budget {
+        self.policy.budget(self.sessions.len())
     }
 
     /// Probe `ends` from now on. Watching a watched path again does nothing; the session
@@ -576,7 +593,7 @@ impl Prober {
             }
         }
         // Sends after every expiry of this instant, so that a probe says Down at once.
-        let down_interval = Duration::from_millis(u64::from(self.policy.down_interval_ms));
+        let down_interval = self.down_interval();
         let ports_down = PortsDown::of(self.local_down.iter().copied());
         for ends in sends {
             let seed = self.seed;
@@ -642,7 +659,7 @@ impl Prober {
     /// drawn for the interval of its state.
     fn send_now(&mut self, ends: PathEnds, now: Time) {
         let interval = self.interval();
-        let down_interval = Duration::from_millis(u64::from(self.policy.down_interval_ms));
+        let down_interval = self.down_interval();
         if let Some(s) = self.sessions.get_mut(&ends) {
             let interval = if s.state == SessionState::Up {
                 interval

@@ -311,8 +311,11 @@ fn many_sessions_stretch_the_interval_to_the_rate_cap() {
             );
         }
     }
-    // 2,000 sessions at 20,000 probes a second: one probe each every 100 ms.
-    assert_eq!(p.interval(), Duration::from_millis(100));
+    // 2,000 sessions within 5,000 probes a second: one probe each every 400 ms on
+    // average, gaps averaging 7/8 of the interval.
+    assert_eq!(p.interval().as_nanos(), 457_142_857);
+    let b = p.budget();
+    assert!((b.probes_per_sec - 5_000.0).abs() < 0.01, "{b:?}");
 }
 
 #[test]

@@ -67,6 +67,18 @@ pub struct AgentArgs {
     /// false`, while a deployment moves to keys host by host).
     #[arg(long)]
     pub accept_unauthenticated: bool,
+    /// Print what the host's liveness probes cost and buy, and exit: the paths the
+    /// running agent probes, the interval `[policy.probe] max_probes_per_sec` allows
+    /// them, the probes a second, and the time a silent failure takes to be found
+    /// (under this command's `--config` and flags: give the agent's own).
+    #[arg(long, conflicts_with = "rail_down")]
+    pub explain: bool,
+    /// With `--explain`: for this many paths instead of the running agent's.
+    #[arg(long, value_name = "N", requires = "explain")]
+    pub paths: Option<usize>,
+    /// With `--explain`: one JSON object.
+    #[arg(long, requires = "explain")]
+    pub json: bool,
 }
 
 /// Read and check the configuration at `path` (a bad one is refused whole); with its
@@ -198,6 +210,10 @@ pub fn agent(args: AgentArgs) -> Result<()> {
     rt.block_on(async move {
         if let Some(ip) = args.rail_down {
             return rail_down(&config.socket, ip).await;
+        }
+        if args.explain {
+            return super::explain::explain(&config.socket, &config.probe, args.paths, args.json)
+                .await;
         }
         config.infiniband = infiniband_side(file.as_ref());
         let port = config.peer_port;
