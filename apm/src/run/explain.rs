@@ -38,7 +38,7 @@ pub(super) async fn explain(
             source,
             budget: b,
         };
-        return outln!("{}", serde_json::to_string(&out)?).map_err(Into::into);
+        return outln!("{}", serde_json::to_string(&out)?);
     }
     outln!("{}", text(policy, &b, source))?;
     Ok(())

@@ -48,9 +48,11 @@
 //!   a cut between switches raises no port event at a host (the switches' trap 128
 //!   starts a sweep; the SM's trap 65 names only the ports a split left unreachable).
 //!   RoCE (software-migration) ports have no SA: Ethernet ports for the engine.
-//! - **Probes** (apm only): each host's `ProbeDriver` sends through `SendPeer`; a probe
-//!   travels as a datagram routed like data (`hosts.rs`), never through the MAD agent
-//!   and never lost to MAD loss, and reaches the peer's prober after its hops.
+//! - **Probes** (apm only): each host's `ProbeDriver` sends through `SendPeer`; on
+//!   InfiniBand a probe is a MAD through the agents and MAD loss, on RoCE a datagram on
+//!   the rail (`hosts.rs`). The sessions of healthy paths are parked and carry no
+//!   packet until the fabric, MAD loss or one end's state touches them (`parked.rs`),
+//!   then resumed where carrying each probe would have left them.
 //! - **Traffic** is application messages numbered per direction. A message is delivered
 //!   once the forward path works, acknowledged once the return path works too. The
 //!   application keeps offering messages on a connection that died (they count as not
@@ -64,7 +66,7 @@
 //! on every try only ever drop host ports, never switches.
 
 use crate::config::{FabricParams, Fault, Migration, Mode, Scenario, ScenarioError};
-use crate::controller::{self, Controller, PolicyKind};
+use crate::controller::{self, Controller};
 use crate::fabric::{Fabric, PortId, PortState};
 use crate::report::{Percentiles, RunReport, Sample};
 use crate::rng::Rng;
@@ -81,64 +83,15 @@ mod load;
 mod parked;
 mod qp;
 mod quiet;
+mod run_config;
 mod sa;
 mod slab;
 mod sm;
 mod truth;
 
+pub use run_config::RunConfig;
 use sa::SaTxn;
 use sm::Sm;
-
-/// Everything a run needs besides the scenario.
-#[derive(Clone, Debug)]
-pub struct RunConfig {
-    /// The seed of the run's one RNG.
-    pub seed: u64,
-    /// Which controller every host runs.
-    pub policy: PolicyKind,
-    /// The engine's policy (for `apm`).
-    pub engine_policy: Policy,
-    /// Record a state sample this often (ms); 0 for none.
-    pub sample_ms: u64,
-    /// Check the invariants after every event and record violations.
-    pub check: bool,
-    /// Hosts driven from outside (by `apm_core::Manager` through [`crate::SimProvider`])
-    /// instead of by an in-process controller.
-    pub external_hosts: Vec<usize>,
-    /// Log every change of this connection's QPs (target `provider_sim::trace`, level
-    /// info), for finding out why it was lost.
-    pub trace_conn: Option<usize>,
-    /// Carry every probe packet, healthy paths' too, instead of parking the sessions of
-    /// healthy paths (`parked.rs`): the way to check that parking changes nothing.
-    pub probe_packets: bool,
-}
-
-impl RunConfig {
-    /// A run of `scenario` under `policy` with `seed`, with the scenario's engine
-    /// policy ([`Scenario::engine_policy`]), samples every 10 ms.
-    pub fn for_scenario(scenario: &Scenario, policy: PolicyKind, seed: u64) -> RunConfig {
-        RunConfig {
-            engine_policy: scenario.engine_policy(),
-            ..RunConfig::new(policy, seed)
-        }
-    }
-
-    /// A run of `policy` with `seed`, the simulator's engine policy
-    /// ([`crate::controller::sim_policy`]: the defaults with probes on), samples every
-    /// 10 ms.
-    pub fn new(policy: PolicyKind, seed: u64) -> RunConfig {
-        RunConfig {
-            seed,
-            policy,
-            engine_policy: controller::sim_policy(),
-            sample_ms: 10,
-            check: false,
-            external_hosts: Vec::new(),
-            trace_conn: None,
-            probe_packets: false,
-        }
-    }
-}
 
 /// Ground-truth state of a connection, for samples and the protection clock.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]

@@ -76,11 +76,13 @@ impl Sim {
         ) else {
             return;
         };
-        let ok = |ctl: &Box<dyn Controller>, e| {
+        let ok = |ctl: &dyn Controller, e| {
             ctl.prober()
                 .is_some_and(|p| p.state(e) == Some(SessionState::Up) && !p.parked(e))
         };
-        if !ok(&self.hosts[host].ctl, here) || !ok(&self.hosts[peer].ctl, probe.ends) {
+        if !ok(self.hosts[host].ctl.as_ref(), here)
+            || !ok(self.hosts[peer].ctl.as_ref(), probe.ends)
+        {
             return;
         }
         let parked =
@@ -193,7 +195,7 @@ impl Sim {
     pub(super) fn count_parked_probes(&mut self) {
         let end = after(self.end, Time(1));
         let mut n = 0;
-        for ((h, ends), _) in &self.parking.ends {
+        for (h, ends) in self.parking.ends.keys() {
             n += self.hosts[*h]
                 .ctl
                 .prober()
