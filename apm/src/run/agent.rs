@@ -45,8 +45,10 @@ pub struct AgentArgs {
     /// Exit after this many seconds without a protected process (default: never).
     #[arg(long, value_name = "SECS")]
     pub idle_exit_secs: Option<u64>,
-    /// Tell the running agent that this address (a local or peer rail's IP) is
-    /// unreachable, and exit (root or the operator group only).
+    /// Tell the running agent that this address (a local or peer rail's IP, or an
+    /// InfiniBand port's GID written as IPv6, e.g. fe80::2:c903:0:1) is unreachable:
+    /// every connection whose primary path leaves or reaches it moves at once. Exits
+    /// when told (root or the operator group only).
     #[arg(long, value_name = "ADDR")]
     pub rail_down: Option<std::net::IpAddr>,
     /// Interval between liveness probes on each path (`[policy.probe] interval_ms`).

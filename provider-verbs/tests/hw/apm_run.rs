@@ -37,6 +37,9 @@ mod probes;
 // What apm-preload must keep invisible, and programs that load libibverbs themselves.
 #[path = "apm_run_shim.rs"]
 mod shim;
+// `apm run` on InfiniBand ports (real HCAs only).
+#[path = "apm_run_ib.rs"]
+mod ib;
 
 /// The agent's UDP port in these tests (not the default, so nothing else answers).
 const PORT: &str = "47950";
