@@ -44,21 +44,23 @@ fn prepare_hw(program: &str) -> Option<(String, Rails)> {
 
 /// What one end's `--report` says.
 #[derive(Debug, Default)]
-struct EndReport {
+pub(super) struct EndReport {
     /// Failovers made by the device (hardware APM).
-    by_device: usize,
+    pub(super) by_device: usize,
     /// Failovers in all.
-    failovers: usize,
+    pub(super) failovers: usize,
     /// QPs lost.
-    lost: usize,
+    pub(super) lost: usize,
     /// QPs protected.
-    protected: u64,
+    pub(super) protected: u64,
     /// Why QPs were not protected.
     refusals: Vec<String>,
+    /// How each port of the process's QPs moves them (`hardware_apm`, ...).
+    pub(super) mechanisms: Vec<String>,
 }
 
 impl EndReport {
-    fn read(path: &str) -> EndReport {
+    pub(super) fn read(path: &str) -> EndReport {
         let text = std::fs::read_to_string(path).unwrap_or_default();
         let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
         let processes = v["processes"].as_array().cloned().unwrap_or_default();
@@ -80,6 +82,10 @@ impl EndReport {
             refusals: each("not_protected")
                 .iter()
                 .filter_map(|r| r["reason"].as_str().map(String::from))
+                .collect(),
+            mechanisms: each("ports")
+                .iter()
+                .filter_map(|p| p["mechanism"].as_str().map(String::from))
                 .collect(),
         }
     }

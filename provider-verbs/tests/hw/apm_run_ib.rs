@@ -16,6 +16,7 @@
 //! port per end (an alternate through a second LID of the same port shares the port
 //! the verdict names).
 
+use super::hw::EndReport;
 use super::{apm_bin, spawn_opts, wait_listening, End};
 use crate::apm_plan::{ib_plan, skip};
 use crate::verbs;
@@ -31,41 +32,6 @@ const TCP_PORT: u16 = 18700;
 /// How long perftest runs (`-D`), whatever the machine's speed: the verdict comes once
 /// both ends are protected, and the move must leave the program time to go on.
 const DURATION_S: u64 = 12;
-
-/// What one end's report says, for this test.
-#[derive(Debug, Default)]
-struct IbReport {
-    protected: u64,
-    failovers: usize,
-    lost: usize,
-    mechanisms: Vec<String>,
-}
-
-impl IbReport {
-    fn read(path: &str) -> IbReport {
-        let text = std::fs::read_to_string(path).unwrap_or_default();
-        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
-        let processes = v["processes"].as_array().cloned().unwrap_or_default();
-        let each = |key: &str| -> Vec<serde_json::Value> {
-            processes
-                .iter()
-                .flat_map(|p| p[key].as_array().cloned().unwrap_or_default())
-                .collect()
-        };
-        IbReport {
-            protected: processes
-                .iter()
-                .filter_map(|p| p["protected"].as_u64())
-                .sum(),
-            failovers: each("failovers").len(),
-            lost: each("lost").len(),
-            mechanisms: each("ports")
-                .iter()
-                .filter_map(|p| p["mechanism"].as_str().map(String::from))
-                .collect(),
-        }
-    }
-}
 
 /// GID 0 of `dev`'s `port`, as `apm agent --rail-down` takes it (an IPv6 address).
 fn port_gid(dev: &str, port: u8) -> Option<std::net::Ipv6Addr> {
@@ -148,7 +114,7 @@ fn ib_apm_run_perftest_moved_by_an_operator_verdict() {
         .expect("apm agent --rail-down");
     let limit = Instant::now() + Duration::from_secs(DURATION_S + 60);
     let status = [server.wait(limit), client.wait(limit)];
-    let ends = reports.map(IbReport::read);
+    let ends = reports.map(EndReport::read);
     println!(
         "IB apm run: protected before the verdict: {protected}; rail-down {b_gid}: {}; \
          exit {status:?}; server {:?}; client {:?}",
