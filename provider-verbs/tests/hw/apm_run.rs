@@ -372,9 +372,10 @@ fn case(
 ) -> Outcome {
     let cut_at: CutAt = cut_at.into();
     let cut_after = cut_at.after;
-    // Without apm a hang is the expected outcome: 15 s of it show it.
+    // Without apm a hang is the expected outcome: 15 s of it show it. Under apm a bound,
+    // not a measure: a fixed count runs for minutes on a loaded machine.
     let limit = if apm.is_some() {
-        Duration::from_secs(180)
+        Duration::from_secs(600)
     } else {
         cut_after + Duration::from_secs(15)
     };
@@ -399,7 +400,8 @@ fn case(
     let want = ends.len() as u64;
     let protected = || ends.iter().map(End::protected).sum::<u64>();
     if apm.is_some() {
-        while protected() < want && start.elapsed() < Duration::from_secs(20) {
+        // A bound, not a measure: on a loaded machine adopting a QP took 17 s in the VM.
+        while protected() < want && start.elapsed() < Duration::from_secs(180) {
             std::thread::sleep(Duration::from_millis(20));
         }
     }
