@@ -214,3 +214,64 @@ impl FabricService for AgentFabric {
         self.client.subscribe(sgid).map_err(|e| agent_error(op, &e))
     }
 }
+
+/// How an InfiniBand QP names its peer port: by GID when its address vector carries a
+/// GRH, else by LID alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IbPeer {
+    /// The peer port's GID.
+    Gid(Gid),
+    /// The peer port's LID (the SA tells its GID).
+    Lid(u16),
+}
+
+/// What the agent knows of an InfiniBand connection's other end, from every local port.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct IbConnection {
+    /// The peer port's GID.
+    pub dgid: Gid,
+    /// Every path the SA gave from each of `ports` to the peer's node (its ports all),
+    /// each keyed by the local port it leaves from.
+    pub paths: Vec<Path>,
+    /// Every port of the peer's node: `(port GID, base LID)`.
+    pub peer_ports: Vec<(Gid, u16)>,
+}
+
+/// The paths of an InfiniBand connection whose QP leaves from `from` (one of `ports`,
+/// the device's InfiniBand ports and their GIDs) towards `peer`: asked from `from`
+/// first (which names the peer port's GID and its node's ports), then from each other
+/// port towards that GID. Only the first answer is required: another port the SA
+/// cannot route (down, another subnet) adds nothing and is said in the log.
+pub async fn ib_connection(
+    client: &AgentClient,
+    ports: &[(PortKey, Gid)],
+    from: PortKey,
+    peer: IbPeer,
+) -> Result<IbConnection, crate::client::PathsError> {
+    let sgid = ports
+        .iter()
+        .find(|(k, _)| *k == from)
+        .map(|(_, g)| *g)
+        .ok_or_else(|| {
+            crate::client::PathsError::Unknown(format!("port {from} has no GID apm knows"))
+        })?;
+    let (dgid, dlid) = match peer {
+        IbPeer::Gid(g) => (Some(g), None),
+        IbPeer::Lid(l) => (None, Some(l)),
+    };
+    let first = client.paths(sgid, dgid, dlid).await?;
+    let keyed =
+        |key: PortKey, paths: Vec<Path>| paths.into_iter().map(move |p| Path { port: key, ..p });
+    let mut paths: Vec<Path> = keyed(from, first.paths).collect();
+    for (key, gid) in ports.iter().filter(|(k, _)| *k != from) {
+        match client.paths(*gid, Some(first.dgid), None).await {
+            Ok(more) => paths.extend(keyed(*key, more.paths)),
+            Err(e) => tracing::debug!(port = %key, error = %e, "no paths from this port"),
+        }
+    }
+    Ok(IbConnection {
+        dgid: first.dgid,
+        paths,
+        peer_ports: first.peer_ports,
+    })
+}

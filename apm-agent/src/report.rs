@@ -50,6 +50,21 @@ pub enum MovedBy {
     Hardware,
 }
 
+/// What one port of a device showed it can do when apm tried it, at its first QP.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PortMechanism {
+    /// The device.
+    pub device: String,
+    /// The port (1-based).
+    pub port: u8,
+    /// `infiniband` or `ethernet` (RoCE).
+    pub link_layer: String,
+    /// How its QPs move (`hardware_apm`, `software_move`, `none`), as tried.
+    pub mechanism: String,
+    /// The evidence, one line (each trial and its outcome).
+    pub evidence: String,
+}
+
 /// One process's report.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProcessReport {
@@ -81,6 +96,10 @@ pub struct ProcessReport {
     /// QPs, if any, ran unprotected and uncounted.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub not_seen: Option<String>,
+    /// The ports of the process's QPs and how each moves QPs, as apm found when it
+    /// tried (what `apm run --explain` prints).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ports: Vec<PortMechanism>,
 }
 
 /// Every process of one `apm run`.

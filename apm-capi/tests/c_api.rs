@@ -114,10 +114,14 @@ fn text(field: &[std::ffi::c_char]) -> String {
 
 #[test]
 fn a_move_for_a_silent_failure_says_fabric_in_its_cause() {
-    // Rail A's switch black-holes at 1 s with both ports up: only probes see it.
+    // Rail A's switch black-holes at 1 s with both ports up: only probes see it. The
+    // policy is the scenario's own: its QPs are the application's (apm cannot arm them
+    // itself), so apm's default would leave their moves to the HCA, 34 s away at NCCL's
+    // timeouts; `fast_moves = "always"` moves them on the probes' verdict.
     let scenario = crate_dir().join("../provider-sim/scenarios/nccl-silent.toml");
     let cfg = CString::new(format!(
         "[[device]]\nname = \"h2\"\nprovider = \"sim\"\n[sim]\nscenario = \"{}\"\nseed = 3\n\
+         [policy]\nfast_moves = \"always\"\n\
          [policy.probe]\nenabled = true\ninfiniband = true\n",
         scenario.display()
     ))

@@ -212,6 +212,18 @@ pub enum CommandOp {
         /// Where the peer runs.
         path: Path,
     },
+    /// Post a zero-length RDMA WRITE of apm's own on the QP (unsignaled; a
+    /// zero-length WRITE names no memory, so no R_Key is checked), so that a QP in
+    /// REARM arms without waiting for the application's traffic: the write reaching the
+    /// peer on its primary with MigReq=0 arms the peer's QP, its acknowledgement ours
+    /// (IBA: REARM becomes ARMED on the peer's packets). Only a provider that may post
+    /// on the QP does it (apm's own QPs, or an application's that allows it); the
+    /// others answer `Unsupported`, and the engine leaves that connection's moves to
+    /// the HCA ([`crate::Policy::fast_moves`]).
+    ArmingWrite {
+        /// The connection.
+        conn: ConnId,
+    },
     /// Read back the QP's state, migration state and primary path.
     QueryQp {
         /// The connection.
@@ -261,6 +273,7 @@ impl CommandOp {
             CommandOp::ForceMigrate { .. } => "force_migrate",
             CommandOp::SoftwareMigrate { .. } => "software_migrate",
             CommandOp::PeerThere { .. } => "peer_there",
+            CommandOp::ArmingWrite { .. } => "arming_write",
             CommandOp::QueryQp { .. } => "query_qp",
             CommandOp::SendPeer { .. } => "send_peer",
             CommandOp::ResolvePaths { .. } => "resolve_paths",

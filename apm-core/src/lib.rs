@@ -26,6 +26,6 @@ pub mod types;
 pub use engine::{ConnStatus, Engine, EngineError, Protection, Stats};
 pub use io::*;
 pub use manager::{FabricEvent, FabricEventKind, Manager, ManagerError, ManagerHandle};
-pub use policy::{Policy, PolicyError, UnexpectedLap};
+pub use policy::{FastMoves, Policy, PolicyError, UnexpectedLap};
 pub use provider::*;
 pub use types::*;

@@ -17,6 +17,39 @@ pub enum UnexpectedLap {
     Ignore,
 }
 
+/// Which hardware-APM connections apm moves at once when their primary dies, rather
+/// than leave the move to the HCA (which migrates when the QP's retries on the primary
+/// run out, a whole retry budget after the traffic stalled: 537 ms at timeout 14).
+///
+/// A migration leaves a QP MIGRATED; once the engine has loaded the next alternate and
+/// set REARM, the QP arms only when a packet of its peer's arrives (IBA; rdmavt's
+/// `ruc_check_hdr`). Until then a failure of its new primary has nothing to migrate
+/// to. A connection whose QP apm may post on is armed by apm's own zero-length write
+/// (`CommandOp::ArmingWrite`) within a round trip of the move; one that only the
+/// application's traffic arms stays unarmed for as long as that traffic pauses (a
+/// second at one message a second, the whole gap between an application's bursts), and
+/// a move at once then loses connections that staying on the old path, as the HCA
+/// does, keeps (see `docs/dominance.md` for the measurements).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FastMoves {
+    /// Move at once the connections apm arms itself after a move (its arming write
+    /// accepted), and any connection whose stall is reported (its unacknowledged
+    /// packets, sent again on the new path, arm it); leave the others to the HCA. The
+    /// default.
+    #[default]
+    SelfArmed,
+    /// Move every hardware-APM connection at once, whatever arms it afterwards.
+    Always,
+    /// Leave every hardware-APM move to the HCA. For devices that keep the QP's one
+    /// ACK timeout on every path (rdmavt: hfi1, qib, soft-RoCE): there a connection
+    /// moved at once keeps one retry budget on its new path where the HCA's own
+    /// sequence gives the path it moves to a budget that starts later, and loses the
+    /// races of a second failure that the HCA's timing wins (`alternate_timeout_boost`,
+    /// which makes up for it, is not applied there).
+    Never,
+}
+
 /// Tunable behaviour of the engine. See each field for its default.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -89,19 +122,23 @@ pub struct Policy {
     /// What a LAP from a source that is not the connection's peer gets. Default reject.
     pub unexpected_lap: UnexpectedLap,
     /// Hardware APM: an alternate is loaded with a local ACK timeout this many steps
-    /// (each doubles the retry budget) above the connection's own. Once on it, after
-    /// apm moved the connection or the HCA did, the transport waits this much longer for
-    /// a dead path to come back before giving up. A connection apm moves at once gives
-    /// up the HCA's own sequence (one budget on the old path, then one on the new): if
-    /// the new path dies before the QP could arm again (a QP arms only once its peer's
-    /// packets arrive), it has nothing left to migrate to, and only the new path's
-    /// budget stands between it and ERR. Default 2: four times the budget (2.15 s at
-    /// timeout 14 and retry count 7, against the HCA's 1.07 s for two budgets); over the
-    /// simulator's chaos campaign it loses fewer connections than 1, and than either
-    /// baseline on every seed. The price: on such a path a lost packet waits four times
-    /// as long for its retransmission, and a path that comes back is found up to one
-    /// (longer) retry interval later. 0 keeps the connection's own timeout.
+    /// (each doubles the retry budget) above the connection's own. On a device that
+    /// applies the alternate's own timeout once the QP runs on it (mlx5 writes it into
+    /// the alternate's address path), the transport then waits this much longer for a
+    /// dead path to come back before giving up: a connection apm moved at once gave up
+    /// the old path's budget, and if the new path dies before the QP could arm again
+    /// only the new path's budget stands between it and ERR. A device that keeps the
+    /// QP's one timeout on every path (rdmavt: a migration never applies
+    /// `alt_timeout`) ignores it. Default 2: four times the budget (2.15 s at timeout 14
+    /// and retry count 7, against the HCA's 1.07 s for two budgets). The price: on such
+    /// a path a lost packet waits four times as long for its retransmission, and a path
+    /// that comes back is found up to one (longer) retry interval later. 0 keeps the
+    /// connection's own timeout.
     pub alternate_timeout_boost: u8,
+    /// Which hardware-APM connections move at once when their primary dies: see
+    /// [`FastMoves`]. Default `self_armed`. Software moves (RoCE) need no arming and
+    /// always go at once.
+    pub fast_moves: FastMoves,
     /// Liveness probes per path (`[policy.probe]`): see [`ProbePolicy`]'s fields.
     pub probe: ProbePolicy,
     /// A command the provider has not answered this long after it was handed over is
@@ -138,6 +175,7 @@ impl Default for Policy {
             sa_jitter_ms: 0,
             unexpected_lap: UnexpectedLap::Reject,
             alternate_timeout_boost: 2,
+            fast_moves: FastMoves::SelfArmed,
             probe: ProbePolicy::default(),
             command_timeout_ms: 10_000,
         }

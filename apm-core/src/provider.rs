@@ -74,6 +74,19 @@ pub trait QpControl: Send + Sync + 'static {
     /// The peer runs on `path`, the connection's primary or where its move in flight
     /// goes ([`CommandOp::PeerThere`]).
     async fn peer_there(&self, conn: ConnId, path: Path) -> Result<(), ProviderError>;
+    /// Post apm's zero-length RDMA WRITE on the QP, which arms it and its peer's
+    /// from REARM ([`CommandOp::ArmingWrite`]). By default unsupported: only a facet
+    /// that may post on the connection's QP does it.
+    async fn arming_write(&self, conn: ConnId) -> Result<(), ProviderError> {
+        let _ = conn;
+        Err(ProviderError::Unsupported {
+            provider: "qp facet",
+            operation: crate::provider_error::Operation::ArmingWrite,
+            why: Some(crate::provider_error::Reason::Because(
+                "apm does not post on this QP",
+            )),
+        })
+    }
     /// Read the QP back.
     async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError>;
 }
@@ -158,6 +171,11 @@ impl<Q: QpControl, C: PeerChannel, F: FabricService> Provider for Stack<Q, C, F>
                 .peer_there(conn, path)
                 .await
                 .map(|()| CommandOutcome::Done),
+            CommandOp::ArmingWrite { conn } => self
+                .qp
+                .arming_write(conn)
+                .await
+                .map(|()| CommandOutcome::Done),
             CommandOp::QueryQp { conn } => self.qp.query_qp(conn).await.map(CommandOutcome::Qp),
             CommandOp::SendPeer { port, to, msg } => self
                 .peer
@@ -204,6 +222,9 @@ impl<T: QpControl + ?Sized> QpControl for std::sync::Arc<T> {
     }
     async fn peer_there(&self, conn: ConnId, path: Path) -> Result<(), ProviderError> {
         (**self).peer_there(conn, path).await
+    }
+    async fn arming_write(&self, conn: ConnId) -> Result<(), ProviderError> {
+        (**self).arming_write(conn).await
     }
     async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError> {
         (**self).query_qp(conn).await

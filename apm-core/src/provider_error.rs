@@ -108,6 +108,8 @@ pub enum Operation {
     SoftwareMigrate,
     /// [`CommandOp::PeerThere`] (releasing sends held for the peer).
     PeerThere,
+    /// [`CommandOp::ArmingWrite`] (apm's own zero-length RDMA WRITE).
+    ArmingWrite,
     /// [`CommandOp::QueryQp`].
     QueryQp,
     /// [`CommandOp::SendPeer`].
@@ -140,6 +142,7 @@ impl From<&CommandOp> for Operation {
             CommandOp::ForceMigrate { .. } => Operation::ForceMigrate,
             CommandOp::SoftwareMigrate { .. } => Operation::SoftwareMigrate,
             CommandOp::PeerThere { .. } => Operation::PeerThere,
+            CommandOp::ArmingWrite { .. } => Operation::ArmingWrite,
             CommandOp::QueryQp { .. } => Operation::QueryQp,
             CommandOp::SendPeer { .. } => Operation::SendPeer,
             CommandOp::ResolvePaths { .. } => Operation::ResolvePaths,
@@ -156,6 +159,7 @@ impl fmt::Display for Operation {
             Operation::ForceMigrate => "force MIGRATED",
             Operation::SoftwareMigrate => "software path migration",
             Operation::PeerThere => "release sends held for the peer",
+            Operation::ArmingWrite => "post apm's arming write",
             Operation::QueryQp => "query QP",
             Operation::SendPeer => "send peer message",
             Operation::ResolvePaths => "PathRecord query",

@@ -3,32 +3,35 @@
 //!
 //! One `Protector` per process, started at the first RC QP that reaches RTS: a tokio
 //! runtime on two threads of apm's own, the connection to the host's agent, and per
-//! device an apm-core `Manager` on provider-rxe's QP facet (on a context apm opens
-//! itself), an [`AgentPeer`] and the connections' own paths. If it cannot start (no
-//! agent on the host), every RC QP is reported unprotected with that reason and the
-//! program runs on as without apm.
+//! device (on a context apm opens itself) what each port showed it can do
+//! (`device::Opened`) and, per way of moving a QP, an apm-core `Manager` on
+//! provider-rxe's QP facet with the agent as its peer channel and the paths it moves
+//! between (`device::Device`): on an Ethernet port the connection's own GIDs, on an
+//! InfiniBand port the SA's answers through the agent (`paths`). If it cannot start
+//! (no agent on the host), every RC QP is reported unprotected with that reason and
+//! the program runs on as without apm.
 //!
 //! Each QP the program hands over goes through a `Slot`: the adoption of the QP (the
 //! only moment apm touches it outside a move) runs under the slot's lock, which the
 //! program's `ibv_destroy_qp` takes too; afterwards the program's own control verbs
 //! and apm's moves serialise on the adopted QP's lock (`AdoptedQp::hold`).
 
+mod device;
 mod follow;
+mod paths;
 
 use crate::fork::{self, Mine, PerProcess};
 use crate::ledger::{Drainer, Element, Event, Object};
-use crate::mode::{is_soft_roce, migration, srq_refusal, Facet, Migration};
+use crate::mode::{srq_refusal, Facet};
 use crate::report;
-use apm_agent::client::{AgentClient, AgentPeer};
-use apm_agent::local::ip_of;
+use apm_agent::client::AgentClient;
 use apm_agent::wire::Route;
-use apm_core::{
-    ConnId, ConnSpec, Gid, Manager, ManagerHandle, Path, PortKey, Qpn, Role, Stack, StaticPaths,
-};
+use apm_core::{ConnId, ConnSpec, Gid, Path, PeerAddr, Qpn, Role};
+use device::{Device, EngineKey, Opened, Paths};
+use paths::QpPaths;
 use provider_rxe::adopt::DrainNote;
-use provider_rxe::{AdoptedQp, RxeConfig, RxeQpControl};
-use provider_verbs::ffi::{AsyncEventKind, Context, QpAttr, QpAttrMask, Verbs};
-use provider_verbs::VerbsQpControl;
+use provider_rxe::AdoptedQp;
+use provider_verbs::ffi::{AsyncEventKind, Context, QpAttr, QpAttrMask};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
@@ -114,18 +117,6 @@ struct Slot {
     adopted: Option<Adopted>,
 }
 
-/// What apm runs per device.
-struct Device {
-    name: String,
-    ctx: Context,
-    facet: Facet,
-    peer: AgentPeer,
-    paths: StaticPaths,
-    handle: ManagerHandle,
-    /// Protected connections: their QP number, peer QP number and current primary.
-    conns: Mutex<BTreeMap<ConnId, Conn>>,
-}
-
 #[derive(Clone)]
 struct Conn {
     qpn: u32,
@@ -134,6 +125,8 @@ struct Conn {
     /// device's connection whose QP has the same number.
     remote_qpn: u32,
     peer_gids: Vec<Gid>,
+    /// InfiniBand: the peer's LIDs (a MAD without a GRH names its sender by LID).
+    peer_lids: Vec<u16>,
     primary: Path,
     protected_once: bool,
 }
@@ -142,8 +135,11 @@ impl Conn {
     /// Whether a peer message naming (`receiver`, `sender`) that came from `from` is
     /// this connection's (the agent's own test, `matches_route`, made again here
     /// among the process's devices).
-    fn owns(&self, receiver: u32, sender: u32, from: &Gid) -> bool {
-        self.qpn == receiver && self.remote_qpn == sender && self.peer_gids.contains(from)
+    fn owns(&self, receiver: u32, sender: u32, from: &PeerAddr) -> bool {
+        let lid = from.lid.get();
+        self.qpn == receiver
+            && self.remote_qpn == sender
+            && (self.peer_gids.contains(&from.gid) || (lid != 0 && self.peer_lids.contains(&lid)))
     }
 }
 
@@ -153,7 +149,10 @@ struct Protector {
     client: Arc<AgentClient>,
     policy: apm_core::Policy,
     slots: Mutex<BTreeMap<usize, Arc<Mutex<Slot>>>>,
-    devices: tokio::sync::Mutex<BTreeMap<String, Result<Arc<Device>, String>>>,
+    /// apm's context per device (see `device`).
+    opened: tokio::sync::Mutex<BTreeMap<String, Result<Arc<Opened>, String>>>,
+    /// The engines, per device, way of moving and link layer.
+    devices: tokio::sync::Mutex<BTreeMap<EngineKey, Result<Arc<Device>, String>>>,
     /// Snapshot of the devices started, for the agent's events (sync access).
     started: Mutex<Vec<Arc<Device>>>,
 }
@@ -262,92 +261,10 @@ impl Protector {
             client: Arc::new(client),
             policy,
             slots: Mutex::new(BTreeMap::new()),
+            opened: tokio::sync::Mutex::new(BTreeMap::new()),
             devices: tokio::sync::Mutex::new(BTreeMap::new()),
             started: Mutex::new(Vec::new()),
         })
-    }
-
-    /// apm's engine for device `name` (started on first use; a failure is remembered).
-    async fn device(&'static self, name: &str) -> Result<Arc<Device>, String> {
-        let mut devices = self.devices.lock().await;
-        if let Some(d) = devices.get(name) {
-            return d.clone();
-        }
-        let d = self.open(name).await.map(Arc::new);
-        if let Ok(dev) = &d {
-            lock(&self.started).push(dev.clone());
-            tokio::spawn(follow::watch(dev.clone()));
-        }
-        devices.insert(name.to_owned(), d.clone());
-        d
-    }
-
-    async fn open(&self, name: &str) -> Result<Device, String> {
-        // apm run protects soft-RoCE QPs only: other RoCE drivers are untested with the
-        // SQ-drain move, and InfiniBand under apm run is not built.
-        if !is_soft_roce(name) {
-            return Err(format!(
-                "device {name} is not soft-RoCE (rxe): apm run protects rxe QPs only"
-            ));
-        }
-        let verbs = Verbs::load().map_err(|e| e.to_string())?;
-        let ctx = verbs
-            .open(name)
-            .map_err(|e| format!("apm cannot open {name}: {e}"))?;
-        let peer = AgentPeer::new(self.client.clone(), PortKey::new(0, 1));
-        let paths = StaticPaths::default();
-        // rxe has one port: whether the kernel takes alternate paths there decides.
-        let hardware = match migration() {
-            Migration::Software => false,
-            Migration::Auto => provider_verbs::hw_apm::available(&ctx, 1).is_ok(),
-            Migration::Hardware => {
-                provider_verbs::hw_apm::available(&ctx, 1).map_err(|e| {
-                    format!("hardware APM was asked for (APM_RUN_MIGRATION) and {name} cannot: {e}")
-                })?;
-                true
-            }
-        };
-        let (facet, handle) = if hardware {
-            let f = Arc::new(VerbsQpControl::new(vec![ctx.clone()]));
-            let h = self.engine(name, f.clone(), &peer, &paths).await?;
-            (Facet::Hardware(f), h)
-        } else {
-            let f = Arc::new(RxeQpControl::new(vec![ctx.clone()], RxeConfig::default()));
-            let h = self.engine(name, f.clone(), &peer, &paths).await?;
-            (Facet::Software(f), h)
-        };
-        info!(device = name, mode = ?facet.mode(), "apm's engine started");
-        Ok(Device {
-            name: name.to_owned(),
-            ctx,
-            facet,
-            peer,
-            paths,
-            handle,
-            conns: Mutex::new(BTreeMap::new()),
-        })
-    }
-
-    /// Start an engine on `facet`, the agent's peer channel and the connections' paths.
-    async fn engine<Q: apm_core::QpControl + 'static>(
-        &self,
-        name: &str,
-        facet: Arc<Q>,
-        peer: &AgentPeer,
-        paths: &StaticPaths,
-    ) -> Result<ManagerHandle, String> {
-        let stack = Stack::new(facet, peer.clone(), paths.clone());
-        let (manager, handle) = Manager::new(Arc::new(stack), self.policy.clone())
-            .map_err(|e| format!("apm's engine refused to start: {e}"))?;
-        let task = tokio::spawn(manager.run());
-        if handle.stats().await.is_err() {
-            let why = match task.await {
-                Ok(Err(e)) => e.to_string(),
-                _ => "stopped".into(),
-            };
-            return Err(format!("apm's engine on {name} did not start: {why}"));
-        }
-        Ok(handle)
     }
 }
 
@@ -520,131 +437,81 @@ pub fn at_exit() {
     report::finish();
 }
 
-/// The paths of an adopted QP: its primary from its attributes, and one candidate per
-/// rail the peer's agent pairs with ours.
-struct QpPaths {
-    sgid: Gid,
-    dgid: Gid,
-    primary: Path,
-    candidates: Vec<Path>,
-    /// Rails the agents paired (each a candidate when both ends are IP addresses).
-    rails: usize,
-}
-
-/// The QP's primary path from `attr` and the candidates the host's agent finds for it.
-async fn qp_paths(p: &Protector, dev: &Device, attr: &QpAttr) -> Result<QpPaths, String> {
-    let port = attr.ah_attr.port_num.max(1);
-    let sgid = dev
-        .ctx
-        .query_gid(port, u32::from(attr.ah_attr.sgid_index))
-        .ok()
-        .flatten()
-        .map(|e| Gid(e.gid))
-        .ok_or("its source GID is not in the device's GID table")?;
-    let dgid = Gid(attr.ah_attr.dgid);
-    let (Some(sip), Some(dip)) = (ip_of(&sgid), ip_of(&dgid)) else {
-        return Err(format!(
-            "its path {sgid} -> {dgid} is not between IP addresses (RoCE v2 GIDs; link-local \
-             IPv6 GIDs carry no interface scope)"
-        ));
-    };
-    let local_gids: Vec<Gid> = dev
-        .ctx
-        .gid_table(port)
-        .map(|t| t.into_iter().map(|e| Gid(e.gid)).collect())
-        .unwrap_or_default();
-    let rails = p.client.candidates(sgid, dgid, local_gids).await;
-    let rails = rails.map_err(|e| e.to_string())?;
-    let key = PortKey::new(0, port);
-    let mtu = attr.path_mtu.code();
-    let path = |l: Gid, r: Gid| -> Option<Path> {
-        let mut p = provider_rxe::roce_path(key, ip_of(&l)?, ip_of(&r)?, mtu, attr.timeout);
-        p.sgid_index = 0;
-        Some(p)
-    };
-    let mut primary = provider_rxe::roce_path(key, sip, dip, mtu, attr.timeout);
-    primary.sgid_index = attr.ah_attr.sgid_index;
-    let candidates: Vec<Path> = rails.iter().filter_map(|(l, r)| path(*l, *r)).collect();
-    Ok(QpPaths {
-        sgid,
-        dgid,
-        primary,
-        candidates,
-        rails: rails.len(),
-    })
-}
-
 /// Adopt and protect one RC QP; `Err` says why it is not protected.
 async fn protect(
     p: &'static Protector,
     seen: QpSeen,
     slot: Arc<Mutex<Slot>>,
 ) -> Result<(), String> {
-    let dev = p.device(&seen.device).await?;
-    // An SRQ matters only to software migration: decided once the device's mode is known.
-    if let Some(why) = srq_refusal(dev.facet.mode()).filter(|_| seen.srq) {
-        return Err(why.into());
-    }
-    let Some((qp, attr)) = read_qp(&dev, &seen, &slot)? else {
+    let opened = p.opened(&seen.device).await?;
+    let Some((qp, attr)) = read_qp(&opened.ctx, &seen, &slot)? else {
         return Ok(());
     };
-    let QpPaths {
-        sgid,
-        dgid,
-        primary,
-        candidates,
-        rails,
-    } = qp_paths(p, &dev, &attr).await?;
+    let (mode, link) = opened.mechanism(paths::qp_port(&attr)).await?;
+    // An SRQ matters only to software migration: decided once the port's mode is known.
+    if let Some(why) = srq_refusal(mode).filter(|_| seen.srq) {
+        return Err(why.into());
+    }
+    let dev = p.device(&opened, mode, link).await?;
+    let found = paths::qp_paths(p, &opened, &dev, link, &attr).await?;
     let qpn = seen.qpn;
     let remote_qpn = attr.dest_qp_num;
     let id = ConnId(u64::from(qpn));
     if hand_over(&dev, &seen, &slot, id, qp, remote_qpn)? == Handover::Released {
         return Ok(());
     }
-    let all: Vec<Path> = std::iter::once(primary)
-        .chain(candidates.iter().copied())
-        .collect();
-    route(p, &dev, qpn, remote_qpn, &all)?;
+    learn(&dev, &found);
     lock(&dev.conns).insert(
         id,
         Conn {
             qpn,
             remote_qpn,
-            peer_gids: all.iter().map(|p| p.dgid).collect(),
-            primary,
+            peer_gids: found.peer_gids.clone(),
+            peer_lids: found.peer_lids.clone(),
+            primary: found.primary,
             protected_once: false,
         },
     );
     // The side with the lower (GID, QPN) plays the CM's active part.
-    let role = if (sgid, qpn) < (dgid, remote_qpn) {
+    let role = if (found.sgid, qpn) < (found.dgid, remote_qpn) {
         Role::Active
     } else {
         Role::Passive
     };
+    let candidates = found.candidates.len();
     let spec = ConnSpec {
         id,
         role,
-        mode: dev.facet.mode(),
+        mode,
         local_qpn: Qpn::new(qpn).ok_or("its QP number is out of range")?,
         remote_qpn: Qpn::new(remote_qpn).ok_or("the peer's QP number is out of range")?,
         local_comm_id: qpn,
         remote_comm_id: remote_qpn,
-        primary,
+        primary: found.primary,
         agreed_alternate: None,
-        candidates,
+        candidates: found.candidates.clone(),
     };
-    info!(qpn, remote_qpn, ?role, rails, "protecting the program's QP");
+    info!(
+        qpn,
+        remote_qpn,
+        ?role,
+        ?link,
+        candidates,
+        "protecting the program's QP"
+    );
     if let Err(e) = dev.handle.protect(spec).await {
         release(seen.key, "the engine refused it");
         return Err(format!("apm's engine refused it: {e}"));
     }
-    Ok(())
+    // Registered once the engine knows the connection: a message of the peer's that
+    // the agent held until now is handed over at once, and finds it.
+    register(p, qpn, remote_qpn, &found)
 }
 
 /// The program's QP, adopted, and its attributes, read under the slot's lock (a
 /// destroy waits for this); `None` once the program has released it.
 fn read_qp(
-    dev: &Device,
+    ctx: &Context,
     seen: &QpSeen,
     slot: &Mutex<Slot>,
 ) -> Result<Option<(provider_verbs::ffi::Qp, QpAttr)>, String> {
@@ -652,9 +519,11 @@ fn read_qp(
     if s.released {
         return Ok(None);
     }
-    let qp = crate::ffi::adopt(&dev.ctx, seen.key).map_err(|e| e.to_string())?;
+    let qp = crate::ffi::adopt(ctx, seen.key).map_err(|e| e.to_string())?;
     let mask = QpAttrMask::STATE
         | QpAttrMask::AV
+        | QpAttrMask::PORT
+        | QpAttrMask::PKEY_INDEX
         | QpAttrMask::DEST_QPN
         | QpAttrMask::PATH_MTU
         | QpAttrMask::TIMEOUT;
@@ -740,29 +609,35 @@ fn tee_event(ev: Event) {
     }
 }
 
-/// Make the connection's paths known: to the peer facet (which local address reaches
-/// which peer address), the static path service, the neighbour tables, and the agent
-/// (which routes the peer's messages here and probes the paths).
-fn route(
-    p: &Protector,
-    dev: &Device,
-    qpn: u32,
-    remote_qpn: u32,
-    all: &[Path],
-) -> Result<(), String> {
-    dev.peer.learn(all.iter().map(|p| (p.sgid, p.dgid)));
-    dev.paths.add(all.iter().copied());
-    if let Facet::Software(f) = &dev.facet {
-        f.keep_warm(all.iter().copied());
+/// Make the connection's paths known to the device's facets: which local address
+/// reaches which peer address (the peer facet), the paths themselves (RoCE: the static
+/// path service, and the neighbour tables warmed).
+fn learn(dev: &Device, found: &QpPaths) {
+    let all = || std::iter::once(&found.primary).chain(&found.candidates);
+    dev.peer.learn(all().map(|p| (p.sgid, p.dgid)));
+    if let Paths::Ethernet(paths) = &dev.paths {
+        paths.add(all().copied());
     }
+    if let Facet::Software(f) = &dev.facet {
+        f.keep_warm(all().copied());
+    }
+}
+
+/// Ask the agent to route the connection's peer messages here (and, on RoCE, to
+/// probe its rails).
+fn register(p: &Protector, qpn: u32, remote_qpn: u32, found: &QpPaths) -> Result<(), String> {
+    let all = || std::iter::once(&found.primary).chain(&found.candidates);
+    let mut local_gids: Vec<Gid> = all().map(|p| p.sgid).collect();
+    local_gids.sort();
+    local_gids.dedup();
     p.client
         .register(Route {
             local_qpn: qpn,
             remote_qpn,
-            peer_gids: all.iter().map(|p| p.dgid).collect(),
-            local_gids: all.iter().map(|p| p.sgid).collect(),
-            paths: all.iter().map(|p| (p.sgid, p.dgid)).collect(),
-            peer_lids: Vec::new(),
+            peer_gids: found.peer_gids.clone(),
+            local_gids,
+            paths: found.probed.clone(),
+            peer_lids: found.peer_lids.clone(),
         })
         .map_err(|e| e.to_string())
 }

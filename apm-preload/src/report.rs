@@ -3,7 +3,7 @@
 //! (a program that ends with `_exit` or a signal still leaves its last state). Each
 //! distinct reason a QP is not protected is said once on stderr.
 
-use apm_agent::report::{Failover, MovedBy, ProcessReport, Refusal};
+use apm_agent::report::{Failover, MovedBy, PortMechanism, ProcessReport, Refusal};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -200,6 +200,23 @@ pub fn lost(qpn: u32, device: &str, reason: &str) {
 /// apm stopped looking after the QP (destroyed, out of RTS).
 pub fn released(qpn: u32, device: &str) {
     with(|s| s.settle(qpn, device));
+}
+
+/// What a port showed it can do when apm tried it (kept once per port: a port tried
+/// again replaces what it showed before).
+pub fn port(probe: &provider_verbs::capability::PortProbe) {
+    let entry = PortMechanism {
+        device: probe.device.clone(),
+        port: probe.port,
+        link_layer: probe.link_layer.clone(),
+        mechanism: probe.mechanism().code().to_owned(),
+        evidence: probe.line(),
+    };
+    with(|s| {
+        let ports = &mut s.report.ports;
+        ports.retain(|p| (p.device.as_str(), p.port) != (entry.device.as_str(), entry.port));
+        ports.push(entry);
+    });
 }
 
 /// Something said once, kept in the report's notes.

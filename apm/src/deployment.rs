@@ -104,7 +104,7 @@ impl SimFabric {
         let scenario = match &config.sim.scenario {
             Some(path) => crate::scenario_file::read(std::path::Path::new(path.get_ref()))
                 .map_err(SimUnavailable::Scenario)?,
-            None => Scenario::default(),
+            None => Scenario::demo(),
         };
         let hosts = sim_hosts(config)?;
         SimFabric::new(&scenario, config.sim.seed.unwrap_or(1), &hosts)

@@ -63,11 +63,21 @@ pub struct Args {
     /// Write a plot of connection states over time, per policy.
     #[arg(long, value_name = "FILE")]
     svg: Option<PathBuf>,
-    /// Policies to run, comma-separated: apm, hw-only, reload-local, and the naive
-    /// ways of using the SA apm is compared with at scale, apm-wildcard and
-    /// per-conn-sa. Default: the scenario's `policies`, or apm,hw-only,reload-local.
+    /// Policies to run, comma-separated: apm; the baselines hw-only, reload-local,
+    /// reload-boost (reload-local with apm's alternate ACK timeout) and port-err-move
+    /// (reload-local that also forces a migration on PORT_ERR); and the naive ways of
+    /// using the SA apm is compared with at scale, apm-wildcard and per-conn-sa.
+    /// Default: the scenario's `policies`, or apm and the four baselines.
     #[arg(long, value_delimiter = ',', value_name = "NAMES")]
     policies: Vec<String>,
+    /// Run apm with this `fast_moves` (self-armed, always, never) instead of the
+    /// scenario's or family's: which hardware-APM connections move at once.
+    #[arg(long, value_name = "MODE", value_parser = fast_moves)]
+    fast_moves: Option<apm_core::FastMoves>,
+    /// Let apm post on every connection's QP (`workload.apm_may_post`): its arming
+    /// write arms a QP after a move without waiting for the application's traffic.
+    #[arg(long)]
+    apm_may_post: bool,
     /// Let the simulated hosts' engines log through `--log` (off by default: thousands
     /// of engines warning about the faults the scenario injects drown the report).
     #[arg(long)]
@@ -79,16 +89,21 @@ pub struct Args {
 struct JsonPolicy {
     connections: u64,
     lost: u64,
-    /// Which connections were lost (indices), and of those the ones lost in the re-arm
-    /// window after a move and in or after a total outage.
+    /// Which connections were lost (indices), and of those the ones whose primary died
+    /// after a move and before they were armed again, and those lost while no path
+    /// between their two hosts worked (`provider_sim::compare::Cause`).
     lost_ids: Vec<u64>,
     lost_in_rearm_window: Vec<u64>,
-    lost_in_outage: Vec<u64>,
+    lost_in_total_outage: Vec<u64>,
+    /// Those lost after a total outage since they last worked (a diagnostic).
+    lost_after_total_outage: Vec<u64>,
     /// Offered by the applications over the whole run and never delivered.
     messages_lost: u64,
     messages_offered: u64,
     messages_duplicated: u64,
     failovers: u64,
+    /// Of those, off a primary that still worked both ways.
+    false_failovers: u64,
     restore_ms: JsonPct,
     /// Restores of connections armed on a port-disjoint alternate when the fault hit.
     restore_disjoint_ms: JsonPct,
@@ -100,7 +115,11 @@ struct JsonPolicy {
     armed_at_end: u64,
     armed_disjoint_at_end: u64,
     sa_queries: u64,
+    /// Every MAD (apm's probes and messages on InfiniBand included).
     mads_sent: u64,
+    /// Liveness probes sent (0 with probes off), and per host and second.
+    probes_sent: u64,
+    probes_per_host_per_s: f64,
     /// What each failure event cost the SMs and SAs (the first entry: before any).
     failure_events: Vec<sim_events::JsonEvent>,
 }
@@ -129,17 +148,36 @@ struct JsonDoc {
     seed: u64,
     scenario: String,
     policies: BTreeMap<String, JsonPolicy>,
-    /// apm against the baselines (with all three policies run): what it did worse
-    /// (`violations`) and the losses a baseline avoided that no policy moving early can
-    /// (`findings`; see `provider_sim::compare`).
+    /// apm against each baseline that ran, per connection with nothing subtracted
+    /// (`provider_sim::compare`); absent without apm or without a baseline.
     #[serde(skip_serializing_if = "Option::is_none")]
-    dominance: Option<JsonDominance>,
+    judgement: Option<JsonJudgement>,
 }
 
 #[derive(Debug, Serialize)]
-struct JsonDominance {
-    violations: Vec<String>,
-    findings: Vec<String>,
+struct JsonJudgement {
+    /// The run fails against some judged baseline (one that waits for the HCA): apm
+    /// lost more connections, or one the baseline kept outside a total outage.
+    fails: bool,
+    against: Vec<compare::Against>,
+}
+
+/// `--fast-moves`'s value.
+fn fast_moves(s: &str) -> Result<apm_core::FastMoves, String> {
+    match s {
+        "self-armed" => Ok(apm_core::FastMoves::SelfArmed),
+        "always" => Ok(apm_core::FastMoves::Always),
+        "never" => Ok(apm_core::FastMoves::Never),
+        other => Err(format!("{other:?}: use self-armed, always or never")),
+    }
+}
+
+/// The command line's changes to every scenario run.
+fn tweaks(args: &Args) -> sim_sweep::Tweaks {
+    sim_sweep::Tweaks {
+        fast_moves: args.fast_moves,
+        apm_may_post: args.apm_may_post,
+    }
 }
 
 /// Load the scenario and apply the command-line overrides.
@@ -147,7 +185,7 @@ fn scenario(args: &Args) -> anyhow::Result<Scenario> {
     let mut s = match (&args.scenario, &args.family) {
         (Some(path), _) => apm::scenario_file::read(path)?,
         (None, Some(name)) => family(name)?.scenario(args.seed, size(args)),
-        (None, None) => Scenario::default(),
+        (None, None) => Scenario::demo(),
     };
     if let Some(n) = args.connections {
         s.workload.connections = n;
@@ -156,6 +194,7 @@ fn scenario(args: &Args) -> anyhow::Result<Scenario> {
     if let Some(n) = args.hosts {
         s.topology.hosts = n;
     }
+    tweaks(args).apply(&mut s);
     s.validate()
         .context("the scenario after --hosts/--connections")?;
     Ok(s)
@@ -303,6 +342,7 @@ fn sweep(args: &Args, seeds: u64) -> anyhow::Result<()> {
         seeds,
         first_seed: args.seed,
         size: size(args),
+        tweaks: tweaks(args),
     };
     let total = seeds * sweep.families.len() as u64;
     let bar = (!args.json && std::io::stderr().is_terminal()).then(|| {
@@ -339,10 +379,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         match PolicyKind::from_name(name.trim()) {
             Some(p) if !policies.contains(&p) => policies.push(p),
             Some(_) => {}
-            None => bail!(
-                "unknown policy {name:?} (use apm, hw-only, reload-local, apm-wildcard, \
-                 per-conn-sa)"
-            ),
+            None => {
+                let all: Vec<&str> = PolicyKind::EVERY.iter().map(|k| k.name()).collect();
+                bail!("unknown policy {name:?} (use {})", all.join(", "))
+            }
         }
     }
     if args.policies.is_empty() {
@@ -406,11 +446,13 @@ fn json_doc(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> JsonDoc {
                         lost: r.lost,
                         lost_ids: r.lost_ids.clone(),
                         lost_in_rearm_window: r.lost_in_rearm_window.clone(),
-                        lost_in_outage: r.lost_in_outage.clone(),
+                        lost_in_total_outage: r.lost_in_total_outage.clone(),
+                        lost_after_total_outage: r.lost_after_total_outage.clone(),
                         messages_lost: r.messages_lost,
                         messages_offered: r.messages_posted,
                         messages_duplicated: r.messages_duplicated,
                         failovers: r.failovers,
+                        false_failovers: r.false_failovers,
                         restore_ms: JsonPct::of(&r.restore_ms),
                         restore_disjoint_ms: JsonPct::of(&r.restore_disjoint_ms),
                         unprotected_ms_total: round3(r.unprotected_ms_total),
@@ -421,6 +463,8 @@ fn json_doc(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> JsonDoc {
                         armed_disjoint_at_end: r.end_armed_disjoint,
                         sa_queries: r.sa_queries,
                         mads_sent: r.mads_sent,
+                        probes_sent: r.probes_sent,
+                        probes_per_host_per_s: round3(r.probes_per_host_per_s),
                         failure_events: r
                             .failure_events
                             .iter()
@@ -430,13 +474,13 @@ fn json_doc(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> JsonDoc {
                 )
             })
             .collect(),
-        dominance: PolicyKind::ALL
-            .iter()
-            .all(|k| reports.iter().any(|r| r.policy == k.name()))
-            .then(|| JsonDominance {
-                violations: compare::dominance_violations(reports),
-                findings: compare::findings(reports),
-            }),
+        judgement: {
+            let against = compare::judge(reports);
+            (!against.is_empty()).then(|| JsonJudgement {
+                fails: compare::run_fails(&against),
+                against,
+            })
+        },
     }
 }
 
@@ -465,7 +509,7 @@ pub fn table(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
     }
     o.push('\n');
     type Row = (&'static str, fn(&RunReport) -> String);
-    let rows: [Row; 16] = [
+    let rows: [Row; 18] = [
         ("connections lost", |r| r.lost.to_string()),
         ("messages not delivered", |r| r.messages_lost.to_string()),
         ("messages duplicated", |r| r.messages_duplicated.to_string()),
@@ -473,6 +517,7 @@ pub fn table(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
             r.messages_retransmitted.to_string()
         }),
         ("failovers", |r| r.failovers.to_string()),
+        ("  of which false", |r| r.false_failovers.to_string()),
         ("restore p50 (ms)", |r| ms(&r.restore_ms, r.restore_ms.p50)),
         ("restore p99 (ms)", |r| ms(&r.restore_ms, r.restore_ms.p99)),
         ("restore max (ms)", |r| ms(&r.restore_ms, r.restore_ms.max)),
@@ -489,6 +534,9 @@ pub fn table(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
         ("  of which lost (conn-s)", |r| conn_s(r.lost_ms_total)),
         ("SA queries", |r| r.sa_queries.to_string()),
         ("MADs sent", |r| r.mads_sent.to_string()),
+        ("probes per host per s", |r| {
+            format!("{:.1}", r.probes_per_host_per_s)
+        }),
         ("armed at the end (disjoint)", |r| {
             format!(
                 "{}/{} ({})",
@@ -504,8 +552,26 @@ pub fn table(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
         }
         o.push('\n');
     }
-    // The fabric's timeline is the same under every policy (up to MAD timing); show
-    // the first run's, with each policy's connection states just after each fault.
+    o.push_str(&timeline(reports));
+    o.push_str(&sim_events::section(reports));
+    o.push_str(&judgement(reports));
+    let viol: usize = reports.iter().map(|r| r.violations.len()).sum();
+    if viol > 0 {
+        let _ = writeln!(o, "\n{viol} invariant violation(s):");
+        for r in reports {
+            for v in &r.violations {
+                let _ = writeln!(o, "  {}: {v}", r.policy);
+            }
+        }
+    }
+    o
+}
+
+/// The fabric's timeline, which is the same under every policy (up to MAD timing): the
+/// first run's, with each policy's connection states just after each fault.
+fn timeline(reports: &[RunReport]) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
     let _ = writeln!(
         o,
         "\ntimeline (connections armed/unprotected/failing-over/lost per policy, 100 ms later)"
@@ -530,15 +596,31 @@ pub fn table(scenario: &Scenario, seed: u64, reports: &[RunReport]) -> String {
         }
         o.push('\n');
     }
-    o.push_str(&sim_events::section(reports));
-    let viol: usize = reports.iter().map(|r| r.violations.len()).sum();
-    if viol > 0 {
-        let _ = writeln!(o, "\n{viol} invariant violation(s):");
-        for r in reports {
-            for v in &r.violations {
-                let _ = writeln!(o, "  {}: {v}", r.policy);
-            }
-        }
+    o
+}
+
+/// apm against each baseline that ran: connections lost, and every connection apm
+/// lost that the baseline kept with the cause class of apm's loss.
+fn judgement(reports: &[RunReport]) -> String {
+    use std::fmt::Write;
+    let against = compare::judge(reports);
+    let mut o = String::new();
+    if against.is_empty() {
+        return o;
+    }
+    let _ = writeln!(
+        o,
+        "\njudgement (every loss counted; apm fails against a baseline that waits for the \
+         HCA when it lost more connections, or one the baseline kept outside a total outage; \
+         against port-err-move, which moves at once, \"worse\" says the same, compared only):"
+    );
+    for a in &against {
+        let mark = match (a.judged, a.fails) {
+            (true, true) => "FAILS",
+            (false, true) => "worse",
+            (_, false) => "ok",
+        };
+        let _ = writeln!(o, "  {mark:5} {}", a.line(200));
     }
     o
 }

@@ -19,7 +19,7 @@ fn runtime() -> tokio::runtime::Runtime {
 #[test]
 fn two_hosts_on_one_fabric_protect_migrate_and_rearm() {
     runtime().block_on(async {
-        let scenario = apm::Scenario::default();
+        let scenario = apm::Scenario::demo();
         let fabric = SimFabric::new(&scenario, 3, &[0, 1]).expect("fabric");
         let mut apms = Vec::new();
         for h in ["h0", "h1"] {

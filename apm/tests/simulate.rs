@@ -28,11 +28,35 @@ fn json_has_exactly_the_fields_and_is_deterministic() {
     let again = apm(&args);
     assert_eq!(out.stdout, again.stdout, "same seed, same bytes");
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(keys(&doc), ["dominance", "policies", "scenario", "seed"]);
-    assert_eq!(keys(&doc["dominance"]), ["findings", "violations"]);
-    assert_eq!(doc["dominance"]["violations"], serde_json::json!([]));
+    assert_eq!(keys(&doc), ["judgement", "policies", "scenario", "seed"]);
+    assert_eq!(keys(&doc["judgement"]), ["against", "fails"]);
+    assert_eq!(doc["judgement"]["fails"], false);
+    for against in doc["judgement"]["against"].as_array().unwrap() {
+        assert_eq!(
+            keys(against),
+            [
+                "apm_lost",
+                "apm_lost_more",
+                "baseline",
+                "baseline_lost",
+                "fails",
+                "judged",
+                "lost_by_apm_kept_by_baseline",
+                "outage_losses_apm_kept"
+            ]
+        );
+    }
     assert_eq!(doc["seed"], 4);
-    assert_eq!(keys(&doc["policies"]), ["apm", "hw-only", "reload-local"]);
+    assert_eq!(
+        keys(&doc["policies"]),
+        [
+            "apm",
+            "hw-only",
+            "port-err-move",
+            "reload-boost",
+            "reload-local"
+        ]
+    );
     for (name, p) in doc["policies"].as_object().unwrap() {
         assert_eq!(
             keys(p),
@@ -44,15 +68,19 @@ fn json_has_exactly_the_fields_and_is_deterministic() {
                 "connections",
                 "failovers",
                 "failure_events",
+                "false_failovers",
                 "lost",
+                "lost_after_total_outage",
                 "lost_ids",
-                "lost_in_outage",
                 "lost_in_rearm_window",
+                "lost_in_total_outage",
                 "lost_ms_total",
                 "mads_sent",
                 "messages_duplicated",
                 "messages_lost",
                 "messages_offered",
+                "probes_per_host_per_s",
+                "probes_sent",
                 "restore_disjoint_ms",
                 "restore_ms",
                 "sa_queries",

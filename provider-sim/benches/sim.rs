@@ -1,7 +1,7 @@
 //! Simulator benchmark (`cargo xtask bench`, or `cargo bench -p provider-sim`): on the
 //! 4,096-host fat-tree scenario (`scenarios/fat-tree-4096.toml`), at 10k, 100k and 1M
 //! connections, apm's run on one thread (events, events per second, bytes per
-//! connection), then what `apm simulate` does (apm and both baselines, as many at once
+//! connection), then what `apm simulate` does (apm and every baseline, as many at once
 //! as there are cores) in wall and CPU time, and the peak memory of it all.
 //!
 //! A plain harness, not criterion: one run per size is the measurement (a million

@@ -31,7 +31,7 @@ fn main() {
         println!("  {f:?}");
     }
     let mut cfg = RunConfig::new(PolicyKind::Apm, seed);
-    cfg.engine_policy = chaos::chaos_policy();
+    cfg.engine_policy = chaos::chaos_policy(&s);
     cfg.check = true;
     // APM_TRACE_CONN=i logs every change of that connection's QPs.
     cfg.trace_conn = std::env::var("APM_TRACE_CONN")

@@ -1,6 +1,6 @@
 //! Compare apm with the baselines on one seed of a scenario family, and trace one
 //! connection to see why it was lost:
-//! `cargo run -p provider-sim --example compare_seed -- FAMILY SEED [small|full] [CONN]`
+//! `cargo run -p provider-sim --example compare_seed -- FAMILY|FILE.toml SEED [small|full] [CONN]`
 //! With CONN, the runs of apm and of the baselines log every change of that
 //! connection's QPs (and apm's engine logs, `RUST_LOG=provider_sim=debug,apm_core=debug`)
 //! to stderr, with
@@ -10,11 +10,16 @@ use provider_sim::{compare, Family, PolicyKind, RunConfig, Sim, Size};
 
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let (Some(family), Some(seed)) = (
-        args.first().and_then(|f| Family::from_name(f)),
+    let file = args
+        .first()
+        .filter(|f| f.ends_with(".toml"))
+        .map(|f| std::fs::read_to_string(f).expect("a readable scenario file"));
+    let family = args.first().and_then(|f| Family::from_name(f));
+    let (Some(seed), true) = (
         args.get(1).and_then(|s| s.parse::<u64>().ok()),
+        family.is_some() || file.is_some(),
     ) else {
-        eprintln!("usage: compare_seed FAMILY SEED [small|full] [CONN]");
+        eprintln!("usage: compare_seed FAMILY|FILE.toml SEED [small|full] [CONN]");
         std::process::exit(2);
     };
     let size = match args.get(2).map(String::as_str) {
@@ -28,7 +33,11 @@ fn main() {
         .with_writer(std::io::stderr)
         .without_time()
         .init();
-    let s = family.scenario(seed, size);
+    let s = match (&file, family) {
+        (Some(text), _) => provider_sim::Scenario::from_toml(text).expect("a valid scenario"),
+        (None, Some(f)) => f.scenario(seed, size),
+        (None, None) => unreachable!("checked above"),
+    };
     println!(
         "{}: {} hosts, {} connections",
         s.name, s.topology.hosts, s.workload.connections
@@ -38,7 +47,7 @@ fn main() {
     }
     let mut reports = Vec::new();
     for kind in PolicyKind::ALL {
-        let mut cfg = RunConfig::new(kind, seed);
+        let mut cfg = RunConfig::for_scenario(&s, kind, seed);
         cfg.check = true;
         cfg.trace_conn = conn;
         if conn.is_some() {
@@ -51,11 +60,13 @@ fn main() {
         }
         reports.push(r);
     }
-    for line in compare::dominance_violations(&reports) {
-        println!("WORSE: {line}");
-    }
-    for line in compare::findings(&reports) {
-        println!("FINDING: {line}");
+    for against in compare::judge(&reports) {
+        let mark = match (against.judged, against.fails) {
+            (true, true) => "FAILS",
+            (false, true) => "worse",
+            (_, false) => "ok",
+        };
+        println!("{mark}: {}", against.line(usize::MAX));
     }
     if let Some(r) = reports.first() {
         for (t, what) in &r.timeline {

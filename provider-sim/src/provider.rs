@@ -199,6 +199,10 @@ impl QpControl for SimProvider {
             .map(|_| ())
     }
 
+    async fn arming_write(&self, conn: ConnId) -> Result<(), ProviderError> {
+        self.exec(CommandOp::ArmingWrite { conn }).await.map(|_| ())
+    }
+
     async fn query_qp(&self, conn: ConnId) -> Result<QpSnapshot, ProviderError> {
         match self.exec(CommandOp::QueryQp { conn }).await? {
             CommandOutcome::Qp(q) => Ok(q),

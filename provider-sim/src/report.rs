@@ -100,7 +100,7 @@ pub struct EventLoad {
 }
 
 /// One policy's run.
-#[derive(Clone, Debug, PartialEq, Serialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct RunReport {
     /// Policy name.
     pub policy: String,
@@ -110,19 +110,21 @@ pub struct RunReport {
     pub lost: u64,
     /// Which connections were lost, by index.
     pub lost_ids: Vec<u64>,
-    /// Of those, the ones whose primary died in the re-arm window after a migration:
-    /// moved (by apm at once, or by the HCA on retry exhaustion) onto a path that died
-    /// before the QPs could arm the next alternate (a QP arms only once its peer's
-    /// packets arrive). No policy that moves before the retry budget runs out can
-    /// avoid it; the dominance check reports such losses as findings.
+    /// Of those, the ones whose primary died in the re-arm window after a move: it had
+    /// moved (by its controller, or by the HCA on retry exhaustion) and had not been
+    /// armed again on a working alternate since (a QP arms only once its peer's packets
+    /// arrive), however long ago the move was. A cause class, not an excuse: the
+    /// judgement ([`crate::compare`]) counts every loss.
     pub lost_in_rearm_window: Vec<u64>,
-    /// Of those, the ones lost in or after a total outage: at some moment between
-    /// their last working and their QPs going to ERR, no path between their two hosts
-    /// worked (every rail cut somewhere). Which connections outlast such an outage
-    /// depends on where each QP's retry timer stands when a path comes back, not on a
-    /// choice a policy makes; the dominance check still counts these losses but
-    /// reports which ones differ from a baseline's as findings.
-    pub lost_in_outage: Vec<u64>,
+    /// Of those, the ones lost in a total outage: at the instant their QPs went to ERR
+    /// no path between their two hosts worked (every rail cut somewhere between them),
+    /// so nothing could have carried their packets. A cause class, not an excuse.
+    pub lost_in_total_outage: Vec<u64>,
+    /// Of those, the ones that went through a total outage since they last worked
+    /// (lost in one, or after one, however short). A diagnostic of what a loss
+    /// followed, not a cause class: a loss after the outage ended counts as its class
+    /// says.
+    pub lost_after_total_outage: Vec<u64>,
     /// Messages the applications offered over the whole run and that never reached the
     /// other side: a dead connection keeps counting what its application would have
     /// sent, so dying early never looks better.
@@ -132,6 +134,9 @@ pub struct RunReport {
     pub messages_duplicated: u64,
     /// Path migrations (counted once per connection, on the active side).
     pub failovers: u64,
+    /// Of those, the ones off a primary that still worked both ways (a probe lost or
+    /// late, a stale notice): moves for nothing, each with the re-arm window after it.
+    pub false_failovers: u64,
     /// Time from a connection's path failing to it carrying traffic again.
     pub restore_ms: Percentiles,
     /// The same, for connections armed on a port-disjoint alternate when the fault hit.
@@ -156,7 +161,8 @@ pub struct RunReport {
     pub lost_ms_total: f64,
     /// SA requests (PathRecord, InformInfo).
     pub sa_queries: u64,
-    /// MADs put on the wire by anyone (CM, SA requests and answers, Reports).
+    /// MADs put on the wire by anyone (CM, SA requests and answers, Reports, apm's
+    /// messages and probes; on RoCE apm's go as UDP datagrams, counted here too).
     pub mads_sent: u64,
     /// SMPs the SMs sent for sweeps, and traps 128 (resends included).
     pub smps_sent: u64,
@@ -170,9 +176,12 @@ pub struct RunReport {
     pub reports_sent: u64,
     /// Reports the SMs gave up on.
     pub reports_abandoned: u64,
-    /// Liveness probes the hosts' probers sent (apm only): per host, its peers times
-    /// its rails times the probe rate, whatever the number of connections.
+    /// Liveness probes the hosts' probers sent (apm with probes on): per host, its
+    /// peers times its rails times the probe rate, whatever the number of connections.
+    /// On InfiniBand each is a MAD (counted in `mads_sent` too).
     pub probes_sent: u64,
+    /// The same per host and second of simulated time.
+    pub probes_per_host_per_s: f64,
     /// Notifications the controllers raised.
     pub notifications: u64,
     /// Simulation events processed.

@@ -9,7 +9,9 @@ use provider_sim::{ConnState, Fault, PolicyKind, RunConfig, Scenario, Sim};
 
 /// Four dual-rail hosts, LMC 1, a dozen connections whose traffic is slow enough
 /// (one message per second) that only notices and port events can explain a fast
-/// failover on the side that did not see the failure.
+/// failover on the side that did not see the failure. The QPs are apm's own (it may
+/// post its arming write on them), so it moves them at once: the application's it
+/// leaves to the HCA (`Policy::fast_moves`).
 fn small(faults: Vec<Fault>) -> Scenario {
     let mut s = Scenario {
         name: "test".into(),
@@ -20,6 +22,7 @@ fn small(faults: Vec<Fault>) -> Scenario {
     s.topology.hosts = 4;
     s.workload.connections = 12;
     s.workload.message_interval_ms = 1000;
+    s.workload.apm_may_post = true;
     s
 }
 
@@ -320,7 +323,7 @@ fn software_migration_for_roce_style_qps() {
 
 #[test]
 fn default_scenario_expected_results() {
-    let mut s = Scenario::default();
+    let mut s = Scenario::demo();
     s.workload.connections = 600;
     let run = |p| provider_sim::run(&s, p, 1).unwrap();
     let apm = run(PolicyKind::Apm);
@@ -345,7 +348,7 @@ fn default_scenario_expected_results() {
 
 #[test]
 fn same_seed_same_bytes_other_seed_other_bytes() {
-    let mut s = Scenario::default();
+    let mut s = Scenario::demo();
     s.workload.connections = 200;
     s.duration_ms = 4000;
     let j = |seed| {
@@ -359,7 +362,7 @@ fn same_seed_same_bytes_other_seed_other_bytes() {
 fn the_builtin_scenario_is_dual_rail_toml() {
     let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scenarios/dual-rail.toml");
     let text = std::fs::read_to_string(&path).unwrap();
-    assert_eq!(Scenario::from_toml(&text).unwrap(), Scenario::default());
+    assert_eq!(Scenario::from_toml(&text).unwrap(), Scenario::demo());
 }
 
 #[test]
@@ -516,4 +519,28 @@ fn manager_end_to_end_sm_failover_then_remote_failure() {
             h.shutdown();
         }
     });
+}
+
+/// The baselines: `port-err-move` forces its QPs off a port that goes down (the peer's
+/// ARMED QP follows the first packet with MigReq=1) and restores them in milliseconds;
+/// `reload-local` waits out the retry budget; both re-arm the path left at once. After
+/// a forced migration that re-arm can strand the peer: a QP in REARM sends MigReq=0, so
+/// a peer that had no packet of the moved side's before it still runs on the dead path
+/// and drops what arrives on its alternate, and both run out of retries (why apm keeps
+/// a QP it moved MIGRATED until its peer says it followed).
+#[test]
+fn port_err_move_forces_its_migrations_and_reload_local_waits_the_budget() {
+    let mut s = small(vec![Fault::PortDown {
+        at_ms: 1500,
+        port: "h1:1".into(),
+    }]);
+    s.workload.message_interval_ms = 10;
+    let run = |p| provider_sim::run(&s, p, 1).unwrap();
+    let fast = run(PolicyKind::PortErrMove);
+    let slow = run(PolicyKind::ReloadLocal);
+    assert!(fast.failovers > 0);
+    assert!(fast.restore_ms.p50 < 50.0, "{:?}", fast.restore_ms);
+    assert!(slow.restore_ms.p50 > 500.0, "{:?}", slow.restore_ms);
+    assert_eq!(slow.lost, 0);
+    assert!(fast.lost > 0, "a peer stranded by the re-arm");
 }

@@ -4,8 +4,8 @@
 //! kind of failure each move was for.
 
 use apm_core::{Cause, NotificationKind, Time};
-use provider_sim::compare::{dominance_violations, run_all};
-use provider_sim::controller::{probe_seed, sim_policy};
+use provider_sim::compare::{failures, run_all};
+use provider_sim::controller::probe_seed;
 use provider_sim::{Family, PolicyKind, RunConfig, RunReport, Scenario, Sim, SimProvider, Size};
 
 fn nccl() -> Scenario {
@@ -15,8 +15,17 @@ fn nccl() -> Scenario {
     s
 }
 
+/// `s`'s engine policy with probes on every path, InfiniBand's too.
+fn probing(s: &Scenario) -> apm_core::Policy {
+    let mut p = s.engine_policy();
+    p.probe.enabled = true;
+    p.probe.infiniband = true;
+    p
+}
+
 fn run(s: &Scenario, kind: PolicyKind, probes: bool) -> RunReport {
     let mut cfg = RunConfig::new(kind, 5);
+    cfg.engine_policy = probing(s);
     cfg.engine_policy.probe.enabled = probes;
     cfg.check = true;
     let r = Sim::new(s, cfg).expect("scenario runs").run();
@@ -83,14 +92,14 @@ fn probes_cost_paths_not_connections() {
 fn roce_has_no_sa_and_probes_keep_what_the_baselines_lose() {
     for seed in 0..6 {
         let s = Family::SilentRoce.scenario(seed, Size::Small);
-        let reports = run_all(&s, seed, &sim_policy()).expect("runs");
+        let reports = run_all(&s, seed, &s.engine_policy()).expect("runs");
         let apm = &reports[0];
         assert_eq!(apm.policy, "apm");
         assert_eq!(apm.sa_queries, 0, "seed {seed}: RoCE has no SA to ask");
         assert!(
-            dominance_violations(&reports).is_empty(),
+            failures(&reports).is_empty(),
             "seed {seed}: {:?}",
-            dominance_violations(&reports)
+            failures(&reports)
         );
     }
 }
@@ -100,10 +109,10 @@ fn silent_families_dominate_and_replay_byte_for_byte() {
     for family in [Family::SilentSplitRail, Family::SilentRoce] {
         for seed in 10..16 {
             let s = family.scenario(seed, Size::Small);
-            let reports = run_all(&s, seed, &sim_policy()).expect("runs");
-            let v = dominance_violations(&reports);
+            let reports = run_all(&s, seed, &s.engine_policy()).expect("runs");
+            let v = failures(&reports);
             assert!(v.is_empty(), "{} seed {seed}: {v:?}", family.name());
-            let again = run_all(&s, seed, &sim_policy()).expect("runs");
+            let again = run_all(&s, seed, &s.engine_policy()).expect("runs");
             assert_eq!(
                 serde_json::to_string(&reports).expect("json"),
                 serde_json::to_string(&again).expect("json"),
@@ -124,8 +133,8 @@ fn a_black_hole_naming_no_switch_is_refused_at_its_line() {
     Scenario::from_toml(ok).expect("valid");
 }
 
-/// Hosts `0..managed` of `s` run by `apm_core::Manager`s (probes on, as in the
-/// simulator) until `until_ms`: the causes of every move each host's application was
+/// Hosts `0..managed` of `s` run by `apm_core::Manager`s (`s`'s policy, probes on)
+/// until `until_ms`: the causes of every move each host's application was
 /// told of, by host.
 fn move_causes(s: &Scenario, managed: usize, until_ms: u64) -> Vec<Vec<Option<Cause>>> {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -144,7 +153,7 @@ fn move_causes(s: &Scenario, managed: usize, until_ms: u64) -> Vec<Vec<Option<Ca
         let mut notes = Vec::new();
         for h in 0..managed {
             let p = std::sync::Arc::new(shared.for_host(h).stack());
-            let (mgr, handle) = apm_core::Manager::new(p, sim_policy()).expect("policy");
+            let (mgr, handle) = apm_core::Manager::new(p, probing(s)).expect("policy");
             notes.push(handle.notifications());
             tokio::spawn(mgr.with_probe_seed(probe_seed(seed, h)).run());
             handles.push(handle);

@@ -79,6 +79,15 @@ pub enum Mechanism {
 }
 
 impl Mechanism {
+    /// Its name for machines (the JSON's): `hardware_apm`, `software_move`, `none`.
+    pub fn code(self) -> &'static str {
+        match self {
+            Mechanism::HardwareApm => "hardware_apm",
+            Mechanism::SoftwareMove => "software_move",
+            Mechanism::None => "none",
+        }
+    }
+
     /// Its name as the report and `apm run --explain` print it.
     pub fn name(self) -> &'static str {
         match self {
@@ -427,6 +436,23 @@ impl Pair {
                 Ok(_) => std::thread::sleep(Duration::from_micros(200)),
                 Err(e) => return Err(format!("querying after RTS->SQD: {e}")),
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mechanisms_code_is_its_json_name() {
+        for m in [
+            Mechanism::HardwareApm,
+            Mechanism::SoftwareMove,
+            Mechanism::None,
+        ] {
+            let json = serde_json::to_value(m).expect("serialises");
+            assert_eq!(json.as_str(), Some(m.code()));
         }
     }
 }

@@ -72,6 +72,29 @@ impl Alternate {
     }
 }
 
+/// What arms the connection's QP from REARM after a move (hardware APM): nothing (the
+/// device reported ARMED as soon as REARM was set), apm's own zero-length write, when
+/// the provider may post on the QP, or only the application's next packets. Learnt
+/// from the QP's answer to REARM and the provider's to the first arming write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Arming {
+    /// Not known yet: counted as the application's traffic.
+    Unknown,
+    /// The device arms without waiting for a packet: REARM came back ARMED.
+    AtOnce,
+    /// apm's arming write: the QP arms within a round trip of being set to REARM.
+    ByApm,
+    /// Only the application's traffic: the QP stays in REARM until it flows again.
+    ByTraffic,
+}
+
+impl Arming {
+    /// The QP arms within a round trip after a move, whatever the application does.
+    pub(crate) fn prompt(self) -> bool {
+        matches!(self, Arming::AtOnce | Arming::ByApm)
+    }
+}
+
 /// Who a phase is answering, when the engine acts on a peer's request (LAP or Migrate).
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Responder {
@@ -414,6 +437,8 @@ pub(crate) struct Conn {
     pub(crate) primary_down: Option<Cause>,
     /// What the application was last told; `Told::Lost` ends the connection's life.
     pub(crate) told: Told,
+    /// What arms its QP after a move (hardware APM).
+    pub(crate) arming: Arming,
 }
 
 /// The phase of a connection with no phase box.
@@ -473,6 +498,7 @@ impl Conn {
             forced_at: None,
             primary_down: None,
             told: Told::Nothing,
+            arming: Arming::Unknown,
         }
     }
 

@@ -10,7 +10,7 @@ use crate::io::{
     Cause, CommandOp, CommandOutcome, LostReason, MigrateIntent, NotificationKind, PortEvent,
     ProviderError, QpEvent, UnprotectedReason,
 };
-use crate::policy::Policy;
+use crate::policy::{FastMoves, Policy};
 use crate::types::{
     ConnId, Gid, Lid, LinkLayer, MigState, MigrationMode, Path, PeerAddr, PortInfo, PortKey, Time,
 };
@@ -376,6 +376,9 @@ impl Engine {
         let mode = c.mode;
         let armed_on_dead = c.alt.is_armed();
         match alt {
+            Some(alt) if self.leaves_move_to_hca(c) => {
+                debug!(%id, to = %alt, "primary down: the HCA moves it when its retries run out");
+            }
             Some(alt) => {
                 // A migration overrides whatever negotiation was going on.
                 self.stats.migrations_forced += 1;
@@ -401,6 +404,27 @@ impl Engine {
                 }
             }
         }
+    }
+
+    /// Whether the engine leaves the move of `c`, whose primary died with a healthy
+    /// alternate armed, to the HCA's own migration on retry exhaustion
+    /// ([`crate::FastMoves`]): a hardware QP that only the application's traffic can
+    /// arm again, which a move at once would leave unarmed for as long as that
+    /// traffic pauses.
+    ///
+    /// Under `self_armed`, a stall (the application or the operator says the QP's
+    /// traffic stopped, [`crate::ManagerHandle::report_stall`]) moves at once: the QP has
+    /// unacknowledged packets on the dead path, which it sends again on the new one
+    /// right after the move, and the peer's answers arm it within a round trip, as apm's
+    /// own write would. Left to the HCA, the move waits a whole retry budget, and on a
+    /// device that retries without end (rxe, retry count 7) it never comes.
+    fn leaves_move_to_hca(&self, c: &Conn) -> bool {
+        c.mode == MigrationMode::Hardware
+            && match self.policy.fast_moves {
+                FastMoves::SelfArmed => !c.arming.prompt() && c.primary_down != Some(Cause::Stall),
+                FastMoves::Always => false,
+                FastMoves::Never => true,
+            }
     }
 
     /// The primary of `id` is dead and its armed alternate is held dead only because
@@ -514,10 +538,11 @@ impl Engine {
         }
     }
 
-    /// The armed alternate of `c` is up while its primary is dead: move now rather than
-    /// wait for the transport to give up on the primary.
+    /// The armed alternate of `c` is up while its primary is dead, or stalled (its
+    /// traffic stopped: on RoCE a far end's port going down tells this side nothing
+    /// else): move now rather than wait for the transport to give up on the primary.
     fn should_move_now(&self, c: &Conn) -> bool {
-        !self.path_up(&c.primary)
+        (!self.path_up(&c.primary) || c.primary_down == Some(Cause::Stall))
             && c.alt
                 .armed()
                 .is_some_and(|a| self.path_up(&a) && !c.is_bad(&a, self.now))

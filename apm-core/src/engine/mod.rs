@@ -169,6 +169,9 @@ enum Pending {
     Send,
     /// A hint to the provider (`CommandOp::PeerThere`): nothing waits for its answer.
     Hint,
+    /// apm's arming write on a connection's QP: its answer says whether apm can arm
+    /// the QP itself (`conn::Arming`).
+    ArmingWrite(ConnId),
     Resolve(PortKey, Gid),
     Subscribe(PortKey),
     /// A PathRecord query checking whether an out-of-service remote GID is back, and

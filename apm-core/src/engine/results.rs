@@ -2,7 +2,7 @@
 //! engine's view with a queried QP, and SA subscription bookkeeping.
 
 use super::conn::{
-    Alternate, InFlight, InFlightKind, MoveReason, Moved, PeerOnPath, Phase, Responder,
+    Alternate, Arming, InFlight, InFlightKind, MoveReason, Moved, PeerOnPath, Phase, Responder,
 };
 use super::timers::TimerKey;
 use super::{Engine, Pending, Subscription};
@@ -11,7 +11,7 @@ use crate::io::{
     ProviderError, QpSnapshot, UnprotectedReason,
 };
 use crate::policy::Policy;
-use crate::types::{ConnId, MigState, Path, PortKey};
+use crate::types::{ConnId, MigState, MigrationMode, Path, PortKey};
 use tracing::{debug, info, warn};
 
 impl Engine {
@@ -42,6 +42,7 @@ impl Engine {
                     debug!(error = %e, "hint to the provider failed");
                 }
             }
+            Pending::ArmingWrite(conn) => self.arming_write_done(conn, &result),
             Pending::Subscribe(port) => {
                 self.sa_answered(&result);
                 self.subscribe_done(port, result)
@@ -150,6 +151,11 @@ impl Engine {
                         CommandOutcome::MigState(m) => m,
                         _ => MigState::Rearm,
                     };
+                    if mig == MigState::Armed {
+                        if let Some(c) = self.conns.get_mut(&id) {
+                            c.arming = Arming::AtOnce;
+                        }
+                    }
                     self.armed(id, path, mig, responder);
                 }
                 Err(e) => self.arming_failed(id, path, responder, &e),
@@ -364,6 +370,10 @@ impl Engine {
         c.alt = Alternate::Armed(path);
         c.mig = mig;
         c.failed_rearms = 0;
+        // REARM waits for the peer's packets: send one of apm's own, where it may.
+        let write = c.mode == MigrationMode::Hardware
+            && mig == MigState::Rearm
+            && matches!(c.arming, Arming::Unknown | Arming::ByApm);
         // Both sides have just agreed on this path: an old "bad" mark (a LAP of ours
         // for it refused while it was down) must not stop a migration onto it.
         c.bad.retain(|(p, _)| !p.same_route(&path));
@@ -382,10 +392,36 @@ impl Engine {
                 }),
             );
         }
+        if write {
+            self.issue(
+                CommandOp::ArmingWrite { conn: id },
+                Pending::ArmingWrite(id),
+            );
+        }
         self.release_slot(id);
         self.set_phase(id, Phase::Idle);
         self.update_protection(id, UnprotectedReason::AlternateDown);
         self.after_phase(id);
+    }
+
+    /// The answer to an arming write: apm arms this connection's QP itself from now
+    /// on, or (unsupported: not apm's to post on) only the application's traffic does.
+    /// Any other failure says nothing about which.
+    fn arming_write_done(&mut self, id: ConnId, result: &Result<CommandOutcome, ProviderError>) {
+        let Some(c) = self.conns.get_mut(&id) else {
+            return;
+        };
+        match result {
+            Ok(_) if c.arming != Arming::AtOnce => c.arming = Arming::ByApm,
+            Ok(_) => {}
+            Err(ProviderError::Unsupported { .. }) => {
+                if c.arming != Arming::ByTraffic {
+                    debug!(%id, "apm cannot post on this QP: its traffic alone arms it");
+                }
+                c.arming = Arming::ByTraffic;
+            }
+            Err(e) => debug!(%id, error = %e, "arming write failed"),
+        }
     }
 
     /// Loading/arming/agreeing failed: answer a waiting peer, back off.

@@ -83,7 +83,7 @@ pub(super) async fn dispatch(mut events: mpsc::UnboundedReceiver<FromAgent>) {
                 let owner = devices.iter().find(|d| {
                     lock(&d.conns)
                         .values()
-                        .any(|c| c.owns(local, remote, &from.gid))
+                        .any(|c| c.owns(local, remote, &from))
                 });
                 match owner {
                     Some(d) => {
@@ -119,11 +119,18 @@ pub(super) async fn dispatch(mut events: mpsc::UnboundedReceiver<FromAgent>) {
                 warn!(%what, "the apm agent refused a request");
                 report::note(&format!("the apm agent refused: {what}"));
             }
-            // The client keeps the answers to its own requests; no device here takes
-            // SA notices.
+            // The SA's notices (traps 64/65) the agent fans out: every InfiniBand
+            // engine here judges them against its own connections' paths.
+            FromAgent::RemoteGid { gid, service } => {
+                for d in &devices {
+                    if let super::Paths::InfiniBand(fabric, _) = &d.paths {
+                        fabric.deliver(gid, service);
+                    }
+                }
+            }
+            // The client keeps the answers to its own requests.
             FromAgent::Candidates { .. }
             | FromAgent::Paths { .. }
-            | FromAgent::RemoteGid { .. }
             | FromAgent::Synced { .. }
             | FromAgent::Watching { .. } => {}
         }

@@ -155,7 +155,7 @@ async fn start_managers(
 fn scenario(args: &Args) -> anyhow::Result<Scenario> {
     let mut scenario = match &args.scenario {
         Some(path) => apm::scenario_file::read(path)?,
-        None => Scenario::default(),
+        None => Scenario::demo(),
     };
     scenario.workload.connections = scenario.workload.connections.min(64);
     Ok(scenario)

@@ -25,7 +25,7 @@ use apm::apm_core::{
     PortKey, ProviderError, Role,
 };
 use apm_agent::client::AgentClient;
-use apm_agent::facets::{AgentFabric, AgentPeer, Ports};
+use apm_agent::facets::{ib_connection, AgentFabric, AgentPeer, IbPeer, Ports};
 use apm_agent::host::{Host, OwnerError};
 use apm_agent::ib::{IbPort, InfiniBand};
 use apm_agent::rdma_nl::QpRecord;
@@ -193,23 +193,25 @@ async fn agent_node(role: &str) -> Result<(), String> {
     // Its primary: port 2 to the peer's port 2 (rail B), named by the peer's LID as a
     // QP without a GRH names it; its candidates: every other path the agent knows from
     // either port to the peer's node.
-    let peer2_lid = peer2.1;
-    let from2 = client
-        .paths(gid2, None, Some(peer2_lid))
-        .await
-        .map_err(|e| format!("paths from port 2: {e}"))?;
-    let from1 = client
-        .paths(gid1, Some(from2.dgid), None)
-        .await
-        .map_err(|e| format!("paths from port 1: {e}"))?;
-    let fix = |key: PortKey, p: &Path| Path { port: key, ..*p };
-    let mut all: Vec<Path> = from2.paths.iter().map(|p| fix(key2, p)).collect();
-    all.extend(from1.paths.iter().map(|p| fix(key1, p)));
-    let primary = *all
+    let conn = ib_connection(
+        &client,
+        &[(key1, gid1), (key2, gid2)],
+        key2,
+        IbPeer::Lid(peer2.1),
+    )
+    .await
+    .map_err(|e| format!("the connection's paths: {e}"))?;
+    let primary = *conn
+        .paths
         .iter()
-        .find(|p| p.port == key2 && p.dgid == from2.dgid)
+        .find(|p| p.port == key2 && p.dgid == conn.dgid)
         .ok_or("no path from port 2 to the peer's port 2")?;
-    let candidates: Vec<Path> = all.iter().copied().filter(|p| *p != primary).collect();
+    let candidates: Vec<Path> = conn
+        .paths
+        .iter()
+        .copied()
+        .filter(|p| *p != primary)
+        .collect();
     let role = if a.active {
         Role::Active
     } else {
@@ -217,17 +219,17 @@ async fn agent_node(role: &str) -> Result<(), String> {
     };
     let spec =
         apm::apm_core::testing::paired_conn_spec(1, role, primary, candidates).ok_or("qpn")?;
-    for (g, _) in &from2.peer_ports {
+    for (g, _) in &conn.peer_ports {
         peer.learn([(gid1, *g), (gid2, *g)]);
     }
     client
         .register(Route {
             local_qpn: spec.local_comm_id,
             remote_qpn: spec.remote_comm_id,
-            peer_gids: from2.peer_ports.iter().map(|(g, _)| *g).collect(),
+            peer_gids: conn.peer_ports.iter().map(|(g, _)| *g).collect(),
             local_gids: vec![gid1, gid2],
             paths: Vec::new(),
-            peer_lids: from2.peer_ports.iter().map(|(_, l)| *l).collect(),
+            peer_lids: conn.peer_ports.iter().map(|(_, l)| *l).collect(),
         })
         .map_err(|e| e.to_string())?;
     client.synced().await.map_err(|e| e.to_string())?;
@@ -264,7 +266,7 @@ async fn agent_node(role: &str) -> Result<(), String> {
         primary.port.port,
         primary.dlid,
         spec.candidates.len(),
-        from2.peer_ports.len()
+        conn.peer_ports.len()
     ));
     let mut spec = Some(spec);
     let mut commands = stdin_commands();

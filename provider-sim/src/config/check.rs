@@ -99,6 +99,7 @@ impl Scenario {
         self.check_times(&mut found);
         self.check_fabric_params(&mut found);
         self.check_random_faults(&mut found);
+        self.check_bursts(&mut found);
         self.check_fault_values(&mut found);
         self.check_policies(&mut found);
         if sized && checks == Checks::All {
@@ -396,6 +397,24 @@ impl Scenario {
                 fabric.key("subnet_timeout"),
                 format!("{}: use 0..=31 (4.096 us x 2^t)", f.subnet_timeout),
             );
+        }
+    }
+
+    /// A burst and its gap last at least 1 ms each, and not beyond a simulation.
+    fn check_bursts(&self, found: &mut Found) {
+        let Some(b) = &self.workload.bursts else {
+            return;
+        };
+        let bursts = KeyPath::new("workload").key("bursts");
+        for (k, v) in [("on_ms", b.on_ms), ("off_ms", b.off_ms)] {
+            if v == 0 {
+                found.at(bursts.key(k), "0 ms: must be at least 1 ms");
+            } else if v > MAX_MS {
+                found.at(
+                    bursts.key(k),
+                    format!("{v} ms: too large for a simulation (at most {MAX_MS} ms)"),
+                );
+            }
         }
     }
 

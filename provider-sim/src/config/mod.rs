@@ -1,6 +1,7 @@
 //! Scenarios: the fabric, the workload and the faults, as users write them in TOML.
 //!
-//! Every key has a default (the built-in scenario is `Scenario::default()`), unknown keys
+//! Every key has a default (`Scenario::default()`: OpenSM's and the hardware's constants,
+//! no faults; the built-in demonstration is `Scenario::demo()`), unknown keys
 //! are errors, and every problem of a file is reported, each with the line and column
 //! of the key or value it is about and the key. See `scenarios/*.toml` in this crate for
 //! documented examples. Nothing here runs anything: [`crate::Sim`] turns a scenario into
@@ -18,8 +19,8 @@ mod workload;
 
 pub use crate::topology::{LinkSpec, SmSpec, SwitchSpec, Topology};
 pub use faults::{Fault, RandomFaults, Target};
-pub use params::FabricParams;
-pub use workload::{Mode, Pattern, Workload};
+pub use params::{FabricParams, Migration};
+pub use workload::{Bursts, Mode, Pattern, Workload};
 
 use crate::fabric::Fabric;
 use serde::{Deserialize, Serialize};
@@ -94,11 +95,12 @@ pub struct Scenario {
     /// Faults generated from the seed, added to `faults`.
     pub random_faults: Option<RandomFaults>,
     /// The engine policy apm runs with, as apm's configuration writes it (apm's
-    /// defaults for what it leaves out: probes off, as on a real InfiniBand fabric).
-    /// Without it, the simulator's policy ([`crate::controller::sim_policy`]).
+    /// defaults for what it leaves out: probes off, as deployed). Without it, apm's
+    /// defaults.
     pub policy: Option<apm_core::Policy>,
     /// The policies `apm simulate` runs by default, by name (`apm`, `hw-only`,
-    /// `reload-local`, `apm-wildcard`, `per-conn-sa`). Default: the first three.
+    /// `reload-local`, `reload-boost`, `port-err-move`, `apm-wildcard`, `per-conn-sa`).
+    /// Default: apm and the four baselines.
     pub policies: Vec<String>,
 }
 
@@ -107,25 +109,42 @@ fn default_name() -> String {
 }
 
 impl Default for Scenario {
-    /// The built-in demonstration: a dual-rail fabric of 16 hosts loses rail A's switch
-    /// and gets it back, a remote port on rail B flaps (traps 65/64 reach the far ends),
-    /// then rail B's master SM dies and its standby takes over.
+    /// What a scenario file that sets nothing describes: the default topology (16
+    /// dual-rail hosts, one switch per rail), the fabric constants at OpenSM's and the
+    /// hardware's own defaults ([`FabricParams::default`], the standby SM's polling
+    /// included), the default workload, no faults, apm's own policy.
     fn default() -> Scenario {
+        Scenario {
+            name: default_name(),
+            duration_ms: 8000,
+            topology: Topology::default(),
+            fabric: FabricParams::default(),
+            workload: Workload::default(),
+            faults: Vec::new(),
+            random_faults: None,
+            policy: None,
+            policies: Vec::new(),
+        }
+    }
+}
+
+impl Scenario {
+    /// The built-in demonstration (`scenarios/dual-rail.toml`): a dual-rail fabric of
+    /// 16 hosts loses rail A's switch and gets it back, a remote port on rail B flaps
+    /// (traps 65/64 reach the far ends), then rail B's master SM dies and its standby
+    /// takes over, polled as a site that cares about failover tunes it.
+    pub fn demo() -> Scenario {
         Scenario {
             name: "dual-rail: rail A fails and returns, a remote port flaps, an SM fails over"
                 .into(),
-            duration_ms: 8000,
-            topology: Topology::default(),
-            // OpenSM's standby polling tuned down as a site that cares about failover
-            // would: takeover 2-2.5 s after the master dies (50-60 s with the defaults).
+            // OpenSM's standby polling tuned down (`sminfo_polling_timeout` 500 ms,
+            // `polling_retry_number` 2): takeover 2-2.5 s after the master dies, where
+            // OpenSM's defaults take 50-60 s.
             fabric: FabricParams {
                 sminfo_polling_timeout_ms: 500,
                 polling_retry_number: 2,
                 ..FabricParams::default()
             },
-            workload: Workload::default(),
-            policy: None,
-            policies: Vec::new(),
             faults: vec![
                 Fault::SwitchDown {
                     at_ms: 500,
@@ -147,12 +166,10 @@ impl Default for Scenario {
                     subnet: 1,
                 },
             ],
-            random_faults: None,
+            ..Scenario::default()
         }
     }
-}
 
-impl Scenario {
     /// Parse a scenario from TOML text: the scenario, or every problem it has, each
     /// with its line, column and key.
     pub fn from_toml(text: &str) -> Result<Scenario, ScenarioError> {
@@ -180,7 +197,7 @@ impl Scenario {
         }
     }
 
-    /// The policies `policies` names, each once, or apm and the two baselines.
+    /// The policies `policies` names, each once, or apm and the baselines.
     pub fn run_policies(&self) -> Result<Vec<crate::PolicyKind>, ScenarioError> {
         if self.policies.is_empty() {
             return Ok(crate::PolicyKind::ALL.to_vec());
@@ -203,11 +220,19 @@ impl Scenario {
         Ok(out)
     }
 
-    /// The engine policy apm runs with in this scenario.
+    /// The engine policy apm runs with in this scenario: its `[policy]`, or apm's own
+    /// defaults (probes off, as deployed).
     pub fn engine_policy(&self) -> apm_core::Policy {
-        self.policy
-            .clone()
-            .unwrap_or_else(crate::controller::sim_policy)
+        self.policy.clone().unwrap_or_default()
+    }
+
+    /// When the last fault of `seed`'s schedule ends (ms; 0 without any).
+    pub fn last_fault_end_ms(&self, seed: u64) -> u64 {
+        self.all_faults(seed)
+            .iter()
+            .map(Fault::end_ms)
+            .max()
+            .unwrap_or(0)
     }
 
     /// Every fault to apply: the fixed ones and those generated from `seed`.
@@ -249,8 +274,17 @@ mod tests {
     }
 
     #[test]
-    fn default_validates() {
+    fn default_and_demo_validate_and_only_the_demo_tunes_the_polling() {
         Scenario::default().validate().unwrap();
+        Scenario::demo().validate().unwrap();
+        // A file that says nothing gets OpenSM's own polling, not the demo's.
+        let plain = Scenario::from_toml("[workload]\nconnections = 4\n").unwrap();
+        assert_eq!(plain.fabric, FabricParams::default());
+        assert_eq!(plain.fabric.sminfo_polling_timeout_ms, 10_000);
+        assert_eq!(plain.fabric.polling_retry_number, 4);
+        assert!(plain.faults.is_empty() && plain.policy.is_none());
+        assert!(!plain.engine_policy().probe.enabled, "apm's own defaults");
+        assert_eq!(Scenario::demo().fabric.sminfo_polling_timeout_ms, 500);
     }
 
     #[test]
@@ -586,7 +620,7 @@ mod tests {
 
     #[test]
     fn a_scenario_built_in_code_names_its_keys() {
-        let mut s = Scenario::default();
+        let mut s = Scenario::demo();
         s.topology.hosts = 1;
         s.fabric.retry_cnt = 9;
         let e = s.validate().unwrap_err().to_string();

@@ -96,6 +96,44 @@ pub struct FabricParams {
     /// How long traffic must be stalled before a software-migration QP reports
     /// `PrimaryStalled`, in ACK timeouts (1..=`retry_cnt` + 1). Default 2.
     pub stall_timeouts: u32,
+    /// How the HCAs migrate a QP, where the drivers differ: whose ACK timeout applies
+    /// after a migration and whether a forced one restarts the retry count. Default
+    /// `rdmavt`, the driver every other rule of the QP model follows.
+    pub migration: Migration,
+}
+
+/// How a device migrates a hardware-APM QP, where the Linux drivers differ. Either way
+/// a migration copies the alternate's address vector, port and P_Key into the primary
+/// and leaves the QP MIGRATED.
+#[derive(Clone, Copy, Debug, Default, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "snake_case")]
+pub enum Migration {
+    /// rdmavt (hfi1, qib, the kernel's software transport). The QP retries at its one
+    /// `timeout`, set only by `IB_QP_TIMEOUT` (`rvt_modify_qp`: `qp->timeout_jiffies`);
+    /// a migration copies the alternate's address vector, port and P_Key index
+    /// (`rvt_modify_qp` for a forced one, `hfi1_migrate_qp` otherwise) and never its
+    /// `alt_timeout`, so the alternate's timeout is not applied. The retry count
+    /// restarts on a migration on retry exhaustion only (`hfi1_restart_rc` sets
+    /// `s_retry` from `s_retry_cnt` after migrating); a forced migration and one pulled
+    /// by the peer's MigReq=1 leave it where it stood.
+    #[default]
+    Rdmavt,
+    /// mlx5 (ConnectX). Each path carries its own ACK timeout in the QP context
+    /// (`mlx5_set_path` writes `alt_timeout` into the alternate's address path), so
+    /// after a migration the alternate's timeout applies. Whether the firmware restarts
+    /// the retry count on a forced or pulled migration is not visible in the driver: the
+    /// model restarts it on every migration.
+    Mlx5,
+}
+
+impl Migration {
+    /// The name a scenario writes.
+    pub fn name(self) -> &'static str {
+        match self {
+            Migration::Rdmavt => "rdmavt",
+            Migration::Mlx5 => "mlx5",
+        }
+    }
 }
 
 impl Default for FabricParams {
@@ -125,6 +163,7 @@ impl Default for FabricParams {
             ack_timeout: 14,
             retry_cnt: 7,
             stall_timeouts: 2,
+            migration: Migration::Rdmavt,
         }
     }
 }

@@ -6,7 +6,7 @@
 
 use super::check::Checks;
 use super::faults::FaultFields;
-use super::{FabricParams, Fault, Pattern, RandomFaults, Scenario, Workload};
+use super::{Bursts, FabricParams, Fault, Pattern, RandomFaults, Scenario, Workload};
 use crate::topology::{FatTree, LinkSpec, SmSpec, SwitchSpec, Topology};
 use serde::de::DeserializeOwned;
 use toml_located::{Collector, KeyPath, Problems, Tab};
@@ -28,12 +28,11 @@ pub(super) fn read(text: &str) -> Result<Scenario, Problems> {
         return Err(problems.into_problems());
     };
     let root = Tab::table(doc.as_table());
-    // The top-level keys; a table the file leaves out keeps the built-in default
-    // (the demonstration's tuned `fabric`, no faults).
+    // The top-level keys; a table the file leaves out keeps `Scenario::default()`'s
+    // (OpenSM's constants, no faults, apm's policy), never the demonstration's.
     let mut s = root
         .read_as::<Scenario>("", &TABLES, &mut problems)
         .unwrap_or_default();
-    s.faults = Vec::new();
     let before = problems.len();
     if let Some(t) = root.table_at("topology", "topology", &mut problems) {
         s.topology = read_topology(t, &mut problems);
@@ -108,16 +107,19 @@ fn read_topology(t: Tab<'_>, problems: &mut Collector<'_>) -> Topology {
     topo
 }
 
-/// `[workload]` and its pattern, each alone; `connections` and `connections_per_host`
+/// `[workload]`, its pattern and its bursts, each alone; `connections` and `connections_per_host`
 /// say the same thing two ways, and a file gives one.
 fn read_workload(t: Tab<'_>, problems: &mut Collector<'_>) -> Workload {
     let mut w = t
-        .read_as::<Workload>("workload", &["pattern"], problems)
+        .read_as::<Workload>("workload", &["pattern", "bursts"], problems)
         .unwrap_or_default();
     if let Some(p) = t.table_at("pattern", "workload.pattern", problems) {
         w.pattern = p
             .read_as::<Pattern>("workload.pattern", &[], problems)
             .unwrap_or_default();
+    }
+    if let Some(b) = t.table_at("bursts", "workload.bursts", problems) {
+        w.bursts = b.read_as::<Bursts>("workload.bursts", &[], problems);
     }
     if t.contains("connections") && t.contains("connections_per_host") {
         problems.push(

@@ -31,6 +31,14 @@ pub struct Workload {
     pub message_interval_ms: u64,
     /// Hardware APM or software migration.
     pub mode: Mode,
+    /// Traffic in bursts with idle gaps between them (`[workload.bursts]`). Default:
+    /// steady traffic.
+    pub bursts: Option<Bursts>,
+    /// apm may post on the connections' QPs (they are apm's own, or the application
+    /// lets it): its arming write (`CommandOp::ArmingWrite`) arms a QP in REARM within
+    /// a round trip. Default false: the application's QPs, which only the
+    /// application's traffic arms, as `apm run` and the library protect them.
+    pub apm_may_post: bool,
 }
 
 impl Default for Workload {
@@ -41,7 +49,31 @@ impl Default for Workload {
             pattern: Pattern::Random,
             message_interval_ms: 10,
             mode: Mode::Hardware,
+            bursts: None,
+            apm_may_post: false,
         }
+    }
+}
+
+/// Traffic that comes in bursts: from the start of the run, `on_ms` in which every
+/// connection sends a message every `message_interval_ms`, then `off_ms` in which none
+/// sends anything, and again; every connection at once, as the compute and exchange
+/// phases of a bulk-synchronous job. An idle connection moves no packet: a QP waiting
+/// in REARM for its peer's packets waits the gap out.
+#[derive(Clone, Copy, Debug, Serialize, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct Bursts {
+    /// How long each burst lasts (ms).
+    pub on_ms: u64,
+    /// The idle gap after it (ms).
+    pub off_ms: u64,
+}
+
+impl Bursts {
+    /// True when the connections send at `t_ns` (nanoseconds from the start).
+    pub fn sending(&self, t_ns: u64) -> bool {
+        let period = self.on_ms.saturating_add(self.off_ms).max(1) * 1_000_000;
+        t_ns % period < self.on_ms * 1_000_000
     }
 }
 
@@ -206,6 +238,18 @@ mod tests {
             .map(|j| p.place(j * hosts, hosts).unwrap().1)
             .collect();
         assert_eq!(peers.len(), 7);
+    }
+
+    #[test]
+    fn bursts_send_from_the_start_then_idle() {
+        let b = Bursts {
+            on_ms: 100,
+            off_ms: 900,
+        };
+        let ms = |v: u64| v * 1_000_000;
+        assert!(b.sending(0) && b.sending(ms(99)));
+        assert!(!b.sending(ms(100)) && !b.sending(ms(999)));
+        assert!(b.sending(ms(1000)) && !b.sending(ms(1100)));
     }
 
     #[test]

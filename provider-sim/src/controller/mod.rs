@@ -1,5 +1,6 @@
 //! What runs on each simulated host to look after its connections: the apm engine, or
-//! one of the two baselines it is compared with; and, for what apm costs the SM and SA
+//! one of the baselines it is judged against (`baseline.rs`); and, for what apm costs
+//! the SM and SA
 //! at scale, two naive ways of using the SA: apm's engine with every SA economy undone
 //! (`apm-wildcard`) and a manager that asks the SA per connection (`per-conn-sa`,
 //! `per_conn_sa.rs`).
@@ -10,15 +11,14 @@
 //! are not to be improved either.
 
 use apm_core::probe::{ProbeAction, ProbeDriver, ProbePolicy};
-use apm_core::{
-    Command, CommandId, CommandOp, ConnId, ConnSpec, Engine, Input, Output, Path, Policy, QpEvent,
-    Time,
-};
+use apm_core::{Command, CommandId, CommandOp, ConnSpec, Engine, Input, Output, Policy, Time};
 use serde::Serialize;
 use std::collections::VecDeque;
 
+mod baseline;
 mod by_id;
 mod per_conn_sa;
+pub use baseline::{AfterMigration, Baseline, Rules};
 use by_id::{ById, Outstanding};
 pub use per_conn_sa::PerConnSa;
 
@@ -32,6 +32,16 @@ pub enum PolicyKind {
     HwOnly,
     /// Re-arm locally on `PATH_MIG` (old MPI libraries): no LAP, no SA notices.
     ReloadLocal,
+    /// `reload-local` with apm's alternate timeout: every alternate loaded with a local
+    /// ACK timeout `alternate_timeout_boost` steps above the connection's own, as apm's
+    /// engine loads them, so that what comes from timeouts shows apart from what comes
+    /// from coordination.
+    ReloadBoost,
+    /// `reload-local` that also forces the migration of its QPs whose primary runs on a
+    /// port that goes down (`PORT_ERR`), when their alternate's local port is up: the
+    /// obvious local remedy, with no SA, no LAP and no word to the peer (whose ARMED QP
+    /// follows the first packet with MigReq=1).
+    PortErrMove,
     /// apm's engine with its SA economies undone ([`wildcard_policy`]): subscribed to
     /// traps 64/65 on every port, every SA request out at once.
     ApmWildcard,
@@ -40,14 +50,22 @@ pub enum PolicyKind {
 }
 
 impl PolicyKind {
-    /// apm and the two baselines it is compared with, in report order.
-    pub const ALL: [PolicyKind; 3] = [PolicyKind::Apm, PolicyKind::HwOnly, PolicyKind::ReloadLocal];
-
-    /// Every controller, the ways of using the SA included.
-    pub const EVERY: [PolicyKind; 5] = [
+    /// apm and the baselines it is judged against, in report order.
+    pub const ALL: [PolicyKind; 5] = [
         PolicyKind::Apm,
         PolicyKind::HwOnly,
         PolicyKind::ReloadLocal,
+        PolicyKind::ReloadBoost,
+        PolicyKind::PortErrMove,
+    ];
+
+    /// Every controller, the ways of using the SA included.
+    pub const EVERY: [PolicyKind; 7] = [
+        PolicyKind::Apm,
+        PolicyKind::HwOnly,
+        PolicyKind::ReloadLocal,
+        PolicyKind::ReloadBoost,
+        PolicyKind::PortErrMove,
         PolicyKind::ApmWildcard,
         PolicyKind::PerConnSa,
     ];
@@ -58,6 +76,8 @@ impl PolicyKind {
             PolicyKind::Apm => "apm",
             PolicyKind::HwOnly => "hw-only",
             PolicyKind::ReloadLocal => "reload-local",
+            PolicyKind::ReloadBoost => "reload-boost",
+            PolicyKind::PortErrMove => "port-err-move",
             PolicyKind::ApmWildcard => "apm-wildcard",
             PolicyKind::PerConnSa => "per-conn-sa",
         }
@@ -73,9 +93,28 @@ impl PolicyKind {
         matches!(self, PolicyKind::Apm | PolicyKind::ApmWildcard)
     }
 
-    /// True for the two baselines apm must dominate.
+    /// True for the baselines apm must not do worse than: those that leave every move
+    /// to the HCA, as applications do today (`hw-only`, `reload-local`,
+    /// `reload-boost`). `port-err-move`, which moves at once, is compared with apm but
+    /// not judged: no policy keeps every connection that both a policy that waits for
+    /// the HCA and one that moves at once keep, since each wins the races of a second
+    /// failure the other loses (`docs/dominance.md`).
+    pub fn is_judged_baseline(self) -> bool {
+        matches!(
+            self,
+            PolicyKind::HwOnly | PolicyKind::ReloadLocal | PolicyKind::ReloadBoost
+        )
+    }
+
+    /// True for every baseline apm is compared with.
     pub fn is_baseline(self) -> bool {
-        matches!(self, PolicyKind::HwOnly | PolicyKind::ReloadLocal)
+        matches!(
+            self,
+            PolicyKind::HwOnly
+                | PolicyKind::ReloadLocal
+                | PolicyKind::ReloadBoost
+                | PolicyKind::PortErrMove
+        )
     }
 }
 
@@ -222,166 +261,6 @@ impl Controller for ApmController {
     }
 }
 
-#[derive(Debug)]
-struct BaseConn {
-    primary: Path,
-    alternate: Option<Path>,
-    /// The paths it may move to (kept by `reload-local` only, which looks for an LMC
-    /// variant among them; `hw-only` never looks).
-    candidates: Box<[Path]>,
-    /// Outstanding command chain: LoadAlternate then SetRearm.
-    pending: Option<CommandId>,
-}
-
-/// What a baseline does after a migration.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AfterMigration {
-    /// Nothing: the connection runs unprotected from then on (`hw-only`).
-    Nothing,
-    /// Load the agreed next alternate and arm it (`reload-local`, see
-    /// `Baseline::migrated`).
-    ReloadLocal,
-}
-
-/// What follows a baseline's command once it succeeds.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Then {
-    /// Nothing (it was the last of its chain).
-    Done,
-    /// Set REARM (the command loaded an alternate).
-    SetRearm,
-}
-
-/// The two baselines: `hw-only` and `reload-local`.
-#[derive(Debug)]
-pub struct Baseline {
-    after: AfterMigration,
-    conns: ById<BaseConn>,
-    out: VecDeque<Output>,
-    /// Command id -> (connection, what follows it).
-    pending: Outstanding<(ConnId, Then)>,
-}
-
-impl Baseline {
-    /// `hw-only` ([`AfterMigration::Nothing`]) or `reload-local`
-    /// ([`AfterMigration::ReloadLocal`]).
-    pub fn new(after: AfterMigration) -> Baseline {
-        Baseline {
-            after,
-            conns: ById::default(),
-            out: VecDeque::new(),
-            pending: Outstanding::default(),
-        }
-    }
-
-    fn issue(&mut self, op: CommandOp, conn: ConnId, then: Then) {
-        let id = self.pending.issue((conn, then));
-        if let Some(c) = self.conns.get_mut(&conn) {
-            c.pending = Some(id);
-        }
-        self.out.push_back(Output::Command(Command { id, op }));
-    }
-
-    fn load(&mut self, conn: ConnId, path: Path) {
-        self.issue(
-            CommandOp::LoadAlternate { conn, path },
-            conn,
-            Then::SetRearm,
-        );
-    }
-
-    fn protect(&mut self, spec: ConnSpec) {
-        let alt = spec.agreed_alternate;
-        self.conns.insert(
-            spec.id,
-            BaseConn {
-                primary: spec.primary,
-                alternate: alt,
-                candidates: if self.after == AfterMigration::ReloadLocal {
-                    spec.candidates.into_boxed_slice()
-                } else {
-                    Box::new([])
-                },
-                pending: None,
-            },
-        );
-        if let Some(alt) = alt {
-            self.load(spec.id, alt);
-        }
-    }
-
-    /// reload-local's rule agreed in advance, as the old MPI libraries had it: the new
-    /// alternate is the old primary (the other rail); with one port, the next LMC
-    /// variant. No health check, no peer: both sides apply the same rule blindly.
-    fn migrated(&mut self, id: ConnId) {
-        let Some(c) = self.conns.get_mut(&id) else {
-            return;
-        };
-        let Some(new_primary) = c.alternate.take() else {
-            return;
-        };
-        let old = std::mem::replace(&mut c.primary, new_primary);
-        if self.after == AfterMigration::Nothing || c.pending.is_some() {
-            return;
-        }
-        let next = if old.port != new_primary.port {
-            Some(old)
-        } else {
-            c.candidates
-                .iter()
-                .find(|p| p.port == new_primary.port && !p.same_route(&new_primary))
-                .copied()
-        };
-        if let Some(next) = next {
-            c.alternate = Some(next);
-            self.load(id, next);
-        }
-    }
-}
-
-impl Controller for Baseline {
-    fn protect(&mut self, _now: Time, spec: ConnSpec) {
-        Baseline::protect(self, spec);
-    }
-    fn handle_input(&mut self, _now: Time, input: Input) {
-        match input {
-            Input::QpEvent {
-                conn,
-                event: QpEvent::PathMigrated,
-            } => self.migrated(conn),
-            Input::QpEvent {
-                conn,
-                event: QpEvent::PathMigrationError,
-            } => {
-                // "All ports were used": nothing left to try.
-                if let Some(c) = self.conns.get_mut(&conn) {
-                    c.alternate = None;
-                }
-            }
-            Input::CommandDone { id, result } => {
-                let Some((conn, then)) = self.pending.complete(id) else {
-                    return;
-                };
-                if let Some(c) = self.conns.get_mut(&conn) {
-                    c.pending = None;
-                }
-                if then == Then::SetRearm && result.is_ok() {
-                    self.issue(CommandOp::SetRearm { conn }, conn, Then::Done);
-                }
-            }
-            // Port events, notices and peer messages: the baselines do not listen.
-            _ => {}
-        }
-    }
-    fn handle_timeout(&mut self, _now: Time) {}
-    fn poll_output(&mut self) -> Option<Output> {
-        self.out.pop_front()
-    }
-    fn poll_timeout(&self) -> Option<Time> {
-        None
-    }
-}
-
 /// The seed of host `host`'s prober in a run seeded `seed`: each host jitters on its
 /// own stream, as hosts started together do. Managers driving simulated hosts (through
 /// `SimProvider`) take the same, so a seed plays the same whoever runs the host.
@@ -390,7 +269,7 @@ pub fn probe_seed(seed: u64, host: usize) -> u64 {
 }
 
 /// A controller of `kind`; `policy` and `seed` (its prober's jitter) are used by `apm`
-/// and `apm-wildcard` only.
+/// and `apm-wildcard`, and `reload-boost` takes apm's alternate timeout from `policy`.
 pub fn make(
     kind: PolicyKind,
     policy: &Policy,
@@ -398,8 +277,16 @@ pub fn make(
 ) -> Result<Box<dyn Controller>, apm_core::PolicyError> {
     Ok(match kind {
         PolicyKind::Apm => Box::new(ApmController::new(policy.clone(), seed)?),
-        PolicyKind::HwOnly => Box::new(Baseline::new(AfterMigration::Nothing)),
-        PolicyKind::ReloadLocal => Box::new(Baseline::new(AfterMigration::ReloadLocal)),
+        PolicyKind::HwOnly => Box::new(Baseline::new(Rules::HW_ONLY)),
+        PolicyKind::ReloadLocal => Box::new(Baseline::new(Rules::RELOAD_LOCAL)),
+        PolicyKind::ReloadBoost => Box::new(Baseline::new(Rules {
+            alternate_timeout_boost: policy.alternate_timeout_boost,
+            ..Rules::RELOAD_LOCAL
+        })),
+        PolicyKind::PortErrMove => Box::new(Baseline::new(Rules {
+            move_on_port_err: true,
+            ..Rules::RELOAD_LOCAL
+        })),
         PolicyKind::ApmWildcard => Box::new(ApmController::new(wildcard_policy(policy), seed)?),
         PolicyKind::PerConnSa => Box::new(PerConnSa::default()),
     })

@@ -238,6 +238,12 @@ impl Sim {
                 self.send_peer(host, port, to, msg);
                 self.complete(host, reply, Ok(CommandOutcome::Done));
             }
+            // A post, not a firmware command: the device's queue of modifies does not
+            // hold it up.
+            CommandOp::ArmingWrite { conn } => {
+                let result = self.arming_write(host, conn);
+                self.complete(host, reply, result);
+            }
             // The simulated QP moves at once and drops nothing, so it never holds
             // sends for a peer: the hint has nothing to release.
             CommandOp::PeerThere { .. } => self.complete(host, reply, Ok(CommandOutcome::Done)),
@@ -337,7 +343,8 @@ impl Sim {
         }
     }
 
-    /// A LAP, APR, MRA or software-migration message from `host`'s `port` to `to`.
+    /// A peer message (LAP, APR, MRA, `Migrate`, probe) from `host`'s `port` to `to`: a
+    /// MAD on InfiniBand, a datagram on the rail on RoCE.
     fn send_peer(&mut self, host: usize, port: PortKey, to: PeerAddr, msg: PeerMsg) {
         let Some(pid) = self.fab.port_of(host, port.port) else {
             self.c.mads_sent += 1;
@@ -370,35 +377,17 @@ impl Sim {
         self.push(after(self.now, d), Ev::MadArrive { host: h, mad });
     }
 
-    /// A liveness probe from `host`'s `port` to `to`: a datagram of its own on the rail
-    /// (a UD QP's, not the MAD agent's), routed by the forwarding tables like data, so
-    /// it dies exactly where the connections' packets die (a cut, a black-holing
-    /// switch), and untouched by MAD loss.
+    /// A liveness probe from `host`'s `port` to `to`, carried as apm carries it. On
+    /// InfiniBand it is one of apm's vendor MADs on QP1 (cm-lap's `apm_msg`, attribute
+    /// 0xA003), sent as the LAPs are: counted with the MADs, lost with MAD loss, and
+    /// queued at the receiving host's MAD agent behind every other MAD (an agent busy
+    /// with a burst of Reports delays it, and a late probe can take a path down). On
+    /// RoCE it is a UDP datagram on the rail itself, routed like data, untouched by MAD
+    /// loss. Either way it dies where the connections' packets die (a cut, a
+    /// black-holing switch).
     fn send_probe(&mut self, host: usize, port: PortKey, to: PeerAddr, probe: Probe) {
         self.c.probes_sent += 1;
-        let Some(pid) = self.fab.port_of(host, port.port) else {
-            return;
-        };
-        let slid = self.fab.ports[pid].lid;
-        let Some(hops) = self.fab.route(slid, to.lid.get()) else {
-            return;
-        };
-        let Some(dst) = self.fab.lid_owner(to.lid.get()) else {
-            return;
-        };
-        let h = self.fab.ports[dst].host;
-        if self.hosts[h].dead || self.hosts[host].dead {
-            return;
-        }
-        let input = Input::PeerMessage {
-            from: PeerAddr {
-                gid: self.fab.ports[pid].gid,
-                lid: Lid::from_wire(slid),
-            },
-            port: self.fab.ports[dst].key(),
-            msg: PeerMsg::Probe(probe),
-        };
-        self.raise(h, us(u64::from(hops) * self.p.hop_latency_us), input);
+        self.send_peer(host, port, to, PeerMsg::Probe(probe));
     }
 
     pub(super) fn side_of(

@@ -21,6 +21,11 @@
 //!   PATH_MIG_FAILED event to it) is raised at a responder whose loaded alternate
 //!   receives MigReq=1 while it is not ARMED. Software-migration QPs (RoCE) have no
 //!   alternate and report `PrimaryStalled` after `stall_timeouts` ACK timeouts.
+//!   Where the drivers differ, the scenario says which one the devices follow
+//!   ([`Migration`], `fabric.migration`): under rdmavt a QP retries at its own timeout
+//!   on whatever path it runs and only a migration on exhaustion restarts the retry
+//!   count; under mlx5 each path's own timeout applies once the QP runs on it, and
+//!   every migration restarts the count.
 //! - **Devices** (`hosts.rs`): QP commands are firmware commands carried out one at a
 //!   time per device, each taking effect when it completes; each host's MAD agent
 //!   handles arriving MADs one at a time.
@@ -58,7 +63,7 @@
 //! the same instant (it would after its own retry budget); SMPs of a sweep that are lost
 //! on every try only ever drop host ports, never switches.
 
-use crate::config::{FabricParams, Fault, Mode, Scenario, ScenarioError};
+use crate::config::{FabricParams, Fault, Migration, Mode, Scenario, ScenarioError};
 use crate::controller::{self, Controller, PolicyKind};
 use crate::fabric::{Fabric, PortId, PortState};
 use crate::report::{Percentiles, RunReport, Sample};
@@ -191,6 +196,9 @@ struct Qp {
     /// Of those, acknowledged back to this side.
     acked: u64,
     stalled: bool,
+    /// The QP's own local ACK timeout (`IB_QP_TIMEOUT`, set at connect): what rdmavt
+    /// retries at whatever path it runs on ([`Migration::Rdmavt`]).
+    timeout: u8,
     retries: u32,
     retry_gen: u32,
     /// A PATH_MIG_ERR was raised for the current alternate (raised once per alternate).
@@ -214,11 +222,14 @@ struct Conn {
     /// Its primary died inside that window: a loss that follows is a loss in the
     /// re-arm window after a move (see `RunReport::lost_in_rearm_window`).
     in_rearm_window: bool,
-    /// Since it last worked, there was a moment when no path between its two hosts
-    /// worked (a total outage).
-    outage_in_stall: bool,
-    /// It was lost in or after such an outage (see `RunReport::lost_in_outage`).
-    lost_in_outage: bool,
+    /// It was lost while no path between its two hosts worked (see
+    /// `RunReport::lost_in_total_outage`).
+    lost_in_total_outage: bool,
+    /// Since it last worked there was a moment when no path between its two hosts
+    /// worked (for `RunReport::lost_after_total_outage`).
+    outage_since_working: bool,
+    /// It was lost with `outage_since_working` set.
+    lost_after_total_outage: bool,
     /// The guard was a port-disjoint alternate (for the disjoint restore figure).
     guard_disjoint: bool,
     /// Lost with its HCA (`Loss::DeviceFatal`): no invariant asks to have kept it.
@@ -469,6 +480,7 @@ struct Counters {
     messages_delivered: u64,
     messages_retransmitted: u64,
     failovers: u64,
+    false_failovers: u64,
     restore_ns: Vec<u64>,
     /// The connection of each `restore_ns` sample.
     restore_conns: Vec<u32>,

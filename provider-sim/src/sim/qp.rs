@@ -116,7 +116,7 @@ impl Sim {
             ));
         };
         let _ = alt;
-        self.hw_migrate(i, s);
+        self.hw_migrate(i, s, Trigger::Forced);
         Ok(CommandOutcome::Done)
     }
 
@@ -133,13 +133,41 @@ impl Sim {
                 Reason::NotLocalPath,
             ));
         }
-        self.conns[i].qp[s].primary = path;
-        if s == 0 {
-            self.c.failovers += 1;
-        }
+        let old = std::mem::replace(&mut self.conns[i].qp[s].primary, path);
+        self.count_failover(s, &old);
         self.conns[i].moved_unarmed = Some(self.now);
         self.unstall_try(i, s);
         self.reeval(i);
+        Ok(CommandOutcome::Done)
+    }
+
+    /// apm's zero-length RDMA WRITE on `host`'s QP of `conn`, where the workload lets
+    /// apm post (`workload.apm_may_post`): a work request the QP carries like the
+    /// application's messages (retried on a dead path, arming the peer on arrival and
+    /// this side on its acknowledgement), carrying no message of the application's.
+    pub(super) fn arming_write(
+        &mut self,
+        host: usize,
+        conn: ConnId,
+    ) -> Result<CommandOutcome, ProviderError> {
+        let unsupported = |why| ProviderError::Unsupported {
+            provider: "provider-sim",
+            operation: Operation::ArmingWrite,
+            why: Some(Reason::Because(why)),
+        };
+        if !self.scenario.workload.apm_may_post {
+            return Err(unsupported(
+                "the application's QP: apm does not post on it (workload.apm_may_post)",
+            ));
+        }
+        let (i, s) = self.qp_checked(host, conn)?;
+        if self.conns[i].mode == Mode::Software {
+            return Err(unsupported("a RoCE QP has no alternate to arm"));
+        }
+        if !self.conns[i].qp[s].stalled && !self.transmit(i, s) {
+            self.stall(i, s);
+            self.reeval(i);
+        }
         Ok(CommandOutcome::Done)
     }
 
@@ -161,10 +189,16 @@ impl Sim {
 
     // ------------------------------------------------------------------ QPs and traffic
 
-    /// The local ACK timeout of side `s`: its current path's (IBA: each path carries
-    /// its own; after a migration the alternate's applies).
+    /// The local ACK timeout side `s` retries at: the QP's own under rdmavt, whatever
+    /// path it runs on; its current path's under mlx5, where each path carries its own
+    /// ([`Migration`]).
     fn ack_timeout(&self, i: usize, s: usize) -> Time {
-        Time(4096u64 << self.conns[i].qp[s].primary.ack_timeout.min(31))
+        let q = &self.conns[i].qp[s];
+        let t = match self.p.migration {
+            Migration::Rdmavt => q.timeout,
+            Migration::Mlx5 => q.primary.ack_timeout,
+        };
+        Time(4096u64 << t.min(31))
     }
 
     /// `p` works now, as connection `i`'s path in memo slot `slot` (0, 1: the two
@@ -194,22 +228,24 @@ impl Sim {
         self.fab.route(p.slid.get(), p.dlid.get()).is_some()
     }
 
-    /// The HCA (or a forced migration) moves side `s` to its alternate: the alternate
-    /// becomes the primary, the QP is MIGRATED, PATH_MIG is raised, and a requester
-    /// starts a fresh retry budget on the new path (rdmavt resets `s_retry`).
-    pub(super) fn hw_migrate(&mut self, i: usize, s: usize) {
+    /// Side `s` moves to its alternate (`trigger` says what moved it): the alternate
+    /// becomes the primary, the QP is MIGRATED, PATH_MIG is raised. A requester starts
+    /// a fresh retry budget on the new path after a migration on exhaustion (rdmavt's
+    /// `hfi1_restart_rc`), and under mlx5 after any migration ([`Migration`]).
+    pub(super) fn hw_migrate(&mut self, i: usize, s: usize, trigger: Trigger) {
+        let restart = trigger == Trigger::Exhausted || self.p.migration == Migration::Mlx5;
         let q = &mut self.conns[i].qp[s];
         let Some(alt) = q.alt.take() else {
             return;
         };
-        q.primary = alt;
+        let old = std::mem::replace(&mut q.primary, alt);
         q.mig = MigState::Migrated;
-        q.retries = 0;
+        if restart {
+            q.retries = 0;
+        }
         q.mig_err_raised = false;
         let host = q.host;
-        if s == 0 {
-            self.c.failovers += 1;
-        }
+        self.count_failover(s, &old);
         self.conns[i].moved_unarmed = Some(self.now);
         let lat = self.ev_latency();
         self.raise(
@@ -222,6 +258,18 @@ impl Sim {
         );
         self.unstall_try(i, s);
         self.reeval(i);
+    }
+
+    /// Side `s` of a connection left `old`: a failover, counted once per connection
+    /// (on the active side), and a false one when `old` still worked both ways.
+    fn count_failover(&mut self, s: usize, old: &Path) {
+        if s != 0 {
+            return;
+        }
+        self.c.failovers += 1;
+        if self.path_ok(old) && self.fab.route(old.dlid.get(), old.slid.get()).is_some() {
+            self.c.false_failovers += 1;
+        }
     }
 
     /// A stalled requester retries at once after its path changed.
@@ -258,7 +306,7 @@ impl Sim {
             return (false, false);
         }
         if yq.mig == MigState::Armed {
-            self.hw_migrate(i, y);
+            self.hw_migrate(i, y, Trigger::Pulled);
             return (true, true);
         }
         // A migration request the QP cannot take: PATH_MIG_ERR, once per alternate.
@@ -325,6 +373,15 @@ impl Sim {
     }
 
     pub(super) fn tick(&mut self, g: u64) {
+        let at = after(self.now, ms(self.scenario.workload.message_interval_ms));
+        // Between bursts nobody sends: the tick is not one (quiet connections do not
+        // count it either).
+        if let Some(b) = self.scenario.workload.bursts {
+            if !b.sending(self.now.0) {
+                self.push(at, Ev::Tick(g));
+                return;
+            }
+        }
         // Quiet connections are counted, not visited (`quiet.rs`).
         for i in self.tick_group(g as usize) {
             for s in 0..2 {
@@ -336,26 +393,35 @@ impl Sim {
                     continue;
                 }
                 if !self.conns[i].qp[s].stalled && !self.transmit(i, s) {
-                    let q = &mut self.conns[i].qp[s];
-                    q.stalled = true;
-                    q.retries = 0;
-                    q.retry_gen = q.retry_gen.wrapping_add(1);
-                    let gen = q.retry_gen;
-                    let at = after(self.now, self.ack_timeout(i, s));
-                    self.push(
-                        at,
-                        Ev::Retry {
-                            conn: i,
-                            side: s,
-                            gen,
-                        },
-                    );
+                    self.stall(i, s);
                 }
             }
             self.settle(i);
         }
-        let at = after(self.now, ms(self.scenario.workload.message_interval_ms));
         self.push(at, Ev::Tick(g));
+    }
+
+    /// Side `s` sent and heard nothing back: it retries every ACK timeout from now.
+    fn stall(&mut self, i: usize, s: usize) {
+        let q = &mut self.conns[i].qp[s];
+        q.stalled = true;
+        q.retries = 0;
+        q.retry_gen = q.retry_gen.wrapping_add(1);
+        self.schedule_retry(i, s);
+    }
+
+    /// Side `s`'s next retry, one ACK timeout from now.
+    fn schedule_retry(&mut self, i: usize, s: usize) {
+        let gen = self.conns[i].qp[s].retry_gen;
+        let at = after(self.now, self.ack_timeout(i, s));
+        self.push(
+            at,
+            Ev::Retry {
+                conn: i,
+                side: s,
+                gen,
+            },
+        );
     }
 
     pub(super) fn retry(&mut self, i: usize, s: usize, gen: u32) {
@@ -391,16 +457,7 @@ impl Sim {
                 return;
             }
         }
-        let gen = self.conns[i].qp[s].retry_gen;
-        let at = after(self.now, self.ack_timeout(i, s));
-        self.push(
-            at,
-            Ev::Retry {
-                conn: i,
-                side: s,
-                gen,
-            },
-        );
+        self.schedule_retry(i, s);
     }
 
     /// The retry budget of side `s` ran out (`hfi1_restart_rc`/`qib_restart_rc` with
@@ -423,7 +480,7 @@ impl Sim {
         );
         let armed = c.mode == Mode::Hardware && q.mig == MigState::Armed && q.alt.is_some();
         if armed {
-            self.hw_migrate(i, s);
+            self.hw_migrate(i, s, Trigger::Exhausted);
             return;
         }
         self.lose(i, Loss::RetriesExhausted);
@@ -471,4 +528,15 @@ pub(super) enum Loss {
     /// The HCA died (`DEVICE_FATAL`, raised for the device, not per QP): no alternate
     /// could have kept the connection, so its loss breaks no invariant (`excused`).
     DeviceFatal,
+}
+
+/// What moved a QP to its alternate.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Trigger {
+    /// Its retries on the primary ran out while ARMED.
+    Exhausted,
+    /// Software forced it (`ForceMigrate`).
+    Forced,
+    /// Its peer's packet with MigReq=1 arrived on its alternate while ARMED.
+    Pulled,
 }

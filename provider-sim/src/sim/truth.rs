@@ -59,7 +59,6 @@ impl Sim {
         if self.cfg.trace_conn == Some(i) {
             self.trace(i);
         }
-        let window = self.rearm_window();
         let (new, bucket) = self.classify(i);
         self.wake_if_changed(i, new);
         let now = self.now;
@@ -69,13 +68,13 @@ impl Sim {
                 self.conns[i].guard = None;
             }
         }
-        // A stall that lives through a total outage: which connections outlast it is
-        // down to where each QP's retry timer stands when a path comes back.
+        // A moment without any path between its hosts while it fails over (a
+        // diagnostic: a loss after one is not excused by it).
         let outage_now = new == ConnState::Migrating
-            && !self.conns[i].outage_in_stall
+            && !self.conns[i].outage_since_working
             && !self.hosts_connected(self.conns[i].qp[0].host, self.conns[i].qp[1].host);
         let c = &mut self.conns[i];
-        c.outage_in_stall |= outage_now;
+        c.outage_since_working |= outage_now;
         let (old, old_bucket) = (c.state, c.bucket);
         if bucket != old_bucket {
             self.c.bucket_ns[old_bucket.idx()] += u128::from(now.0 - c.since.0);
@@ -96,7 +95,9 @@ impl Sim {
         let c = &mut self.conns[i];
         c.state = new;
         if old.working() && new == ConnState::Migrating {
-            c.in_rearm_window = c.moved_unarmed.is_some_and(|t| now.0 - t.0 <= window.0);
+            // Not armed again since its last move: what follows is a loss in the
+            // re-arm window (however long the window has lasted).
+            c.in_rearm_window = c.moved_unarmed.is_some();
             c.interrupted_at = Some(now);
             c.guard = match (old, c.qp[0].alt, c.qp[1].alt) {
                 (ConnState::Armed, Some(x), Some(y)) => Some(Box::new((x, y))),
@@ -105,7 +106,7 @@ impl Sim {
             c.guard_disjoint = old_bucket == Bucket::ArmedDisjoint;
         } else if old == ConnState::Migrating && new.working() {
             c.in_rearm_window = false;
-            c.outage_in_stall = false;
+            c.outage_since_working = false;
             if let Some(t) = c.interrupted_at.take() {
                 self.c.restore_ns.push(now.0 - t.0);
                 self.c.restore_conns.push(i as u32);
@@ -117,9 +118,12 @@ impl Sim {
         }
         if new == ConnState::Lost {
             let (ha, hb) = (c.qp[0].host, c.qp[1].host);
-            let outage = c.outage_in_stall || !self.hosts_connected(ha, hb);
+            // Lost while nothing could carry its packets: no path between its two
+            // hosts worked at that instant.
+            let outage = !self.hosts_connected(ha, hb);
             let c = &mut self.conns[i];
-            c.lost_in_outage = outage;
+            c.lost_in_total_outage = outage;
+            c.lost_after_total_outage = outage || c.outage_since_working;
             self.c.lost += 1;
             let guard = c.guard.take();
             let excused = c.excused;
@@ -144,14 +148,6 @@ impl Sim {
                 .iter()
                 .any(|p| self.path_ok(p) && self.fab.route(p.dlid.get(), p.slid.get()).is_some())
         })
-    }
-
-    /// How long after a migration a connection may take to arm again in the ordinary
-    /// course: two LAP timeouts (an answer lost and waited for) and two messages of its
-    /// traffic (a QP arms only once its peer's packets arrive).
-    fn rearm_window(&self) -> Time {
-        let lap = self.cfg.engine_policy.lap_timeout_ms;
-        ms(2 * lap + 2 * self.scenario.workload.message_interval_ms)
     }
 
     /// Log connection `i`'s QPs when they changed since the last time.
@@ -360,18 +356,10 @@ impl Sim {
             .flat_map(|c| &c.qp)
             .map(|q| q.delivered)
             .sum();
-        let lost_ids = (0..self.conns.len())
-            .filter(|&i| self.conns[i].state == ConnState::Lost)
-            .map(|i| i as u64)
-            .collect();
-        let lost_in_rearm_window = (0..self.conns.len())
-            .filter(|&i| self.conns[i].state == ConnState::Lost && self.conns[i].in_rearm_window)
-            .map(|i| i as u64)
-            .collect();
-        let lost_in_outage = (0..self.conns.len())
-            .filter(|&i| self.conns[i].state == ConnState::Lost && self.conns[i].lost_in_outage)
-            .map(|i| i as u64)
-            .collect();
+        let lost_ids = self.lost_where(|_| true);
+        let lost_in_rearm_window = self.lost_where(|c| c.in_rearm_window);
+        let lost_in_total_outage = self.lost_where(|c| c.lost_in_total_outage);
+        let lost_after_total_outage = self.lost_where(|c| c.lost_after_total_outage);
         let ms_of = |b: Bucket| self.c.bucket_ns[b.idx()] as f64 / 1e6;
         let load = self.load_now();
         RunReport {
@@ -380,10 +368,12 @@ impl Sim {
             lost: self.c.lost,
             lost_ids,
             lost_in_rearm_window,
-            lost_in_outage,
+            lost_in_total_outage,
+            lost_after_total_outage,
             messages_lost: offered - delivered,
             messages_duplicated: self.c.messages_duplicated,
             failovers: self.c.failovers,
+            false_failovers: self.c.false_failovers,
             restore_ms: Percentiles::of(self.c.restore_ns.clone()),
             restore_samples_ns: std::mem::take(&mut self.c.restore_ns),
             restore_sample_conns: std::mem::take(&mut self.c.restore_conns),
@@ -404,6 +394,9 @@ impl Sim {
             reports_sent: self.c.reports_sent,
             reports_abandoned: self.c.reports_abandoned,
             probes_sent: self.c.probes_sent,
+            probes_per_host_per_s: self.c.probes_sent as f64
+                / self.hosts.len().max(1) as f64
+                / (now.0.max(1) as f64 / 1e9),
             notifications: self.c.notifications,
             events: self.c.events,
             digest: self.digest,
@@ -424,6 +417,14 @@ impl Sim {
             end_armed_disjoint: self.counts[Bucket::ArmedDisjoint.idx()] as u64,
             failure_events: std::mem::take(&mut self.windows).report(load, self.hosts.len()),
         }
+    }
+
+    /// The lost connections for which `what` holds, by index.
+    fn lost_where(&self, what: impl Fn(&Conn) -> bool) -> Vec<u64> {
+        (0..self.conns.len())
+            .filter(|&i| self.conns[i].state == ConnState::Lost && what(&self.conns[i]))
+            .map(|i| i as u64)
+            .collect()
     }
 
     /// How long after the last fault every connection with a healthy alternate must be

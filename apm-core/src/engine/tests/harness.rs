@@ -105,6 +105,20 @@ pub struct Node {
     pub held: Vec<Command>,
     /// Moves emitted onto a path the engine knew dead (`Node::check_move`).
     pub dead_moves: Vec<String>,
+    /// How this node's device answers REARM and apm's arming write: by default it
+    /// arms at once (REARM comes back ARMED).
+    pub arming: BenchArming,
+}
+
+/// How a bench node's QPs arm after REARM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BenchArming {
+    /// REARM comes back ARMED: no packet needed.
+    AtOnce,
+    /// REARM comes back REARM; apm may post its arming write.
+    ApmPosts,
+    /// REARM comes back REARM; apm may not post (the application's QP).
+    ByTraffic,
 }
 
 impl Node {
@@ -124,6 +138,7 @@ impl Node {
             unanswered: Vec::new(),
             held: Vec::new(),
             dead_moves: Vec::new(),
+            arming: BenchArming::AtOnce,
         };
         n.drain();
         n
@@ -394,7 +409,18 @@ impl Pair {
                     });
                     Ok(CommandOutcome::Done)
                 }
-                CommandOp::SetRearm { .. } => Ok(CommandOutcome::MigState(MigState::Armed)),
+                CommandOp::SetRearm { .. } => Ok(CommandOutcome::MigState(
+                    if self.node(name).arming == BenchArming::AtOnce {
+                        MigState::Armed
+                    } else {
+                        MigState::Rearm
+                    },
+                )),
+                CommandOp::ArmingWrite { .. }
+                    if self.node(name).arming == BenchArming::ByTraffic =>
+                {
+                    Err(ProviderError::unsupported("bench", Operation::ArmingWrite))
+                }
                 CommandOp::QueryQp { conn } => {
                     let node = self.node(name);
                     let status = node.engine.connection(*conn);

@@ -1,5 +1,6 @@
 //! Engine tests: one per behaviour of the engine's contract, on the two-node bench.
 
+mod arming;
 mod commands;
 mod failover;
 mod harness;

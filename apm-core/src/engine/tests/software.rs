@@ -167,3 +167,33 @@ fn a_rails_link_down_moves_its_connections_and_a_gid_table_report_does_not_undo_
     assert_eq!(p.a.status(1).protection, Protection::Armed);
     assert_eq!(p.a.status(1).alternate.map(|a| a.sgid), Some(gid('a', 1)));
 }
+
+/// RoCE: the alternate's rail is down when the primary stalls (its far end's port died,
+/// which nothing tells this side), so nothing moves; when the alternate's rail returns,
+/// the stalled connection moves onto it at once rather than wait for its QP to give up
+/// on the primary. Before, only a primary known dead (a port, a notice, a probe) moved
+/// it then, and the QP ran out of retries on a dead rail with a working one back.
+#[test]
+fn a_stalled_primary_moves_onto_its_alternate_as_soon_as_that_returns() {
+    let mut p = Pair::new();
+    p.protect_mode(1, MigrationMode::Software);
+    p.run_for(1000);
+    assert_armed(&p, 1, path('a', 2, 2));
+    port_event(&mut p, 'a', 2, PortEvent::Down);
+    p.run_for(100);
+    p.a.clear_log();
+    p.b.clear_log();
+    qp_event(&mut p, 'a', 1, QpEvent::PrimaryStalled);
+    p.run_for(100);
+    assert!(!p.a.op_names().contains(&"software_migrate"));
+    assert_eq!(p.a.status(1).primary, path('a', 1, 1));
+    port_event(&mut p, 'a', 2, PortEvent::Active);
+    p.run_for(100);
+    assert!(
+        p.a.op_names().contains(&"software_migrate"),
+        "{:?}",
+        p.a.op_names()
+    );
+    assert_eq!(p.a.status(1).primary, path('a', 2, 2));
+    assert_eq!(p.b.status(1).primary, path('b', 2, 2));
+}

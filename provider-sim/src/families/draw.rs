@@ -1,154 +1,17 @@
-//! Scenario families: the kinds of fabric and fault schedule apm is compared on, each a
-//! function of a seed, so that a claim is made over many schedules and never over one.
-//!
-//! Every family draws its connection placement and its faults from the seed. Two sizes:
-//! [`Size::Small`] for the chaos campaign that CI runs (a few hosts, tens of
-//! connections), [`Size::Full`] for `apm simulate --family`/`--sweep` (the sizes a
-//! user's first try would have). The fabric constants are OpenSM's and the hardware's
-//! defaults throughout; only the SM-failure family also tries a standby polling tuned
-//! down, as sites that care about failover do.
+//! The scenario families' shapes and fault schedules, each drawn from the family's own
+//! random stream: the fabrics (dual rail, leaf/spine rails, rails split in two), the
+//! kinds of failure schedule, the traffic.
 
+use super::Size;
 use crate::config::{
-    FabricParams, Fault, LinkSpec, Mode, RandomFaults, Scenario, SmSpec, SwitchSpec, Topology,
+    Bursts, Fault, LinkSpec, RandomFaults, Scenario, SmSpec, SwitchSpec, Topology,
 };
 use crate::rng::Rng;
 
-/// A family of scenarios.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Family {
-    /// The built-in demonstration (rail A fails, an SM dies, rail A returns, a remote
-    /// port flaps), connections placed by the seed.
-    DualRail,
-    /// Two rails of leaves and spines with LMC 2: spines, leaves and uplinks fail.
-    LeafSpineLmc2,
-    /// Random faults on the dual-rail fabric, LMC 0 (the only alternate is the other
-    /// rail).
-    RandomDualRailLmc0,
-    /// Random faults on the dual-rail fabric, LMC 1.
-    RandomDualRailLmc1,
-    /// Random faults on leaf/spine rails.
-    RandomLeafSpine,
-    /// A rail or a port failing while 50% of MADs are lost.
-    MadLoss50,
-    /// The same at 90%.
-    MadLoss90,
-    /// SM failures: failover, the SM's own port or host dying, failures while no SM
-    /// runs.
-    SmFailures,
-    /// Random faults with RoCE-style QPs (software migration).
-    RandomRoce,
-    /// Silent failures (black-holing switches, cuts between switches) among random
-    /// faults, on rails of two switches joined by one cable.
-    SilentSplitRail,
-    /// The same with RoCE-style QPs: no SA, so a far end's port going down is silent
-    /// too.
-    SilentRoce,
-}
-
-/// How big the scenarios are.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Size {
-    /// A few hosts and tens of connections: the chaos campaign.
-    Small,
-    /// The sizes of the README's sweep.
-    Full,
-}
-
-impl Family {
-    /// Every family, in report order.
-    pub const ALL: [Family; 11] = [
-        Family::DualRail,
-        Family::LeafSpineLmc2,
-        Family::RandomDualRailLmc0,
-        Family::RandomDualRailLmc1,
-        Family::RandomLeafSpine,
-        Family::MadLoss50,
-        Family::MadLoss90,
-        Family::SmFailures,
-        Family::RandomRoce,
-        Family::SilentSplitRail,
-        Family::SilentRoce,
-    ];
-
-    /// The name used on the command line and in reports.
-    pub fn name(self) -> &'static str {
-        match self {
-            Family::DualRail => "dual-rail",
-            Family::LeafSpineLmc2 => "leaf-spine-lmc2",
-            Family::RandomDualRailLmc0 => "random-dual-rail-lmc0",
-            Family::RandomDualRailLmc1 => "random-dual-rail-lmc1",
-            Family::RandomLeafSpine => "random-leaf-spine",
-            Family::MadLoss50 => "mad-loss-50",
-            Family::MadLoss90 => "mad-loss-90",
-            Family::SmFailures => "sm-failures",
-            Family::RandomRoce => "random-roce",
-            Family::SilentSplitRail => "silent-split-rail",
-            Family::SilentRoce => "silent-roce",
-        }
-    }
-
-    /// The family called `name`.
-    pub fn from_name(name: &str) -> Option<Family> {
-        Family::ALL.into_iter().find(|f| f.name() == name)
-    }
-
-    /// One line on what the family exercises.
-    pub fn description(self) -> &'static str {
-        match self {
-            Family::DualRail => "the built-in demo, connections placed by the seed",
-            Family::LeafSpineLmc2 => "leaf/spine rails, LMC 2: spines, leaves, uplinks fail",
-            Family::RandomDualRailLmc0 => "random faults, dual rail, LMC 0",
-            Family::RandomDualRailLmc1 => "random faults, dual rail, LMC 1",
-            Family::RandomLeafSpine => "random faults, leaf/spine rails, LMC 1",
-            Family::MadLoss50 => "a rail or port fails during 50% MAD loss",
-            Family::MadLoss90 => "a rail or port fails during 90% MAD loss",
-            Family::SmFailures => "SM failover, SM port/host death, failures with no SM",
-            Family::RandomRoce => "random faults, RoCE-style software migration",
-            Family::SilentSplitRail => {
-                "black holes and inter-switch cuts among random faults, two-switch rails"
-            }
-            Family::SilentRoce => "the same on RoCE: no SA, a far end's port down is silent",
-        }
-    }
-
-    /// The scenario of `seed`.
-    pub fn scenario(self, seed: u64, size: Size) -> Scenario {
-        let mut rng = Rng::new(seed).fork(0xfa11 + self as u64);
-        let mut s = match self {
-            Family::DualRail => Scenario::default(),
-            Family::LeafSpineLmc2 => leaf_spine_faults(&mut rng, size),
-            Family::RandomDualRailLmc0 => random(dual_rail(size, 0), &mut rng),
-            Family::RandomDualRailLmc1 => random(dual_rail(size, 1), &mut rng),
-            Family::RandomLeafSpine => random(leaf_spine(size, 1), &mut rng),
-            Family::SilentSplitRail => silent(split_rail(size), &mut rng),
-            Family::SilentRoce => {
-                let mut s = silent(split_rail(size), &mut rng);
-                s.workload.mode = Mode::Software;
-                s
-            }
-            Family::MadLoss50 => mad_loss(size, 0.5, &mut rng),
-            Family::MadLoss90 => mad_loss(size, 0.9, &mut rng),
-            Family::SmFailures => sm_failures(size, &mut rng),
-            Family::RandomRoce => {
-                let mut s = random(dual_rail(size, 0), &mut rng);
-                s.workload.mode = Mode::Software;
-                s
-            }
-        };
-        s.name = format!("{} (seed {seed})", self.name());
-        if size == Size::Small {
-            s.topology.hosts = s.topology.hosts.min(SMALL_HOSTS);
-            s.workload.connections = rng.range(12, 40) as usize;
-            s.workload.message_interval_ms = 20;
-        }
-        s
-    }
-}
-
 /// Hosts of a small dual-rail scenario (the built-in demo's faults name h3).
-const SMALL_HOSTS: usize = 6;
+pub(super) const SMALL_HOSTS: usize = 6;
 
-fn dual_rail(size: Size, lmc: u8) -> Scenario {
+pub(super) fn dual_rail(size: Size, lmc: u8) -> Scenario {
     let mut s = Scenario {
         duration_ms: 8000,
         faults: Vec::new(),
@@ -168,7 +31,7 @@ fn dual_rail(size: Size, lmc: u8) -> Scenario {
 
 /// Two rails, each two leaves and two spines, hosts split between the leaves; SMs on
 /// h0 (leaf 0) and the last host (leaf 1) of each rail.
-fn leaf_spine(size: Size, lmc: u8) -> Scenario {
+pub(super) fn leaf_spine(size: Size, lmc: u8) -> Scenario {
     let hosts = match size {
         Size::Small => 4,
         Size::Full => 8,
@@ -225,7 +88,7 @@ fn leaf_spine(size: Size, lmc: u8) -> Scenario {
 }
 
 /// Add the random-faults generator: 8 faults between 0.3 and 4 s, outages up to 1.5 s.
-fn random(mut s: Scenario, rng: &mut Rng) -> Scenario {
+pub(super) fn random(mut s: Scenario, rng: &mut Rng) -> Scenario {
     s.random_faults = Some(RandomFaults {
         count: rng.range(4, 10) as u32,
         start_ms: 300,
@@ -240,7 +103,7 @@ fn random(mut s: Scenario, rng: &mut Rng) -> Scenario {
 /// Silent failures first: one to three black-holing switches or inter-switch cuts, each
 /// back within 1.5 s; then, on half the seeds, random faults with silent ones among
 /// them.
-fn silent(mut s: Scenario, rng: &mut Rng) -> Scenario {
+pub(super) fn silent(mut s: Scenario, rng: &mut Rng) -> Scenario {
     let count = rng.range(1, 3);
     switch_and_cable_faults(&mut s, rng, count, |at_ms, switch, back| {
         [
@@ -269,7 +132,7 @@ fn silent(mut s: Scenario, rng: &mut Rng) -> Scenario {
 /// host (on A1/B1). Cutting the cable between a rail's switches splits it: the master
 /// SM's sweep drops the far half's ports (trap 65 to the subscribers it still reaches),
 /// the far half hears nothing.
-fn split_rail(size: Size) -> Scenario {
+pub(super) fn split_rail(size: Size) -> Scenario {
     let hosts = match size {
         Size::Small => SMALL_HOSTS,
         Size::Full => 12,
@@ -321,7 +184,7 @@ fn split_rail(size: Size) -> Scenario {
 
 /// A leaf/spine fabric with LMC 2 whose spines, leaves and uplinks fail at times drawn
 /// from the seed, each back within 1.5 s.
-fn leaf_spine_faults(rng: &mut Rng, size: Size) -> Scenario {
+pub(super) fn leaf_spine_faults(rng: &mut Rng, size: Size) -> Scenario {
     let mut s = leaf_spine(size, 2);
     let count = rng.range(2, 5);
     switch_and_cable_faults(&mut s, rng, count, |at_ms, switch, back| {
@@ -375,7 +238,7 @@ fn switch_and_cable_faults(
 
 /// A dual-rail fabric where a rail's switch or a host port fails, and maybe returns,
 /// inside a burst of `rate` MAD loss, with a few random faults besides.
-fn mad_loss(size: Size, rate: f64, rng: &mut Rng) -> Scenario {
+pub(super) fn mad_loss(size: Size, rate: f64, rng: &mut Rng) -> Scenario {
     let mut s = dual_rail(size, rng.below(2) as u8);
     let start = rng.range(300, 1500);
     let burst = rng.range(500, 3000);
@@ -416,9 +279,9 @@ fn mad_loss(size: Size, rate: f64, rng: &mut Rng) -> Scenario {
 
 /// SM failures on the dual-rail fabric: the master SM process dies, its port goes
 /// down, or its host dies (HCA fatal), sometimes both SMs of a rail so that later
-/// failures happen with no SM at all, each followed by port or switch failures; half
-/// the seeds with OpenSM's default standby polling, half with it tuned down.
-fn sm_failures(size: Size, rng: &mut Rng) -> Scenario {
+/// failures happen with no SM at all, each followed by port or switch failures (the
+/// standby's polling is the family's).
+pub(super) fn sm_failures(size: Size, rng: &mut Rng) -> Scenario {
     let mut s = dual_rail(size, rng.below(2) as u8);
     let rail = rng.below(2) as usize;
     let port = rail + 1;
@@ -480,13 +343,149 @@ fn sm_failures(size: Size, rng: &mut Rng) -> Scenario {
             });
         }
     }
-    if rng.chance(0.5) {
-        s.fabric = FabricParams {
-            sminfo_polling_timeout_ms: 1000,
-            polling_retry_number: 1,
-            ..s.fabric
-        };
+    s.faults.sort_by_key(Fault::at_ms);
+    s
+}
+
+/// Random faults with outages of up to 10 s on the dual-rail fabric (both rails may be
+/// down at once, for seconds), over 14 s.
+pub(super) fn long_outages(size: Size, rng: &mut Rng) -> Scenario {
+    let mut s = dual_rail(size, rng.below(2) as u8);
+    s.random_faults = Some(RandomFaults {
+        count: rng.range(3, 6) as u32,
+        start_ms: 300,
+        end_ms: 14_000,
+        max_outage_ms: 10_000,
+        device_fatal: false,
+        silent: false,
+    });
+    s
+}
+
+/// The retry budget of `s`'s QPs: `(retry_cnt + 1)` ACK timeouts, in ms.
+fn retry_budget_ms(s: &Scenario) -> u64 {
+    let f = &s.fabric;
+    (u64::from(f.retry_cnt) + 1) * f.ack_timeout_ns() / 1_000_000
+}
+
+/// Ports and rails that flap with downs just under and just over the QPs' retry
+/// budget (80% to 120% of it): whether the HCA migrates, and whether a move pays,
+/// is decided by a few milliseconds. One to three flapping elements (a host port, or a
+/// rail's switch), two to four flaps each.
+pub(super) fn flaps_at_budget(size: Size, rng: &mut Rng) -> Scenario {
+    let mut s = dual_rail(size, rng.below(2) as u8);
+    let budget = retry_budget_ms(&s);
+    for _ in 0..rng.range(1, 3) {
+        let mut at = rng.range(300, 3000);
+        let up_ms = rng.range(100, 1500);
+        let switch = rng.chance(0.3).then(|| ["A", "B"][rng.below(2) as usize]);
+        let port = format!(
+            "h{}:{}",
+            rng.below(s.topology.hosts as u64),
+            rng.range(1, 2)
+        );
+        for _ in 0..rng.range(2, 4) {
+            let down_ms = budget * rng.range(800, 1200) / 1000;
+            match switch {
+                Some(sw) => {
+                    s.faults.push(Fault::SwitchDown {
+                        at_ms: at,
+                        switch: sw.into(),
+                    });
+                    s.faults.push(Fault::SwitchUp {
+                        at_ms: at + down_ms,
+                        switch: sw.into(),
+                    });
+                }
+                None => {
+                    s.faults.push(Fault::PortDown {
+                        at_ms: at,
+                        port: port.clone(),
+                    });
+                    s.faults.push(Fault::PortUp {
+                        at_ms: at + down_ms,
+                        port: port.clone(),
+                    });
+                }
+            }
+            at += down_ms + up_ms;
+        }
     }
     s.faults.sort_by_key(Fault::at_ms);
     s
 }
+
+/// A first failure shorter than the retry budget on one rail, then the other rail
+/// dying soon after it returns: some hosts' ports on rail A (or B) go down for 100 to
+/// 500 ms, and 0 to 1 s after they return the other rail's switch (or some hosts' ports
+/// on it) dies for 0.3 to 3 s. A policy that moved off the first rail is on the second
+/// when it dies; one that waited the first failure out never left.
+pub(super) fn second_failure(size: Size, rng: &mut Rng) -> Scenario {
+    let mut s = dual_rail(size, rng.below(2) as u8);
+    let hosts = s.topology.hosts as u64;
+    let first = rng.range(1, 2);
+    let second = 3 - first;
+    let t0 = rng.range(1500, 2500);
+    let back = t0 + rng.range(100, 500);
+    let count = rng.range(1, hosts / 3);
+    ports_down(&mut s, rng, first, (t0, back), count);
+    let t1 = back + rng.range(0, 1000);
+    let end = t1 + rng.range(300, 3000);
+    if rng.chance(0.5) {
+        let switch = if second == 1 { "A" } else { "B" };
+        s.faults.push(Fault::SwitchDown {
+            at_ms: t1,
+            switch: switch.into(),
+        });
+        s.faults.push(Fault::SwitchUp {
+            at_ms: end,
+            switch: switch.into(),
+        });
+    } else {
+        let count = rng.range(1, hosts / 2);
+        ports_down(&mut s, rng, second, (t1, end), count);
+    }
+    s.faults.sort_by_key(Fault::at_ms);
+    s
+}
+
+/// `count` consecutive hosts' ports on `rail` (from one drawn at random) down over
+/// `(from, until)` ms.
+fn ports_down(s: &mut Scenario, rng: &mut Rng, rail: u64, (from, until): (u64, u64), count: u64) {
+    let hosts = s.topology.hosts as u64;
+    let start = rng.below(hosts);
+    for k in 0..count {
+        let port = format!("h{}:{rail}", (start + k) % hosts);
+        s.faults.push(Fault::PortDown {
+            at_ms: from,
+            port: port.clone(),
+        });
+        s.faults.push(Fault::PortUp { at_ms: until, port });
+    }
+}
+
+/// A rail or a port fails, and maybe returns, inside a burst of MAD loss of 10% to
+/// 90% (MAD loss alone on a third of the seeds): with probes on, InfiniBand's ride
+/// MADs and die with them.
+pub(super) fn probes_mad_loss(size: Size, rng: &mut Rng) -> Scenario {
+    let rate = [0.1, 0.3, 0.5, 0.7, 0.9][rng.below(5) as usize];
+    let mut s = mad_loss(size, rate, rng);
+    if rng.chance(1.0 / 3.0) {
+        s.faults.retain(|f| matches!(f, Fault::MadLoss { .. }));
+        s.random_faults = None;
+    }
+    s
+}
+
+/// Bursts of traffic every 10 ms lasting 100 ms to 1 s, with idle gaps of 0.5 to 5 s.
+pub(super) fn bursts(rng: &mut Rng) -> Bursts {
+    Bursts {
+        on_ms: rng.range(100, 1000),
+        off_ms: rng.range(500, 5000),
+    }
+}
+
+/// The OpenSM standby polling a site that cares about failover tunes down
+/// (`sminfo_polling_timeout` 500 ms, `polling_retry_number` 2: a takeover 2 to 2.5 s
+/// after the master dies).
+pub(super) const TUNED_POLLING: (u64, u32) = (500, 2);
