@@ -1,22 +1,22 @@
 //! What `apm status` shows and the agent's metrics count: each protected process's own
-//! account of its QPs ([`ProcessStatus`], which it pushes to the agent as it changes,
+//! account of itself ([`ProcessStatus`], which it pushes to the agent as it changes,
 //! [`crate::wire::ToAgent::Report`]) and the agent's answer to a status request
 //! ([`AgentStatus`]).
 //!
 //! The engine of a protected process runs inside that process: only it knows its QPs,
 //! its failovers and its moves. The agent keeps the last status each process pushed,
-//! adds what only the agent knows (the connections each registered, the probe
-//! sessions, the peer datagrams it dropped) and keeps the counters of processes that
-//! have left, so that a counter never goes backwards when a process exits.
+//! adds what only the agent knows (the probe sessions, the peer datagrams it dropped)
+//! and keeps the counters of processes that have left ([`Totals`]), so that a counter
+//! never goes backwards when a process exits.
 //!
 //! Every figure is the process's own word: a process can only misstate its own
-//! counts. A status is bounded ([`ProcessStatus::check`]): the agent refuses one that
-//! lists more than it may or names a label outside the fixed sets ([`CAUSES`],
-//! [`UNPROTECTED_REASONS`], [`REFUSAL_CLASSES`]), so that neither its memory nor the
-//! metrics' label sets can be grown by a client.
+//! counts. A status is bounded ([`ProcessStatus::check`]) and its labels are closed
+//! enums ([`QpState`], [`FailoverCause`]: serde refuses any other word), so that
+//! neither the agent's memory nor the metrics' label sets can be grown by a client.
 
+use crate::report::{MovedBy, PortMechanism, ProcessReport};
 use apm_core::probe::{PathEnds, SessionState};
-use apm_core::Gid;
+use apm_core::UnprotectedReason;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -27,95 +27,164 @@ pub const MOVE_BUCKETS_S: [f64; 12] = [
     0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0, 10.0,
 ];
 
-/// What moved a QP (a failover's `cause` label): what this side saw kill the old
-/// primary (`local_port`, `peer_port`, `fabric`), an operator's rail-down
-/// (`operator`: under `apm run` the only source of a stall), the device by itself
-/// under hardware APM with nothing seen here (`device`: its retries ran out, or the
-/// peer's packets asked), or the peer's request (`peer`).
-pub const CAUSES: [&str; 6] = [
-    "local_port",
-    "peer_port",
-    "fabric",
-    "operator",
-    "device",
-    "peer",
-];
-
-/// Why a QP apm looks after has no armed alternate now (the `reason` label of the
-/// unprotected connections): `pending` until the peer first agrees, `moved` after a
-/// failover until it is re-armed, else the engine's own reason.
-pub const UNPROTECTED_REASONS: [&str; 9] = [
-    "pending",
-    "moved",
-    "no_candidate",
-    "alternate_down",
-    "alternate_failed",
-    "peer_unresponsive",
-    "peer_rejected",
-    "modify_failed",
-    "primary_down_unarmed",
-];
-
-/// The classes of a QP apm did not protect (the `reason` label of the refusals; the
-/// status lists the full reason too).
-pub const REFUSAL_CLASSES: [&str; 11] = [
-    "not_rc",
-    "rtr_only",
-    "srq",
-    "own_apm",
-    "forked",
-    "no_agent",
-    "no_peer_agent",
-    "no_second_path",
-    "device",
-    "engine",
-    "other",
-];
-
 /// QPs a status lists one by one, at most (the counts cover every QP).
 pub const MAX_LISTED_QPS: usize = 64;
-/// Distinct refusal reasons a status lists, at most.
+/// Distinct refusal reasons a status lists, at most (the total counts every refusal).
 pub const MAX_REFUSALS: usize = 32;
 /// Device ports a status lists, at most.
 pub const MAX_PORTS: usize = 64;
-/// The longest text a status carries (a program name, a reason, a device name).
-pub const MAX_TEXT: usize = 256;
+/// The longest text a status carries (a program name, a reason, a device name, a
+/// port's evidence).
+pub const MAX_TEXT: usize = 512;
+
+/// Where a QP apm looks after stands now: protected, or why not.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum QpState {
+    /// An armed alternate is agreed with the peer.
+    Protected,
+    /// Not yet: the peer has not agreed an alternate since apm took the QP.
+    Pending,
+    /// Moved onto its alternate, not armed again yet.
+    Moved,
+    /// No healthy candidate path (both rails down, ...).
+    NoCandidate,
+    /// The armed alternate's port or remote address went down.
+    AlternateDown,
+    /// The device reported the alternate did not work (`PATH_MIG_ERR`).
+    AlternateFailed,
+    /// The peer never answered.
+    PeerUnresponsive,
+    /// The peer refused the alternate.
+    PeerRejected,
+    /// The device refused to load or arm the alternate.
+    ModifyFailed,
+    /// The primary failed with nothing armed to move to.
+    PrimaryDownUnarmed,
+}
+
+impl QpState {
+    /// Every state, in label order.
+    pub const ALL: [QpState; 10] = [
+        QpState::Protected,
+        QpState::Pending,
+        QpState::Moved,
+        QpState::NoCandidate,
+        QpState::AlternateDown,
+        QpState::AlternateFailed,
+        QpState::PeerUnresponsive,
+        QpState::PeerRejected,
+        QpState::ModifyFailed,
+        QpState::PrimaryDownUnarmed,
+    ];
+
+    /// Its name (the metrics' `reason` label, the JSON's word).
+    pub fn name(self) -> &'static str {
+        match self {
+            QpState::Protected => "protected",
+            QpState::Pending => "pending",
+            QpState::Moved => "moved",
+            QpState::NoCandidate => "no_candidate",
+            QpState::AlternateDown => "alternate_down",
+            QpState::AlternateFailed => "alternate_failed",
+            QpState::PeerUnresponsive => "peer_unresponsive",
+            QpState::PeerRejected => "peer_rejected",
+            QpState::ModifyFailed => "modify_failed",
+            QpState::PrimaryDownUnarmed => "primary_down_unarmed",
+        }
+    }
+}
+
+impl From<UnprotectedReason> for QpState {
+    fn from(r: UnprotectedReason) -> QpState {
+        match r {
+            UnprotectedReason::NoCandidate => QpState::NoCandidate,
+            UnprotectedReason::AlternateDown => QpState::AlternateDown,
+            UnprotectedReason::AlternateFailed => QpState::AlternateFailed,
+            UnprotectedReason::PeerUnresponsive => QpState::PeerUnresponsive,
+            UnprotectedReason::PeerRejected(_) => QpState::PeerRejected,
+            UnprotectedReason::ModifyFailed => QpState::ModifyFailed,
+            // PrimaryDownUnarmed, and any reason a later engine adds.
+            _ => QpState::PrimaryDownUnarmed,
+        }
+    }
+}
+
+/// What moved a QP onto its alternate (the metrics' `cause` label).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum FailoverCause {
+    /// This host's port under the primary (its `PORT_ERR`, or the probes' verdict).
+    LocalPort,
+    /// The peer's port (the SA's trap 65, or the probes naming it).
+    PeerPort,
+    /// Both ports up and the path between them dead (the probes).
+    Fabric,
+    /// A stall reported from outside the engine: under `apm run` only an operator's
+    /// rail-down verdict (`apm agent --rail-down`) reports one.
+    Operator,
+    /// The device migrated the QP by itself (hardware APM: its retries on the primary
+    /// ran out, or the peer's packets asked) with nothing seen on this side.
+    Device,
+    /// The peer asked this side to move (software moves).
+    Peer,
+}
+
+impl FailoverCause {
+    /// Every cause, in label order.
+    pub const ALL: [FailoverCause; 6] = [
+        FailoverCause::LocalPort,
+        FailoverCause::PeerPort,
+        FailoverCause::Fabric,
+        FailoverCause::Operator,
+        FailoverCause::Device,
+        FailoverCause::Peer,
+    ];
+
+    /// Its name (the metrics' label).
+    pub fn name(self) -> &'static str {
+        match self {
+            FailoverCause::LocalPort => "local_port",
+            FailoverCause::PeerPort => "peer_port",
+            FailoverCause::Fabric => "fabric",
+            FailoverCause::Operator => "operator",
+            FailoverCause::Device => "device",
+            FailoverCause::Peer => "peer",
+        }
+    }
+
+    /// The cause of one failover of a report (its `cause` is what this side saw, its
+    /// `by` who moved it).
+    pub fn of(cause: Option<&str>, by: MovedBy) -> FailoverCause {
+        match (cause, by) {
+            (Some("local_port"), _) => FailoverCause::LocalPort,
+            (Some("peer_port"), _) => FailoverCause::PeerPort,
+            (Some("fabric"), _) => FailoverCause::Fabric,
+            (Some(_), _) => FailoverCause::Operator,
+            (None, MovedBy::Hardware) => FailoverCause::Device,
+            (None, MovedBy::Software) => FailoverCause::Peer,
+        }
+    }
+}
 
 /// One QP apm looks after now.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct QpState {
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QpEntry {
     /// Its number.
     pub qpn: u32,
     /// Its device.
     pub device: String,
-    /// An armed alternate is agreed with the peer.
-    pub protected: bool,
-    /// When not protected: why (one of [`UNPROTECTED_REASONS`]).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub reason: Option<String>,
+    /// Protected, or why not.
+    pub state: QpState,
 }
 
-/// QPs refused for one reason.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+/// QPs apm did not protect for one reason.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Refusals {
     /// The reason as the process said it.
     pub reason: String,
-    /// Its class (one of [`REFUSAL_CLASSES`]).
-    pub class: String,
     /// How many QPs.
     pub count: u64,
-}
-
-/// How one device port moves QPs.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct PortMechanism {
-    /// The device.
-    pub device: String,
-    /// The port (1-based).
-    pub port: u8,
-    /// `hardware` (the device migrates, apm arms) or `software` (apm moves through
-    /// the SQ drain).
-    pub mechanism: String,
 }
 
 /// A histogram of move durations on [`MOVE_BUCKETS_S`]: per bucket (not cumulative),
@@ -162,10 +231,21 @@ impl MoveHistogram {
         }
         self.sum_s += other.sum_s;
     }
+
+    /// Each bucket's bound (`+Inf` last) and its own count, not cumulative (the
+    /// exposition encoder sums them).
+    pub fn buckets(&self) -> Vec<(f64, u64)> {
+        MOVE_BUCKETS_S
+            .iter()
+            .copied()
+            .chain([f64::INFINITY])
+            .zip(self.counts.iter().copied())
+            .collect()
+    }
 }
 
-/// A protected process's account of itself, as it pushes it to the agent. Counters
-/// (`*_total`, the histogram, `unprotected_s`) only grow over the process's life.
+/// A protected process's account of itself, as it pushes it to the agent. The
+/// `*_total` figures, the histogram and `unprotected_s` only grow over its life.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct ProcessStatus {
     /// Its program (argv\[0\] as the kernel knows it).
@@ -174,37 +254,89 @@ pub struct ProcessStatus {
     pub qps_seen_total: u64,
     /// QPs protected at least once.
     pub protected_total: u64,
-    /// QPs apm looks after now.
-    pub looked_after: u64,
-    /// Of those, protected now (an armed alternate agreed).
-    pub protected_now: u64,
-    /// Of those, unprotected now, by reason (keys from [`UNPROTECTED_REASONS`]).
-    pub unprotected_now: BTreeMap<String, u64>,
-    /// The QPs apm looks after, at most [`MAX_LISTED_QPS`] of them.
-    pub qps: Vec<QpState>,
-    /// QPs refused, by reason.
+    /// QPs apm did not protect.
+    pub refused_total: u64,
+    /// Those, by reason (at most [`MAX_REFUSALS`] reasons).
     pub refused: Vec<Refusals>,
-    /// Failovers, by cause (keys from [`CAUSES`]).
-    pub failovers_total: BTreeMap<String, u64>,
-    /// Software moves' durations.
+    /// The QPs apm looks after now, by state (every one counted).
+    pub looked_after: BTreeMap<QpState, u64>,
+    /// The QPs apm looks after, at most [`MAX_LISTED_QPS`] of them.
+    pub qps: Vec<QpEntry>,
+    /// Failovers, by cause.
+    pub failovers_total: BTreeMap<FailoverCause, u64>,
+    /// Software moves' durations (a hardware migration has none apm can time).
     pub moves: MoveHistogram,
-    /// Connection-seconds of QPs apm looked after while they had no armed alternate.
+    /// Connection-seconds of QPs apm looked after while they had no agreed alternate.
     pub unprotected_s: f64,
     /// Connections lost (QP in error).
     pub lost_total: u64,
-    /// How each device port in use moves QPs.
+    /// How each device port in use moves QPs, as apm found when it tried.
     pub ports: Vec<PortMechanism>,
 }
 
 impl ProcessStatus {
-    /// Whether the status is within its bounds and names only known labels; `Err`
-    /// says what is not.
-    pub fn check(&self) -> Result<(), String> {
-        let long = |what: &str, s: &str| {
-            (s.len() > MAX_TEXT).then(|| format!("{what} longer than {MAX_TEXT} bytes"))
+    /// The status of a process from its report, the QPs it looks after now and its
+    /// unprotected time so far (the report's, plus the running intervals).
+    pub fn from_report(
+        report: &ProcessReport,
+        qps: impl IntoIterator<Item = QpEntry>,
+        unprotected_s: f64,
+    ) -> ProcessStatus {
+        let mut s = ProcessStatus {
+            program: clip(&report.program),
+            qps_seen_total: report.qps_seen,
+            protected_total: report.protected,
+            refused_total: report.not_protected.len() as u64,
+            unprotected_s,
+            lost_total: report.lost.len() as u64,
+            ports: report.ports.iter().take(MAX_PORTS).cloned().collect(),
+            ..ProcessStatus::default()
         };
-        if let Some(e) = long("a program name", &self.program) {
-            return Err(e);
+        for p in &mut s.ports {
+            p.device = clip(&p.device);
+            p.evidence = clip(&p.evidence);
+            p.link_layer = clip(&p.link_layer);
+            p.mechanism = clip(&p.mechanism);
+        }
+        for r in &report.not_protected {
+            let reason = clip(&r.reason);
+            if let Some(x) = s.refused.iter_mut().find(|x| x.reason == reason) {
+                x.count += 1;
+            } else if s.refused.len() < MAX_REFUSALS {
+                s.refused.push(Refusals { reason, count: 1 });
+            }
+        }
+        for f in &report.failovers {
+            let cause = FailoverCause::of(f.cause.as_deref(), f.by);
+            *s.failovers_total.entry(cause).or_default() += 1;
+            if let Some(ms) = f.move_ms {
+                s.moves.observe(ms / 1000.0);
+            }
+        }
+        for q in qps {
+            *s.looked_after.entry(q.state).or_default() += 1;
+            if s.qps.len() < MAX_LISTED_QPS {
+                s.qps.push(QpEntry {
+                    device: clip(&q.device),
+                    ..q
+                });
+            }
+        }
+        s
+    }
+
+    /// Whether the status is within its bounds; `Err` says what is not.
+    pub fn check(&self) -> Result<(), String> {
+        let texts = std::iter::once(&self.program)
+            .chain(self.refused.iter().map(|r| &r.reason))
+            .chain(self.qps.iter().map(|q| &q.device))
+            .chain(self.ports.iter().flat_map(|p| {
+                [&p.device, &p.link_layer, &p.mechanism, &p.evidence]
+            }));
+        for t in texts {
+            if t.len() > MAX_TEXT {
+                return Err(format!("a text longer than {MAX_TEXT} bytes"));
+            }
         }
         if self.qps.len() > MAX_LISTED_QPS {
             return Err(format!("more than {MAX_LISTED_QPS} QPs listed"));
@@ -214,32 +346,6 @@ impl ProcessStatus {
         }
         if self.ports.len() > MAX_PORTS {
             return Err(format!("more than {MAX_PORTS} ports"));
-        }
-        for q in &self.qps {
-            if let Some(e) = long("a device name", &q.device) {
-                return Err(e);
-            }
-            if let Some(r) = &q.reason {
-                known("an unprotected reason", r, &UNPROTECTED_REASONS)?;
-            }
-        }
-        for r in &self.refused {
-            if let Some(e) = long("a refusal reason", &r.reason) {
-                return Err(e);
-            }
-            known("a refusal class", &r.class, &REFUSAL_CLASSES)?;
-        }
-        for p in &self.ports {
-            if let Some(e) = long("a device name", &p.device) {
-                return Err(e);
-            }
-            known("a mechanism", &p.mechanism, &["hardware", "software"])?;
-        }
-        for k in self.unprotected_now.keys() {
-            known("an unprotected reason", k, &UNPROTECTED_REASONS)?;
-        }
-        for k in self.failovers_total.keys() {
-            known("a failover cause", k, &CAUSES)?;
         }
         if self.moves.counts.len() != MOVE_BUCKETS_S.len() + 1 {
             return Err("a move histogram of other buckets".into());
@@ -257,29 +363,27 @@ impl ProcessStatus {
     }
 }
 
-fn known(what: &str, value: &str, set: &[&str]) -> Result<(), String> {
-    if set.contains(&value) {
-        Ok(())
-    } else {
-        Err(format!(
-            "{what} that is not one of {set:?}: {:?}",
-            value.get(..40).unwrap_or(value)
-        ))
+/// `s` cut to at most [`MAX_TEXT`] bytes, at a character boundary.
+fn clip(s: &str) -> String {
+    let mut end = s.len().min(MAX_TEXT);
+    while !s.is_char_boundary(end) {
+        end -= 1;
     }
+    s.get(..end).unwrap_or_default().to_owned()
 }
 
-/// The counters of processes that have left, kept so that the agent's counters never
-/// go backwards (and the sum of the live ones' last words).
+/// Counters summed over processes: the live ones' last words, and those of the
+/// processes that have left, kept so that the agent's counters never go backwards.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
 pub struct Totals {
     /// QPs seen.
     pub qps_seen: u64,
     /// QPs protected at least once.
     pub protected: u64,
-    /// QPs refused, by class.
-    pub refused: BTreeMap<String, u64>,
+    /// QPs refused.
+    pub refused: u64,
     /// Failovers by cause.
-    pub failovers: BTreeMap<String, u64>,
+    pub failovers: BTreeMap<FailoverCause, u64>,
     /// Software moves' durations.
     pub moves: MoveHistogram,
     /// Unprotected connection-seconds.
@@ -293,11 +397,9 @@ impl Totals {
     pub fn add(&mut self, s: &ProcessStatus) {
         self.qps_seen += s.qps_seen_total;
         self.protected += s.protected_total;
-        for r in &s.refused {
-            *self.refused.entry(r.class.clone()).or_default() += r.count;
-        }
+        self.refused += s.refused_total;
         for (cause, n) in &s.failovers_total {
-            *self.failovers.entry(cause.clone()).or_default() += n;
+            *self.failovers.entry(*cause).or_default() += n;
         }
         self.moves.add(&s.moves);
         self.unprotected_s += s.unprotected_s;
@@ -305,33 +407,20 @@ impl Totals {
     }
 }
 
-/// One connection a process registered with the agent.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct Registered {
-    /// The local QP number.
-    pub local_qpn: u32,
-    /// The peer's QP number.
-    pub remote_qpn: u32,
-    /// Its paths (this host's address, the peer's): the primary and the candidates.
-    pub paths: Vec<(Gid, Gid)>,
-}
-
 /// One process under apm, as the agent sees it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct ProcessEntry {
-    /// Its process id.
+    /// Its process id (as the kernel gave it to the agent).
     pub pid: Option<u32>,
     /// Its user.
     pub uid: u32,
-    /// The connections it registered (at most [`MAX_LISTED_QPS`] listed).
-    pub connections: Vec<Registered>,
-    /// Connections it registered in all.
-    pub connections_total: u64,
-    /// What it last said of itself (`None`: nothing yet, or an apm too old to say).
+    /// Connections it registered with the agent.
+    pub registered: u64,
+    /// What it last said of itself (`None`: nothing yet).
     pub status: Option<ProcessStatus>,
 }
 
-/// Peer datagrams the agent dropped, by reason (cm-lap's authentication counters).
+/// Peer datagrams the agent dropped, by reason (its authentication's counters).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PeerDrops {
     /// Without a tag where one is required.
@@ -346,6 +435,33 @@ pub struct PeerDrops {
     pub stale: u64,
     /// Neither format.
     pub malformed: u64,
+}
+
+impl From<cm_lap::auth::CounterValues> for PeerDrops {
+    fn from(c: cm_lap::auth::CounterValues) -> PeerDrops {
+        PeerDrops {
+            unauthenticated: c.unauthenticated,
+            forged: c.bad_tag,
+            other_key: c.other_key,
+            replayed: c.replayed,
+            stale: c.stale,
+            malformed: c.malformed,
+        }
+    }
+}
+
+impl PeerDrops {
+    /// Each reason's name (the metrics' label) and count.
+    pub fn by_reason(&self) -> [(&'static str, u64); 6] {
+        [
+            ("unauthenticated", self.unauthenticated),
+            ("forged", self.forged),
+            ("other_key", self.other_key),
+            ("replayed", self.replayed),
+            ("stale", self.stale),
+            ("malformed", self.malformed),
+        ]
+    }
 }
 
 /// The agent itself.
@@ -371,13 +487,12 @@ pub struct AgentStatus {
     /// Whether every process is shown (an operator asked); else only the asking
     /// user's own.
     pub all_processes: bool,
-    /// The processes (within the answer's size: see `omitted`).
+    /// The processes (at most so many: see `omitted`).
     pub processes: Vec<ProcessEntry>,
-    /// Processes left out of the answer to keep it within its size (ask for one by
-    /// its pid), and processes whose QP lists were left out.
+    /// Processes left out to keep the answer within its size.
     pub omitted: u64,
     /// The probe sessions (an operator sees every one; others those of their own
-    /// processes' paths), with their state.
+    /// processes' connections), each path's ends and its state.
     pub sessions: Vec<(PathEnds, SessionState)>,
     /// Peer datagrams dropped (operators only).
     pub peer_drops: Option<PeerDrops>,
@@ -386,6 +501,7 @@ pub struct AgentStatus {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::report::{Failover, Refusal};
 
     #[test]
     fn a_histogram_counts_each_move_in_its_bucket() {
@@ -398,32 +514,36 @@ mod tests {
         assert_eq!(h.counts[MOVE_BUCKETS_S.len()], 1);
         assert_eq!(h.count(), 4);
         assert!((h.sum_s - 50.0045).abs() < 1e-9);
+        let b = h.buckets();
+        assert_eq!(b.first(), Some(&(0.001, 2)));
+        assert_eq!(b.last(), Some(&(f64::INFINITY, 1)));
     }
 
     #[test]
-    fn a_status_outside_its_bounds_or_labels_is_refused() {
+    fn a_status_outside_its_bounds_is_refused_and_unknown_labels_do_not_read() {
         let ok = ProcessStatus {
-            failovers_total: [("fabric".to_owned(), 2)].into(),
-            unprotected_now: [("pending".to_owned(), 1)].into(),
+            failovers_total: [(FailoverCause::Fabric, 2)].into(),
+            looked_after: [(QpState::Pending, 1)].into(),
             ..ProcessStatus::default()
         };
         ok.check().expect("within bounds");
+        let json = serde_json::to_string(&ok).expect("json");
+        assert!(json.contains(r#""failovers_total":{"fabric":2}"#), "{json}");
+        let forged = json.replace("\"fabric\"", "\"chosen-by-me\"");
+        assert!(serde_json::from_str::<ProcessStatus>(&forged).is_err());
+        let entry = QpEntry {
+            qpn: 1,
+            device: "rxe0".into(),
+            state: QpState::Protected,
+        };
         let mut bad = ok.clone();
-        bad.failovers_total.insert("chosen-by-me".into(), 1);
-        assert!(bad.check().is_err());
-        let mut bad = ok.clone();
-        bad.qps = vec![
-            QpState {
-                qpn: 1,
-                device: "rxe0".into(),
-                protected: true,
-                reason: None,
-            };
-            MAX_LISTED_QPS + 1
-        ];
+        bad.qps = vec![entry; MAX_LISTED_QPS + 1];
         assert!(bad.check().is_err());
         let mut bad = ok.clone();
         bad.moves.counts.push(1);
+        assert!(bad.check().is_err());
+        let mut bad = ok.clone();
+        bad.program = "x".repeat(MAX_TEXT + 1);
         assert!(bad.check().is_err());
         let mut bad = ok;
         bad.unprotected_s = f64::NAN;
@@ -431,18 +551,61 @@ mod tests {
     }
 
     #[test]
-    fn totals_add_up_processes() {
-        let mut s = ProcessStatus {
-            qps_seen_total: 3,
-            failovers_total: [("fabric".to_owned(), 2)].into(),
-            ..ProcessStatus::default()
+    fn a_report_becomes_a_bounded_status() {
+        let failover = |cause: Option<&str>, by, move_ms| Failover {
+            qpn: 17,
+            device: "rxe0".into(),
+            at_ms: 1.0,
+            move_ms,
+            to: "x".into(),
+            cause: cause.map(str::to_owned),
+            by,
         };
-        s.moves.observe(0.004);
+        let refusal = |reason: String| Refusal {
+            qpn: 1,
+            device: "rxe0".into(),
+            reason,
+        };
+        let report = ProcessReport {
+            program: "é".repeat(MAX_TEXT),
+            qps_seen: 300,
+            protected: 100,
+            not_protected: (0..40)
+                .map(|i| refusal(format!("reason {}", i % 35)))
+                .collect(),
+            failovers: vec![
+                failover(Some("fabric"), MovedBy::Software, Some(3.0)),
+                failover(Some("stall"), MovedBy::Software, Some(4.0)),
+                failover(None, MovedBy::Hardware, None),
+                failover(None, MovedBy::Software, Some(2000.0)),
+            ],
+            ..ProcessReport::default()
+        };
+        let qps = (0..100).map(|i| QpEntry {
+            qpn: i,
+            device: "rxe0".into(),
+            state: if i < 90 {
+                QpState::Protected
+            } else {
+                QpState::Moved
+            },
+        });
+        let s = ProcessStatus::from_report(&report, qps, 1.5);
+        s.check().expect("within bounds");
+        assert_eq!(s.program.len(), MAX_TEXT);
+        assert_eq!(s.refused_total, 40);
+        assert_eq!(s.refused.len(), MAX_REFUSALS);
+        assert_eq!(s.qps.len(), MAX_LISTED_QPS);
+        assert_eq!(s.looked_after[&QpState::Protected], 90);
+        assert_eq!(s.looked_after[&QpState::Moved], 10);
+        let causes: Vec<_> = s.failovers_total.keys().map(|c| c.name()).collect();
+        assert_eq!(causes, ["fabric", "operator", "device", "peer"]);
+        assert_eq!(s.moves.count(), 3);
         let mut t = Totals::default();
         t.add(&s);
         t.add(&s);
-        assert_eq!(t.qps_seen, 6);
-        assert_eq!(t.failovers["fabric"], 4);
-        assert_eq!(t.moves.count(), 2);
+        assert_eq!(t.qps_seen, 600);
+        assert_eq!(t.failovers[&FailoverCause::Fabric], 2);
+        assert_eq!(t.moves.count(), 6);
     }
 }

@@ -1,31 +1,33 @@
 //! The agent's metrics (off unless an address is given): what its processes say of
-//! themselves, summed, and what the agent itself sees, in the exposition format of the
-//! Prometheus project's client library, served by [`crate::metrics_http`].
+//! themselves, summed, and what the agent itself sees, encoded by the Prometheus
+//! project's Rust client (`prometheus-client`) and served by [`crate::metrics_http`].
 //!
 //! Every name starts with `apm_` (beside node_exporter's `node_infiniband_*`, never
 //! clashing), counters end in `_total`, durations are in seconds. Counters sum the
-//! live processes' last words and those of the processes that have left (`retired`),
-//! so they only grow while the agent runs; gauges are the live processes' alone.
+//! live processes' last words and those of the processes that have left, so they
+//! only grow while the agent runs (a restart of the agent starts them again, which
+//! Prometheus's `rate` expects); gauges are the live processes' alone. Every label
+//! value of a family is always present, zero or not, so that rates work from the first
+//! scrape, and the label sets are closed ([`QpState`], [`FailoverCause`]).
 //!
 //! | metric | type | labels |
 //! |---|---|---|
 //! | `apm_processes` | gauge | |
 //! | `apm_connections_protected` | gauge | |
-//! | `apm_connections_unprotected` | gauge | `reason` ([`UNPROTECTED_REASONS`]) |
+//! | `apm_connections_unprotected` | gauge | `reason` ([`QpState`] but `protected`) |
 //! | `apm_qps_seen_total` | counter | |
-//! | `apm_qps_refused_total` | counter | `reason` ([`REFUSAL_CLASSES`]) |
-//! | `apm_failovers_total` | counter | `cause` ([`CAUSES`]) |
+//! | `apm_qps_refused_total` | counter | |
+//! | `apm_failovers_total` | counter | `cause` ([`FailoverCause`]) |
 //! | `apm_move_duration_seconds` | histogram | |
 //! | `apm_unprotected_connection_seconds_total` | counter | |
 //! | `apm_connections_lost_total` | counter | |
 //! | `apm_probe_sessions` | gauge | `state` (`down`, `init`, `up`, `admin_down`) |
 //! | `apm_peer_datagrams_dropped_total` | counter | `reason` (`unauthenticated`, `forged`, `other_key`, `replayed`, `stale`, `malformed`) |
 
-use super::{lock, Shared, State, StartError};
-use crate::status::{
-    Totals, CAUSES, MOVE_BUCKETS_S, REFUSAL_CLASSES, UNPROTECTED_REASONS,
-};
+use super::{lock, Shared, StartError, State};
+use crate::status::{FailoverCause, PeerDrops, QpState, Totals};
 use apm_core::probe::SessionState;
+use prometheus_client::encoding::NoLabelSet;
 use prometheus_client::encoding::{DescriptorEncoder, EncodeMetric};
 use prometheus_client::metrics::counter::ConstCounter;
 use prometheus_client::metrics::gauge::ConstGauge;
@@ -79,15 +81,14 @@ pub(super) fn stop(state: &Shared) {
 #[derive(Debug)]
 struct Figures(Shared);
 
-/// What one scrape reports, taken under the state's lock and encoded after.
+/// What one scrape reports, taken under the state's lock and encoded after it.
 #[derive(Debug, Default)]
 struct Snapshot {
     processes: u64,
-    protected: u64,
-    unprotected: BTreeMap<String, u64>,
+    looked_after: BTreeMap<QpState, u64>,
     counters: Totals,
     sessions: BTreeMap<&'static str, u64>,
-    drops: crate::status::PeerDrops,
+    drops: PeerDrops,
 }
 
 fn snapshot(s: &State) -> Snapshot {
@@ -96,12 +97,10 @@ fn snapshot(s: &State) -> Snapshot {
         drops: super::status::peer_drops(s),
         ..Snapshot::default()
     };
-    for c in s.clients.values().filter(|c| !c.watcher) {
+    for st in s.clients.values().filter_map(|c| c.status.as_deref()) {
         snap.processes += 1;
-        let Some(st) = &c.status else { continue };
-        snap.protected += st.protected_now;
-        for (r, n) in &st.unprotected_now {
-            *snap.unprotected.entry(r.clone()).or_default() += n;
+        for (state, n) in &st.looked_after {
+            *snap.looked_after.entry(*state).or_default() += n;
         }
         snap.counters.add(st);
     }
@@ -113,6 +112,9 @@ fn snapshot(s: &State) -> Snapshot {
     snap
 }
 
+/// The probe sessions' states, as labels.
+const SESSION_STATES: [&str; 4] = ["down", "init", "up", "admin_down"];
+
 fn session_name(s: SessionState) -> &'static str {
     match s {
         SessionState::AdminDown => "admin_down",
@@ -122,121 +124,145 @@ fn session_name(s: SessionState) -> &'static str {
     }
 }
 
-type Result = std::result::Result<(), std::fmt::Error>;
+type Encoded = std::result::Result<(), std::fmt::Error>;
 
-fn gauge(e: &mut DescriptorEncoder<'_>, name: &str, help: &str, v: u64) -> Result {
-    let m = e.encode_descriptor(name, help, None, MetricType::Gauge)?;
-    ConstGauge::new(i64::try_from(v).unwrap_or(i64::MAX)).encode(m)
+/// One metric without labels.
+fn single(e: &mut DescriptorEncoder<'_>, what: Descriptor<'_>, v: f64) -> Encoded {
+    let m = e.encode_descriptor(what.name, what.help, what.unit.as_ref(), what.kind)?;
+    match what.kind {
+        MetricType::Counter => ConstCounter::new(v).encode(m),
+        _ => ConstGauge::new(v).encode(m),
+    }
 }
 
-fn counter<N: prometheus_client::encoding::EncodeCounterValue>(
+/// A family with one series per label value (every value present).
+fn family<'a>(
     e: &mut DescriptorEncoder<'_>,
-    name: &str,
-    help: &str,
-    unit: Option<&Unit>,
-    v: N,
-) -> Result {
-    let m = e.encode_descriptor(name, help, unit, MetricType::Counter)?;
-    ConstCounter::new(v).encode(m)
-}
-
-/// A family with one series per label value of `set` (every value present, zero or
-/// not, so that rates work from the first scrape).
-fn family(
-    e: &mut DescriptorEncoder<'_>,
-    (name, help, kind, label): (&str, &str, MetricType, &str),
-    set: &[&str],
-    value: impl Fn(&str) -> u64,
-) -> Result {
-    let mut m = e.encode_descriptor(name, help, None, kind)?;
-    for v in set {
-        let labels = [(label, *v)];
-        let series = m.encode_family(&labels)?;
-        match kind {
-            MetricType::Counter => ConstCounter::new(value(v)).encode(series)?,
-            _ => ConstGauge::new(i64::try_from(value(v)).unwrap_or(i64::MAX)).encode(series)?,
+    what: Descriptor<'_>,
+    label: &str,
+    series: impl IntoIterator<Item = (&'a str, u64)>,
+) -> Encoded {
+    let mut m = e.encode_descriptor(what.name, what.help, what.unit.as_ref(), what.kind)?;
+    for (value, n) in series {
+        let labels = [(label, value)];
+        let s = m.encode_family(&labels)?;
+        match what.kind {
+            MetricType::Counter => ConstCounter::new(n).encode(s)?,
+            _ => ConstGauge::new(i64::try_from(n).unwrap_or(i64::MAX)).encode(s)?,
         }
     }
     Ok(())
 }
 
+/// A metric's name (after `apm_`, before its unit and `_total`), help, unit and type.
+#[derive(Debug)]
+struct Descriptor<'a> {
+    name: &'a str,
+    help: &'a str,
+    unit: Option<Unit>,
+    kind: MetricType,
+}
+
+fn gauge<'a>(name: &'a str, help: &'a str) -> Descriptor<'a> {
+    Descriptor {
+        name,
+        help,
+        unit: None,
+        kind: MetricType::Gauge,
+    }
+}
+
+fn counter<'a>(name: &'a str, help: &'a str) -> Descriptor<'a> {
+    Descriptor {
+        name,
+        help,
+        unit: None,
+        kind: MetricType::Counter,
+    }
+}
+
 impl prometheus_client::collector::Collector for Figures {
-    fn encode(&self, mut e: DescriptorEncoder<'_>) -> Result {
+    fn encode(&self, mut e: DescriptorEncoder<'_>) -> Encoded {
         let snap = snapshot(&lock(&self.0));
         let c = &snap.counters;
-        let get = |m: &BTreeMap<String, u64>, k: &str| m.get(k).copied().unwrap_or(0);
-        gauge(&mut e, "processes", "Processes under apm attached to the agent.", snap.processes)?;
-        gauge(
+        let count = |s: QpState| snap.looked_after.get(&s).copied().unwrap_or(0);
+        single(
             &mut e,
-            "connections_protected",
-            "Connections (RC QPs) with an armed alternate agreed with the peer.",
-            snap.protected,
+            gauge("processes", "Processes under apm that reported to the agent."),
+            snap.processes as f64,
+        )?;
+        single(
+            &mut e,
+            gauge(
+                "connections_protected",
+                "Connections (RC QPs) apm looks after with an armed alternate agreed with the peer.",
+            ),
+            count(QpState::Protected) as f64,
         )?;
         family(
             &mut e,
-            ("connections_unprotected", "Connections apm looks after with no armed alternate now, by reason.", MetricType::Gauge, "reason"),
-            &UNPROTECTED_REASONS,
-            |r| get(&snap.unprotected, r),
+            gauge(
+                "connections_unprotected",
+                "Connections apm looks after with no agreed alternate now, by reason.",
+            ),
+            "reason",
+            QpState::ALL
+                .into_iter()
+                .filter(|s| *s != QpState::Protected)
+                .map(|s| (s.name(), count(s))),
         )?;
-        counter(&mut e, "qps_seen", "RC and other QPs the programs moved to RTS.", None, c.qps_seen)?;
+        single(
+            &mut e,
+            counter("qps_seen", "QPs the programs under apm moved to RTS."),
+            c.qps_seen as f64,
+        )?;
+        single(
+            &mut e,
+            counter("qps_refused", "QPs apm did not protect (apm status lists why)."),
+            c.refused as f64,
+        )?;
         family(
             &mut e,
-            ("qps_refused", "QPs apm did not protect, by reason.", MetricType::Counter, "reason"),
-            &REFUSAL_CLASSES,
-            |r| get(&c.refused, r),
+            counter("failovers", "Moves of a connection onto its alternate path, by cause."),
+            "cause",
+            FailoverCause::ALL
+                .into_iter()
+                .map(|f| (f.name(), c.failovers.get(&f).copied().unwrap_or(0))),
         )?;
-        family(
-            &mut e,
-            ("failovers", "Moves of a connection onto its alternate path, by cause.", MetricType::Counter, "cause"),
-            &CAUSES,
-            |r| get(&c.failovers, r),
-        )?;
-        let buckets: Vec<(f64, u64)> = MOVE_BUCKETS_S
-            .iter()
-            .copied()
-            .chain([f64::INFINITY])
-            .zip(c.moves.counts.iter().copied())
-            .collect();
-        let m = e.encode_descriptor(
+        let mut m = e.encode_descriptor(
             "move_duration",
-            "Software moves of a QP (SQ drain to the send queue's restart).",
+            "Software moves of a QP, from the SQ drain to the send queue's restart.",
             Some(&Unit::Seconds),
             MetricType::Histogram,
         )?;
-        let mut m = m;
-        m.encode_histogram::<prometheus_client::encoding::NoLabelSet>(
-            c.moves.sum_s,
-            c.moves.count(),
-            &buckets,
-            None,
-        )?;
-        counter(
+        m.encode_histogram::<NoLabelSet>(c.moves.sum_s, c.moves.count(), &c.moves.buckets(), None)?;
+        single(
             &mut e,
-            "unprotected_connection",
-            "Connection-seconds of connections apm looked after while they had no armed alternate.",
-            Some(&Unit::Seconds),
+            Descriptor {
+                unit: Some(Unit::Seconds),
+                ..counter(
+                    "unprotected_connection",
+                    "Connection-seconds of connections apm looked after with no agreed alternate.",
+                )
+            },
             c.unprotected_s,
         )?;
-        counter(&mut e, "connections_lost", "Connections lost under apm (QP in error).", None, c.lost)?;
-        family(
+        single(
             &mut e,
-            ("probe_sessions", "The agent's liveness-probe sessions, by state.", MetricType::Gauge, "state"),
-            &["down", "init", "up", "admin_down"],
-            |st| snap.sessions.get(st).copied().unwrap_or(0),
+            counter("connections_lost", "Connections lost under apm (QP in error)."),
+            c.lost as f64,
         )?;
-        let d = snap.drops;
         family(
             &mut e,
-            ("peer_datagrams_dropped", "Peer datagrams the agent dropped, by reason.", MetricType::Counter, "reason"),
-            &["unauthenticated", "forged", "other_key", "replayed", "stale", "malformed"],
-            |r| match r {
-                "unauthenticated" => d.unauthenticated,
-                "forged" => d.forged,
-                "other_key" => d.other_key,
-                "replayed" => d.replayed,
-                "stale" => d.stale,
-                _ => d.malformed,
-            },
+            gauge("probe_sessions", "The agent's liveness-probe sessions, by state."),
+            "state",
+            SESSION_STATES.map(|st| (st, snap.sessions.get(st).copied().unwrap_or(0))),
+        )?;
+        family(
+            &mut e,
+            counter("peer_datagrams_dropped", "Peer datagrams the agent dropped, by reason."),
+            "reason",
+            snap.drops.by_reason(),
         )
     }
 }
