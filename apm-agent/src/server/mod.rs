@@ -354,6 +354,12 @@ impl Agent {
         lock(&self.state).config.socket.clone()
     }
 
+    /// Where the metrics will be served (the address bound, its port chosen when `0`
+    /// was asked).
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
     /// A handle that changes what can be changed while the agent runs.
     pub fn control(&self) -> AgentControl {
         AgentControl {
