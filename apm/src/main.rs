@@ -13,6 +13,7 @@ mod mad;
 mod out;
 mod pingpong;
 mod run;
+mod service;
 mod signals;
 mod simulate;
 mod values;
@@ -69,6 +70,35 @@ enum Command {
     Agent(run::AgentArgs),
 }
 
+/// Logs to the journal, with their fields, when standard error is the journal's stream
+/// (`apm agent` as a systemd service); else to standard error.
+fn init_logs(filter: &str) {
+    use tracing_subscriber::prelude::*;
+    let filter = || tracing_subscriber::EnvFilter::new(filter);
+    if service::stderr_is_journal() {
+        if let Ok(journal) = tracing_journald::layer() {
+            tracing_subscriber::registry()
+                .with(filter())
+                .with(journal.with_syslog_identifier("apm".to_owned()))
+                .init();
+            return;
+        }
+    }
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter())
+        // Colours for a person at a terminal, plain text for a pipe or a file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    // Lines go out from a writer thread, so that a slow or stuck standard error never
+    // holds up a failover (see `log_writer`); written in place if it cannot start.
+    match log_writer::LogWriter::start() {
+        Ok(writer) => {
+            log_writer::set_global(&writer);
+            logs.with_writer(writer).init();
+        }
+        Err(_) => logs.with_writer(std::io::stderr).init(),
+    }
+}
+
 /// The longest line of an error message printed (characters).
 const ERROR_LINE_MAX: usize = 400;
 
@@ -100,19 +130,7 @@ fn main() {
             e.exit()
         }
     };
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
-        // Colours for a person at a terminal, plain text for a pipe or a file.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    // Lines go out from a writer thread, so that a slow or stuck standard error never
-    // holds up a failover (see `log_writer`); written in place if it cannot start.
-    match log_writer::LogWriter::start() {
-        Ok(writer) => {
-            log_writer::set_global(&writer);
-            logs.with_writer(writer).init();
-        }
-        Err(_) => logs.with_writer(std::io::stderr).init(),
-    }
+    init_logs(&cli.log);
     let result = match cli.command {
         Command::Simulate(args) => simulate::run(args),
         Command::Mad(cmd) => mad::run(cmd),

@@ -28,6 +28,10 @@ pub struct AgentSection {
     /// The user the agent runs as, when not root: clients trust an agent of root,
     /// of their own user, or of this user.
     pub user: Option<Spanned<String>>,
+    /// Serve the agent's Prometheus metrics over HTTP at this address (`GET
+    /// /metrics`), e.g. `"127.0.0.1:9713"`. Default: not served. Anyone who can reach
+    /// the address can read them: keep it on loopback or a management network.
+    pub metrics: Option<Spanned<std::net::SocketAddr>>,
 }
 
 /// What `[agent]` says, looked up on this host.

@@ -19,6 +19,7 @@
 //! `apm agent` is that agent in the foreground ([`agent`]).
 
 mod agent;
+mod reload;
 mod job;
 
 pub use agent::{agent, AgentArgs};
