@@ -16,6 +16,7 @@ mod run;
 mod service;
 mod signals;
 mod simulate;
+mod status_cmd;
 mod values;
 mod watch;
 
@@ -66,8 +67,11 @@ enum Command {
     Watch(watch::Args),
     /// Run an unmodified verbs program with its RC connections protected (LD_PRELOAD).
     Run(run::Args),
-    /// This host's agent for `apm run` (started on demand by `apm run`).
+    /// This host's agent for `apm run` (started on demand by `apm run`, or as the
+    /// apm-agent service).
     Agent(run::AgentArgs),
+    /// What the host's agent and the processes under apm are doing now.
+    Status(status_cmd::Args),
 }
 
 /// Logs to the journal, with their fields, when standard error is the journal's stream
@@ -139,6 +143,7 @@ fn main() {
         Command::Watch(args) => watch::run(args),
         Command::Run(args) => run::run(args),
         Command::Agent(args) => run::agent(args),
+        Command::Status(args) => status_cmd::run(args),
     };
     // What was logged comes out before anything said below, and before exit.
     log_writer::flush();

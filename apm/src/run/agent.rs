@@ -88,7 +88,7 @@ pub struct AgentArgs {
 
 /// Read and check the configuration at `path` (a bad one is refused whole); with its
 /// text, which its spans refer to.
-pub(super) fn read_config(path: &Path) -> Result<(Config, String)> {
+pub(crate) fn read_config(path: &Path) -> Result<(Config, String)> {
     let text = apm::input::read_file(path, apm::input::CONFIG_LIMIT, "a configuration file")?;
     // Devices are the program's: a configuration without `[[device]]` is fine here.
     let config = match Config::parse(&text) {
@@ -109,7 +109,7 @@ pub(super) fn read_config(path: &Path) -> Result<(Config, String)> {
 }
 
 /// The agent's port a configuration says (`[lap] udp_listen`), else the default.
-pub(super) fn config_port(config: &Config) -> u16 {
+pub(crate) fn config_port(config: &Config) -> u16 {
     config
         .lap
         .udp_listen

@@ -23,6 +23,7 @@ mod reload;
 mod job;
 
 pub use agent::{agent, AgentArgs};
+pub(crate) use agent::{config_port, read_config};
 
 use crate::out::errln;
 use anyhow::{bail, Context, Result};
