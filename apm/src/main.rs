@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 mod config_cmd;
+mod generate;
 mod log_writer;
 mod mad;
 mod out;
@@ -72,6 +73,9 @@ enum Command {
     Agent(run::AgentArgs),
     /// What the host's agent and the processes under apm are doing now.
     Status(status_cmd::Args),
+    /// The manual pages, shell completions and default configuration (packaging).
+    #[command(subcommand, hide = true)]
+    Generate(generate::Generate),
 }
 
 /// Logs to the journal, with their fields, when standard error is the journal's stream
@@ -144,6 +148,7 @@ fn main() {
         Command::Run(args) => run::run(args),
         Command::Agent(args) => run::agent(args),
         Command::Status(args) => status_cmd::run(args),
+        Command::Generate(what) => generate::run(what, <Cli as clap::CommandFactory>::command()),
     };
     // What was logged comes out before anything said below, and before exit.
     log_writer::flush();
