@@ -52,8 +52,7 @@ pub async fn serve(listener: TcpListener, render: Arc<dyn Fn() -> String + Send 
 async fn answer(mut stream: TcpStream, render: &(dyn Fn() -> String + Send + Sync)) {
     let mut head = Vec::with_capacity(512);
     let mut buf = [0u8; 1024];
-    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n")
-    {
+    while !head.windows(4).any(|w| w == b"\r\n\r\n") && !head.windows(2).any(|w| w == b"\n\n") {
         let n = match tokio::time::timeout(READ_TIMEOUT, stream.read(&mut buf)).await {
             Ok(Ok(n)) if n > 0 => n,
             _ => return,
@@ -86,7 +85,12 @@ async fn answer(mut stream: TcpStream, render: &(dyn Fn() -> String + Send + Syn
     let _ = respond(&mut stream, status, ctype, body).await;
 }
 
-async fn respond(stream: &mut TcpStream, status: &str, ctype: &str, body: &str) -> std::io::Result<()> {
+async fn respond(
+    stream: &mut TcpStream,
+    status: &str,
+    ctype: &str,
+    body: &str,
+) -> std::io::Result<()> {
     let mut out = format!(
         "HTTP/1.1 {status}\r\nContent-Length: {}\r\nConnection: close\r\n",
         body.len()
@@ -122,12 +126,18 @@ mod tests {
         let task = tokio::spawn(serve(l, Arc::new(|| "apm_up 1\n# EOF\n".to_owned())));
         let ok = get(addr, "GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n").await;
         assert!(ok.starts_with("HTTP/1.1 200 OK\r\n"), "{ok}");
-        assert!(ok.contains(CONTENT_TYPE) && ok.ends_with("apm_up 1\n# EOF\n"), "{ok}");
+        assert!(
+            ok.contains(CONTENT_TYPE) && ok.ends_with("apm_up 1\n# EOF\n"),
+            "{ok}"
+        );
         let nope = get(addr, "GET /secret HTTP/1.1\r\n\r\n").await;
         assert!(nope.starts_with("HTTP/1.1 404"), "{nope}");
         let post = get(addr, "POST /metrics HTTP/1.1\r\n\r\n").await;
         assert!(post.starts_with("HTTP/1.1 405"), "{post}");
-        let huge = format!("GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n", "y".repeat(MAX_HEAD));
+        let huge = format!(
+            "GET /metrics HTTP/1.1\r\nX: {}\r\n\r\n",
+            "y".repeat(MAX_HEAD)
+        );
         let big = get(addr, &huge).await;
         assert!(big.is_empty() || big.starts_with("HTTP/1.1 431"), "{big}");
         task.abort();

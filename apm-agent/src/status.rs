@@ -330,9 +330,11 @@ impl ProcessStatus {
         let texts = std::iter::once(&self.program)
             .chain(self.refused.iter().map(|r| &r.reason))
             .chain(self.qps.iter().map(|q| &q.device))
-            .chain(self.ports.iter().flat_map(|p| {
-                [&p.device, &p.link_layer, &p.mechanism, &p.evidence]
-            }));
+            .chain(
+                self.ports
+                    .iter()
+                    .flat_map(|p| [&p.device, &p.link_layer, &p.mechanism, &p.evidence]),
+            );
         for t in texts {
             if t.len() > MAX_TEXT {
                 return Err(format!("a text longer than {MAX_TEXT} bytes"));

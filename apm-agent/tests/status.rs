@@ -83,7 +83,10 @@ async fn a_process_account_reaches_status_and_metrics() {
     let p = &status.processes[0];
     assert_eq!(p.pid, Some(std::process::id()));
     assert_eq!(p.status.as_ref().map(|s| s.failovers()), Some(2));
-    assert_eq!(status.agent.metrics, Some(format!("http://{metrics}/metrics")));
+    assert_eq!(
+        status.agent.metrics,
+        Some(format!("http://{metrics}/metrics"))
+    );
     let nobody = asker.status(Some(1)).await.expect("status of pid 1");
     assert!(nobody.processes.is_empty());
 
@@ -91,15 +94,36 @@ async fn a_process_account_reaches_status_and_metrics() {
     assert!(text.starts_with("HTTP/1.1 200 OK"), "{text}");
     assert_eq!(value(&text, "apm_processes"), Some(1.0), "{text}");
     assert_eq!(value(&text, "apm_connections_protected"), Some(1.0));
-    assert_eq!(value(&text, r#"apm_connections_unprotected{reason="moved"}"#), Some(1.0));
-    assert_eq!(value(&text, r#"apm_failovers_total{cause="fabric"}"#), Some(2.0));
-    assert_eq!(value(&text, r#"apm_failovers_total{cause="device"}"#), Some(0.0));
-    assert_eq!(value(&text, r#"apm_move_duration_seconds_bucket{le="0.002"}"#), Some(0.0));
-    assert_eq!(value(&text, r#"apm_move_duration_seconds_bucket{le="0.005"}"#), Some(2.0));
-    assert_eq!(value(&text, "apm_move_duration_seconds_count"), Some(2.0));
-    assert_eq!(value(&text, "apm_unprotected_connection_seconds_total"), Some(1.5));
     assert_eq!(
-        value(&text, r#"apm_peer_datagrams_dropped_total{reason="replayed"}"#),
+        value(&text, r#"apm_connections_unprotected{reason="moved"}"#),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(&text, r#"apm_failovers_total{cause="fabric"}"#),
+        Some(2.0)
+    );
+    assert_eq!(
+        value(&text, r#"apm_failovers_total{cause="device"}"#),
+        Some(0.0)
+    );
+    assert_eq!(
+        value(&text, r#"apm_move_duration_seconds_bucket{le="0.002"}"#),
+        Some(0.0)
+    );
+    assert_eq!(
+        value(&text, r#"apm_move_duration_seconds_bucket{le="0.005"}"#),
+        Some(2.0)
+    );
+    assert_eq!(value(&text, "apm_move_duration_seconds_count"), Some(2.0));
+    assert_eq!(
+        value(&text, "apm_unprotected_connection_seconds_total"),
+        Some(1.5)
+    );
+    assert_eq!(
+        value(
+            &text,
+            r#"apm_peer_datagrams_dropped_total{reason="replayed"}"#
+        ),
         Some(0.0)
     );
     assert!(text.trim_end().ends_with("# EOF"), "{text}");
@@ -108,7 +132,11 @@ async fn a_process_account_reaches_status_and_metrics() {
     drop(process);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let text = scrape(metrics).await;
-    assert_eq!(value(&text, r#"apm_failovers_total{cause="fabric"}"#), Some(2.0), "{text}");
+    assert_eq!(
+        value(&text, r#"apm_failovers_total{cause="fabric"}"#),
+        Some(2.0),
+        "{text}"
+    );
     assert_eq!(value(&text, "apm_connections_protected"), Some(0.0));
     assert_eq!(value(&text, "apm_processes"), Some(0.0));
     served.abort();

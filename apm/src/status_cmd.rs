@@ -107,13 +107,23 @@ fn text(s: &AgentStatus) -> String {
         process(&mut t, p);
     }
     if s.omitted > 0 {
-        let _ = writeln!(t, "{} more processes left out (ask for one with --pid)", s.omitted);
+        let _ = writeln!(
+            t,
+            "{} more processes left out (ask for one with --pid)",
+            s.omitted
+        );
     }
     if a.probing {
         let _ = writeln!(t, "probe sessions: {}", s.sessions.len());
         for (ends, state) in &s.sessions {
-            let ip = |g| apm_agent::local::ip_of(g).map_or_else(|| g.to_string(), |i| i.to_string());
-            let _ = writeln!(t, "  {} -> {}: {state:?}", ip(&ends.local), ip(&ends.remote));
+            let ip =
+                |g| apm_agent::local::ip_of(g).map_or_else(|| g.to_string(), |i| i.to_string());
+            let _ = writeln!(
+                t,
+                "  {} -> {}: {state:?}",
+                ip(&ends.local),
+                ip(&ends.remote)
+            );
         }
     }
     if let Some(d) = &s.peer_drops {
@@ -158,10 +168,18 @@ fn process(t: &mut String, p: &ProcessEntry) {
         p.uid,
         s.qps_seen_total,
         s.looked_after.values().sum::<u64>(),
-        if states.is_empty() { "none".to_owned() } else { states.join(", ") },
+        if states.is_empty() {
+            "none".to_owned()
+        } else {
+            states.join(", ")
+        },
         s.refused_total,
         s.failovers(),
-        if causes.is_empty() { String::new() } else { format!(" ({})", causes.join(", ")) },
+        if causes.is_empty() {
+            String::new()
+        } else {
+            format!(" ({})", causes.join(", "))
+        },
         s.lost_total,
         s.unprotected_s,
     );

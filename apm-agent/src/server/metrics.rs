@@ -188,7 +188,10 @@ impl prometheus_client::collector::Collector for Figures {
         let count = |s: QpState| snap.looked_after.get(&s).copied().unwrap_or(0);
         single(
             &mut e,
-            gauge("processes", "Processes under apm that reported to the agent."),
+            gauge(
+                "processes",
+                "Processes under apm that reported to the agent.",
+            ),
             snap.processes as f64,
         )?;
         single(
@@ -218,12 +221,18 @@ impl prometheus_client::collector::Collector for Figures {
         )?;
         single(
             &mut e,
-            counter("qps_refused", "QPs apm did not protect (apm status lists why)."),
+            counter(
+                "qps_refused",
+                "QPs apm did not protect (apm status lists why).",
+            ),
             c.refused as f64,
         )?;
         family(
             &mut e,
-            counter("failovers", "Moves of a connection onto its alternate path, by cause."),
+            counter(
+                "failovers",
+                "Moves of a connection onto its alternate path, by cause.",
+            ),
             "cause",
             FailoverCause::ALL
                 .into_iter()
@@ -249,18 +258,27 @@ impl prometheus_client::collector::Collector for Figures {
         )?;
         single(
             &mut e,
-            counter("connections_lost", "Connections lost under apm (QP in error)."),
+            counter(
+                "connections_lost",
+                "Connections lost under apm (QP in error).",
+            ),
             c.lost as f64,
         )?;
         family(
             &mut e,
-            gauge("probe_sessions", "The agent's liveness-probe sessions, by state."),
+            gauge(
+                "probe_sessions",
+                "The agent's liveness-probe sessions, by state.",
+            ),
             "state",
             SESSION_STATES.map(|st| (st, snap.sessions.get(st).copied().unwrap_or(0))),
         )?;
         family(
             &mut e,
-            counter("peer_datagrams_dropped", "Peer datagrams the agent dropped, by reason."),
+            counter(
+                "peer_datagrams_dropped",
+                "Peer datagrams the agent dropped, by reason.",
+            ),
             "reason",
             snap.drops.by_reason(),
         )

@@ -150,7 +150,9 @@ pub enum StartError {
         port: u16,
     },
     /// The metrics address is taken.
-    #[error("the metrics address {addr} is in use (another apm agent, or another exporter, has it)")]
+    #[error(
+        "the metrics address {addr} is in use (another apm agent, or another exporter, has it)"
+    )]
     MetricsInUse {
         /// The address.
         addr: std::net::SocketAddr,
@@ -317,7 +319,9 @@ impl Agent {
         let auth = Arc::new(
             Authenticator::new(
                 config.peer_auth.clone(),
-                Authenticator::fresh_sender_id(format!("apm-agent-{}", config.peer_port).as_bytes()),
+                Authenticator::fresh_sender_id(
+                    format!("apm-agent-{}", config.peer_port).as_bytes(),
+                ),
             )
             .with_max_skew(cm_lap::auth::DEFAULT_MAX_SKEW),
         );

@@ -89,7 +89,10 @@ fn build(s: &State, caller: Caller, pid: Option<u32>) -> AgentStatus {
             pid: std::process::id(),
             port: s.config.peer_port,
             probing: s.probes.is_some(),
-            metrics: s.metrics.as_ref().map(|(a, _)| format!("http://{a}/metrics")),
+            metrics: s
+                .metrics
+                .as_ref()
+                .map(|(a, _)| format!("http://{a}/metrics")),
         },
         all_processes: caller.operator,
         processes,

@@ -41,7 +41,11 @@ pub struct Key {
 /// Every table of the configuration, in the order a file would have them.
 pub fn tables() -> Vec<Table> {
     let schema = serde_json::to_value(schemars::schema_for!(Config)).unwrap_or_default();
-    let defs = schema.get("$defs").and_then(Value::as_object).cloned().unwrap_or_default();
+    let defs = schema
+        .get("$defs")
+        .and_then(Value::as_object)
+        .cloned()
+        .unwrap_or_default();
     let mut out = Vec::new();
     for (name, prop) in properties(&schema) {
         collect(&defs, &name, prop, &mut out);
@@ -127,7 +131,10 @@ fn collect(defs: &Map<String, Value>, name: &str, prop: &Value, out: &mut Vec<Ta
 /// A key's type in words.
 fn kind(p: &Value, sub: Option<&Value>) -> String {
     if let Some(d) = sub.filter(|d| d.get("oneOf").is_some()) {
-        let w: Vec<String> = words(d).into_iter().map(|(w, _)| format!("\"{w}\"")).collect();
+        let w: Vec<String> = words(d)
+            .into_iter()
+            .map(|(w, _)| format!("\"{w}\""))
+            .collect();
         return format!("one of {}", w.join(", "));
     }
     let types: Vec<&str> = match p.get("type") {
@@ -136,7 +143,12 @@ fn kind(p: &Value, sub: Option<&Value>) -> String {
         _ => Vec::new(),
     };
     let t = types.into_iter().find(|t| *t != "null").unwrap_or("value");
-    match (t, p.get("items").and_then(|i| i.get("type")).and_then(Value::as_str)) {
+    match (
+        t,
+        p.get("items")
+            .and_then(|i| i.get("type"))
+            .and_then(Value::as_str),
+    ) {
         ("array", Some(item)) => format!("array of {item}s"),
         _ => t.to_owned(),
     }
@@ -180,7 +192,9 @@ fn text(v: Option<&Value>) -> String {
     let mut s = paragraphs.join("\n\n");
     // [`X`] and [`X`](path): the name alone.
     while let Some(start) = s.find("[`") {
-        let Some(len) = s[start..].find("`]") else { break };
+        let Some(len) = s[start..].find("`]") else {
+            break;
+        };
         let end = start + len;
         let name = s[start + 1..end + 1].to_owned();
         let mut after = end + 2;
@@ -227,7 +241,9 @@ pub fn default_file() -> String {
             }
             match &k.default {
                 Some(d) => f.push_str(&format!("#{} = {d}\n", k.name)),
-                None if k.required => f.push_str(&format!("#{} = ({}, required)\n", k.name, k.kind)),
+                None if k.required => {
+                    f.push_str(&format!("#{} = ({}, required)\n", k.name, k.kind))
+                }
                 None => f.push_str(&format!("#{} = ({}; unset by default)\n", k.name, k.kind)),
             }
         }
@@ -318,7 +334,11 @@ pub fn man_page(version: &str) -> String {
                 roff(&k.doc).replace("\n\n", "\n.IP\n")
             ));
             for (w, meaning) in &k.values {
-                m.push_str(&format!(".RS\n.TP\n\\fB\"{}\"\\fR\n{}\n.RE\n", roff(w), roff(meaning)));
+                m.push_str(&format!(
+                    ".RS\n.TP\n\\fB\"{}\"\\fR\n{}\n.RE\n",
+                    roff(w),
+                    roff(meaning)
+                ));
             }
         }
     }
@@ -339,7 +359,16 @@ mod tests {
         let names: Vec<&str> = t.iter().map(|t| t.name.as_str()).collect();
         assert_eq!(
             names,
-            ["device", "sa", "lap", "lap.peer", "policy", "policy.probe", "sim", "agent"]
+            [
+                "device",
+                "sa",
+                "lap",
+                "lap.peer",
+                "policy",
+                "policy.probe",
+                "sim",
+                "agent"
+            ]
         );
         for table in &t {
             assert!(!table.doc.is_empty(), "[{}] has no text", table.name);
@@ -348,9 +377,16 @@ mod tests {
             }
         }
         let policy = t.iter().find(|t| t.name == "policy").expect("policy");
-        let boost = policy.keys.iter().find(|k| k.name == "alternate_timeout_boost");
+        let boost = policy
+            .keys
+            .iter()
+            .find(|k| k.name == "alternate_timeout_boost");
         assert_eq!(boost.and_then(|k| k.default.clone()), Some("2".to_owned()));
-        let fast = policy.keys.iter().find(|k| k.name == "fast_moves").expect("fast_moves");
+        let fast = policy
+            .keys
+            .iter()
+            .find(|k| k.name == "fast_moves")
+            .expect("fast_moves");
         assert_eq!(fast.default.as_deref(), Some("\"self_armed\""));
         assert_eq!(fast.values.len(), 3);
         assert!(!text(Some(&Value::from("see [`Foo`](x) and [`Bar`]"))).contains('['));
@@ -370,7 +406,11 @@ mod tests {
             })
             .collect();
         let config: Config = toml::from_str(&uncommented).expect(&uncommented);
-        assert_eq!(config.policy, Some(apm_core::Policy::default()), "{uncommented}");
+        assert_eq!(
+            config.policy,
+            Some(apm_core::Policy::default()),
+            "{uncommented}"
+        );
         assert!(config.sa.subscribe && config.sa.resolve_paths);
         // And the file itself, as installed, reads too (nothing in it is set).
         let _: Config = toml::from_str(&file).expect("the file as installed");

@@ -248,7 +248,10 @@ pub fn agent(args: AgentArgs) -> Result<()> {
         let served = agent.run();
         tokio::pin!(served);
         crate::service::ready(&match metrics {
-            Some(m) => format!("serving {}; metrics at http://{m}/metrics", socket.path().display()),
+            Some(m) => format!(
+                "serving {}; metrics at http://{m}/metrics",
+                socket.path().display()
+            ),
             None => format!("serving {}", socket.path().display()),
         });
         let ended_by = loop {

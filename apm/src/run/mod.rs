@@ -19,8 +19,8 @@
 //! `apm agent` is that agent in the foreground ([`agent`]).
 
 mod agent;
-mod reload;
 mod job;
+mod reload;
 
 pub use agent::{agent, AgentArgs};
 pub(crate) use agent::{config_port, read_config};

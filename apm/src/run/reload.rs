@@ -23,7 +23,10 @@ impl Running {
         Running {
             port: c.peer_port,
             fixed: vec![
-                ("the port ([lap] udp_listen, --port)", c.peer_port.to_string()),
+                (
+                    "the port ([lap] udp_listen, --port)",
+                    c.peer_port.to_string(),
+                ),
                 (
                     "the socket ([agent] runtime_dir)",
                     c.socket.path().display().to_string(),
