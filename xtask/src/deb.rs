@@ -19,11 +19,11 @@ use std::process::Command;
 
 /// The package's Debian revision.
 const REVISION: &str = "1";
-/// The multiarch directory of the C library (x86-64: the only architecture built).
+/// The multiarch directory (x86-64: the only architecture built): pkg-config's file.
 const TRIPLET: &str = "x86_64-linux-gnu";
 
 /// The Debian tools the package is built and checked with.
-const TOOLS: &[&str] = &["dpkg-dev", "lintian", "man-db", "systemd"];
+const TOOLS: &[&str] = &["dpkg-dev", "lintian", "man-db", "pkgconf", "systemd"];
 
 pub fn main(args: &[String]) -> Result<()> {
     if !args.is_empty() {
@@ -83,6 +83,7 @@ pub fn install_check(deb: &Path) -> Result<()> {
         expect_output("/usr/bin/apm", &["--version"], "apm ")?;
         expect_output("man", &["-P", "cat", "apm"], "apm")?;
         expect_output("man", &["-P", "cat", "5", "apm.toml"], "metrics")?;
+        expect_output("pkg-config", &["--libs", "apm"], "-lapm_capi")?;
         crate::util::run(
             "systemd-analyze",
             &["verify", "/lib/systemd/system/apm-agent.service"],
@@ -172,19 +173,18 @@ fn stage(root: &Path, version: &str) -> Result<()> {
         &root.join("usr/lib/apm/libapm_preload.so"),
         0o644,
     )?;
-    let libdir = root.join("usr/lib").join(TRIPLET);
-    install(
-        &built.join("libapm_capi.so"),
-        &libdir.join("libapm_capi.so"),
-        0o644,
-    )?;
+    // The C library has no stable ABI yet (no SONAME): it stays out of the linker's
+    // path, beside the preload library, and `pkg-config apm` links programs to it
+    // there with an rpath.
+    let capi = root.join("usr/lib/apm/libapm_capi.so");
+    install(&built.join("libapm_capi.so"), &capi, 0o644)?;
     install(
         Path::new("apm-capi/include/apm.h"),
         &root.join("usr/include/apm.h"),
         0o644,
     )?;
     write(
-        &libdir.join("pkgconfig/apm.pc"),
+        &root.join("usr/lib").join(TRIPLET).join("pkgconfig/apm.pc"),
         &pkg_config(version),
         0o644,
     )?;
@@ -204,7 +204,7 @@ fn stage(root: &Path, version: &str) -> Result<()> {
         install(&packaging.join(script), &control.join(script), 0o755)?;
     }
     write(&control.join("conffiles"), "/etc/apm/apm.toml\n", 0o644)?;
-    let depends = shlib_depends(root, &[&apm, &libdir.join("libapm_capi.so")])?;
+    let depends = shlib_depends(root, &[&apm, &capi])?;
     write(
         &control.join("control"),
         &control_file(version, &depends, root)?,
@@ -250,9 +250,10 @@ fn gzip(file: &Path) -> Result<()> {
 
 fn pkg_config(version: &str) -> String {
     format!(
-        "prefix=/usr\nlibdir=${{prefix}}/lib/{TRIPLET}\nincludedir=${{prefix}}/include\n\n\
+        "prefix=/usr\nlibdir=${{prefix}}/lib/apm\nincludedir=${{prefix}}/include\n\n\
          Name: apm\nDescription: apm's C API: protect RC connections against path failures\n\
-         Version: {version}\nLibs: -L${{libdir}} -lapm_capi\nCflags: -I${{includedir}}\n"
+         Version: {version}\nLibs: -L${{libdir}} -Wl,-rpath,${{libdir}} -lapm_capi\n\
+         Cflags: -I${{includedir}}\n"
     )
 }
 
