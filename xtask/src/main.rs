@@ -30,7 +30,8 @@ cargo xtask <COMMAND>
 Commands:
   test      everything CI checks: fmt, clippy, docs, all tests, the real-peer beds
   hwtest    the hardware suite on this machine's RDMA devices, or in a VM with --vm
-  deb       the Debian package apm into target/debian/, checked by lintian
+  deb       the Debian package apm into target/debian/, checked by lintian;
+            --install-check: also installed here, used and purged (as `test` does)
   codegen   regenerate provider-verbs' libibverbs bindings from rdma-core's headers
   capi-header  regenerate apm-capi/include/apm.h (cbindgen, installed when missing)
   ibsim     the OpenSM-over-ibsim bed: [--shell] [TEST-NAME-FILTER]
