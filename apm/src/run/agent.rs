@@ -245,8 +245,9 @@ pub fn agent(args: AgentArgs) -> Result<()> {
             metrics = ?metrics, "apm agent started");
         let control = agent.control();
         let mut signals = crate::signals::listen(&crate::signals::ENDING)?;
-        let served = agent.run();
-        tokio::pin!(served);
+        // Boxed, so that dropping it below (before exit) ends the agent and removes its
+        // socket.
+        let mut served = Box::pin(agent.run());
         crate::service::ready(&match metrics {
             Some(m) => format!(
                 "serving {}; metrics at http://{m}/metrics",
