@@ -184,103 +184,119 @@ fn counter<'a>(name: &'a str, help: &'a str) -> Descriptor<'a> {
 impl prometheus_client::collector::Collector for Figures {
     fn encode(&self, mut e: DescriptorEncoder<'_>) -> Encoded {
         let snap = snapshot(&lock(&self.0));
-        let c = &snap.counters;
-        let count = |s: QpState| snap.looked_after.get(&s).copied().unwrap_or(0);
-        single(
-            &mut e,
-            gauge(
-                "processes",
-                "Processes under apm that reported to the agent.",
-            ),
-            snap.processes as f64,
-        )?;
-        single(
-            &mut e,
-            gauge(
-                "connections_protected",
-                "Connections (RC QPs) apm looks after with an armed alternate agreed with the peer.",
-            ),
-            count(QpState::Protected) as f64,
-        )?;
-        family(
-            &mut e,
-            gauge(
-                "connections_unprotected",
-                "Connections apm looks after with no agreed alternate now, by reason.",
-            ),
-            "reason",
-            QpState::ALL
-                .into_iter()
-                .filter(|s| *s != QpState::Protected)
-                .map(|s| (s.name(), count(s))),
-        )?;
-        single(
-            &mut e,
-            counter("qps_seen", "QPs the programs under apm moved to RTS."),
-            c.qps_seen as f64,
-        )?;
-        single(
-            &mut e,
-            counter(
-                "qps_refused",
-                "QPs apm did not protect (apm status lists why).",
-            ),
-            c.refused as f64,
-        )?;
-        family(
-            &mut e,
-            counter(
-                "failovers",
-                "Moves of a connection onto its alternate path, by cause.",
-            ),
-            "cause",
-            FailoverCause::ALL
-                .into_iter()
-                .map(|f| (f.name(), c.failovers.get(&f).copied().unwrap_or(0))),
-        )?;
-        let mut m = e.encode_descriptor(
-            "move_duration",
-            "Software moves of a QP, from the SQ drain to the send queue's restart.",
-            Some(&Unit::Seconds),
-            MetricType::Histogram,
-        )?;
-        m.encode_histogram::<NoLabelSet>(c.moves.sum_s, c.moves.count(), &c.moves.buckets(), None)?;
-        single(
-            &mut e,
-            Descriptor {
-                unit: Some(Unit::Seconds),
-                ..counter(
-                    "unprotected_connection",
-                    "Connection-seconds of connections apm looked after with no agreed alternate.",
-                )
-            },
-            c.unprotected_s,
-        )?;
-        single(
-            &mut e,
-            counter(
-                "connections_lost",
-                "Connections lost under apm (QP in error).",
-            ),
-            c.lost as f64,
-        )?;
-        family(
-            &mut e,
-            gauge(
-                "probe_sessions",
-                "The agent's liveness-probe sessions, by state.",
-            ),
-            "state",
-            SESSION_STATES.map(|st| (st, snap.sessions.get(st).copied().unwrap_or(0))),
-        )?;
-        family(
-            &mut e,
-            counter(
-                "peer_datagrams_dropped",
-                "Peer datagrams the agent dropped, by reason.",
-            ),
-            "reason",
-            snap.drops.by_reason(),
-        )
+        now(&mut e, &snap)?;
+        counters(&mut e, &snap.counters)?;
+        agent(&mut e, &snap)
     }
+}
+
+/// The gauges of the live processes: how many, and their connections by state.
+fn now(e: &mut DescriptorEncoder<'_>, snap: &Snapshot) -> Encoded {
+    let count = |s: QpState| snap.looked_after.get(&s).copied().unwrap_or(0);
+    single(
+        e,
+        gauge(
+            "processes",
+            "Processes under apm that reported to the agent.",
+        ),
+        snap.processes as f64,
+    )?;
+    single(
+        e,
+        gauge(
+            "connections_protected",
+            "Connections (RC QPs) apm looks after with an armed alternate agreed with the peer.",
+        ),
+        count(QpState::Protected) as f64,
+    )?;
+    family(
+        e,
+        gauge(
+            "connections_unprotected",
+            "Connections apm looks after with no agreed alternate now, by reason.",
+        ),
+        "reason",
+        QpState::ALL
+            .into_iter()
+            .filter(|s| *s != QpState::Protected)
+            .map(|s| (s.name(), count(s))),
+    )?;
+    Ok(())
+}
+
+/// The counters of every process, live or gone.
+fn counters(e: &mut DescriptorEncoder<'_>, c: &Totals) -> Encoded {
+    single(
+        e,
+        counter("qps_seen", "QPs the programs under apm moved to RTS."),
+        c.qps_seen as f64,
+    )?;
+    single(
+        e,
+        counter(
+            "qps_refused",
+            "QPs apm did not protect (apm status lists why).",
+        ),
+        c.refused as f64,
+    )?;
+    family(
+        e,
+        counter(
+            "failovers",
+            "Moves of a connection onto its alternate path, by cause.",
+        ),
+        "cause",
+        FailoverCause::ALL
+            .into_iter()
+            .map(|f| (f.name(), c.failovers.get(&f).copied().unwrap_or(0))),
+    )?;
+    let mut m = e.encode_descriptor(
+        "move_duration",
+        "Software moves of a QP, from the SQ drain to the send queue's restart.",
+        Some(&Unit::Seconds),
+        MetricType::Histogram,
+    )?;
+    m.encode_histogram::<NoLabelSet>(c.moves.sum_s, c.moves.count(), &c.moves.buckets(), None)?;
+    single(
+        e,
+        Descriptor {
+            unit: Some(Unit::Seconds),
+            ..counter(
+                "unprotected_connection",
+                "Connection-seconds of connections apm looked after with no agreed alternate.",
+            )
+        },
+        c.unprotected_s,
+    )?;
+    single(
+        e,
+        counter(
+            "connections_lost",
+            "Connections lost under apm (QP in error).",
+        ),
+        c.lost as f64,
+    )?;
+    Ok(())
+}
+
+/// What the agent itself sees: its probe sessions and the datagrams it dropped.
+fn agent(e: &mut DescriptorEncoder<'_>, snap: &Snapshot) -> Encoded {
+    family(
+        e,
+        gauge(
+            "probe_sessions",
+            "The agent's liveness-probe sessions, by state.",
+        ),
+        "state",
+        SESSION_STATES.map(|st| (st, snap.sessions.get(st).copied().unwrap_or(0))),
+    )?;
+    family(
+        e,
+        counter(
+            "peer_datagrams_dropped",
+            "Peer datagrams the agent dropped, by reason.",
+        ),
+        "reason",
+        snap.drops.by_reason(),
+    )
 }
