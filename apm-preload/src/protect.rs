@@ -282,10 +282,12 @@ impl Protector {
             .map_err(|_| "the apm agent did not accept the connection in time".to_owned())?
             .map_err(|e| e.to_string())?;
         rt.spawn(follow::dispatch(events));
+        let client = Arc::new(client);
+        rt.spawn(report::push(client.clone()));
         crate::tee::set_hook(Box::new(|_, ev| tee_event(ev)));
         Ok(Protector {
             rt,
-            client: Arc::new(client),
+            client,
             policy,
             slots: Mutex::new(BTreeMap::new()),
             opened: tokio::sync::Mutex::new(BTreeMap::new()),

@@ -59,7 +59,7 @@ pub(super) async fn watch(dev: Arc<Device>) {
             }
             NotificationKind::Unprotected { reason, .. } => {
                 debug!(qpn = conn.qpn, ?reason, "unprotected");
-                report::unprotected(conn.qpn, &dev.name);
+                report::unprotected(conn.qpn, &dev.name, reason.into());
             }
             NotificationKind::Lost { reason } => {
                 report::lost(conn.qpn, &dev.name, &format!("{reason:?}"));
@@ -137,6 +137,7 @@ pub(super) async fn dispatch(mut events: mpsc::UnboundedReceiver<FromAgent>) {
             FromAgent::Candidates { .. }
             | FromAgent::Paths { .. }
             | FromAgent::Synced { .. }
+            | FromAgent::Status { .. }
             | FromAgent::Watching { .. } => {}
         }
     }
