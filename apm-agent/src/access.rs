@@ -222,11 +222,20 @@ pub struct SocketPerms {
 }
 
 impl SocketPerms {
-    /// The defaults: the group `apm` where the host has it (else the agent's own), mode
-    /// [`DEFAULT_SOCKET_MODE`].
+    /// The defaults: the group `apm` where the host has it and this agent may give its
+    /// socket to it (else the agent's own), mode [`DEFAULT_SOCKET_MODE`].
     pub fn default_for_host() -> SocketPerms {
+        // A user's own agent gives its socket to the group only when it may (root, or
+        // a member): the package creates the group, and an unprivileged `apm run`
+        // starting its own agent must not then fail to place its socket.
+        let group = group_id(DEFAULT_SOCKET_GROUP).ok().filter(|g| {
+            let gid = nix::unistd::Gid::from_raw(*g);
+            nix::unistd::geteuid().is_root()
+                || nix::unistd::getegid() == gid
+                || nix::unistd::getgroups().is_ok_and(|gs| gs.contains(&gid))
+        });
         SocketPerms {
-            group: group_id(DEFAULT_SOCKET_GROUP).ok(),
+            group,
             mode: DEFAULT_SOCKET_MODE,
         }
     }

@@ -12,6 +12,7 @@
 //! ([`AgentSocket::trusts`]); otherwise [`AgentClient::connect`] fails with
 //! [`AgentError::Untrusted`].
 use crate::access::{AccessError, AgentSocket};
+use crate::status::{AgentStatus, ProcessStatus};
 use crate::wire::{self, FromAgent, PathsAnswer, Route, ToAgent};
 use crate::AgentError;
 use apm_core::{Gid, PeerAddr, PeerMsg};
@@ -54,6 +55,7 @@ impl<T> Waiters<T> {
 
 type Candidates = Waiters<Result<Vec<(Gid, Gid)>, String>>;
 type PathAnswers = Waiters<Result<PathsAnswer, String>>;
+type StatusAnswers = Waiters<Box<AgentStatus>>;
 
 /// Why no paths came back from [`AgentClient::paths`].
 #[derive(Debug, thiserror::Error)]
@@ -103,6 +105,7 @@ pub struct AgentClient {
     candidates: Arc<Candidates>,
     paths: Arc<PathAnswers>,
     syncs: Arc<Waiters<()>>,
+    statuses: Arc<StatusAnswers>,
     next: AtomicU64,
 }
 
@@ -131,6 +134,8 @@ impl AgentClient {
         let path_answers = paths.clone();
         let syncs: Arc<Waiters<()>> = Arc::default();
         let synced = syncs.clone();
+        let statuses: Arc<StatusAnswers> = Arc::default();
+        let status_answers = statuses.clone();
         tokio::spawn(async move {
             let mut lines = wire::Lines::new(BufReader::new(read));
             while let Ok(Some(l)) = lines.next_line().await {
@@ -138,6 +143,7 @@ impl AgentClient {
                     Ok(FromAgent::Candidates { req, result }) => answers.answer(req, result),
                     Ok(FromAgent::Paths { req, result }) => path_answers.answer(req, result),
                     Ok(FromAgent::Synced { req }) => synced.answer(req, ()),
+                    Ok(FromAgent::Status { req, status }) => status_answers.answer(req, status),
                     Ok(other) => {
                         if events.send(other).is_err() {
                             break;
@@ -147,14 +153,16 @@ impl AgentClient {
                 }
             }
             // Dropping `events` here tells the process the agent is gone; dropping the
-            // waiters tells each `synced` caller.
+            // waiters tells each `synced` and `status` caller.
             synced.lock().clear();
+            status_answers.lock().clear();
         });
         Ok(AgentClient {
             tx,
             candidates,
             paths,
             syncs,
+            statuses,
             next: AtomicU64::new(1),
         })
     }
@@ -198,6 +206,27 @@ impl AgentClient {
             Ok(Err(_)) => Err(AgentError::Gone),
             Err(_) => Err(AgentError::NoAnswer(SYNC_TIMEOUT)),
         }
+    }
+
+    /// What the agent and the processes this caller may see are doing (`apm status`;
+    /// `pid`: only that process). `Err` when the agent is gone or does not answer in
+    /// time (an agent of an older apm drops the request it cannot read).
+    pub async fn status(&self, pid: Option<u32>) -> Result<AgentStatus, AgentError> {
+        let req = self.next.fetch_add(1, Ordering::Relaxed);
+        let rx = self.statuses.wait(req);
+        self.put(ToAgent::Status { req, pid })?;
+        match tokio::time::timeout(SYNC_TIMEOUT, rx).await {
+            Ok(Ok(s)) => Ok(*s),
+            Ok(Err(_)) => Err(AgentError::Gone),
+            Err(_) => Err(AgentError::NoAnswer(SYNC_TIMEOUT)),
+        }
+    }
+
+    /// Tell the agent this process's account of itself (replacing the last one).
+    pub fn report(&self, status: ProcessStatus) -> Result<(), AgentError> {
+        self.put(ToAgent::Report {
+            status: Box::new(status),
+        })
     }
 
     /// Route the peer messages of `route` to this process.

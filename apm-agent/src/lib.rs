@@ -46,7 +46,8 @@
 //! [`rdma_nl`] asks the kernel), [`outbox`] (a client's bounded outgoing lines),
 //! [`server`] (the agent), [`client`] (the process side), [`facets`] (the engine's peer
 //! and fabric facets over the agent), [`ib`] (the agent's InfiniBand side: SA paths and
-//! notices, vendor MADs).
+//! notices, vendor MADs), [`status`] (what each process says of itself, and `apm
+//! status`'s answer), [`metrics_http`] (the metrics' HTTP responder).
 #![forbid(unsafe_code)]
 
 pub mod access;
@@ -56,11 +57,13 @@ pub mod hello;
 pub mod host;
 pub mod ib;
 pub mod local;
+pub mod metrics_http;
 pub mod outbox;
 mod probes;
 pub mod rdma_nl;
 pub mod report;
 pub mod server;
+pub mod status;
 pub mod wire;
 
 /// The UDP port apm's agents exchange peer messages on (LAP/APR, software migration).

@@ -5,6 +5,7 @@
 //! ([`LINE_LIMIT`], [`Lines`]): a peer on the socket that never sends a newline costs
 //! that much memory, then its stream is closed.
 
+use crate::status::{AgentStatus, ProcessStatus};
 use apm_core::probe::{PathEnds, PathVerdict, SessionState};
 use apm_core::{Gid, PeerAddr, PeerMsg};
 use serde::{Deserialize, Serialize};
@@ -172,6 +173,21 @@ pub enum ToAgent {
         /// Echoed in the answer.
         req: u64,
     },
+    /// This process's account of its QPs, failovers and moves, replacing the last one
+    /// (sent as it changes, at a bounded rate; `apm status` and the metrics read it).
+    Report {
+        /// The status.
+        status: Box<ProcessStatus>,
+    },
+    /// What the agent and its processes are doing (`apm status`): answered with
+    /// [`FromAgent::Status`]. Every process for an operator, else the caller's own.
+    Status {
+        /// Echoed in the answer.
+        req: u64,
+        /// Only this process.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pid: Option<u32>,
+    },
 }
 
 /// From the agent to a process.
@@ -240,6 +256,13 @@ pub enum FromAgent {
         probing: bool,
         /// Every path probed, with its session's state.
         sessions: Vec<(PathEnds, SessionState)>,
+    },
+    /// The answer to [`ToAgent::Status`].
+    Status {
+        /// The request's id.
+        req: u64,
+        /// The agent and the processes the caller may see.
+        status: Box<AgentStatus>,
     },
 }
 

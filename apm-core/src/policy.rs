@@ -9,6 +9,7 @@ use std::time::Duration;
 
 /// What a LAP from a source that is not the connection's peer gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum UnexpectedLap {
     /// Answer APR "rejected" (the default: the sender learns it is wrong; the QP is untouched).
@@ -31,6 +32,7 @@ pub enum UnexpectedLap {
 /// a move at once then loses connections that staying on the old path, as the HCA
 /// does, keeps (see `docs/dominance.md` for the measurements).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(rename_all = "snake_case")]
 pub enum FastMoves {
     /// Move at once the connections apm arms itself after a move (its arming write
@@ -52,6 +54,7 @@ pub enum FastMoves {
 
 /// Tunable behaviour of the engine. See each field for its default.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct Policy {
     /// First LAP retransmission timeout. Default 100 ms: well above a fabric round trip

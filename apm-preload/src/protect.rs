@@ -26,7 +26,7 @@ use crate::mode::{srq_refusal, Facet};
 use crate::report;
 use apm_agent::client::AgentClient;
 use apm_agent::wire::Route;
-use apm_core::{ConnId, ConnSpec, Gid, Path, PeerAddr, Qpn, Role};
+use apm_core::{ConnId, ConnSpec, Gid, Path, PeerAddr, PeerMsg, Qpn, Role};
 use device::{Device, EngineKey, Opened, Paths};
 use paths::QpPaths;
 use provider_rxe::adopt::DrainNote;
@@ -129,9 +129,36 @@ struct Conn {
     peer_lids: Vec<u16>,
     primary: Path,
     protected_once: bool,
+    /// Peer messages that came before the engine knew the connection (the agent routes
+    /// them once the QP is registered, which must come first: it sends only messages of
+    /// registered connections), handed to the engine right after; `None` from then on.
+    early: Option<Vec<(PeerAddr, PeerMsg)>>,
 }
 
+/// Peer messages kept for one connection before its engine knows it (a peer sends a
+/// LAP and at most its retries meanwhile); more are dropped, as a lost datagram is.
+const EARLY_MAX: usize = 16;
+
 impl Conn {
+    /// Take a peer message for this connection: `Some` hands it to the engine now,
+    /// `None` kept it (or dropped it past [`EARLY_MAX`]) for [`Conn::engaged`].
+    fn take(&mut self, from: PeerAddr, msg: PeerMsg) -> Option<(PeerAddr, PeerMsg)> {
+        match &mut self.early {
+            None => Some((from, msg)),
+            Some(kept) => {
+                if kept.len() < EARLY_MAX {
+                    kept.push((from, msg));
+                }
+                None
+            }
+        }
+    }
+
+    /// The engine knows the connection: what was kept for it, in order.
+    fn engaged(&mut self) -> Vec<(PeerAddr, PeerMsg)> {
+        self.early.take().unwrap_or_default()
+    }
+
     /// Whether a peer message naming (`receiver`, `sender`) that came from `from` is
     /// this connection's (the agent's own test, `matches_route`, made again here
     /// among the process's devices).
@@ -255,10 +282,12 @@ impl Protector {
             .map_err(|_| "the apm agent did not accept the connection in time".to_owned())?
             .map_err(|e| e.to_string())?;
         rt.spawn(follow::dispatch(events));
+        let client = Arc::new(client);
+        rt.spawn(report::push(client.clone()));
         crate::tee::set_hook(Box::new(|_, ev| tee_event(ev)));
         Ok(Protector {
             rt,
-            client: Arc::new(client),
+            client,
             policy,
             slots: Mutex::new(BTreeMap::new()),
             opened: tokio::sync::Mutex::new(BTreeMap::new()),
@@ -470,8 +499,15 @@ async fn protect(
             peer_lids: found.peer_lids.clone(),
             primary: found.primary,
             protected_once: false,
+            early: Some(Vec::new()),
         },
     );
+    // Registered before the engine starts on it: its first LAP goes out through the
+    // agent at once, and the agent sends only messages of registered connections.
+    if let Err(why) = register(p, qpn, remote_qpn, &found) {
+        release(seen.key, "the agent refused it");
+        return Err(why);
+    }
     // The side with the lower (GID, QPN) plays the CM's active part.
     let role = if (found.sgid, qpn) < (found.dgid, remote_qpn) {
         Role::Active
@@ -503,9 +539,15 @@ async fn protect(
         release(seen.key, "the engine refused it");
         return Err(format!("apm's engine refused it: {e}"));
     }
-    // Registered once the engine knows the connection: a message of the peer's that
-    // the agent held until now is handed over at once, and finds it.
-    register(p, qpn, remote_qpn, &found)
+    // What the peer sent meanwhile (the agent hands a held message over as soon as the
+    // QP is registered) reaches the engine now that it knows the connection.
+    // Under the lock that dispatch takes, so none of the peer's later messages
+    // overtakes them.
+    let mut conns = lock(&dev.conns);
+    for (from, msg) in conns.get_mut(&id).map(Conn::engaged).unwrap_or_default() {
+        dev.peer.deliver(from, msg);
+    }
+    Ok(())
 }
 
 /// The program's QP, adopted, and its attributes, read under the slot's lock (a

@@ -1,9 +1,12 @@
 //! This process's report ([`apm_agent::report::ProcessReport`]): kept up to date as
 //! things happen and written whole to `APM_RUN_REPORT_DIR/<pid>.json` after each change
 //! (a program that ends with `_exit` or a signal still leaves its last state). Each
-//! distinct reason a QP is not protected is said once on stderr.
+//! distinct reason a QP is not protected is said once on stderr. The same account,
+//! with each QP apm looks after and where it stands, goes to the host's agent as it
+//! changes ([`push`]: `apm status` and the agent's metrics read it there).
 
 use apm_agent::report::{Failover, MovedBy, PortMechanism, ProcessReport, Refusal};
+use apm_agent::status::{ProcessStatus, QpEntry, QpState};
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock, PoisonError};
@@ -17,6 +20,8 @@ struct State {
     /// RC QPs apm looks after that have no agreed alternate now (by device and QP
     /// number: two devices number their QPs alike): since when.
     unprotected: BTreeMap<(String, u32), Instant>,
+    /// The RC QPs apm looks after now (by device and QP number), and where each stands.
+    looked_after: BTreeMap<(String, u32), QpState>,
     dir: Option<PathBuf>,
     start: Instant,
 }
@@ -63,6 +68,7 @@ impl State {
             },
             said: BTreeSet::new(),
             unprotected: BTreeMap::new(),
+            looked_after: BTreeMap::new(),
             dir: std::env::var_os("APM_RUN_REPORT_DIR").map(PathBuf::from),
             start: Instant::now(),
         }
@@ -73,6 +79,32 @@ impl State {
         if let Some(t) = self.unprotected.remove(&(device.to_owned(), qpn)) {
             self.report.unprotected_ms += t.elapsed().as_secs_f64() * 1000.0;
         }
+    }
+
+    /// The report with the running unprotected intervals counted up to now.
+    fn now(&self) -> ProcessReport {
+        let mut report = self.report.clone();
+        let now = Instant::now();
+        report.unprotected_ms += self
+            .unprotected
+            .values()
+            .map(|t| now.saturating_duration_since(*t).as_secs_f64() * 1000.0)
+            .sum::<f64>();
+        report
+    }
+
+    /// What the agent is told.
+    fn status(&self) -> ProcessStatus {
+        let report = self.now();
+        let qps = self
+            .looked_after
+            .iter()
+            .map(|((device, qpn), state)| QpEntry {
+                qpn: *qpn,
+                device: device.clone(),
+                state: *state,
+            });
+        ProcessStatus::from_report(&report, qps, report.unprotected_ms / 1000.0)
     }
 }
 
@@ -87,14 +119,9 @@ fn with<R>(f: impl FnOnce(&mut State) -> R) -> R {
 }
 
 fn write(s: &State) {
+    CHANGED.notify_one();
     let Some(dir) = &s.dir else { return };
-    let mut report = s.report.clone();
-    let now = Instant::now();
-    report.unprotected_ms += s
-        .unprotected
-        .values()
-        .map(|t| now.saturating_duration_since(*t).as_secs_f64() * 1000.0)
-        .sum::<f64>();
+    let report = s.now();
     let Ok(json) = serde_json::to_vec_pretty(&report) else {
         return;
     };
@@ -104,6 +131,38 @@ fn write(s: &State) {
         let _ = std::fs::rename(&tmp, &path);
     }
 }
+
+/// Wakes [`push`] after a change.
+static CHANGED: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// Tell the agent this process's account of itself as it changes: at most every
+/// [`PUSH_GAP`], and every [`PUSH_EVERY`] while nothing changes (the unprotected
+/// time grows). Ends when the agent is gone.
+pub(crate) async fn push(client: std::sync::Arc<apm_agent::client::AgentClient>) {
+    let mut last = None;
+    loop {
+        let _ = tokio::time::timeout(PUSH_EVERY, CHANGED.notified()).await;
+        let status = {
+            let mut g = state().lock().unwrap_or_else(PoisonError::into_inner);
+            if g.stale() {
+                return; // a forked child: its own protection pushes its own
+            }
+            g.get(State::new).status()
+        };
+        if last.as_ref() != Some(&status) {
+            if client.report(status.clone()).is_err() {
+                return;
+            }
+            last = Some(status);
+        }
+        tokio::time::sleep(PUSH_GAP).await;
+    }
+}
+
+/// The shortest time between two pushes.
+const PUSH_GAP: std::time::Duration = std::time::Duration::from_millis(200);
+/// The longest.
+const PUSH_EVERY: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// Say `line` on stderr unless it was said already.
 fn say_once(s: &mut State, key: &str, line: &str) {
@@ -121,6 +180,7 @@ pub fn seen() {
 pub fn refused(qpn: u32, device: &str, reason: &str) {
     with(|s| {
         s.unprotected.remove(&(device.to_owned(), qpn));
+        s.looked_after.remove(&(device.to_owned(), qpn));
         say_once(
             s,
             reason,
@@ -136,7 +196,7 @@ pub fn refused(qpn: u32, device: &str, reason: &str) {
 
 /// apm started looking after an RC QP (unprotected until the peer agrees).
 pub fn looking_after(qpn: u32, device: &str) {
-    unprotected(qpn, device);
+    unprotected(qpn, device, QpState::Pending);
 }
 
 /// An alternate is agreed (`first`: the QP's first).
@@ -146,12 +206,15 @@ pub fn protected(qpn: u32, device: &str, first: bool) {
             s.report.protected += 1;
         }
         s.settle(qpn, device);
+        s.looked_after
+            .insert((device.to_owned(), qpn), QpState::Protected);
     });
 }
 
-/// The QP has no agreed alternate (any more).
-pub fn unprotected(qpn: u32, device: &str) {
+/// The QP has no agreed alternate (any more), and why.
+pub fn unprotected(qpn: u32, device: &str, why: QpState) {
     with(|s| {
+        s.looked_after.insert((device.to_owned(), qpn), why);
         s.unprotected
             .entry((device.to_owned(), qpn))
             .or_insert_with(Instant::now);
@@ -170,6 +233,8 @@ pub fn failover(
 ) {
     with(|s| {
         let at_ms = s.start.elapsed().as_secs_f64() * 1000.0;
+        s.looked_after
+            .insert((device.to_owned(), qpn), QpState::Moved);
         s.unprotected
             .entry((device.to_owned(), qpn))
             .or_insert_with(Instant::now);
@@ -189,6 +254,7 @@ pub fn failover(
 pub fn lost(qpn: u32, device: &str, reason: &str) {
     with(|s| {
         s.settle(qpn, device);
+        s.looked_after.remove(&(device.to_owned(), qpn));
         s.report.lost.push(Refusal {
             qpn,
             device: device.to_owned(),
@@ -199,7 +265,10 @@ pub fn lost(qpn: u32, device: &str, reason: &str) {
 
 /// apm stopped looking after the QP (destroyed, out of RTS).
 pub fn released(qpn: u32, device: &str) {
-    with(|s| s.settle(qpn, device));
+    with(|s| {
+        s.settle(qpn, device);
+        s.looked_after.remove(&(device.to_owned(), qpn));
+    });
 }
 
 /// What a port showed it can do when apm tried it (kept once per port: a port tried

@@ -42,11 +42,12 @@ use toml_located::Collector;
 
 mod agent;
 mod read;
+pub mod reference;
 
 pub use agent::{AgentAccess, AgentSection};
 
 /// A whole deployment.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct Config {
     /// Devices to protect connections on (`[[device]]` tables).
@@ -70,11 +71,12 @@ pub struct Config {
 
 /// The `[sim]` table: the simulated fabric a `provider = "sim"` deployment runs on. Its
 /// devices are the scenario's hosts, `h0`, `h1`, ...
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct SimConfig {
     /// A provider-sim scenario file (TOML); absent: the built-in dual-rail scenario.
     /// Relative paths are taken from the current directory.
+    #[schemars(with = "Option<String>")]
     pub scenario: Option<Spanned<String>>,
     /// The simulation's seed. Default 1.
     pub seed: Option<u64>,
@@ -90,7 +92,7 @@ pub fn sim_host(name: &str) -> Option<usize> {
 }
 
 /// Which provider crate drives a device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum ProviderKind {
     /// Hardware APM through libibverbs (provider-verbs): an InfiniBand HCA, or a RoCE
@@ -104,19 +106,22 @@ pub enum ProviderKind {
 }
 
 /// One `[[device]]` table.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct DeviceConfig {
     /// The RDMA device name (`ibv_devices`), e.g. `mlx5_0` or `rxe0`.
+    #[schemars(with = "String")]
     pub name: Spanned<String>,
     /// The provider that drives it.
+    #[schemars(with = "ProviderKind")]
     pub provider: Spanned<ProviderKind>,
     /// Ports to use (1-based). Empty: every port of the device.
+    #[schemars(with = "Option<Vec<u8>>")]
     pub ports: Option<Spanned<Vec<u8>>>,
 }
 
 /// The `[sa]` table.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields, default)]
 pub struct SaConfig {
     /// Subscribe for traps 64/65 (remote GID in/out of service). Default true.
@@ -135,7 +140,7 @@ impl Default for SaConfig {
 }
 
 /// How LAP/APR travel.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum LapTransport {
     /// A vendor MAD class with apm's OUI: works next to a stock kernel, whose ib_cm owns
@@ -149,17 +154,21 @@ pub enum LapTransport {
 }
 
 /// The `[lap]` table.
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LapConfig {
     /// The transport; absent: vendor on InfiniBand, udp on RoCE.
+    #[schemars(with = "Option<LapTransport>")]
     pub transport: Option<Spanned<LapTransport>>,
     /// Vendor class for `vendor` (0x30..=0x4F, classes with an OUI). Default 0x30.
+    #[schemars(with = "Option<u8>")]
     pub vendor_class: Option<Spanned<u8>>,
     /// OUI for `vendor` (24 bits). Default: apm's own, 0x024150 (locally administered;
     /// the same on every node of a deployment).
+    #[schemars(with = "Option<u32>")]
     pub oui: Option<Spanned<u32>>,
     /// Address to listen on for `udp`.
+    #[schemars(with = "Option<SocketAddr>")]
     pub udp_listen: Option<Spanned<SocketAddr>>,
     /// Where each peer GID listens, for `udp` (`[[lap.peer]]` tables).
     #[serde(default, rename = "peer")]
@@ -168,21 +177,25 @@ pub struct LapConfig {
     /// datagram or vendor MAD then carries a MAC and a sequence number under it
     /// (cm-lap's `auth`, `auth_mad`). Must be readable by its owner only. The CM class
     /// has no room for it.
+    #[schemars(with = "Option<String>")]
     pub key_file: Option<Spanned<String>>,
     /// With `key_file`: drop messages without a valid MAC (default true). False accepts
     /// unauthenticated peers too, while a deployment moves to keys node by node.
+    #[schemars(with = "Option<bool>")]
     pub require_auth: Option<Spanned<bool>>,
 }
 
 /// A `[[lap.peer]]` table: a peer's GID and UDP address.
-#[derive(Clone, Debug, Deserialize, Serialize)]
+#[derive(Clone, Debug, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct UdpPeer {
     /// The peer port's GID (RoCE GIDs derive from its IP address); checked as it is
     /// read, so that a peer with a bad address too has both reported.
     #[serde(deserialize_with = "gid_text")]
+    #[schemars(with = "String")]
     pub gid: Spanned<String>,
     /// Where its apm listens.
+    #[schemars(with = "SocketAddr")]
     pub addr: Spanned<SocketAddr>,
 }
 

@@ -8,13 +8,16 @@
 #![forbid(unsafe_code)]
 
 mod config_cmd;
+mod generate;
 mod log_writer;
 mod mad;
 mod out;
 mod pingpong;
 mod run;
+mod service;
 mod signals;
 mod simulate;
+mod status_cmd;
 mod values;
 mod watch;
 
@@ -65,8 +68,43 @@ enum Command {
     Watch(watch::Args),
     /// Run an unmodified verbs program with its RC connections protected (LD_PRELOAD).
     Run(run::Args),
-    /// This host's agent for `apm run` (started on demand by `apm run`).
+    /// This host's agent for `apm run` (started on demand by `apm run`, or as the
+    /// apm-agent service).
     Agent(run::AgentArgs),
+    /// What the host's agent and the processes under apm are doing now.
+    Status(status_cmd::Args),
+    /// The manual pages, shell completions and default configuration (packaging).
+    #[command(subcommand, hide = true)]
+    Generate(generate::Generate),
+}
+
+/// Logs to the journal, with their fields, when standard error is the journal's stream
+/// (`apm agent` as a systemd service); else to standard error.
+fn init_logs(filter: &str) {
+    use tracing_subscriber::prelude::*;
+    let filter = || tracing_subscriber::EnvFilter::new(filter);
+    if service::stderr_is_journal() {
+        if let Ok(journal) = tracing_journald::layer() {
+            tracing_subscriber::registry()
+                .with(filter())
+                .with(journal.with_syslog_identifier("apm".to_owned()))
+                .init();
+            return;
+        }
+    }
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter())
+        // Colours for a person at a terminal, plain text for a pipe or a file.
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
+    // Lines go out from a writer thread, so that a slow or stuck standard error never
+    // holds up a failover (see `log_writer`); written in place if it cannot start.
+    match log_writer::LogWriter::start() {
+        Ok(writer) => {
+            log_writer::set_global(&writer);
+            logs.with_writer(writer).init();
+        }
+        Err(_) => logs.with_writer(std::io::stderr).init(),
+    }
 }
 
 /// The longest line of an error message printed (characters).
@@ -100,19 +138,7 @@ fn main() {
             e.exit()
         }
     };
-    let logs = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::new(&cli.log))
-        // Colours for a person at a terminal, plain text for a pipe or a file.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()));
-    // Lines go out from a writer thread, so that a slow or stuck standard error never
-    // holds up a failover (see `log_writer`); written in place if it cannot start.
-    match log_writer::LogWriter::start() {
-        Ok(writer) => {
-            log_writer::set_global(&writer);
-            logs.with_writer(writer).init();
-        }
-        Err(_) => logs.with_writer(std::io::stderr).init(),
-    }
+    init_logs(&cli.log);
     let result = match cli.command {
         Command::Simulate(args) => simulate::run(args),
         Command::Mad(cmd) => mad::run(cmd),
@@ -121,6 +147,8 @@ fn main() {
         Command::Watch(args) => watch::run(args),
         Command::Run(args) => run::run(args),
         Command::Agent(args) => run::agent(args),
+        Command::Status(args) => status_cmd::run(args),
+        Command::Generate(what) => generate::run(what, <Cli as clap::CommandFactory>::command()),
     };
     // What was logged comes out before anything said below, and before exit.
     log_writer::flush();

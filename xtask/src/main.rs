@@ -12,6 +12,7 @@ mod bench_failover;
 mod capi;
 mod chaos;
 mod codegen;
+mod deb;
 mod fuzz;
 mod hwtest;
 mod ibsim;
@@ -29,6 +30,8 @@ cargo xtask <COMMAND>
 Commands:
   test      everything CI checks: fmt, clippy, docs, all tests, the real-peer beds
   hwtest    the hardware suite on this machine's RDMA devices, or in a VM with --vm
+  deb       the Debian package apm into target/debian/, checked by lintian;
+            --install-check: also installed here, used and purged (as `test` does)
   codegen   regenerate provider-verbs' libibverbs bindings from rdma-core's headers
   capi-header  regenerate apm-capi/include/apm.h (cbindgen, installed when missing)
   ibsim     the OpenSM-over-ibsim bed: [--shell] [TEST-NAME-FILTER]
@@ -49,6 +52,7 @@ fn main() -> Result<()> {
         "test" => test(&rest),
         "hwtest" => hwtest::main(&rest),
         "codegen" => codegen::main(&rest),
+        "deb" => deb::main(&rest),
         "capi-header" => capi::main(&rest),
         "ibsim" => ibsim::ibsim(&rest),
         "bench" => bench::main(&rest),
@@ -89,6 +93,11 @@ fn test(_args: &[String]) -> Result<()> {
     // apm-capi's test checks the committed C header against cbindgen's output.
     capi::ensure_cbindgen()?;
     util::run("cargo", &["test", "--workspace"])?;
+    // The Debian package: built, lintian-clean, installed here, used from its installed
+    // paths and purged again.
+    let deb = deb::build()?;
+    deb::lintian(&deb)?;
+    deb::install_check(&deb)?;
     // Real peers: OpenSM over ibsim (installs its Debian packages when missing).
     ibsim::ibsim(&[])?;
     // Real rxe devices: the hardware suite in a qemu VM (about 17 minutes on 2 cores,

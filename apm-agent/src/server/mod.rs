@@ -19,16 +19,19 @@
 //! - what a client sends that cannot be read is logged at a bounded rate.
 
 mod fabric;
+mod metrics;
 mod peers;
 mod requests;
 mod routes;
 mod session;
+mod status;
 
 use crate::access::{self, AgentSocket, Caller, SocketPerms};
 use crate::hello::HelloSocket;
 use crate::host::{Host, SystemHost};
 use crate::outbox::{Outbox, Refused};
 use crate::probes::AgentProbes;
+use crate::status::{ProcessStatus, Totals};
 use crate::wire::{self, FromAgent};
 use crate::{AgentError, HELLO_OFFSET};
 use apm_core::probe::{PathEnds, ProbePolicy};
@@ -101,6 +104,8 @@ pub struct AgentConfig {
     pub limits: Limits,
     /// The host's InfiniBand ports (SA and MAD channels; `None`: RoCE only).
     pub infiniband: Option<Arc<dyn crate::ib::InfiniBand>>,
+    /// Where to serve the metrics over HTTP (`None`: not at all).
+    pub metrics: Option<std::net::SocketAddr>,
 }
 
 impl AgentConfig {
@@ -119,6 +124,7 @@ impl AgentConfig {
             host: Arc::new(SystemHost::default()),
             limits: Limits::default(),
             infiniband: None,
+            metrics: None,
         }
     }
 }
@@ -143,6 +149,22 @@ pub enum StartError {
         /// The hello port.
         port: u16,
     },
+    /// The metrics address is taken.
+    #[error(
+        "the metrics address {addr} is in use (another apm agent, or another exporter, has it)"
+    )]
+    MetricsInUse {
+        /// The address.
+        addr: std::net::SocketAddr,
+    },
+    /// The metrics address cannot be bound (not this host's, a privileged port, ...).
+    #[error("the metrics address {addr} cannot be bound: {source}")]
+    Metrics {
+        /// The address.
+        addr: std::net::SocketAddr,
+        /// Why.
+        source: std::io::Error,
+    },
     /// A socket could not be bound.
     #[error("apm agent: {0}")]
     Io(#[from] std::io::Error),
@@ -160,9 +182,10 @@ impl From<access::AccessError> for StartError {
 /// The agent's listening sockets, bound: [`Agent::run`] serves them.
 #[derive(Debug)]
 pub struct Agent {
-    config: AgentConfig,
+    state: Shared,
     bound: access::Bound,
     hello: HelloSocket,
+    metrics: Option<tokio::net::TcpListener>,
 }
 
 /// One connected client.
@@ -174,6 +197,8 @@ struct Client {
     watcher: bool,
     /// Candidate requests in flight.
     candidates: usize,
+    /// What the process last said of itself ([`wire::ToAgent::Report`]).
+    status: Option<Box<ProcessStatus>>,
 }
 
 /// What the agent's tasks share.
@@ -199,6 +224,10 @@ struct State {
     refused_connections: u64,
     /// The InfiniBand side, when the host has one.
     ib: Option<fabric::IbState>,
+    /// The counters of the processes that have left (their last words).
+    retired: Totals,
+    /// The metrics' HTTP server, and its address.
+    metrics: Option<(std::net::SocketAddr, tokio::task::JoinHandle<()>)>,
 }
 
 type Shared = Arc<Mutex<State>>;
@@ -268,7 +297,8 @@ impl State {
 }
 
 impl Agent {
-    /// Bind the agent's Unix socket and hello port. Call inside a tokio runtime.
+    /// Bind the agent's Unix socket, hello port and metrics address (when asked):
+    /// all of them or none. Call inside a tokio runtime.
     pub async fn bind(config: AgentConfig) -> Result<Agent, StartError> {
         if config.peer_port == 0 || config.peer_port == u16::MAX {
             return Err(access::AccessError::BadPort(config.peer_port).into());
@@ -282,32 +312,16 @@ impl Agent {
             }
             Err(e) => return Err(e.into()),
         };
-        Ok(Agent {
-            config,
-            bound,
-            hello,
-        })
-    }
-
-    /// The socket it listens on.
-    pub fn socket(&self) -> &AgentSocket {
-        &self.config.socket
-    }
-
-    /// Serve until idle for `idle_exit` (or forever).
-    pub async fn run(self) -> Result<(), AgentError> {
-        let Agent {
-            config,
-            bound,
-            hello,
-        } = self;
-        let max_clients = config.limits.clients.min(raise_descriptor_limit() / 2);
-        let listener = UnixListener::from_std(bound.listener.try_clone()?)?;
-        let port = config.peer_port;
+        let metrics = match config.metrics {
+            Some(addr) => Some(metrics::bind(addr).await?),
+            None => None,
+        };
         let auth = Arc::new(
             Authenticator::new(
                 config.peer_auth.clone(),
-                Authenticator::fresh_sender_id(format!("apm-agent-{port}").as_bytes()),
+                Authenticator::fresh_sender_id(
+                    format!("apm-agent-{}", config.peer_port).as_bytes(),
+                ),
             )
             .with_max_skew(cm_lap::auth::DEFAULT_MAX_SKEW),
         );
@@ -315,11 +329,7 @@ impl Agent {
             .probe
             .enabled
             .then(|| AgentProbes::new(config.probe.clone()));
-        let probing = probes.is_some();
-        let host = config.host.clone();
-        let idle_exit = config.idle_exit;
         let ib = config.infiniband.clone().map(fabric::IbState::new);
-        let socket_path = config.socket.path().display().to_string();
         let state: Shared = Arc::new(Mutex::new(State {
             config,
             uid: nix::unistd::geteuid().as_raw(),
@@ -332,7 +342,60 @@ impl Agent {
             probe_arrived: Arc::default(),
             refused_connections: 0,
             ib,
+            retired: Totals::default(),
+            metrics: None,
         }));
+        Ok(Agent {
+            state,
+            bound,
+            hello,
+            metrics,
+        })
+    }
+
+    /// The socket it listens on.
+    pub fn socket(&self) -> AgentSocket {
+        lock(&self.state).config.socket.clone()
+    }
+
+    /// Where the metrics will be served (the address bound, its port chosen when `0`
+    /// was asked).
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        self.metrics.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// A handle that changes what can be changed while the agent runs.
+    pub fn control(&self) -> AgentControl {
+        AgentControl {
+            state: self.state.clone(),
+        }
+    }
+
+    /// Serve until idle for `idle_exit` (or forever).
+    pub async fn run(self) -> Result<(), AgentError> {
+        let Agent {
+            state,
+            bound,
+            hello,
+            metrics,
+        } = self;
+        let (port, host, idle_exit, probing, socket_path, limit) = {
+            let s = lock(&state);
+            let c = &s.config;
+            (
+                c.peer_port,
+                c.host.clone(),
+                c.idle_exit,
+                s.probes.is_some(),
+                c.socket.path().display().to_string(),
+                c.limits.clients,
+            )
+        };
+        let max_clients = limit.min(raise_descriptor_limit() / 2);
+        let listener = UnixListener::from_std(bound.listener.try_clone()?)?;
+        if let Some(l) = metrics {
+            metrics::start(&state, l);
+        }
         fabric::start(&state).await;
         if probing {
             tokio::spawn(peers::probe_loop(state.clone(), port));
@@ -370,6 +433,7 @@ impl Agent {
                         (true, Some(t)) => {
                             if idle_exit.is_some_and(|d| t.elapsed() >= d) {
                                 info!("no protected process for a while: the agent exits");
+                                metrics::stop(&state);
                                 drop(bound);
                                 return Ok(());
                             }
@@ -378,6 +442,50 @@ impl Agent {
                 }
             }
         }
+    }
+}
+
+/// What can be changed while the agent runs (a reload of its configuration).
+#[derive(Clone, Debug)]
+pub struct AgentControl {
+    state: Shared,
+}
+
+impl AgentControl {
+    /// Who is an operator from now on: the members of group `gid` (besides root and
+    /// the agent's own user). Clients connected before keep what they were.
+    pub fn set_operator_gid(&self, gid: Option<u32>) {
+        lock(&self.state).config.operator_gid = gid;
+    }
+
+    /// Serve the metrics at `addr` from now on (`None`: stop serving them). On an
+    /// error the metrics stay where they were.
+    pub async fn set_metrics(&self, addr: Option<std::net::SocketAddr>) -> Result<(), StartError> {
+        let current = lock(&self.state).metrics.as_ref().map(|(a, _)| *a);
+        if current == addr {
+            return Ok(());
+        }
+        let listener = match addr {
+            Some(a) if current.is_some_and(|c| c.port() == a.port()) => {
+                // The same port elsewhere: free it first (a failed bind below leaves
+                // the metrics off, and says so).
+                metrics::stop(&self.state);
+                metrics::bind(a).await?
+            }
+            Some(a) => metrics::bind(a).await?,
+            None => {
+                metrics::stop(&self.state);
+                return Ok(());
+            }
+        };
+        metrics::stop(&self.state);
+        metrics::start(&self.state, listener);
+        Ok(())
+    }
+
+    /// Where the metrics are served now.
+    pub fn metrics_addr(&self) -> Option<std::net::SocketAddr> {
+        lock(&self.state).metrics.as_ref().map(|(a, _)| *a)
     }
 }
 

@@ -14,6 +14,8 @@
 //!   local addresses to one of its peer addresses; never a probe (the agent's own). So
 //!   the agent seals nothing but what a process may say about its own connections.
 //! - `Candidates`: a bounded number in flight per client, from a local address.
+//! - `Report`: a process's account of itself, kept while within its bounds.
+//! - `Status`: every process for an operator, else the caller's user's own.
 //! - `RailDown` and `Watch`: operators only (a rail-down moves everybody's
 //!   connections; a watcher sees every path's verdict).
 //!
@@ -111,6 +113,12 @@ pub(super) async fn handle(
             s.tell(id, &answer);
         }
         ToAgent::Sync { req } => lock(state).tell(id, &FromAgent::Synced { req }),
+        ToAgent::Report { status } => {
+            if let Err(why) = super::status::keep(state, id, status) {
+                refuse(state, id, caller, &format!("a status out of bounds: {why}"));
+            }
+        }
+        ToAgent::Status { req, pid } => super::status::answer(state, id, caller, req, pid),
     }
 }
 

@@ -170,6 +170,18 @@ impl Routes {
             .any(|(c, r)| c == client && r.paths.contains(&(ends.local, ends.remote)))
     }
 
+    /// Every path of the registrations of `clients`.
+    pub(super) fn paths_of(&self, clients: &BTreeSet<ClientId>) -> BTreeSet<PathEnds> {
+        self.all()
+            .filter(|(c, _)| clients.contains(c))
+            .flat_map(|(_, r)| r.paths.iter())
+            .map(|(local, remote)| PathEnds {
+                local: *local,
+                remote: *remote,
+            })
+            .collect()
+    }
+
     fn all(&self) -> impl Iterator<Item = (ClientId, &Route)> {
         self.by_qpns
             .values()

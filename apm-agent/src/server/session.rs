@@ -46,6 +46,7 @@ pub(super) fn start(
                 outbox,
                 watcher: false,
                 candidates: 0,
+                status: None,
             },
         );
         (id, drain)
@@ -98,7 +99,8 @@ async fn serve(
     }
     debug!(client = id, "client left");
     let mut s = lock(&state);
-    s.clients.remove(&id);
+    let gone = s.clients.remove(&id);
+    super::status::retire(&mut s, gone.as_ref().and_then(|c| c.status.as_deref()));
     s.routes.remove_client(id);
     if let Some(ib) = s.ib.as_mut() {
         ib.forget(id);

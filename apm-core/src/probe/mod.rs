@@ -131,6 +131,7 @@ pub struct Probe {
 
 /// Probe timing, part of the policy.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "schemars", derive(schemars::JsonSchema))]
 #[serde(default, deny_unknown_fields)]
 pub struct ProbePolicy {
     /// Probe on every watched path. Default false for now: in the VM suite, under

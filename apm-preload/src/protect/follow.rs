@@ -59,7 +59,7 @@ pub(super) async fn watch(dev: Arc<Device>) {
             }
             NotificationKind::Unprotected { reason, .. } => {
                 debug!(qpn = conn.qpn, ?reason, "unprotected");
-                report::unprotected(conn.qpn, &dev.name);
+                report::unprotected(conn.qpn, &dev.name, reason.into());
             }
             NotificationKind::Lost { reason } => {
                 report::lost(conn.qpn, &dev.name, &format!("{reason:?}"));
@@ -80,15 +80,20 @@ pub(super) async fn dispatch(mut events: mpsc::UnboundedReceiver<FromAgent>) {
             FromAgent::Peer { from, msg } => {
                 // Devices number their QPs alike: the whole identity decides.
                 let (local, remote) = apm_agent::wire::comm_ids(&msg);
-                let owner = devices.iter().find(|d| {
-                    lock(&d.conns)
-                        .values()
-                        .any(|c| c.owns(local, remote, &from))
+                let owner = devices.iter().find_map(|d| {
+                    let mut conns = lock(&d.conns);
+                    let c = conns.values_mut().find(|c| c.owns(local, remote, &from))?;
+                    // Kept until the engine knows the connection, or handed over now.
+                    Some((d, c.take(from, msg)))
                 });
                 match owner {
-                    Some(d) => {
+                    Some((d, Some((from, msg)))) => {
                         d.peer.deliver(from, msg);
                     }
+                    Some((_, None)) => debug!(
+                        local,
+                        remote, "peer message kept until its engine knows the connection"
+                    ),
                     None => {
                         debug!(local, remote, from = %from.gid, "peer message for no connection here")
                     }
@@ -132,6 +137,7 @@ pub(super) async fn dispatch(mut events: mpsc::UnboundedReceiver<FromAgent>) {
             FromAgent::Candidates { .. }
             | FromAgent::Paths { .. }
             | FromAgent::Synced { .. }
+            | FromAgent::Status { .. }
             | FromAgent::Watching { .. } => {}
         }
     }

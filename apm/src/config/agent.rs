@@ -9,25 +9,35 @@ use toml_located::Collector;
 /// The `[agent]` table: where the host agent of `apm run` (`apm agent`) listens and who
 /// may use it. Names are looked up on the host when the agent starts
 /// ([`Config::agent_access`]).
-#[derive(Clone, Debug, Default, Deserialize, Serialize)]
+#[derive(Clone, Debug, Default, Deserialize, Serialize, schemars::JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct AgentSection {
     /// The directory of the agent's socket (absolute). Default: `/run/apm` for root's
     /// agent; for another user's, `$XDG_RUNTIME_DIR/apm` or `/tmp/apm-UID`.
+    #[schemars(with = "Option<String>")]
     pub runtime_dir: Option<Spanned<String>>,
     /// The group that owns the socket. Default: `apm` where the host has that group,
     /// else the agent's own.
+    #[schemars(with = "Option<String>")]
     pub socket_group: Option<Spanned<String>>,
     /// The socket's permission bits. Default 0o660 (its owner and group); 0o666 lets
     /// every local user protect their own programs (each request is still checked).
+    #[schemars(with = "Option<u32>")]
     pub socket_mode: Option<Spanned<u32>>,
     /// Members of this group are operators: they may report a rail down, watch every
     /// path's verdict, and have any address probed. Root and the agent's own user
     /// always are. Default: none.
+    #[schemars(with = "Option<String>")]
     pub operator_group: Option<Spanned<String>>,
     /// The user the agent runs as, when not root: clients trust an agent of root,
     /// of their own user, or of this user.
+    #[schemars(with = "Option<String>")]
     pub user: Option<Spanned<String>>,
+    /// Serve the agent's Prometheus metrics over HTTP at this address (`GET
+    /// /metrics`), e.g. `"127.0.0.1:9713"`. Default: not served. Anyone who can reach
+    /// the address can read them: keep it on loopback or a management network.
+    #[schemars(with = "Option<std::net::SocketAddr>")]
+    pub metrics: Option<Spanned<std::net::SocketAddr>>,
 }
 
 /// What `[agent]` says, looked up on this host.

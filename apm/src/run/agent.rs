@@ -5,6 +5,9 @@
 //!
 //! Its settings come from `--config FILE` (`[lap] udp_listen`'s port, `[lap] key_file`
 //! and `require_auth`, `[policy.probe]`, `[agent]`), each overridden by its flag.
+//! SIGHUP reads the file again: the metrics address and the operator group change at
+//! once, every other change is said to need a restart (`reload.rs`). Under systemd it
+//! tells the service manager when it is ready (`crate::service`).
 
 use crate::out::outln;
 use anyhow::{bail, Context, Result};
@@ -20,11 +23,16 @@ pub const AGENT_EXIT_STATUS_HELP: &str = "\
 Exit status:
   0  the agent exited when idle (--idle-exit-secs), or --rail-down was told to every
      process;
-  1  it could not start (another agent serves the port, the ports overlap a running
-     agent's, an unsafe runtime directory, a bad key or configuration), or the agent
-     refused or could not be reached (--rail-down).
-A signal that ends processes (HUP, INT, TERM, ...) ends it as it ends any process,
-once it has removed its socket.";
+  1  it could not start, and nothing of it was left running: another agent serves the
+     port, the ports overlap a running agent's, the metrics address is in use or not
+     this host's, an unsafe runtime directory, a bad key or configuration (an unknown
+     key among them), no RDMA device with --require-device; or the agent refused or
+     could not be reached (--rail-down).
+SIGHUP reads --config again: [agent] metrics and operator_group apply at once; any
+other change is logged as needing a restart (`systemctl restart apm-agent`), and a
+file that no longer reads is logged and changes nothing. Another signal that ends
+processes (INT, TERM, ...) ends it as it ends any process (128 + N), once it has
+removed its socket.";
 
 /// `apm agent` arguments.
 #[derive(Debug, clap::Args)]
@@ -45,8 +53,10 @@ pub struct AgentArgs {
     /// Exit after this many seconds without a protected process (default: never).
     #[arg(long, value_name = "SECS")]
     pub idle_exit_secs: Option<u64>,
-    /// Tell the running agent that this address (a local or peer rail's IP) is
-    /// unreachable, and exit (root or the operator group only).
+    /// Tell the running agent that this address (a local or peer rail's IP, or an
+    /// InfiniBand port's GID written as IPv6, e.g. fe80::2:c903:0:1) is unreachable:
+    /// every connection whose primary path leaves or reaches it moves at once. Exits
+    /// when told (root or the operator group only).
     #[arg(long, value_name = "ADDR")]
     pub rail_down: Option<std::net::IpAddr>,
     /// Interval between liveness probes on each path (`[policy.probe] interval_ms`).
@@ -79,11 +89,20 @@ pub struct AgentArgs {
     /// With `--explain`: one JSON object.
     #[arg(long, requires = "explain")]
     pub json: bool,
+    /// Serve the agent's Prometheus metrics at this address (`GET /metrics`; `[agent]
+    /// metrics`), e.g. 127.0.0.1:9713. Off unless given; anyone who can reach the
+    /// address reads them.
+    #[arg(long, value_name = "ADDR:PORT")]
+    pub metrics: Option<std::net::SocketAddr>,
+    /// Refuse to start (status 1) when the host has no RDMA device (the service's
+    /// setting: without one there is nothing to protect).
+    #[arg(long)]
+    pub require_device: bool,
 }
 
 /// Read and check the configuration at `path` (a bad one is refused whole); with its
 /// text, which its spans refer to.
-pub(super) fn read_config(path: &Path) -> Result<(Config, String)> {
+pub(crate) fn read_config(path: &Path) -> Result<(Config, String)> {
     let text = apm::input::read_file(path, apm::input::CONFIG_LIMIT, "a configuration file")?;
     // Devices are the program's: a configuration without `[[device]]` is fine here.
     let config = match Config::parse(&text) {
@@ -104,7 +123,7 @@ pub(super) fn read_config(path: &Path) -> Result<(Config, String)> {
 }
 
 /// The agent's port a configuration says (`[lap] udp_listen`), else the default.
-pub(super) fn config_port(config: &Config) -> u16 {
+pub(crate) fn config_port(config: &Config) -> u16 {
     config
         .lap
         .udp_listen
@@ -159,7 +178,15 @@ impl AgentArgs {
         agent.idle_exit = self.idle_exit_secs.map(Duration::from_secs);
         agent.probe = self.probe_policy(config)?;
         agent.peer_auth = self.peer_auth(config)?;
+        agent.metrics = self
+            .metrics
+            .or_else(|| config.and_then(|c| c.agent.metrics.as_ref().map(|m| *m.get_ref())));
         Ok((agent, file.map(|(c, _)| c)))
+    }
+
+    /// The agent's configuration again (a reload): `Err` says why it is refused.
+    pub(super) fn reread(&self) -> Result<AgentConfig> {
+        self.agent_config().map(|(c, _)| c)
     }
 
     /// The probe policy: `[policy.probe]` with the flags over it, checked.
@@ -215,8 +242,14 @@ pub fn agent(args: AgentArgs) -> Result<()> {
             return super::explain::explain(&config.socket, &config.probe, args.paths, args.json)
                 .await;
         }
+        if args.require_device && !crate::service::has_rdma_device() {
+            bail!(
+                "no RDMA device on this host (/sys/class/infiniband is empty): nothing for \
+                 the agent to protect (load the device's driver, or rdma_rxe for soft-RoCE)"
+            );
+        }
         config.infiniband = infiniband_side(file.as_ref());
-        let port = config.peer_port;
+        let running = super::reload::Running::of(&config);
         let agent = match Agent::bind(config).await {
             Ok(a) => a,
             Err(StartError::AlreadyRunning(p)) => {
@@ -224,17 +257,43 @@ pub fn agent(args: AgentArgs) -> Result<()> {
             }
             Err(e) => return Err(e.into()),
         };
-        tracing::info!(port, socket = %agent.socket().path().display(), "apm agent started");
+        let socket = agent.socket();
+        let metrics = agent.metrics_addr();
+        tracing::info!(port = running.port, socket = %socket.path().display(),
+            metrics = ?metrics, "apm agent started");
+        let control = agent.control();
         let mut signals = crate::signals::listen(&crate::signals::ENDING)?;
-        let ended_by = tokio::select! {
-            served = agent.run() => {
-                served?;
-                return Ok(());
+        // Boxed, so that dropping it below (before exit) ends the agent and removes its
+        // socket.
+        let mut served = Box::pin(agent.run());
+        crate::service::ready(&match metrics {
+            Some(m) => format!(
+                "serving {}; metrics at http://{m}/metrics",
+                socket.path().display()
+            ),
+            None => format!("serving {}", socket.path().display()),
+        });
+        let ended_by = loop {
+            tokio::select! {
+                served = &mut served => {
+                    crate::service::stopping();
+                    served?;
+                    return Ok(());
+                }
+                Some(sig) = signals.recv() => {
+                    if sig != nix::sys::signal::Signal::SIGHUP {
+                        break sig;
+                    }
+                    crate::service::reloading();
+                    super::reload::reload(&args, &running, &control).await;
+                    crate::service::ready("configuration read again");
+                }
             }
-            Some(sig) = signals.recv() => sig,
         };
-        // Ended by a signal: the agent (and with it its socket) is gone now that the
-        // select dropped it; the signal ends the process as it would have.
+        // Ended by a signal: the agent (and with it its socket) is gone once `served`
+        // is dropped; the signal ends the process as it would have.
+        crate::service::stopping();
+        drop(served);
         tracing::info!(signal = %ended_by, "the agent exits");
         crate::log_writer::flush();
         let _ = signal_hook::low_level::emulate_default_handler(ended_by as i32);

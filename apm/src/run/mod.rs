@@ -21,8 +21,10 @@
 mod agent;
 mod explain;
 mod job;
+mod reload;
 
 pub use agent::{agent, AgentArgs};
+pub(crate) use agent::{config_port, read_config};
 
 use crate::out::errln;
 use anyhow::{bail, Context, Result};

@@ -284,7 +284,7 @@ fn ib_ports(v: &Verbs) -> Vec<IbPort> {
 
 /// Pick two InfiniBand ports on one subnet with a distinct alternate path, or say why
 /// there are none (the skip reason).
-fn ib_plan(v: &Verbs) -> Result<Plan, String> {
+pub(crate) fn ib_plan(v: &Verbs) -> Result<Plan, String> {
     let ports = ib_ports(v);
     if ports.len() < 2 {
         let names: Vec<String> = v

@@ -44,21 +44,23 @@ fn prepare_hw(program: &str) -> Option<(String, Rails)> {
 
 /// What one end's `--report` says.
 #[derive(Debug, Default)]
-struct EndReport {
+pub(super) struct EndReport {
     /// Failovers made by the device (hardware APM).
-    by_device: usize,
+    pub(super) by_device: usize,
     /// Failovers in all.
-    failovers: usize,
+    pub(super) failovers: usize,
     /// QPs lost.
-    lost: usize,
+    pub(super) lost: usize,
     /// QPs protected.
-    protected: u64,
+    pub(super) protected: u64,
     /// Why QPs were not protected.
     refusals: Vec<String>,
+    /// How each port of the process's QPs moves them (`hardware_apm`, ...).
+    pub(super) mechanisms: Vec<String>,
 }
 
 impl EndReport {
-    fn read(path: &str) -> EndReport {
+    pub(super) fn read(path: &str) -> EndReport {
         let text = std::fs::read_to_string(path).unwrap_or_default();
         let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
         let processes = v["processes"].as_array().cloned().unwrap_or_default();
@@ -80,6 +82,10 @@ impl EndReport {
             refusals: each("not_protected")
                 .iter()
                 .filter_map(|r| r["reason"].as_str().map(String::from))
+                .collect(),
+            mechanisms: each("ports")
+                .iter()
+                .filter_map(|p| p["mechanism"].as_str().map(String::from))
                 .collect(),
         }
     }
@@ -188,7 +194,7 @@ struct Program {
     name: &'static str,
     pair: Pair,
     /// When the rail is cut, after traffic started.
-    cut_after: Duration,
+    cut_at: CutAt,
     /// Under `apm run`, the rail comes back this long after both ends moved ([`Flap`];
     /// `None`: it stays cut to the end). Without apm it stays cut: the program has failed
     /// or hangs by then.
@@ -225,10 +231,10 @@ fn through_both_cuts(apm: &str, prog: &Program) {
     for cut in [Cut::SilentUnreported, Cut::LinkDown] {
         let name = format!("hw-{}-{cut:?}", prog.name);
         let pairs = std::slice::from_ref(&prog.pair);
-        let run_bare = || case(&name, pairs, None, cut, prog.cut_after);
+        let run_bare = || case(&name, pairs, None, cut, prog.cut_at);
         let run_apm = || {
             let _flap = Flap::start(prog.back_after_move);
-            case(&name, pairs, Some(apm), cut, prog.cut_after)
+            case(&name, pairs, Some(apm), cut, prog.cut_at)
         };
         let (bare, out) = if cut == Cut::LinkDown && prog.bare_link_down_last {
             let out = run_apm();
@@ -282,14 +288,12 @@ fn roce_hw_apm_run_ibv_rc_pingpong_across_a_silent_cut_and_a_link_down() {
         return;
     };
     let t0 = Instant::now();
-    // Long enough to span the cut and the migration (the budget, ~0.6 s) and then some.
-    let iters = pingpong_iters(18650, 8.0);
     through_both_cuts(
         &apm,
         &Program {
             name: "ibv_rc_pingpong",
-            pair: pingpong(18651, iters),
-            cut_after: Duration::from_millis(1000),
+            pair: pingpong(18651, PINGPONG_ITERS),
+            cut_at: CutAt::pingpong(Duration::from_millis(1000)),
             back_after_move: None,
             // Its own check: every iteration completed (it exits 1 otherwise).
             check: Box::new(|out| {
@@ -354,7 +358,7 @@ fn roce_hw_apm_run_perftest_bandwidth_across_a_silent_cut_and_a_link_down() {
                 name: bw,
                 // 8 s: the cut comes once both ends are protected (1-4 s here).
                 pair: perftest(bw, port, "-D 8 -b"),
-                cut_after: Duration::from_secs(2),
+                cut_at: Duration::from_secs(2).into(),
                 back_after_move: None,
                 check: Box::new(perftest_result),
                 survived: ended_ok(),
@@ -509,7 +513,7 @@ fn roce_hw_apm_run_rping_across_a_silent_cut_and_a_link_down() {
         &Program {
             name: "rping",
             pair,
-            cut_after,
+            cut_at: cut_after.into(),
             back_after_move: Some(hold),
             check: Box::new(move |out| rping_verified(out, last)),
             survived: Box::new(move |out| rping_verified(out, last).is_ok()),

@@ -45,7 +45,7 @@ fn run(tag: &str, pair: &Pair, apm: Option<&str>, move_after: Duration) -> Outco
     let mut text = String::new();
     if let Some(bin) = apm {
         let protected = |ends: &[End]| ends.iter().map(End::protected).sum::<u64>();
-        while protected(&ends) < 2 && start.elapsed() < Duration::from_secs(20) {
+        while protected(&ends) < 2 && start.elapsed() < Duration::from_secs(180) {
             std::thread::sleep(Duration::from_millis(20));
         }
         text.push_str(&format!(

@@ -78,10 +78,10 @@ fn apm_run_probes_move_an_adopted_qp_off_a_silent_cut() {
     let name = "probes-silent";
     let out = case(
         name,
-        &[pingpong(18661, pingpong_iters(18660, 6.0))],
+        &[pingpong(18661, PINGPONG_ITERS)],
         Some(&apm),
         Cut::SilentUnreported,
-        Duration::from_millis(1500),
+        CutAt::pingpong(Duration::from_millis(1500)),
     );
     assert!(
         out.all_ok(),
@@ -129,7 +129,7 @@ fn apm_run_probes_down_on_both_rails_leave_the_qp_unprotected_not_moved() {
     probe_config();
     uncut();
     let name = "probes-both";
-    let (server, client) = pingpong(18663, pingpong_iters(18662, 6.0));
+    let (server, client) = pingpong(18663, PINGPONG_ITERS);
     let mut ends = vec![spawn(
         &format!("{name}-server0"),
         &server,
