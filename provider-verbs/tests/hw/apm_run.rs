@@ -37,6 +37,9 @@ mod probes;
 // What apm-preload must keep invisible, and programs that load libibverbs themselves.
 #[path = "apm_run_shim.rs"]
 mod shim;
+// What an operator sees: apm status and the agent's metrics during a cut.
+#[path = "apm_run_ops.rs"]
+mod ops;
 // `apm run` on InfiniBand ports (real HCAs only).
 #[path = "apm_run_ib.rs"]
 mod ib;
