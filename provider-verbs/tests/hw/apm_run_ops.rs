@@ -10,8 +10,8 @@
 //! in duration mode far longer than the point needs and are ended by the test once it
 //! is made: nothing here depends on how fast the machine is.
 
-use crate::rails::tc;
 use super::{prepare, rail10, spawn, uncut, v, wait_listening, End, PORT};
+use crate::rails::tc;
 use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
