@@ -3,7 +3,7 @@
 //! (a program that ends with `_exit` or a signal still leaves its last state). Each
 //! distinct reason a QP is not protected is said once on stderr. The same account,
 //! with each QP apm looks after and where it stands, goes to the host's agent as it
-//! changes ([`push`]: `apm status` and the agent's metrics read it there).
+//! changes (`push`: `apm status` and the agent's metrics read it there).
 
 use apm_agent::report::{Failover, MovedBy, PortMechanism, ProcessReport, Refusal};
 use apm_agent::status::{ProcessStatus, QpEntry, QpState};
