@@ -454,13 +454,21 @@ fn case(
     let after = rate("vB.20", Duration::from_millis(500));
     let qps = qp_table();
     let deadline = start + limit;
-    // Wait for every process (or the deadline: then the QPs are read before the kill).
+    // Wait for every process, or the deadline, or a minute in which no packet arrived
+    // on either rail (the programs are hung: a live one under any load moves packets
+    // every second); then the QPs are read before the kill.
+    let (mut seen, mut moving) = (received(), Instant::now());
     while Instant::now() < deadline
+        && moving.elapsed() < HUNG_AFTER
         && ends
             .iter_mut()
             .any(|e| matches!(e.child.try_wait(), Ok(None)))
     {
         std::thread::sleep(Duration::from_millis(50));
+        let now = received();
+        if now != seen {
+            (seen, moving) = (now, Instant::now());
+        }
     }
     let qps_end = qp_table();
     let n = pairs.len();
@@ -550,6 +558,9 @@ const PINGPONG_ITERS: u32 = 20_000;
 /// Packets received on rail 10 (`vB.10`) after which a pingpong case cuts at the latest:
 /// each iteration brings `vB.10` about two (the peer's message and the ACK of its own).
 const PINGPONG_CUT_PACKETS: u64 = 10_000;
+
+/// No packet on either rail for this long after a cut: the programs are hung.
+const HUNG_AFTER: Duration = Duration::from_secs(60);
 
 /// When a case cuts rail 10: `after` the traffic started (the time its ends need to be
 /// protected and settle), or sooner once `vB.10` received `or_packets` packets since
