@@ -184,3 +184,72 @@ fn generate_writes_the_pages_the_completions_and_the_default_file() {
     let help = apm(&["--help"]);
     assert!(!String::from_utf8_lossy(&help.stdout).contains("generate"));
 }
+
+/// What the agent tells a service manager over `NOTIFY_SOCKET` (systemd's protocol,
+/// `sd_notify(3)`), read here from a datagram socket of the test's own: `READY=1`
+/// only once its socket is there and answers, `RELOADING=1` then `READY=1` on SIGHUP,
+/// `STOPPING=1` on SIGTERM. No systemd runs here; this is the whole of what
+/// `Type=notify` reads.
+#[test]
+fn the_agent_tells_the_service_manager_ready_reloading_and_stopping() {
+    use std::os::unix::net::UnixDatagram;
+    let dir = tempfile::tempdir().expect("dir");
+    let notify = dir.path().join("notify");
+    let manager = UnixDatagram::bind(&notify).expect("notify socket");
+    manager
+        .set_read_timeout(Some(Duration::from_secs(60)))
+        .expect("timeout");
+    let p = port(3);
+    let run = dir.path().join("run");
+    let config = dir.path().join("apm.toml");
+    std::fs::write(&config, "[agent]\n").expect("config");
+    let mut child = Command::new(APM)
+        .args(["agent", "--port", &p, "--runtime-dir"])
+        .arg(&run)
+        .arg("--config")
+        .arg(&config)
+        .env("NOTIFY_SOCKET", &notify)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("apm agent");
+    let next = || -> String {
+        let mut buf = [0u8; 4096];
+        let n = manager.recv(&mut buf).unwrap_or(0);
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let ready = next();
+    // Ready means served: the socket answers at once.
+    let status = apm(&[
+        "status",
+        "--port",
+        &p,
+        "--runtime-dir",
+        run.to_str().expect("utf-8"),
+    ]);
+    let signal = |sig: &str| {
+        let ok = Command::new("kill")
+            .args([sig, &child.id().to_string()])
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "kill {sig}");
+    };
+    signal("-HUP");
+    let reloading = next();
+    let ready_again = next();
+    signal("-TERM");
+    let stopping = next();
+    let _ = child.wait();
+    assert!(ready.lines().any(|l| l == "READY=1"), "{ready:?}");
+    assert!(status.status.success(), "{}", stderr(&status));
+    assert!(
+        reloading.lines().any(|l| l == "RELOADING=1"),
+        "{reloading:?}"
+    );
+    assert!(
+        ready_again.lines().any(|l| l == "READY=1"),
+        "{ready_again:?}"
+    );
+    assert!(stopping.lines().any(|l| l == "STOPPING=1"), "{stopping:?}");
+}
