@@ -113,8 +113,11 @@ pub(crate) fn read_config(path: &Path) -> Result<(Config, String)> {
                 .filter(|e| !e.message.starts_with("no [[device]] table"))
                 .map(|e| format!("{}: {e}", path.display()))
                 .collect();
-            if !real.is_empty() {
-                bail!("the configuration is refused:\n  {}", real.join("\n  "));
+            // One error, one line (what a service's journal shows); more, one each.
+            match real.as_slice() {
+                [] => {}
+                [one] => bail!("the configuration is refused: {one}"),
+                _ => bail!("the configuration is refused:\n  {}", real.join("\n  ")),
             }
             toml::from_str::<Config>(&text).context("the configuration")?
         }
