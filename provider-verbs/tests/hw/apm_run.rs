@@ -552,7 +552,7 @@ fn pingpong_with(port: u16, iters: u32, more: &str) -> Pair {
 /// fast end must still outlast the QPs' adoption (a few thousand iterations there);
 /// what keeps the cut inside the run is [`CutAt`]: the cut comes after `after` or once
 /// the pair exchanged [`PINGPONG_CUT_PACKETS`] packets (about a quarter of the run),
-/// whichever is first, and never before every end is protected.
+/// whichever is first, once every end is protected (or 180 s passed).
 const PINGPONG_ITERS: u32 = 20_000;
 
 /// Packets received on rail 10 (`vB.10`) after which a pingpong case cuts at the latest:
