@@ -17,7 +17,8 @@
 //! the verdict names).
 
 use super::hw::EndReport;
-use super::{apm_bin, spawn_opts, wait_listening, End};
+use super::ops::wait_for;
+use super::{apm_bin, spawn_opts, wait_listening};
 use crate::apm_plan::{ib_plan, skip};
 use crate::verbs;
 use std::process::Command;
@@ -107,7 +108,9 @@ fn ib_apm_run_perftest_moved_by_an_operator_verdict() {
         &opts,
         reports[1],
     );
-    let protected = wait_protected(&[&server, &client], Duration::from_secs(30));
+    let protected = wait_for(Duration::from_secs(30), || {
+        [&server, &client].iter().all(|e| e.protected() >= 1)
+    });
     let verdict = Command::new(&apm)
         .args(["agent", "--port", PORT, "--rail-down", &b_gid.to_string()])
         .output()
@@ -143,16 +146,4 @@ fn ib_apm_run_perftest_moved_by_an_operator_verdict() {
             "{end}: protected by hardware APM, moved, nothing lost ({r:?}):\n{text}"
         );
     }
-}
-
-/// Wait until every end's own report says a QP is protected, up to `limit`.
-fn wait_protected(ends: &[&End], limit: Duration) -> bool {
-    let start = Instant::now();
-    while start.elapsed() < limit {
-        if ends.iter().all(|e| e.protected() >= 1) {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    false
 }

@@ -80,7 +80,7 @@ fn protected_qps(status: &serde_json::Value) -> Vec<Vec<u64>> {
 }
 
 /// Wait for `done` up to `limit` (a bound, not a measure), polling every 100 ms.
-fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
+pub(super) fn wait_for(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
     let start = Instant::now();
     while start.elapsed() < limit {
         if done() {
